@@ -1,0 +1,96 @@
+"""create_app(settings) -> Litestar. Granian's factory target is ``app_from_env``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import structlog
+from litestar import Litestar, Request, Response
+from litestar.exceptions import HTTPException, ValidationException
+from litestar.middleware import DefineMiddleware
+
+from mlxcel.context import AppContext
+from mlxcel.engine.client import EngineClient
+from mlxcel.errors import MlxcelError
+from mlxcel.lazy import resolve
+from mlxcel.logging import configure
+from mlxcel.middleware import ServerMiddleware
+from mlxcel.plugins import Plugins, load_plugins
+from mlxcel.settings import Settings
+
+log = structlog.get_logger("mlxcel.app")
+_HTTP_TYPES = {400: "invalid_request_error", 401: "invalid_api_key", 404: "not_found_error",
+               405: "invalid_request_error", 413: "invalid_request_error"}
+
+
+def openai_error(status: int, message: str, type_: str, code: str | None = None,
+                 **extra: Any) -> Response:
+    return Response({"error": {"message": message, "type": type_, "code": code, **extra}},
+                    status_code=status, media_type="application/json")
+
+
+def _mlxcel_error(request: Request, exc: MlxcelError) -> Response:
+    extra = {"param": exc.param} if exc.param else {}
+    return openai_error(exc.status, exc.message, exc.type, exc.code, **extra)
+
+
+def _http_error(request: Request, exc: HTTPException) -> Response:
+    status = exc.status_code
+    if status == 404:
+        message = f"Not found: {request.method} {request.url.path}"
+    elif isinstance(exc, ValidationException):
+        message = f"Invalid request: {exc.detail}"
+    else:
+        message = exc.detail
+    return openai_error(status, message, _HTTP_TYPES.get(status, "server_error"))
+
+
+def _unexpected(request: Request, exc: Exception) -> Response:
+    log.exception("unhandled_error", route=request.url.path)
+    return openai_error(500, "Internal server error", "server_error")
+
+
+def model_display_name(settings: Settings) -> str:
+    if settings.alias:
+        return settings.alias
+    if settings.model:
+        return Path(settings.model.rstrip("/")).name or settings.model
+    return "mlxcel"
+
+
+def create_app(settings: Settings, plugins: Plugins | None = None,
+               engine: EngineClient | None = None) -> Litestar:
+    plugins = plugins or load_plugins(settings.plugins, settings.disable_plugins)
+    if engine is None:
+        from mlxcel.engine.loader import load_checkpoint
+
+        model = settings.model
+        engine = EngineClient(
+            lambda: load_checkpoint(model, plugins.families,
+                                    chat_template_file=settings.chat_template_file),
+            parallel=settings.parallel, ctx_size=settings.ctx_size)
+    ctx = AppContext(settings=settings, plugins=plugins, engine=engine,
+                     model_name=model_display_name(settings))
+    handlers: list[Any] = []
+    for _, dialect in plugins.dialects.items():
+        handlers.extend(resolve(dialect.routes)(ctx))
+    app = Litestar(
+        route_handlers=handlers,
+        middleware=[DefineMiddleware(ServerMiddleware, api_key=settings.api_key)],
+        exception_handlers={MlxcelError: _mlxcel_error, HTTPException: _http_error,
+                            Exception: _unexpected},
+        on_startup=[engine.start],
+        on_shutdown=[engine.shutdown],
+        state={"ctx": ctx},
+        openapi_config=None,
+        debug=False,
+    )
+    return app
+
+
+def app_from_env() -> Litestar:
+    """Granian factory: settings arrive from the CLI through the environment."""
+    settings = Settings.from_env()
+    configure(settings.log_format)
+    return create_app(settings)

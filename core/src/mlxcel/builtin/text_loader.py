@@ -1,0 +1,38 @@
+"""Load an mlx-lm text checkpoint (plain or quantized) with mlx-lm's own loading code."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.utils import load_model
+
+from mlxcel.families.api import LoadOptions
+
+_DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
+
+
+class TextModel:
+    """An mlx-lm ``nn.Module`` plus what the engine needs to drive it."""
+
+    def __init__(self, model: Any, config: dict, path: Path) -> None:
+        self.model = model
+        self.config = config
+        self.path = path
+
+    def make_cache(self) -> list[Any]:
+        return make_prompt_cache(self.model)
+
+    def __call__(self, inputs: mx.array, cache: list[Any]) -> mx.array:
+        return self.model(inputs, cache=cache)
+
+
+def load(path: Path, options: LoadOptions) -> TextModel:
+    model, config = load_model(Path(path), trust_remote_code=options.trust_remote_code)
+    dtype = _DTYPES.get(options.dtype)
+    if dtype is not None and "quantization" not in config:
+        model.set_dtype(dtype)
+    model.eval()
+    return TextModel(model, config, Path(path))

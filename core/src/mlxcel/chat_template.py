@@ -1,0 +1,101 @@
+"""HF-compatible chat templates rendered with jinja2 (no transformers needed)."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from jinja2.ext import loopcontrols
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from mlxcel.errors import InvalidRequest, StartupError
+
+# Used when a checkpoint ships no template, as llama-server does.
+FALLBACK_CHATML = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{{ message['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def _raise(message: str) -> None:
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators: Any = None, sort_keys: bool = False) -> str:
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent,
+                      separators=separators, sort_keys=sort_keys)
+
+
+def _environment() -> ImmutableSandboxedEnvironment:
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                       extensions=[loopcontrols])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env
+
+
+class ChatTemplate:
+    """A compiled chat template plus the special tokens templates expect."""
+
+    def __init__(self, source: str, *, bos_token: str | None = None,
+                 eos_token: str | None = None, origin: str = "checkpoint") -> None:
+        self.source = source
+        self.origin = origin
+        self.special = {"bos_token": bos_token or "", "eos_token": eos_token or ""}
+        try:
+            self._template = _environment().from_string(source)
+        except jinja2.TemplateSyntaxError as exc:
+            raise StartupError(f"chat template ({origin}) does not compile: {exc}") from exc
+
+    @property
+    def supports_tools(self) -> bool:
+        return "tools" in self.source
+
+    def render(self, messages: list[dict[str, Any]], *, tools: list[dict] | None = None,
+               add_generation_prompt: bool = True, **kwargs: Any) -> str:
+        """Render like transformers' ``apply_chat_template(tokenize=False)``.
+
+        ``tools`` is passed to the template only when at least one tool is given.
+        """
+        context: dict[str, Any] = {**kwargs, **self.special, "messages": messages,
+                                   "add_generation_prompt": add_generation_prompt}
+        if tools:
+            context["tools"] = tools
+        try:
+            return self._template.render(**context)
+        except jinja2.TemplateError as exc:
+            raise InvalidRequest(f"chat template error: {exc}", param="messages") from exc
+        except (TypeError, ValueError, KeyError, AttributeError) as exc:
+            raise InvalidRequest(f"chat template could not render these messages: {exc}",
+                                 param="messages") from exc
+
+
+def _from_tokenizer_config(config: dict) -> str | None:
+    value = config.get("chat_template")
+    if isinstance(value, list):  # named templates: [{"name": ..., "template": ...}]
+        named = {t.get("name"): t.get("template") for t in value if isinstance(t, dict)}
+        return named.get("default") or next(iter(named.values()), None)
+    return value if isinstance(value, str) else None
+
+
+def load_chat_template(model_dir: Path, tokenizer_config: dict, *, override: Path | None,
+                       bos_token: str | None, eos_token: str | None) -> ChatTemplate:
+    """``--chat-template-file`` > ``chat_template.jinja`` > tokenizer_config > ChatML."""
+    if override is not None:
+        try:
+            source, origin = Path(override).read_text(encoding="utf-8"), str(override)
+        except OSError as exc:
+            raise StartupError(f"cannot read --chat-template-file {override}: {exc}") from exc
+    elif (model_dir / "chat_template.jinja").exists():
+        source, origin = (model_dir / "chat_template.jinja").read_text(encoding="utf-8"), \
+            "chat_template.jinja"
+    else:
+        source = _from_tokenizer_config(tokenizer_config) or FALLBACK_CHATML
+        origin = "tokenizer_config.json" if source is not FALLBACK_CHATML else "fallback-chatml"
+    return ChatTemplate(source, bos_token=bos_token, eos_token=eos_token, origin=origin)

@@ -1,0 +1,13 @@
+"""Builtin plugin: llama-server's native routes (tokenize, detokenize, health, props)."""
+
+from __future__ import annotations
+
+from mlxcel.dialects.api import Dialect
+from mlxcel.hookspecs import hookimpl
+
+
+@hookimpl
+def mlxcel_register_dialects(registry) -> None:
+    registry.register("llamacpp", Dialect(name="llamacpp",
+                                          routes="mlxcel.dialects.llamacpp.routes:build",
+                                          description="llama-server native routes"))

@@ -1,0 +1,79 @@
+"""llama-server routes: /tokenize, /detokenize, /health (and /), /props."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from litestar import Request, Response, get, post
+
+from mlxcel.context import AppContext
+from mlxcel.dialects.wire import decode_body
+from mlxcel.errors import GenerationFailed
+from mlxcel.generation import SEED_UNSET, server_sampling_defaults
+
+from .schemas import DetokenizeRequest, TokenizeRequest
+
+
+def health_payload(ctx: AppContext) -> tuple[int, dict[str, Any]]:
+    engine = ctx.engine
+    if engine.state == "loading":
+        return 503, {"status": "loading model", "tool_call_parser": None}
+    ckpt = engine.checkpoint
+    worker = engine.worker
+    active, queued = len(worker.active), len(worker.waiting) + worker.inbox.qsize()
+    full = active >= worker.parallel
+    stats = {k: getattr(worker.stats, k) for k in worker.stats.__struct_fields__}
+    return (503 if full else 200), {
+        "status": "no slot available" if full else "ok",
+        "model": ctx.model_name,
+        "batch": {"active_sequences": active, "queue_depth": queued,
+                  "max_batch_size": worker.parallel},
+        "observability": {**stats, "current_batch_size": active, "cache_pool_active": active},
+        "context_size": engine.context_size,
+        "tool_call_parser": "mlxcel" if ckpt.template.supports_tools else None,
+    }
+
+
+def build(ctx: AppContext) -> list[Any]:
+    engine = ctx.engine
+
+    @get(["/health", "/"])
+    async def health() -> Response:
+        status, payload = health_payload(ctx)
+        return Response(payload, status_code=status)
+
+    @post("/tokenize", status_code=200)
+    async def tokenize(request: Request) -> dict[str, Any]:
+        body = await decode_body(request, TokenizeRequest)
+        return {"tokens": engine.checkpoint.tokenizer.encode(body.content, body.add_special)}
+
+    @post("/detokenize", status_code=200)
+    async def detokenize(request: Request) -> dict[str, Any]:
+        body = await decode_body(request, DetokenizeRequest)
+        tok = engine.checkpoint.tokenizer
+        bad = tok.first_invalid_id(body.tokens)
+        if bad is not None:
+            raise GenerationFailed(
+                f"token id {bad} is out of vocabulary range (vocab_size {tok.vocab_size})")
+        return {"content": tok.decode(body.tokens, skip_special=False)}
+
+    @get("/props")
+    async def props() -> dict[str, Any]:
+        ckpt = engine.checkpoint
+        d = server_sampling_defaults(ckpt)
+        return {
+            "default_generation_settings": {
+                "n_predict": ctx.settings.n_predict, "temperature": d["temperature"],
+                "top_k": d["top_k"], "top_p": d["top_p"], "min_p": d["min_p"],
+                "repeat_penalty": 1.0, "repeat_last_n": 64, "seed": SEED_UNSET,
+                "frequency_penalty": 0.0, "presence_penalty": 0.0, "dry_multiplier": 0.0,
+                "dry_base": 1.75, "dry_allowed_length": 2, "dry_penalty_last_n": 0,
+            },
+            "total_slots": engine.worker.parallel,
+            "model_alias": ctx.model_name,
+            "model_path": str(ckpt.path),
+            "chat_template": ckpt.template.source,
+            "n_ctx": engine.context_size,
+        }
+
+    return [health, tokenize, detokenize, props]

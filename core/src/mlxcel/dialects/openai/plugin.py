@@ -1,0 +1,12 @@
+"""Builtin plugin: the OpenAI dialect (chat completions, completions, models)."""
+
+from __future__ import annotations
+
+from mlxcel.dialects.api import Dialect
+from mlxcel.hookspecs import hookimpl
+
+
+@hookimpl
+def mlxcel_register_dialects(registry) -> None:
+    registry.register("openai", Dialect(name="openai", routes="mlxcel.dialects.openai.routes:build",
+                                        description="OpenAI chat/completions/models"))

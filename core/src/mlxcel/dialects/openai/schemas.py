@@ -1,0 +1,121 @@
+"""OpenAI wire schemas (requests tolerate unknown fields; UNSET = absent)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+from msgspec import UNSET, UnsetType
+
+Role = Literal["system", "developer", "user", "assistant", "tool"]
+
+
+class ChatMessage(msgspec.Struct, kw_only=True, omit_defaults=True):
+    role: Role
+    content: str | list[dict[str, Any]] | None = None
+    name: str | UnsetType = UNSET
+    tool_calls: list[dict[str, Any]] | UnsetType = UNSET
+    tool_call_id: str | UnsetType = UNSET
+    reasoning_content: str | UnsetType = UNSET
+
+
+class StreamOptions(msgspec.Struct, kw_only=True):
+    include_usage: bool = False
+
+
+class SamplingFields(msgspec.Struct, kw_only=True):
+    """Fields shared by chat completions and completions."""
+
+    model: str | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    n: int = 1
+    ignore_eos: bool = False
+
+
+class ChatCompletionRequest(SamplingFields, kw_only=True):
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    extra_body: dict[str, Any] | None = None
+
+
+class CompletionRequest(SamplingFields, kw_only=True):
+    prompt: str | list[int] | list[str]
+    echo: bool = False
+
+
+class Usage(msgspec.Struct):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class AssistantMessage(msgspec.Struct):
+    role: str = "assistant"
+    content: str | None = None
+
+
+class ChatChoice(msgspec.Struct):
+    index: int
+    message: AssistantMessage
+    finish_reason: str | None
+    logprobs: None = None
+
+
+class ChatCompletion(msgspec.Struct):
+    id: str
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    object: str = "chat.completion"
+    system_fingerprint: None = None
+
+
+class Delta(msgspec.Struct, omit_defaults=True):
+    role: str | None = None
+    content: str | None = None
+
+
+class ChunkChoice(msgspec.Struct):
+    index: int
+    delta: Delta
+    finish_reason: str | None = None
+    logprobs: None = None
+
+
+class ChatCompletionChunk(msgspec.Struct):
+    id: str
+    created: int
+    model: str
+    choices: list[ChunkChoice]
+    object: str = "chat.completion.chunk"
+    system_fingerprint: None = None
+    usage: Usage | UnsetType = UNSET
+
+
+class CompletionChoice(msgspec.Struct):
+    index: int
+    text: str
+    finish_reason: str | None
+    logprobs: None = None
+
+
+class Completion(msgspec.Struct):
+    id: str
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    object: str = "text_completion"
+    system_fingerprint: None = None
+    usage: Usage | UnsetType = UNSET

@@ -1,0 +1,45 @@
+"""Helpers every dialect uses: decode a JSON body into a msgspec struct, SSE framing."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, TypeVar
+
+import msgspec
+from litestar import Request
+
+from mlxcel.errors import InvalidRequest
+
+T = TypeVar("T")
+_PATH = re.compile(r"at `\$\.?([^`]*)`")
+_encoder = msgspec.json.Encoder()
+
+
+def _field(message: str) -> str | None:
+    match = _PATH.search(message)
+    return match.group(1) or None if match else None
+
+
+async def decode_body(request: Request, type_: type[T]) -> T:
+    """Decode the request body; any problem is a 400 that names the field."""
+    body = await request.body()
+    if not body.strip():
+        raise InvalidRequest("request body is empty; send a JSON object")
+    try:
+        return msgspec.json.decode(body, type=type_)
+    except msgspec.ValidationError as exc:
+        text = str(exc)
+        field = _field(text)
+        where = f" (field '{field}')" if field else ""
+        raise InvalidRequest(f"invalid request{where}: {text}", param=field) from None
+    except msgspec.DecodeError as exc:
+        raise InvalidRequest(f"malformed JSON body: {exc}") from None
+
+
+def sse(payload: Any) -> bytes:
+    """One Server-Sent Events ``data:`` frame."""
+    return b"data: " + _encoder.encode(payload) + b"\n\n"
+
+
+SSE_DONE = b"data: [DONE]\n\n"
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}

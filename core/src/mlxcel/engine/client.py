@@ -1,0 +1,99 @@
+"""EngineClient: the asyncio side of the engine. ``submit()`` -> async iterator of events."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from mlxcel.engine.worker import EngineWorker
+from mlxcel.errors import ContextLengthExceeded, GenerationFailed, ModelLoading
+from mlxcel.types import GenerationEvent, GenerationRequest
+
+
+class EventStream:
+    """Events of one request. Closing it early (client gone) cancels the generation."""
+
+    def __init__(self, client: EngineClient, req: GenerationRequest,
+                 loop: asyncio.AbstractEventLoop) -> None:
+        self._client = client
+        self.request = req
+        self._loop = loop
+        self._queue: asyncio.Queue[GenerationEvent] = asyncio.Queue()
+        self.done = False
+
+    def emit(self, event: GenerationEvent) -> None:
+        """Called from the engine thread."""
+        self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
+
+    def __aiter__(self) -> EventStream:
+        return self
+
+    async def __anext__(self) -> GenerationEvent:
+        if self.done:
+            raise StopAsyncIteration
+        event = await self._queue.get()
+        if event.finish_reason is not None:
+            self.done = True
+        return event
+
+    async def aclose(self) -> None:
+        self.cancel()
+
+    def cancel(self) -> None:
+        if not self.done:
+            self.done = True
+            self._client.cancel(self.request.request_id)
+
+
+class EngineClient:
+    """Owns the engine thread; the only way dialects reach the model."""
+
+    def __init__(self, load: Callable[[], Any], parallel: int, ctx_size: int = 0) -> None:
+        self.worker = EngineWorker(load, parallel)
+        self.requested_ctx = ctx_size
+
+    def start(self) -> None:
+        self.worker.start()
+
+    def shutdown(self) -> None:
+        self.worker.shutdown()
+
+    @property
+    def state(self) -> str:
+        return self.worker.state
+
+    @property
+    def checkpoint(self) -> Any:
+        if self.worker.state == "loading":
+            raise ModelLoading("Loading model")
+        if self.worker.state == "failed":
+            raise GenerationFailed(f"model failed to load: {self.worker.error}")
+        return self.worker.checkpoint
+
+    @property
+    def context_size(self) -> int:
+        """Per-slot context window: explicit --ctx-size split over slots, else the model's."""
+        if self.requested_ctx > 0:
+            return max(1, self.requested_ctx // self.worker.parallel)
+        return self.checkpoint.context_length
+
+    def fit(self, prompt_len: int, max_tokens: int | None) -> int:
+        """Check the prompt fits; return ``max_tokens`` clamped to what is left."""
+        ctx = self.context_size
+        if prompt_len >= ctx:
+            raise ContextLengthExceeded(
+                f"the prompt has {prompt_len} tokens, more than the context window of {ctx} "
+                "tokens allows (leave room for at least one generated token)", param="messages")
+        room = ctx - prompt_len
+        return room if max_tokens is None else min(max_tokens, room)
+
+    def submit(self, req: GenerationRequest) -> EventStream:
+        self.checkpoint  # raises while loading / after a failed load
+        stream = EventStream(self, req, asyncio.get_running_loop())
+        self.worker.inbox.put((req, stream.emit))
+        return stream
+
+    def cancel(self, request_id: str) -> None:
+        self.worker.cancelled.add(request_id)
+        self.worker.inbox.put_nowait(None)  # type: ignore[arg-type]  (wake the thread)

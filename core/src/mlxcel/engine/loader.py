@@ -1,0 +1,138 @@
+"""Find a checkpoint (local dir or Hugging Face id) and load model, tokenizer, template."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import structlog
+
+from mlxcel.chat_template import ChatTemplate, load_chat_template
+from mlxcel.engine.tokenizer import Tokenizer
+from mlxcel.errors import StartupError
+from mlxcel.families.api import Family, LoadOptions
+from mlxcel.families.registry import FamilyRegistry
+from mlxcel.lazy import resolve
+
+log = structlog.get_logger("mlxcel.loader")
+ALLOW_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "tokenizer.model", "*.txt", "*.py"]
+SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p")
+
+
+class GenerationDefaults(msgspec.Struct, frozen=True, kw_only=True):
+    """Defaults from the checkpoint's generation_config.json (None = not set there)."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    eos_token_ids: tuple[int, ...] = ()
+
+
+class LoadedCheckpoint(msgspec.Struct, kw_only=True):
+    path: Path
+    family: Family
+    model: Any
+    config: dict
+    tokenizer: Tokenizer
+    template: ChatTemplate
+    defaults: GenerationDefaults
+    context_length: int
+
+
+def _looks_like_hf_id(model: str) -> bool:
+    parts = model.split("/")
+    return len(parts) == 2 and all(parts) and not model.startswith((".", "~", "/"))
+
+
+def resolve_model_path(model: str) -> Path:
+    """A local directory as is; otherwise a Hugging Face id, downloaded into the HF cache."""
+    local = Path(model).expanduser()
+    if local.exists():
+        if not (local / "config.json").is_file():
+            raise StartupError(f"{local} is not a model directory (no config.json)")
+        return local
+    if not _looks_like_hf_id(model):
+        raise StartupError(f"model not found: '{model}' is neither a directory nor a "
+                           "Hugging Face id (org/name)")
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(model, allow_patterns=ALLOW_PATTERNS))
+    except Exception as exc:  # offline, no such repo, gated, network down ...
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
+        hint = "HF_HUB_OFFLINE is set and it is not in the local cache" if offline else reason
+        raise StartupError(f"cannot get model '{model}' from Hugging Face: {hint[:300]}") from exc
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+    except (OSError, ValueError) as exc:
+        raise StartupError(f"cannot read {path}: {exc}") from exc
+
+
+def _ids(value: Any) -> tuple[int, ...]:
+    if isinstance(value, int):
+        return (value,)
+    return tuple(v for v in value if isinstance(v, int)) if isinstance(value, list) else ()
+
+
+def generation_defaults(path: Path, config: dict) -> GenerationDefaults:
+    gen = _read_json(path / "generation_config.json")
+    eos = _ids(gen.get("eos_token_id")) or _ids(config.get("eos_token_id"))
+    values = {k: gen[k] for k in SAMPLING_KEYS if isinstance(gen.get(k), (int, float))}
+    if "top_k" in values:
+        values["top_k"] = int(values["top_k"])
+    return GenerationDefaults(eos_token_ids=eos, **values)
+
+
+def select_family(families: FamilyRegistry, config: dict, path: Path) -> Family:
+    model_type = config.get("model_type")
+    family = families.for_model_type(model_type) if model_type else None
+    if family is None:
+        raise StartupError(
+            f"no installed model family handles model_type '{model_type}' ({path}); "
+            "install the family plugin for it (mlxcel-server plugins lists what is installed)"
+        )
+    return family
+
+
+def load_checkpoint(model: str, families: FamilyRegistry, *,
+                    chat_template_file: str | None = None) -> LoadedCheckpoint:
+    started = time.perf_counter()
+    path = resolve_model_path(model)
+    config = _read_json(path / "config.json")
+    family = select_family(families, config, path)
+    defaults = generation_defaults(path, config)
+    tokenizer = Tokenizer.from_dir(path, set(defaults.eos_token_ids))
+    template = load_chat_template(
+        path, tokenizer.config, override=Path(chat_template_file) if chat_template_file else None,
+        bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token)
+    loaded = resolve(family.loader)(path, LoadOptions())
+    ctx = int(config.get("max_position_embeddings") or tokenizer.config.get("model_max_length")
+              or 4096)
+    log.info("model_loaded", path=str(path), family=family.name,
+             model_type=config.get("model_type"), quantized="quantization" in config,
+             chat_template=template.origin, seconds=round(time.perf_counter() - started, 2))
+    return LoadedCheckpoint(path=path, family=family, model=loaded, config=loaded.config,
+                            tokenizer=tokenizer, template=template, defaults=defaults,
+                            context_length=min(ctx, 1 << 20))
+
+
+def check_checkpoint(path: Path, families: FamilyRegistry,
+                     chat_template_file: str | None = None) -> None:
+    """Cheap checks (no MLX) so a bad --model fails before the server starts."""
+    config = _read_json(path / "config.json")
+    select_family(families, config, path)
+    if not any(path.glob("*.safetensors")):
+        raise StartupError(f"{path} has no *.safetensors weights")
+    tokenizer = Tokenizer.from_dir(path)
+    load_chat_template(path, tokenizer.config,
+                       override=Path(chat_template_file) if chat_template_file else None,
+                       bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token)

@@ -1,0 +1,61 @@
+"""State of one generating sequence inside the engine thread."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from mlxcel.engine.detokenizer import IncrementalDetokenizer
+from mlxcel.engine.sampling import Sampler
+from mlxcel.engine.stops import StopMatcher
+from mlxcel.engine.tokenizer import Tokenizer
+from mlxcel.types import FinishReason, GenerationEvent, GenerationRequest, Usage
+
+Emit = Callable[[GenerationEvent], None]
+
+
+class Sequence:
+    """Per-request decode state: KV cache, sampler, detokenizer, stop matcher."""
+
+    def __init__(self, req: GenerationRequest, emit: Emit, tokenizer: Tokenizer,
+                 eos_ids: set[int]) -> None:
+        self.req = req
+        self.emit = emit
+        self.eos_ids = set() if req.ignore_eos else eos_ids
+        self.detok = IncrementalDetokenizer(tokenizer)
+        self.stops = StopMatcher(req.stop)
+        self.sampler = Sampler(req.sampling, tokenizer.vocab_size)
+        self.cache: list[Any] = []
+        self.pending: Any = None  # next token id (lazy mx.array)
+        self.upcoming: Any = None
+        self.generated = 0
+        self.finished = False
+        self.submitted_at = time.perf_counter()
+
+    def usage(self) -> Usage:
+        return Usage(prompt_tokens=len(self.req.prompt_tokens), completion_tokens=self.generated)
+
+    def accept(self, token: int) -> None:
+        """Take one sampled token: emit text, or finish on EOS / stop / max_tokens."""
+        self.generated += 1
+        if token in self.eos_ids:
+            self.finish("stop", self.stops.feed(self.detok.flush())[0] + self.stops.flush())
+            return
+        text, hit = self.stops.feed(self.detok.add(token))
+        if hit:
+            self.finish("stop", text, token)
+        elif self.generated >= self.req.max_tokens:
+            tail, hit = self.stops.feed(self.detok.flush())
+            self.finish("stop" if hit else "length",
+                        text + tail + ("" if hit else self.stops.flush()), token)
+        else:
+            self.emit(GenerationEvent(text=text, token_ids=(token,)))
+
+    def finish(self, reason: FinishReason, text: str = "", token: int | None = None,
+               error: str | None = None) -> None:
+        if self.finished:
+            return
+        self.finished = True
+        self.emit(GenerationEvent(text=text, token_ids=() if token is None else (token,),
+                                  finish_reason=reason, usage=self.usage(), error=error))

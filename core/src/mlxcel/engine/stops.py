@@ -1,0 +1,41 @@
+"""Stop strings: match across token boundaries, hold back a possible beginning."""
+
+from __future__ import annotations
+
+
+class StopMatcher:
+    """Feed decoded text; get back what is safe to emit and whether a stop matched.
+
+    The stop text itself is never emitted. Text that might be the start of a stop string
+    stays held until the next piece resolves it.
+    """
+
+    def __init__(self, stops: tuple[str, ...]) -> None:
+        self.stops = tuple(s for s in stops if s)
+        self._held = ""
+
+    def feed(self, text: str) -> tuple[str, bool]:
+        if not self.stops:
+            return text, False
+        buf = self._held + text
+        cut = min((i for i in (buf.find(s) for s in self.stops) if i >= 0), default=-1)
+        if cut >= 0:
+            self._held = ""
+            return buf[:cut], True
+        keep = self._partial_suffix(buf)
+        self._held = buf[len(buf) - keep :] if keep else ""
+        return buf[: len(buf) - keep], False
+
+    def flush(self) -> str:
+        held, self._held = self._held, ""
+        return held
+
+    def _partial_suffix(self, buf: str) -> int:
+        """Length of the longest suffix of ``buf`` that is a proper prefix of a stop."""
+        best = 0
+        for stop in self.stops:
+            for n in range(min(len(stop) - 1, len(buf)), best, -1):
+                if buf.endswith(stop[:n]):
+                    best = n
+                    break
+        return best

@@ -1,0 +1,53 @@
+"""Model family contract: which checkpoints a family loads and what it can do."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol
+
+import msgspec
+
+CAPABILITIES = frozenset(
+    {"text", "vision", "audio_in", "transcription", "speech", "embedding", "rerank",
+     "image_generation"}
+)
+
+
+class LoopPolicy(msgspec.Struct, frozen=True):
+    """Tail n-gram loop detection defaults a family asks for."""
+
+    min_pattern_size: int = 1
+    max_pattern_size: int = 20
+    min_count: int = 4
+
+
+class Family(msgspec.Struct, frozen=True, kw_only=True):
+    """A model family plugin.
+
+    ``loader`` is a ``"module:attr"`` string naming ``load(path, options) -> LoadedModel``;
+    it is imported only when a checkpoint of this family is loaded.
+    """
+
+    name: str
+    model_types: tuple[str, ...]
+    loader: str
+    capabilities: frozenset[str] = frozenset({"text"})
+    supports_batching: bool = True
+    default_tool_format: str | None = None
+    reasoning_markers: tuple[str, str] | None = None
+    loop_detection: LoopPolicy | None = None
+
+
+class LoadOptions(msgspec.Struct, frozen=True, kw_only=True):
+    dtype: str = "auto"
+    trust_remote_code: bool = False
+
+
+class LoadedModel(Protocol):
+    """What the engine drives. ``model(inputs, cache=...)`` returns logits [B, T, V]."""
+
+    model: Any
+    config: dict
+    path: Path
+
+    def make_cache(self) -> list[Any]: ...

@@ -1,0 +1,56 @@
+"""The mlxcel plugin API: every hook a plugin can implement.
+
+A plugin is a module (or object) named by an entry point in group ``mlxcel``. It implements
+any of the hooks below with ``@hookimpl``. Hooks *register*; they never run on the token
+path. Register heavy code as ``"module:attr"`` strings so importing the plugin stays cheap.
+
+Example (``pyproject.toml``)::
+
+    [project.entry-points.mlxcel]
+    family-gemma4 = "mlxcel_family_gemma4.plugin"
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pluggy
+
+if TYPE_CHECKING:
+    from mlxcel.dialects.registry import DialectRegistry
+    from mlxcel.families.registry import FamilyRegistry
+    from mlxcel.media.registry import MediaDecoderRegistry
+    from mlxcel.toolcalls.registry import ToolFormatRegistry
+
+PROJECT = "mlxcel"
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+@hookspec
+def mlxcel_register_families(registry: FamilyRegistry) -> None:
+    """Register model families: ``registry.register(name, Family(...))``."""
+
+
+@hookspec
+def mlxcel_register_tool_formats(registry: ToolFormatRegistry) -> None:
+    """Register tool-call wire formats: ``registry.register(name, ToolFormat(...))``."""
+
+
+@hookspec
+def mlxcel_register_media_decoders(registry: MediaDecoderRegistry) -> None:
+    """Register media decoders: ``registry.register(name, MediaDecoder(...))``."""
+
+
+@hookspec
+def mlxcel_register_dialects(registry: DialectRegistry) -> None:
+    """Register API dialects: ``registry.register(name, Dialect(...))``."""
+
+
+# hook name -> (attribute of Plugins, label used by `mlxcel-server plugins`)
+REGISTRY_HOOKS = {
+    "mlxcel_register_families": ("families", "families"),
+    "mlxcel_register_tool_formats": ("tool_formats", "tool formats"),
+    "mlxcel_register_media_decoders": ("media_decoders", "media decoders"),
+    "mlxcel_register_dialects": ("dialects", "dialects"),
+}

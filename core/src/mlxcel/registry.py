@@ -1,0 +1,56 @@
+"""A typed registry that refuses duplicate keys and remembers who registered what."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Generic, TypeVar
+
+from mlxcel.errors import PluginError
+
+T = TypeVar("T")
+
+
+class Registry(Generic[T]):
+    """Maps keys to items of one extension point; each key has exactly one owner."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._items: dict[str, T] = {}
+        self._owners: dict[str, str] = {}
+        self.current_owner = "<unknown>"
+
+    def register(self, key: str, item: T) -> None:
+        if not key or not isinstance(key, str):
+            raise PluginError(f"{self.current_owner}: {self.kind} key must be a non-empty string")
+        if key in self._items:
+            raise PluginError(
+                f"duplicate {self.kind} '{key}': registered by '{self._owners[key]}' "
+                f"and again by '{self.current_owner}'"
+            )
+        self._items[key] = item
+        self._owners[key] = self.current_owner
+
+    def get(self, key: str) -> T:
+        try:
+            return self._items[key]
+        except KeyError:
+            known = ", ".join(sorted(self._items)) or "none"
+            raise KeyError(f"no {self.kind} named '{key}' (known: {known})") from None
+
+    def owner(self, key: str) -> str:
+        return self._owners[key]
+
+    def keys_of(self, owner: str) -> list[str]:
+        return [k for k, o in self._owners.items() if o == owner]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._items
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def items(self) -> list[tuple[str, T]]:
+        return list(self._items.items())
