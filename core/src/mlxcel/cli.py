@@ -49,7 +49,8 @@ def _env_default(env: str, type_: Any, default: Any) -> Any:
     try:
         return type_(raw)
     except ValueError:
-        raise StartupError(f"environment variable {env}={raw!r} is not a valid {type_.__name__}")
+        raise StartupError(
+            f"environment variable {env}={raw!r} is not a valid {type_.__name__}") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -81,10 +82,14 @@ def list_plugins(argv: Sequence[str]) -> int:
     from mlxcel.plugins import load_plugins
 
     parser = argparse.ArgumentParser(prog="mlxcel-server plugins")
-    parser.add_argument("--plugins", default=os.environ.get("MLXCEL_PLUGINS"))
-    parser.add_argument("--disable-plugins", default=os.environ.get("MLXCEL_DISABLE_PLUGINS"))
+    parser.add_argument("--plugins", default=os.environ.get("MLXCEL_PLUGINS") or None)
+    parser.add_argument("--disable-plugins",
+                        default=os.environ.get("MLXCEL_DISABLE_PLUGINS") or None)
     parser.add_argument("--json", action="store_true", help="print JSON")
     args = parser.parse_args(argv)
+    from mlxcel.logging import configure
+
+    configure()  # warnings go to stderr, so --json output stays pure JSON
     plugins = load_plugins(args.plugins, args.disable_plugins)
     if args.json:
         print(msgspec.json.encode(plugins.infos).decode())

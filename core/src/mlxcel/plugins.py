@@ -89,7 +89,11 @@ def load_plugins(allow: str | list[str] | None = None,
                     f"reinstall it with: pip install --force-reinstall {dist}"
                 ) from exc
             log.warning("plugin_failed", plugin=ep.name, distribution=dist, error=info.error)
-    plugins.pm.check_pending()
+    try:
+        plugins.pm.check_pending()
+    except pluggy.PluginValidationError as exc:
+        name = plugins.pm.get_name(exc.plugin) or repr(exc.plugin)
+        raise PluginError(f"plugin '{name}' implements an unknown hook: {exc}") from exc
     _fill_registries(plugins)
     return plugins
 

@@ -7,6 +7,7 @@ from typing import Any, TypeVar
 
 import msgspec
 from litestar import Request
+from litestar.response import Stream
 
 from mlxcel.errors import InvalidRequest
 
@@ -43,3 +44,15 @@ def sse(payload: Any) -> bytes:
 
 SSE_DONE = b"data: [DONE]\n\n"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+class SSEResponse(Stream):
+    """An SSE response whose content type survives a handler's default (JSON) media type."""
+
+    def __init__(self, content, **kwargs: Any) -> None:
+        super().__init__(content, media_type="text/event-stream",
+                         headers={**SSE_HEADERS, **kwargs.pop("headers", {})}, **kwargs)
+
+    def to_asgi_response(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs["media_type"] = "text/event-stream"
+        return super().to_asgi_response(*args, **kwargs)

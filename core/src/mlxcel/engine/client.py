@@ -23,8 +23,11 @@ class EventStream:
         self.done = False
 
     def emit(self, event: GenerationEvent) -> None:
-        """Called from the engine thread."""
-        self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
+        """Called from the engine thread; never raises into it."""
+        try:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
+        except RuntimeError:  # the consumer's event loop is gone: stop generating for it
+            self._client.cancel(self.request.request_id)
 
     def __aiter__(self) -> EventStream:
         return self
@@ -89,7 +92,7 @@ class EngineClient:
         return room if max_tokens is None else min(max_tokens, room)
 
     def submit(self, req: GenerationRequest) -> EventStream:
-        self.checkpoint  # raises while loading / after a failed load
+        _ = self.checkpoint  # raises while loading / after a failed load
         stream = EventStream(self, req, asyncio.get_running_loop())
         self.worker.inbox.put((req, stream.emit))
         return stream

@@ -62,13 +62,22 @@ class EngineWorker(threading.Thread):
         finally:
             self.ready.set()
         while not self._stop.is_set():
-            self._drain(block=not (self.active or self.waiting))
-            self._drop_cancelled()
-            self._admit()
-            if self.active:
-                self._step()
+            try:
+                self._iteration()
+            except Exception as exc:  # never let the engine thread die: fail the batch
+                log.exception("engine_step_failed")
+                for seq in [*self.active]:
+                    seq.finish("error", error=f"engine error: {exc}")
+                self.active = []
         for seq in [*self.active, *self.waiting]:
             seq.finish("error", error="server shutting down")
+
+    def _iteration(self) -> None:
+        self._drain(block=not (self.active or self.waiting))
+        self._drop_cancelled()
+        self._admit()
+        if self.active:
+            self._step()
 
     def shutdown(self) -> None:
         self._stop.set()
@@ -110,19 +119,19 @@ class EngineWorker(threading.Thread):
                 seq.finish("error", error=f"prefill failed: {exc}")
 
     def _prefill(self, seq: Sequence) -> None:
+        """All but the last prompt token fill the cache in chunks (only the cache state is
+        evaluated, so MLX never computes their logits); the last token yields the logits."""
         import mlx.core as mx
 
         model = self.checkpoint.model
         seq.cache = model.make_cache()
         tokens = mx.array(seq.req.prompt_tokens, dtype=mx.uint32)[None]
         n = tokens.shape[1]
-        start = 0
-        while n - start > PREFILL_CHUNK:
-            model(tokens[:, start : start + PREFILL_CHUNK], seq.cache)
+        for start in range(0, n - 1, PREFILL_CHUNK):
+            model(tokens[:, start : min(start + PREFILL_CHUNK, n - 1)], seq.cache)
             mx.eval([c.state for c in seq.cache])
-            start += PREFILL_CHUNK
             self.stats.prefill_chunks_processed += 1
-        logits = model(tokens[:, start:], seq.cache)[:, -1, :]
+        logits = model(tokens[:, n - 1 :], seq.cache)[:, -1, :]
         seq.pending = seq.sampler(logits)
         mx.async_eval(seq.pending)
         self.stats.prefill_chunks_processed += 1

@@ -14,7 +14,10 @@ class ToolFormatRegistry(Registry[ToolFormat]):
     def select(self, template: str | None, *, flag: str | None = None,
                family_default: str | None = None) -> ToolFormat | None:
         if flag:
-            return self.get(flag)
+            try:
+                return self.get(flag)
+            except KeyError as exc:
+                raise StartupError(str(exc.args[0])) from None
         if family_default and family_default in self:
             return self.get(family_default)
         if not template:
@@ -24,6 +27,6 @@ class ToolFormatRegistry(Registry[ToolFormat]):
             names = ", ".join(m.name for m in matches)
             raise StartupError(
                 f"the chat template matches several tool-call formats ({names}); "
-                "choose one with --tool-call-format"
+                "choose one explicitly"
             )
         return matches[0] if matches else None

@@ -8,10 +8,9 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from litestar import Request, Response, get, post
-from litestar.response import Stream
 
 from mlxcel.context import AppContext
-from mlxcel.dialects.wire import SSE_DONE, SSE_HEADERS, decode_body, sse
+from mlxcel.dialects.wire import SSE_DONE, SSEResponse, decode_body, sse
 from mlxcel.engine.client import EventStream
 from mlxcel.types import GenerationEvent
 
@@ -93,8 +92,7 @@ def build(ctx: AppContext) -> list[Any]:
         include = body.stream_options is not None and body.stream_options.include_usage
         role = s.ChatCompletionChunk(rid, created, model,
                                      [s.ChunkChoice(0, s.Delta(role="assistant"))])
-        return Stream(_sse(request, stream, frame, usage_frame if include else None, role),
-                      media_type="text/event-stream", headers=SSE_HEADERS)
+        return SSEResponse(_sse(request, stream, frame, usage_frame if include else None, role))
 
     @post(["/v1/completions", "/completions"], status_code=200)
     async def completions(request: Request) -> Any:
@@ -117,8 +115,7 @@ def build(ctx: AppContext) -> list[Any]:
             return s.Completion(rid, created, model, [], usage=usage)
 
         include = body.stream_options is not None and body.stream_options.include_usage
-        return Stream(_sse(request, stream, frame, usage_frame if include else None),
-                      media_type="text/event-stream", headers=SSE_HEADERS)
+        return SSEResponse(_sse(request, stream, frame, usage_frame if include else None))
 
     @get(["/v1/models", "/models"])
     async def models() -> Response:

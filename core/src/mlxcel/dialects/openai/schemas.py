@@ -50,7 +50,7 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
 
 
 class CompletionRequest(SamplingFields, kw_only=True):
-    prompt: str | list[int] | list[str]
+    prompt: str | list[str | int]
     echo: bool = False
 
 

@@ -84,18 +84,19 @@ def chat_prompt(ctx: AppContext, body: ChatCompletionRequest) -> list[int]:
 
 
 def completion_prompt(ctx: AppContext, body: CompletionRequest) -> list[int]:
+    """A string, a one-string list, or a list of token ids."""
     tok = ctx.engine.checkpoint.tokenizer
     prompt = body.prompt
-    if isinstance(prompt, list) and prompt and all(isinstance(p, int) for p in prompt):
+    if isinstance(prompt, list) and prompt and all(type(p) is int for p in prompt):
         bad = tok.first_invalid_id(prompt)  # type: ignore[arg-type]
         if bad is not None:
             raise InvalidRequest(f"prompt token id {bad} is out of vocabulary range",
                                  param="prompt")
         return list(prompt)  # type: ignore[arg-type]
     if isinstance(prompt, list):
-        if len(prompt) != 1:
-            raise InvalidRequest("'prompt' as a list of strings must hold exactly one string",
-                                 param="prompt")
+        if len(prompt) != 1 or not isinstance(prompt[0], str):
+            raise InvalidRequest("'prompt' must be a string, a list holding one string, or a "
+                                 "list of token ids", param="prompt")
         prompt = prompt[0]
     ids = tok.encode(prompt, add_special=True) if prompt else []
     if not ids:

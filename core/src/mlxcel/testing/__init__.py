@@ -1,0 +1,23 @@
+"""Test helpers: tiny random-weight checkpoints and a pytest plugin.
+
+Importing this package does not import mlx, mlx_lm, transformers or numpy.
+"""
+
+from .checkpoint import (
+    BUILDER_VERSION,
+    build_checkpoint,
+    cached_checkpoint,
+    default_cache_dir,
+    demo_checkpoint,
+)
+from .tokenizer import build_tokenizer, chat_template_text
+
+__all__ = [
+    "BUILDER_VERSION",
+    "build_checkpoint",
+    "build_tokenizer",
+    "cached_checkpoint",
+    "chat_template_text",
+    "default_cache_dir",
+    "demo_checkpoint",
+]

@@ -1,0 +1,262 @@
+"""Build tiny random-weight checkpoints that mlx_lm and transformers can load.
+
+mlx, mlx_lm and numpy are imported inside functions so that importing this
+module (and the pytest plugin) stays cheap.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib
+import inspect
+import io
+import json
+import os
+import pathlib
+import shutil
+import tempfile
+from typing import TYPE_CHECKING, Any
+
+from . import tokenizer as _tok
+
+if TYPE_CHECKING:
+    import mlx.nn as nn
+
+BUILDER_VERSION = 1
+SHAPES = ("qwen3", "llama")
+DTYPES = ("bfloat16", "float16", "float32")
+MAX_POSITION_EMBEDDINGS = 4096
+
+_ARCHITECTURES = {"qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM"}
+
+
+def default_cache_dir() -> pathlib.Path:
+    """``$MLXCEL_CACHE_DIR`` (or ``~/.cache/mlxcel``) + ``/checkpoints``."""
+    base = os.environ.get("MLXCEL_CACHE_DIR") or os.path.join("~", ".cache", "mlxcel")
+    return pathlib.Path(base).expanduser() / "checkpoints"
+
+
+def _model_config(
+    shape: str,
+    *,
+    hidden_size: int,
+    num_layers: int,
+    num_heads: int,
+    num_kv_heads: int,
+    intermediate_size: int,
+    vocab_size: int,
+    dtype: str,
+    ids: _tok.SpecialTokens,
+) -> dict[str, Any]:
+    """config.json contents (before quantization)."""
+    cfg: dict[str, Any] = {
+        "architectures": [_ARCHITECTURES[shape]],
+        "model_type": shape,
+        "hidden_size": hidden_size,
+        "intermediate_size": intermediate_size,
+        "num_hidden_layers": num_layers,
+        "num_attention_heads": num_heads,
+        "num_key_value_heads": num_kv_heads,
+        "head_dim": hidden_size // num_heads,
+        "vocab_size": vocab_size,
+        "max_position_embeddings": MAX_POSITION_EMBEDDINGS,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "initializer_range": 0.02,
+        "rope_scaling": None,
+        "torch_dtype": dtype,
+        "use_cache": True,
+        "eos_token_id": ids.im_end,
+    }
+    if shape == "qwen3":
+        cfg.update(
+            rope_theta=1000000.0,
+            rms_norm_eps=1e-6,
+            tie_word_embeddings=True,
+            bos_token_id=ids.endoftext,
+            sliding_window=None,
+            use_sliding_window=False,
+            max_window_layers=num_layers,
+        )
+    else:
+        cfg.update(
+            rope_theta=500000.0,
+            rms_norm_eps=1e-5,
+            tie_word_embeddings=False,
+            bos_token_id=ids.bos,
+            mlp_bias=False,
+            pretraining_tp=1,
+        )
+    return cfg
+
+
+def _init_model(config: dict[str, Any], seed: int, dtype: str) -> nn.Module:
+    """Instantiate mlx_lm's own model class with seeded random weights."""
+    import mlx.core as mx
+
+    arch = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
+    mx.random.seed(seed)
+    model = arch.Model(arch.ModelArgs.from_dict(config))
+    model.set_dtype(getattr(mx, dtype))
+    mx.eval(model.parameters())
+    return model
+
+
+def _suppress_eos(model: nn.Module, eos_ids: list[int]) -> None:
+    """Zero the lm_head rows of ``eos_ids`` (the model must be untied)."""
+    import mlx.core as mx
+
+    weight = model.lm_head.weight
+    mask = mx.ones((weight.shape[0], 1), dtype=weight.dtype)
+    mask[mx.array(eos_ids)] = 0
+    model.lm_head.weight = weight * mask
+    mx.eval(model.lm_head.weight)
+
+
+def _untie(model: nn.Module) -> None:
+    """Give a model built untied an lm_head equal to its embeddings (tied look-alike)."""
+    model.lm_head.weight = model.model.embed_tokens.weight
+
+
+def _group_size(config: dict[str, Any]) -> int:
+    return 64 if config["hidden_size"] % 64 == 0 else 32
+
+
+def _quantize(model: nn.Module, config: dict[str, Any], bits: int) -> dict[str, Any]:
+    """Quantize in place with mlx_lm's utility; returns the updated config."""
+    from mlx_lm.utils import quantize_model
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        _, config = quantize_model(model, config, _group_size(config), bits)
+    return config
+
+
+def _save_weights(model: nn.Module, path: pathlib.Path) -> None:
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    weights = dict(sorted(tree_flatten(model.parameters())))
+    mx.save_safetensors(str(path / "model.safetensors"), weights, metadata={"format": "mlx"})
+
+
+def _write_json(path: pathlib.Path, data: dict[str, Any]) -> None:
+    path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def _validate(shape: str, hidden_size: int, num_heads: int, num_kv_heads: int, dtype: str) -> None:
+    if shape not in SHAPES:
+        raise ValueError(f"unknown shape {shape!r}; expected one of {SHAPES}")
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; expected one of {DTYPES}")
+    if hidden_size % num_heads or num_heads % num_kv_heads:
+        raise ValueError("hidden_size must divide by num_heads, num_heads by num_kv_heads")
+
+
+def _write_tokenizer(path: pathlib.Path, shape: str, vocab_size: int) -> _tok.SpecialTokens:
+    tok = _tok.build_tokenizer(shape, vocab_size)
+    tok.save(str(path / "tokenizer.json"))
+    cfg = _tok.tokenizer_config(shape, tok, MAX_POSITION_EMBEDDINGS)
+    _write_json(path / "tokenizer_config.json", cfg)
+    _write_json(path / "special_tokens_map.json", _tok.special_tokens_map(shape))
+    return _tok.special_token_ids(tok)
+
+
+def build_checkpoint(
+    path: str | os.PathLike,
+    shape: str = "qwen3",
+    *,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    intermediate_size: int | None = None,
+    vocab_size: int = 512,
+    seed: int = 0,
+    dtype: str = "bfloat16",
+    quantize_bits: int | None = None,
+    generation_config: dict | None = None,
+    suppress_eos: bool = False,
+) -> pathlib.Path:
+    """Write a tiny random-weight ``shape`` checkpoint into ``path`` and return it.
+
+    ``suppress_eos`` zeroes the output-projection rows of every EOS id (untying
+    the embeddings if needed) so greedy decoding practically never stops early.
+    """
+    _validate(shape, hidden_size, num_heads, num_kv_heads, dtype)
+    out = pathlib.Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    ids = _write_tokenizer(out, shape, vocab_size)
+    config = _model_config(
+        shape,
+        hidden_size=hidden_size,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        intermediate_size=intermediate_size or 3 * hidden_size,
+        vocab_size=vocab_size,
+        dtype=dtype,
+        ids=ids,
+    )
+    tied = config["tie_word_embeddings"]
+    if suppress_eos:
+        config["tie_word_embeddings"] = False
+    model = _init_model(config, seed, dtype)
+    if suppress_eos:
+        if tied:
+            _untie(model)
+        _suppress_eos(model, ids.eos_ids)
+    if quantize_bits is not None:
+        config = _quantize(model, config, quantize_bits)
+    _save_weights(model, out)
+    _write_json(out / "config.json", dict(sorted(config.items())))
+    gen = {"bos_token_id": config["bos_token_id"], "eos_token_id": ids.eos_ids}
+    _write_json(out / "generation_config.json", {**gen, **(generation_config or {})})
+    return out
+
+
+def _cache_key(shape: str, kw: dict[str, Any]) -> str:
+    """Stable digest of the normalized build arguments and bundled assets."""
+    bound = inspect.signature(build_checkpoint).bind(None, shape, **kw)
+    bound.apply_defaults()
+    args = {k: v for k, v in bound.arguments.items() if k != "path"}
+    payload = json.dumps(
+        {
+            "builder": BUILDER_VERSION,
+            "args": args,
+            "corpus": hashlib.sha256(_tok.corpus_text().encode()).hexdigest(),
+            "template": hashlib.sha256(_tok.chat_template_text().encode()).hexdigest(),
+        },
+        sort_keys=True,
+        default=str,
+    )
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def cached_checkpoint(
+    shape: str = "qwen3", cache_dir: str | os.PathLike | None = None, **kw: Any
+) -> pathlib.Path:
+    """Build (once) and return a checkpoint under ``cache_dir``; safe across processes."""
+    root = pathlib.Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    final = root / f"{shape}-{_cache_key(shape, kw)}"
+    if (final / "config.json").is_file():
+        return final
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
+    try:
+        build_checkpoint(tmp, shape, **kw)
+        tmp.chmod(0o755)  # mkdtemp makes it private; the cache may be shared
+        os.replace(tmp, final)
+    except OSError:
+        # Another process finished first; keep its copy.
+        if not (final / "config.json").is_file():
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def demo_checkpoint() -> pathlib.Path:
+    """The default tiny qwen3 checkpoint in the default cache dir."""
+    return cached_checkpoint("qwen3")

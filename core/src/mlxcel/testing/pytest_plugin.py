@@ -1,0 +1,38 @@
+"""pytest plugin (entry point ``mlxcel``): session fixtures with tiny checkpoints.
+
+Nothing heavy is imported at module level: this module is loaded by every pytest
+run in an environment where mlxcel is installed.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def mlxcel_checkpoint_cache(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    """Cache dir for test checkpoints: ``$MLXCEL_CACHE_DIR`` if set, else under basetemp."""
+    from .checkpoint import default_cache_dir
+
+    if os.environ.get("MLXCEL_CACHE_DIR"):
+        return default_cache_dir()
+    return tmp_path_factory.getbasetemp() / "mlxcel-checkpoints"
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(mlxcel_checkpoint_cache: pathlib.Path) -> pathlib.Path:
+    """Tiny qwen3 checkpoint with default builder arguments."""
+    from .checkpoint import cached_checkpoint
+
+    return cached_checkpoint("qwen3", mlxcel_checkpoint_cache)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_checkpoint(mlxcel_checkpoint_cache: pathlib.Path) -> pathlib.Path:
+    """Tiny llama checkpoint with default builder arguments."""
+    from .checkpoint import cached_checkpoint
+
+    return cached_checkpoint("llama", mlxcel_checkpoint_cache)

@@ -1,0 +1,21 @@
+"""In-process app helpers: a real app with a real engine behind Litestar's TestClient."""
+
+from __future__ import annotations
+
+import time
+
+from litestar.testing import TestClient
+from mlxcel.app import create_app
+from mlxcel.settings import Settings
+
+
+def make_client(checkpoint, **settings):
+    app = create_app(Settings(model=str(checkpoint), alias="tiny", **settings))
+    return TestClient(app, raise_server_exceptions=False)
+
+
+def wait_ready(client):
+    deadline = time.time() + 60
+    while client.get("/health").json()["status"] == "loading model":
+        assert time.time() < deadline, "model did not load"
+        time.sleep(0.05)

@@ -1,0 +1,20 @@
+"""Shared fixtures: an in-process app (real engine, real tiny model)."""
+
+from __future__ import annotations
+
+import pytest
+from apphelpers import make_client, wait_ready
+
+
+@pytest.fixture(scope="module")
+def client(tiny_checkpoint):
+    with make_client(tiny_checkpoint, parallel=2) as c:
+        wait_ready(c)
+        yield c
+
+
+@pytest.fixture(scope="module")
+def llama_client(tiny_llama_checkpoint):
+    with make_client(tiny_llama_checkpoint, parallel=1) as c:
+        wait_ready(c)
+        yield c

@@ -1,0 +1,131 @@
+"""The engine thread driven through EngineClient with a real tiny model."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from mlxcel.engine.client import EngineClient
+from mlxcel.engine.loader import load_checkpoint
+from mlxcel.errors import ContextLengthExceeded, ModelLoading
+from mlxcel.plugins import load_plugins
+from mlxcel.types import GenerationRequest, SamplingParams
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_checkpoint):
+    families = load_plugins().families
+    client = EngineClient(lambda: load_checkpoint(str(tiny_checkpoint), families), parallel=2,
+                          ctx_size=0)
+    client.start()
+    client.worker.ready.wait(60)
+    yield client
+    client.shutdown()
+
+
+def req(rid, prompt=(1, 2, 3, 4), max_tokens=8, sampling=GREEDY, **kw):
+    return GenerationRequest(request_id=rid, prompt_tokens=tuple(prompt), max_tokens=max_tokens,
+                             sampling=sampling, **kw)
+
+
+async def run(engine, request):
+    events = [e async for e in engine.submit(request)]
+    return events
+
+
+def tokens(events):
+    return [t for e in events for t in e.token_ids]
+
+
+def test_max_tokens_and_usage(engine):
+    events = asyncio.run(run(engine, req("a", max_tokens=6, ignore_eos=True)))
+    last = events[-1]
+    assert last.finish_reason == "length"
+    assert (last.usage.prompt_tokens, last.usage.completion_tokens) == (4, 6)
+    assert len(tokens(events)) == 6
+    assert all(e.finish_reason is None for e in events[:-1])
+
+
+def test_stops_at_eos(engine):
+    ids = tokens(asyncio.run(run(engine, req("b", max_tokens=6, ignore_eos=True))))
+    saved = set(engine.worker.eos_ids)
+    engine.worker.eos_ids = {ids[2]}
+    try:
+        events = asyncio.run(run(engine, req("c", max_tokens=6)))
+    finally:
+        engine.worker.eos_ids = saved
+    first_eos = ids.index(ids[2])
+    assert events[-1].finish_reason == "stop"
+    assert events[-1].usage.completion_tokens == first_eos + 1
+
+
+def test_greedy_is_deterministic_and_seed_reproducible(engine):
+    a = tokens(asyncio.run(run(engine, req("d", ignore_eos=True))))
+    b = tokens(asyncio.run(run(engine, req("e", ignore_eos=True))))
+    assert a == b
+    seeded = SamplingParams(temperature=1.5, top_k=0, top_p=1.0, seed=1234)
+    s1 = tokens(asyncio.run(run(engine, req("f", max_tokens=16, sampling=seeded,
+                                            ignore_eos=True))))
+    s2 = tokens(asyncio.run(run(engine, req("g", max_tokens=16, sampling=seeded,
+                                            ignore_eos=True))))
+    other = SamplingParams(temperature=1.5, top_k=0, top_p=1.0, seed=99)
+    s3 = tokens(asyncio.run(run(engine, req("h", max_tokens=16, sampling=other,
+                                            ignore_eos=True))))
+    assert s1 == s2 and s1 != s3
+
+
+def test_concurrent_requests_interleave(engine):
+    async def both():
+        order = []
+
+        async def consume(name):
+            async for _event in engine.submit(req(name, max_tokens=30, ignore_eos=True)):
+                order.append(name)
+                await asyncio.sleep(0)
+        await asyncio.gather(consume("x"), consume("y"))
+        return order
+
+    order = asyncio.run(both())
+    first_y = order.index("y")
+    assert first_y < len(order) - 1 - order[::-1].index("x")  # y starts before x ends
+
+
+def test_cancel_frees_the_slot(engine):
+    async def cancel_midway():
+        stream = engine.submit(req("z", max_tokens=10_000, ignore_eos=True))
+        await stream.__anext__()
+        assert len(engine.worker.active) == 1
+        await stream.aclose()
+
+    asyncio.run(cancel_midway())
+    deadline = time.time() + 5
+    while engine.worker.active and time.time() < deadline:
+        time.sleep(0.01)
+    assert engine.worker.active == []
+
+
+def test_context_fit(engine):
+    ctx = engine.context_size
+    assert engine.fit(10, None) == ctx - 10
+    assert engine.fit(10, 5) == 5
+    with pytest.raises(ContextLengthExceeded):
+        engine.fit(ctx, 1)
+
+
+def test_submit_while_loading_is_refused():
+    import threading
+
+    gate = threading.Event()
+    client = EngineClient(lambda: gate.wait(30), parallel=1)
+    client.start()
+    try:
+        async def go():
+            client.submit(req("l"))
+        with pytest.raises(ModelLoading):
+            asyncio.run(go())
+    finally:
+        gate.set()
+        client.shutdown()

@@ -1,0 +1,66 @@
+"""Incremental detokenization and stop-string matching on the tiny tokenizer."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from mlxcel.engine.detokenizer import IncrementalDetokenizer
+from mlxcel.engine.stops import StopMatcher
+from mlxcel.engine.tokenizer import Tokenizer
+
+MULTIBYTE = "naïve café 日本語のテキスト 한국어 😀🎉 ok ∑∫ end"
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_checkpoint):
+    return Tokenizer.from_dir(tiny_checkpoint)
+
+
+def test_tokenizer_splits_multibyte_characters_across_tokens(tok):
+    ids = tok.encode(MULTIBYTE)
+    # the premise of the next test: some single tokens decode to partial UTF-8
+    assert any("\ufffd" in tok.decode([i]) for i in ids)
+
+
+def test_incremental_detokenizer_never_splits_utf8(tok):
+    ids = tok.encode(MULTIBYTE)
+    detok = IncrementalDetokenizer(tok)
+    pieces = [detok.add(i) for i in ids] + [detok.flush()]
+    assert all("\ufffd" not in p for p in pieces)
+    assert "".join(pieces) == MULTIBYTE == tok.decode(ids)
+
+
+def test_incremental_detokenizer_skips_special_tokens(tok):
+    end = tok.hf.token_to_id("<|im_end|>")
+    detok = IncrementalDetokenizer(tok)
+    text = "".join(detok.add(i) for i in [*tok.encode("hello"), end, *tok.encode(" world")])
+    assert text + detok.flush() == "hello world"
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_stop_matcher_across_any_chunking(seed):
+    text = "The answer is 42. STOP here and never after"
+    rng = random.Random(seed)
+    cuts = sorted(rng.sample(range(1, len(text)), 8))
+    chunks = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+    matcher, out, hit = StopMatcher(("STOP", "never")), [], False
+    for chunk in chunks:
+        emitted, hit = matcher.feed(chunk)
+        out.append(emitted)
+        if hit:
+            break
+    assert hit
+    assert "".join(out) == "The answer is 42. "
+
+
+def test_stop_matcher_holds_back_a_possible_prefix_then_releases_it():
+    matcher = StopMatcher(("</end>",))
+    assert matcher.feed("abc</e") == ("abc", False)
+    assert matcher.feed("x") == ("</ex", False)
+    assert matcher.feed("</") == ("", False)
+    assert matcher.flush() == "</"
+
+
+def test_stop_matcher_without_stops_passes_through():
+    assert StopMatcher(()).feed("anything") == ("anything", False)

@@ -1,0 +1,343 @@
+"""A real third-party distribution, built and installed into a target dir, seen by the CLI.
+
+Three throwaway distributions are built once per module (hatchling, via uv or pip):
+
+* ``acme-mlxcel-plugin``: entry point ``toolcall-acme``, a tool format and a family;
+* ``acme-llama-plugin``: entry point ``family-acme-llama``, claims model_type ``llama``,
+  which the builtin ``family-text`` already owns;
+* ``acme-broken-plugin``: entry point ``toolcall-broken``, whose module raises ImportError.
+
+Each is installed into its own ``--target`` dir, so a test picks the set it wants through
+``PYTHONPATH``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+BUILTINS = ("dialect-llamacpp", "dialect-openai", "family-text")
+
+ACME_PLUGIN = '''
+"""acme: a tool-call format and a model family. Heavy code is named, not imported."""
+
+from mlxcel.families.api import Family
+from mlxcel.hookspecs import hookimpl
+from mlxcel.toolcalls.api import ToolFormat
+
+
+@hookimpl
+def mlxcel_register_tool_formats(registry):
+    registry.register("acme-xml", ToolFormat(
+        name="acme-xml",
+        detect=lambda t: "<acme_call>" in t,
+        parser="acme_mlxcel.parser:new_parser",
+    ))
+
+
+@hookimpl
+def mlxcel_register_families(registry):
+    registry.register("acme", Family(
+        name="acme",
+        model_types=("acme_lm",),
+        loader="acme_mlxcel.loader:load",
+        default_tool_format="acme-xml",
+    ))
+'''
+
+ACME_PARSER = """
+import json
+
+from mlxcel.toolcalls.api import ParseEvent
+
+OPEN, CLOSE = "<acme_call>", "</acme_call>"
+
+
+class AcmeParser:
+    def __init__(self, tools):
+        self.tools = tools
+        self.buf = ""
+
+    def feed(self, text):
+        self.buf += text
+        return []
+
+    def finish(self):
+        head, sep, rest = self.buf.partition(OPEN)
+        events = [ParseEvent(kind="content", text=head)] if head else []
+        if sep:
+            call = json.loads(rest.partition(CLOSE)[0])
+            events += [
+                ParseEvent(kind="call_start", name=call["name"]),
+                ParseEvent(kind="call_arguments", text=json.dumps(call["arguments"])),
+                ParseEvent(kind="call_end"),
+            ]
+        return events
+
+
+def new_parser(tools):
+    return AcmeParser(tools)
+"""
+
+ACME_LOADER = """
+def load(path, options):
+    raise NotImplementedError("acme checkpoints are not real")
+"""
+
+LLAMA_PLUGIN = """
+from mlxcel.families.api import Family
+from mlxcel.hookspecs import hookimpl
+
+
+@hookimpl
+def mlxcel_register_families(registry):
+    registry.register("acme-llama", Family(
+        name="acme-llama", model_types=("llama",), loader="acme_llama.loader:load"))
+"""
+
+BROKEN_PLUGIN = """
+raise ImportError("acme_broken needs libacme >= 9")
+"""
+
+
+def _write_dist(root: Path, dist: str, package: str, ep_name: str, modules: dict[str, str]) -> Path:
+    src = root / dist
+    pkg = src / "src" / package
+    pkg.mkdir(parents=True)
+    (src / "pyproject.toml").write_text(
+        textwrap.dedent(f"""
+        [build-system]
+        requires = ["hatchling"]
+        build-backend = "hatchling.build"
+
+        [project]
+        name = "{dist}"
+        version = "1.2.3"
+        requires-python = ">=3.10"
+
+        [project.entry-points.mlxcel]
+        {ep_name} = "{package}.plugin"
+
+        [tool.hatch.build.targets.wheel]
+        packages = ["src/{package}"]
+    """)
+    )
+    (pkg / "__init__.py").write_text("")
+    for name, text in modules.items():
+        (pkg / f"{name}.py").write_text(textwrap.dedent(text))
+    return src
+
+
+def _installer() -> list[str]:
+    uv = Path(sys.executable).with_name("uv")
+    uv_cmd = str(uv) if uv.exists() else shutil.which("uv")
+    if uv_cmd:
+        return [uv_cmd, "pip", "install", "--python", sys.executable]
+    return [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+
+
+def _install(src: Path, target: Path) -> Path:
+    cmd = [*_installer(), "--no-deps", "--target", str(target), str(src)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0:
+        pytest.fail(f"could not install {src.name}:\n{' '.join(cmd)}\n{proc.stdout}\n{proc.stderr}")
+    return target
+
+
+@pytest.fixture(scope="module")
+def sites(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("third-party")
+    srcs = {
+        "acme": _write_dist(
+            root,
+            "acme-mlxcel-plugin",
+            "acme_mlxcel",
+            "toolcall-acme",
+            {"plugin": ACME_PLUGIN, "parser": ACME_PARSER, "loader": ACME_LOADER},
+        ),
+        "llama": _write_dist(
+            root, "acme-llama-plugin", "acme_llama", "family-acme-llama", {"plugin": LLAMA_PLUGIN}
+        ),
+        "broken": _write_dist(
+            root, "acme-broken-plugin", "acme_broken", "toolcall-broken", {"plugin": BROKEN_PLUGIN}
+        ),
+    }
+    return {key: _install(src, root / f"site-{key}") for key, src in srcs.items()}
+
+
+def _env(site_dirs: list[Path], **extra: str) -> dict[str, str]:
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("MLXCEL_PLUGINS", "MLXCEL_DISABLE_PLUGINS")
+    }
+    paths = [str(p) for p in site_dirs]
+    if env.get("PYTHONPATH"):
+        paths.append(env["PYTHONPATH"])
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    env.update(extra)
+    return env
+
+
+def _cli(site_dirs: list[Path], *args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "mlxcel.cli", "plugins", *args],
+        capture_output=True,
+        text=True,
+        env=_env(site_dirs, **env),
+        timeout=120,
+    )
+
+
+def _infos(proc: subprocess.CompletedProcess) -> dict[str, dict]:
+    assert proc.returncode == 0, f"rc={proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    # The JSON document is the last stdout line.
+    return {i["name"]: i for i in json.loads(proc.stdout.strip().splitlines()[-1])}
+
+
+def test_third_party_plugin_is_listed_with_its_registrations(sites) -> None:
+    infos = _infos(_cli([sites["acme"]], "--json"))
+    acme = infos["toolcall-acme"]
+    assert acme["distribution"] == "acme-mlxcel-plugin"
+    assert acme["version"] == "1.2.3"
+    assert acme["module"] == "acme_mlxcel.plugin"
+    assert acme["status"] == "loaded" and acme["error"] is None
+    assert acme["registers"] == {"tool formats": ["acme-xml"], "families": ["acme"]}
+    for name in BUILTINS:
+        assert infos[name]["status"] == "loaded", infos[name]
+
+
+def test_text_listing_shows_third_party_plugin(sites) -> None:
+    proc = _cli([sites["acme"]])
+    assert proc.returncode == 0, proc.stderr
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("toolcall-acme"))
+    assert "acme-mlxcel-plugin 1.2.3" in line
+    assert "tool formats: acme-xml" in line and "families: acme" in line
+
+
+def test_third_party_registrations_are_usable_and_lazy(sites) -> None:
+    code = textwrap.dedent("""
+        import json, sys
+        from mlxcel.lazy import resolve
+        from mlxcel.plugins import load_plugins
+
+        p = load_plugins()
+        eager = [m for m in ("acme_mlxcel.parser", "acme_mlxcel.loader") if m in sys.modules]
+        family = p.families.for_model_type("acme_lm")
+        fmt = p.tool_formats.select("{% if tools %}<acme_call>{% endif %}")
+        by_default = p.tool_formats.select(None, family_default=family.default_tool_format)
+        parser = resolve(fmt.parser)([])
+        events = parser.feed('Sure. <acme_call>{"name": "f", "arguments": {"x": 1}}')
+        events += parser.feed("</acme_call>") + parser.finish()
+        print(json.dumps({
+            "eager": eager, "family": family.name, "owner": p.families.owner("acme"),
+            "fmt": fmt.name, "by_default": by_default.name,
+            "events": [[e.kind, e.text, e.name] for e in events],
+        }))
+    """)
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=_env([sites["acme"]]),
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["eager"] == [], f"'module:attr' targets imported at registration: {out['eager']}"
+    assert out["family"] == "acme" and out["owner"] == "toolcall-acme"
+    assert out["fmt"] == "acme-xml" and out["by_default"] == "acme-xml"
+    assert out["events"] == [
+        ["content", "Sure. ", None],
+        ["call_start", "", "f"],
+        ["call_arguments", '{"x": 1}', None],
+        ["call_end", "", None],
+    ]
+
+
+def test_duplicate_model_type_fails_naming_both_owners(sites) -> None:
+    proc = _cli([sites["llama"]], "--json")
+    assert proc.returncode != 0, proc.stdout
+    err = proc.stderr
+    assert "llama" in err
+    assert "family-text" in err and "family-acme-llama" in err, err
+    assert "Traceback" not in err, err
+    # disabling the offender is the way out
+    infos = _infos(_cli([sites["llama"]], "--json", "--disable-plugins", "family-acme-llama"))
+    assert infos["family-acme-llama"]["status"] == "disabled"
+    assert infos["family-text"]["status"] == "loaded"
+
+
+def test_disable_plugins_flag_and_env(sites) -> None:
+    for proc in (
+        _cli([sites["acme"]], "--json", "--disable-plugins", "toolcall-acme"),
+        _cli([sites["acme"]], "--json", MLXCEL_DISABLE_PLUGINS="toolcall-acme"),
+    ):
+        infos = _infos(proc)
+        assert infos["toolcall-acme"]["status"] == "disabled"
+        assert infos["toolcall-acme"]["registers"] == {}
+        for name in BUILTINS:
+            assert infos[name]["status"] == "loaded"
+
+
+def test_allow_list_loads_only_the_named_plugin(sites) -> None:
+    for proc in (
+        _cli([sites["acme"]], "--json", "--plugins", "dialect-openai"),
+        _cli([sites["acme"]], "--json", MLXCEL_PLUGINS="dialect-openai"),
+    ):
+        infos = _infos(proc)
+        assert infos["dialect-openai"]["status"] == "loaded"
+        assert infos["dialect-openai"]["registers"] == {"dialects": ["openai"]}
+        others = {n: i["status"] for n, i in infos.items() if n != "dialect-openai"}
+        assert "toolcall-acme" in others
+        assert set(others.values()) == {"disabled"}, others
+        assert all(i["registers"] == {} for n, i in infos.items() if n != "dialect-openai")
+
+
+def test_broken_plugin_is_reported_and_others_still_load(sites) -> None:
+    infos = _infos(_cli([sites["acme"], sites["broken"]], "--json"))
+    broken = infos["toolcall-broken"]
+    assert broken["status"] == "failed"
+    assert broken["distribution"] == "acme-broken-plugin"
+    assert "ImportError" in broken["error"] and "libacme >= 9" in broken["error"]
+    assert broken["registers"] == {}
+    assert infos["toolcall-acme"]["status"] == "loaded"
+    assert infos["toolcall-acme"]["registers"] == {
+        "tool formats": ["acme-xml"],
+        "families": ["acme"],
+    }
+    for name in BUILTINS:
+        assert infos[name]["status"] == "loaded"
+
+    text = _cli([sites["acme"], sites["broken"]])
+    assert text.returncode == 0
+    assert "toolcall-broken [failed]" in text.stdout and "libacme >= 9" in text.stdout
+
+
+def test_json_output_is_pure_json_when_a_plugin_fails(sites) -> None:
+    proc = _cli([sites["acme"], sites["broken"]], "--json")
+    assert proc.returncode == 0, proc.stderr
+    infos = json.loads(proc.stdout)
+    assert infos and all("name" in i for i in infos)
+
+
+def test_broken_plugin_named_in_allow_list_fails_startup(sites) -> None:
+    proc = _cli(
+        [sites["acme"], sites["broken"]], "--json", "--plugins", "toolcall-acme,toolcall-broken"
+    )
+    assert proc.returncode != 0, proc.stdout
+    assert "toolcall-broken" in proc.stderr and "acme-broken-plugin" in proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_allow_list_naming_an_uninstalled_plugin_fails(sites) -> None:
+    proc = _cli([sites["acme"]], "--json", "--plugins", "toolcall-nope")
+    assert proc.returncode != 0
+    assert "toolcall-nope" in proc.stderr and "toolcall-acme" in proc.stderr
