@@ -7,7 +7,6 @@ import time
 import httpx
 import openai
 import pytest
-
 from serverproc import Server
 
 pytestmark = pytest.mark.slow

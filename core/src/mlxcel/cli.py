@@ -53,11 +53,20 @@ def _env_default(env: str, type_: Any, default: Any) -> Any:
             f"environment variable {env}={raw!r} is not a valid {type_.__name__}") from None
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows every default, except a secret taken from the environment."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.dest == "api_key":
+            return f"{action.help} (default: none)"
+        return super()._get_help_string(action) or ""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mlxcel-server",
         description="LLM inference server on MLX. `mlxcel-server plugins` lists plugins.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=_HelpFormatter)
     for flags, dest, type_, default, env, help_ in OPTIONS:
         kwargs: dict[str, Any] = {"dest": dest, "type": type_,
                                   "default": _env_default(env, type_, default),
