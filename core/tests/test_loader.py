@@ -80,15 +80,15 @@ def test_generation_config_defaults(tmp_path, tiny_checkpoint):
                                                                            (5, 6))
 
 
-@pytest.mark.parametrize("shape", ["qwen3", "llama"])
-def test_load_both_shapes_and_quantized(shape, families, mlxcel_checkpoint_cache):
+@pytest.mark.parametrize("shape", ["qwen3", "llama", "qwen2", "mistral"])
+def test_load_each_model_type_plain_and_quantized(shape, families, mlxcel_checkpoint_cache):
     import mlx.core as mx
     from mlxcel.testing.checkpoint import cached_checkpoint
 
     for bits in (None, 4):
         path = cached_checkpoint(shape, cache_dir=mlxcel_checkpoint_cache, quantize_bits=bits)
         ckpt = load_checkpoint(str(path), families)
-        assert ckpt.family.name == "mlx-lm-text"
+        assert ckpt.family.name == "mlx-lm-text" and ckpt.config["model_type"] == shape
         assert ("quantization" in ckpt.config) == (bits is not None)
         cache = ckpt.model.make_cache()
         logits = ckpt.model(mx.array([[1, 2, 3]]), cache)

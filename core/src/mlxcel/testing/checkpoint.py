@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib
 import inspect
 import io
 import json
@@ -24,11 +23,14 @@ if TYPE_CHECKING:
     import mlx.nn as nn
 
 BUILDER_VERSION = 1
-SHAPES = ("qwen3", "llama")
+SHAPES = ("qwen3", "llama", "qwen2", "mistral")
 DTYPES = ("bfloat16", "float16", "float32")
 MAX_POSITION_EMBEDDINGS = 4096
 
-_ARCHITECTURES = {"qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM"}
+_ARCHITECTURES = {"qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM",
+                  "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
+# which tokenizer each shape gets: ChatML without BOS (Qwen) or with a BOS (Llama/Mistral)
+_TOKENIZER_STYLE = {"qwen3": "qwen3", "qwen2": "qwen3", "llama": "llama", "mistral": "llama"}
 
 
 def default_cache_dir() -> pathlib.Path:
@@ -70,7 +72,7 @@ def _model_config(
         "use_cache": True,
         "eos_token_id": ids.im_end,
     }
-    if shape == "qwen3":
+    if _TOKENIZER_STYLE[shape] == "qwen3":
         cfg.update(
             rope_theta=1000000.0,
             rms_norm_eps=1e-6,
@@ -95,10 +97,11 @@ def _model_config(
 def _init_model(config: dict[str, Any], seed: int, dtype: str) -> nn.Module:
     """Instantiate mlx_lm's own model class with seeded random weights."""
     import mlx.core as mx
+    from mlx_lm.utils import _get_classes  # mlx-lm's own model_type -> class mapping
 
-    arch = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
+    model_class, args_class = _get_classes(config)
     mx.random.seed(seed)
-    model = arch.Model(arch.ModelArgs.from_dict(config))
+    model = model_class(args_class.from_dict(config))
     model.set_dtype(getattr(mx, dtype))
     mx.eval(model.parameters())
     return model
@@ -155,6 +158,7 @@ def _validate(shape: str, hidden_size: int, num_heads: int, num_kv_heads: int, d
 
 
 def _write_tokenizer(path: pathlib.Path, shape: str, vocab_size: int) -> _tok.SpecialTokens:
+    shape = _TOKENIZER_STYLE[shape]
     tok = _tok.build_tokenizer(shape, vocab_size)
     tok.save(str(path / "tokenizer.json"))
     cfg = _tok.tokenizer_config(shape, tok, MAX_POSITION_EMBEDDINGS)
