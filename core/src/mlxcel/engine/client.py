@@ -21,13 +21,14 @@ class EventStream:
         self._loop = loop
         self._queue: asyncio.Queue[GenerationEvent] = asyncio.Queue()
         self.done = False
+        self.cancelled = False  # read by the engine thread between steps
 
     def emit(self, event: GenerationEvent) -> None:
         """Called from the engine thread; never raises into it."""
         try:
             self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
         except RuntimeError:  # the consumer's event loop is gone: stop generating for it
-            self._client.cancel(self.request.request_id)
+            self.cancelled = True
 
     def __aiter__(self) -> EventStream:
         return self
@@ -44,9 +45,10 @@ class EventStream:
         self.cancel()
 
     def cancel(self) -> None:
+        """Stop the generation (no-op once the finish event was read)."""
         if not self.done:
-            self.done = True
-            self._client.cancel(self.request.request_id)
+            self.done = self.cancelled = True
+            self._client.worker.wake()
 
 
 class EngineClient:
@@ -94,9 +96,5 @@ class EngineClient:
     def submit(self, req: GenerationRequest) -> EventStream:
         _ = self.checkpoint  # raises while loading / after a failed load
         stream = EventStream(self, req, asyncio.get_running_loop())
-        self.worker.inbox.put((req, stream.emit))
+        self.worker.inbox.put((req, stream))
         return stream
-
-    def cancel(self, request_id: str) -> None:
-        self.worker.cancelled.add(request_id)
-        self.worker.inbox.put_nowait(None)  # type: ignore[arg-type]  (wake the thread)

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from mlxcel.engine.detokenizer import IncrementalDetokenizer
 from mlxcel.engine.sampling import Sampler
@@ -12,16 +11,23 @@ from mlxcel.engine.stops import StopMatcher
 from mlxcel.engine.tokenizer import Tokenizer
 from mlxcel.types import FinishReason, GenerationEvent, GenerationRequest, Usage
 
-Emit = Callable[[GenerationEvent], None]
+
+class Sink(Protocol):
+    """Where a sequence's events go; ``cancelled`` turns true when the consumer is gone."""
+
+    cancelled: bool
+
+    def emit(self, event: GenerationEvent) -> None: ...
 
 
 class Sequence:
     """Per-request decode state: KV cache, sampler, detokenizer, stop matcher."""
 
-    def __init__(self, req: GenerationRequest, emit: Emit, tokenizer: Tokenizer,
+    def __init__(self, req: GenerationRequest, sink: Sink, tokenizer: Tokenizer,
                  eos_ids: set[int]) -> None:
         self.req = req
-        self.emit = emit
+        self.sink = sink
+        self.emit = sink.emit
         self.eos_ids = set() if req.ignore_eos else eos_ids
         self.detok = IncrementalDetokenizer(tokenizer)
         self.stops = StopMatcher(req.stop)

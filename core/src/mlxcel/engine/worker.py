@@ -11,7 +11,7 @@ from typing import Any
 import msgspec
 import structlog
 
-from mlxcel.engine.sequence import Emit, Sequence
+from mlxcel.engine.sequence import Sequence, Sink
 from mlxcel.types import GenerationRequest
 
 log = structlog.get_logger("mlxcel.engine")
@@ -38,8 +38,7 @@ class EngineWorker(threading.Thread):
         super().__init__(name="mlxcel-engine", daemon=True)
         self._load = load
         self.parallel = max(1, parallel)
-        self.inbox: queue.Queue[tuple[GenerationRequest, Emit]] = queue.Queue()
-        self.cancelled: set[str] = set()
+        self.inbox: queue.Queue[tuple[GenerationRequest, Sink] | None] = queue.Queue()
         self.waiting: deque[Sequence] = deque()
         self.active: list[Sequence] = []
         self.stats = EngineStats()
@@ -81,7 +80,11 @@ class EngineWorker(threading.Thread):
 
     def shutdown(self) -> None:
         self._stop.set()
-        self.inbox.put(None)  # type: ignore[arg-type]
+        self.wake()
+
+    def wake(self) -> None:
+        """Unblock the thread (a ``None`` item carries no request)."""
+        self.inbox.put_nowait(None)
 
     # -- scheduling -----------------------------------------------------------------------
     def _drain(self, block: bool) -> None:
@@ -90,22 +93,22 @@ class EngineWorker(threading.Thread):
             item = self.inbox.get(timeout=0.5) if block else self.inbox.get_nowait()
             while True:
                 if item is not None:
-                    req, emit = item
+                    req, sink = item
                     self.waiting.append(
-                        Sequence(req, emit, self.checkpoint.tokenizer, self.eos_ids))
+                        Sequence(req, sink, self.checkpoint.tokenizer, self.eos_ids))
                 item = self.inbox.get_nowait()
         except queue.Empty:
             return
 
     def _drop_cancelled(self) -> None:
-        if not self.cancelled:
-            return
-        for seq in [*self.active, *self.waiting]:
-            if seq.req.request_id in self.cancelled:
-                seq.finish("cancelled")
-        self.active = [s for s in self.active if not s.finished]
-        self.waiting = deque(s for s in self.waiting if not s.finished)
-        self.cancelled.clear()
+        """Sequences whose consumer went away leave at once (waiting or active)."""
+        if any(s.sink.cancelled for s in self.active) or \
+                any(s.sink.cancelled for s in self.waiting):
+            for seq in [*self.active, *self.waiting]:
+                if seq.sink.cancelled:
+                    seq.finish("cancelled")
+            self.active = [s for s in self.active if not s.finished]
+            self.waiting = deque(s for s in self.waiting if not s.finished)
 
     def _admit(self) -> None:
         while self.waiting and len(self.active) < self.parallel:
