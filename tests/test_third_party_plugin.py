@@ -341,3 +341,20 @@ def test_allow_list_naming_an_uninstalled_plugin_fails(sites) -> None:
     proc = _cli([sites["acme"]], "--json", "--plugins", "toolcall-nope")
     assert proc.returncode != 0
     assert "toolcall-nope" in proc.stderr and "toolcall-acme" in proc.stderr
+
+
+def test_model_needing_a_family_that_failed_to_import_says_what_to_install(
+        sites, tiny_checkpoint, tmp_path) -> None:
+    import shutil
+
+    model = tmp_path / "acme-model"
+    shutil.copytree(tiny_checkpoint, model)
+    cfg = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**cfg, "model_type": "broken_lm"}))
+    proc = subprocess.run([sys.executable, "-m", "mlxcel.cli", "--model", str(model)],
+                          capture_output=True, text=True, env=_env([sites["broken"]]),
+                          timeout=120)
+    assert proc.returncode != 0
+    assert "broken_lm" in proc.stderr and "toolcall-broken" in proc.stderr
+    assert "pip install --force-reinstall acme-broken-plugin" in proc.stderr
+    assert "Traceback" not in proc.stderr

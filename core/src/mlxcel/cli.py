@@ -11,7 +11,7 @@ from typing import Any
 import msgspec
 
 from mlxcel import __version__
-from mlxcel.errors import PluginError, StartupError
+from mlxcel.errors import PluginError, StartupError, UnknownModelType
 from mlxcel.settings import SETTINGS_ENV, Settings
 
 # (flags, dest, type, default, env twin, help)
@@ -130,7 +130,15 @@ def _prepare_model(settings: Settings) -> Settings:
     if not settings.model:
         raise StartupError("no model given: pass --model PATH_OR_HF_ID (or --demo)")
     path = resolve_model_path(settings.model)
-    check_checkpoint(path, plugins.families, settings.chat_template_file)
+    try:
+        check_checkpoint(path, plugins.families, settings.chat_template_file)
+    except UnknownModelType as exc:  # perhaps the family that handles it failed to import
+        failed = [f"{i.name} ({i.distribution}: {i.error}; reinstall it with "
+                  f"pip install --force-reinstall {i.distribution})"
+                  for i in plugins.infos if i.status == "failed"]
+        if failed:
+            raise StartupError(f"{exc}; plugins that failed to load: {'; '.join(failed)}") from exc
+        raise
     alias = settings.alias or settings.model.rstrip("/").split("/")[-1]
     return msgspec.structs.replace(settings, model=str(path), alias=alias)
 

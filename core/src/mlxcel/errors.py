@@ -62,3 +62,7 @@ class PluginError(Exception):
 
 class StartupError(Exception):
     """The server cannot start; the message is shown to the user as one line."""
+
+
+class UnknownModelType(StartupError):
+    """No installed family claims the checkpoint's ``model_type``."""

@@ -13,7 +13,7 @@ import structlog
 
 from mlxcel.chat_template import ChatTemplate, load_chat_template
 from mlxcel.engine.tokenizer import Tokenizer
-from mlxcel.errors import StartupError
+from mlxcel.errors import StartupError, UnknownModelType
 from mlxcel.families.api import Family, LoadOptions
 from mlxcel.families.registry import FamilyRegistry
 from mlxcel.lazy import resolve
@@ -96,7 +96,7 @@ def select_family(families: FamilyRegistry, config: dict, path: Path) -> Family:
     model_type = config.get("model_type")
     family = families.for_model_type(model_type) if model_type else None
     if family is None:
-        raise StartupError(
+        raise UnknownModelType(
             f"no installed model family handles model_type '{model_type}' ({path}); "
             "install the family plugin for it (mlxcel-server plugins lists what is installed)"
         )
