@@ -6,80 +6,12 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
 
 import msgspec
 
-from mlxcel import __version__
 from mlxcel.errors import PluginError, StartupError, UnknownModelType
+from mlxcel.options import OPTIONS, build_parser  # noqa: F401  (OPTIONS re-exported)
 from mlxcel.settings import SETTINGS_ENV, Settings
-
-# (flags, dest, type, default, env twin, help)
-OPTIONS: list[tuple[tuple[str, ...], str, Any, Any, str, str]] = [
-    (("-m", "--model"), "model", str, None, "LLAMA_ARG_MODEL",
-     "model directory or Hugging Face id (org/name)"),
-    (("-a", "--alias"), "alias", str, None, "LLAMA_ARG_ALIAS",
-     "model name reported by the API (default: the model's folder name)"),
-    (("--host",), "host", str, "127.0.0.1", "LLAMA_ARG_HOST", "address to listen on"),
-    (("--port",), "port", int, 8080, "LLAMA_ARG_PORT", "port to listen on"),
-    (("--api-key",), "api_key", str, None, "LLAMA_API_KEY",
-     "require this key (Authorization: Bearer <key>) on every route but /health and /"),
-    (("-c", "--ctx-size"), "ctx_size", int, 0, "LLAMA_ARG_CTX_SIZE",
-     "context size in tokens, split over the slots; 0 = the model's own"),
-    (("-np", "--parallel"), "parallel", int, 4, "LLAMA_ARG_N_PARALLEL",
-     "number of sequences generated at once (slots)"),
-    (("-n", "--n-predict"), "n_predict", int, -1, "LLAMA_ARG_N_PREDICT",
-     "default max tokens when a request sets none; -1 = until the context is full"),
-    (("--chat-template-file",), "chat_template_file", str, None,
-     "LLAMA_ARG_CHAT_TEMPLATE_FILE", "Jinja chat template to use instead of the model's"),
-    (("--log-format",), "log_format", str, "console", "MLXCEL_LOG_FORMAT",
-     "log line format: json or console"),
-    (("--plugins",), "plugins", str, None, "MLXCEL_PLUGINS",
-     "comma-separated allow-list of plugin names to load (default: all installed)"),
-    (("--disable-plugins",), "disable_plugins", str, None, "MLXCEL_DISABLE_PLUGINS",
-     "comma-separated plugin names not to load"),
-]
-TRUE = {"1", "true", "yes", "on"}
-
-
-def _env_default(env: str, type_: Any, default: Any) -> Any:
-    raw = os.environ.get(env)
-    if raw is None or raw == "":
-        return default
-    try:
-        return type_(raw)
-    except ValueError:
-        raise StartupError(
-            f"environment variable {env}={raw!r} is not a valid {type_.__name__}") from None
-
-
-class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows every default, except a secret taken from the environment."""
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        if action.dest == "api_key":
-            return f"{action.help} (default: none)"
-        return super()._get_help_string(action) or ""
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="mlxcel-server",
-        description="LLM inference server on MLX. `mlxcel-server plugins` lists plugins.",
-        formatter_class=_HelpFormatter)
-    for flags, dest, type_, default, env, help_ in OPTIONS:
-        kwargs: dict[str, Any] = {"dest": dest, "type": type_,
-                                  "default": _env_default(env, type_, default),
-                                  "help": f"{help_} [env: {env}]"}
-        if dest == "log_format":
-            kwargs["choices"] = ["json", "console"]
-        parser.add_argument(*flags, **kwargs)
-    parser.add_argument("--demo", action="store_true",
-                        default=os.environ.get("MLXCEL_DEMO", "").lower() in TRUE,
-                        help="serve a tiny random-weight checkpoint built offline; its output "
-                             "is random text [env: MLXCEL_DEMO]")
-    parser.add_argument("--version", action="version", version=f"mlxcel {__version__}")
-    return parser
 
 
 def _fail(message: str) -> int:
@@ -161,8 +93,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return list_plugins(argv[1:])
         args = build_parser().parse_args(argv)
         settings = Settings(**vars(args))
-        if settings.parallel < 1:
-            raise StartupError("--parallel must be >= 1")
+        for name in ("parallel", "prefill_chunk_size", "max_queue_depth"):
+            if getattr(settings, name) < 1:
+                raise StartupError(f"--{name.replace('_', '-')} must be >= 1")
         from mlxcel.logging import configure
 
         configure(settings.log_format)

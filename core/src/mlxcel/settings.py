@@ -23,6 +23,13 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     log_format: str = "console"
     plugins: str | None = None
     disable_plugins: str | None = None
+    prefill_chunk_size: int = 512
+    max_queue_depth: int = 32
+    slots: bool = False
+    metrics: bool = False
+    metrics_port: int = 0
+    dtype: str = "auto"
+    no_fast_blas: bool = False
 
     def to_env(self) -> str:
         return msgspec.json.encode(self).decode()

@@ -98,3 +98,28 @@ class EngineClient:
         stream = EventStream(self, req, asyncio.get_running_loop())
         self.worker.inbox.put((req, stream))
         return stream
+
+    # -- observability (read from the event loop; plain reads of engine-thread state) ----
+    @property
+    def parallel(self) -> int:
+        return self.worker.parallel
+
+    @property
+    def active_count(self) -> int:
+        """Sequences holding a slot (decoding or prefilling)."""
+        return len(self.worker.active)
+
+    @property
+    def queue_depth(self) -> int:
+        """Requests waiting for a slot (submitted, not yet admitted)."""
+        return len(self.worker.waiting) + self.worker.inbox.qsize()
+
+    def slot_states(self) -> list[str]:
+        """One entry per slot: "decoding" or "idle"."""
+        busy = min(self.active_count, self.parallel)
+        return ["decoding"] * busy + ["idle"] * (self.parallel - busy)
+
+    @property
+    def stats(self) -> Any:
+        """Cumulative counters (EngineStats)."""
+        return self.worker.stats

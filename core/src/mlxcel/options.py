@@ -1,0 +1,105 @@
+"""The server's flags: one table, each flag with its env twin; argparse built from it."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from mlxcel import __version__
+from mlxcel.errors import StartupError
+
+
+def _bool(raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(raw)
+
+
+# (flags, dest, type, default, env twin, help)
+OPTIONS: list[tuple[tuple[str, ...], str, Any, Any, str, str]] = [
+    (("-m", "--model"), "model", str, None, "LLAMA_ARG_MODEL",
+     "model directory or Hugging Face id (org/name)"),
+    (("-a", "--alias"), "alias", str, None, "LLAMA_ARG_ALIAS",
+     "model name reported by the API (default: the model's folder name)"),
+    (("--host",), "host", str, "127.0.0.1", "LLAMA_ARG_HOST", "address to listen on"),
+    (("--port",), "port", int, 8080, "LLAMA_ARG_PORT", "port to listen on"),
+    (("--api-key",), "api_key", str, None, "LLAMA_API_KEY",
+     "require this key (Authorization: Bearer <key>) on every route but /health and /"),
+    (("-c", "--ctx-size"), "ctx_size", int, 0, "LLAMA_ARG_CTX_SIZE",
+     "context size in tokens, split over the slots; 0 = the model's own"),
+    (("-np", "--parallel"), "parallel", int, 4, "LLAMA_ARG_N_PARALLEL",
+     "number of sequences generated at once (slots)"),
+    (("-n", "--n-predict"), "n_predict", int, -1, "LLAMA_ARG_N_PREDICT",
+     "default max tokens when a request sets none; -1 = until the context is full"),
+    (("--chat-template-file",), "chat_template_file", str, None,
+     "LLAMA_ARG_CHAT_TEMPLATE_FILE", "Jinja chat template to use instead of the model's"),
+    (("--log-format",), "log_format", str, "console", "MLXCEL_LOG_FORMAT",
+     "log line format: json or console"),
+    (("--plugins",), "plugins", str, None, "MLXCEL_PLUGINS",
+     "comma-separated allow-list of plugin names to load (default: all installed)"),
+    (("--disable-plugins",), "disable_plugins", str, None, "MLXCEL_DISABLE_PLUGINS",
+     "comma-separated plugin names not to load"),
+    (("-b", "--prefill-chunk-size"), "prefill_chunk_size", int, 512, "LLAMA_ARG_BATCH",
+     "prompt tokens prefilled per engine step (long prompts interleave with decoding)"),
+    (("--max-queue-depth",), "max_queue_depth", int, 32, "MLXCEL_MAX_QUEUE_DEPTH",
+     "requests that may wait for a slot; when full, new ones get 503 server_busy"),
+    (("--slots",), "slots", _bool, False, "LLAMA_ARG_ENDPOINT_SLOTS", "mount GET /slots"),
+    (("--metrics",), "metrics", _bool, False, "LLAMA_ARG_ENDPOINT_METRICS",
+     "mount GET /metrics (Prometheus text format)"),
+    (("--metrics-port",), "metrics_port", int, 0, "MLXCEL_METRICS_PORT",
+     "serve metrics on this separate port instead (0 = off)"),
+    (("--dtype",), "dtype", str, "auto", "MLXCEL_DTYPE",
+     "compute dtype: auto (float32 on MLX's CPU device, the checkpoint's elsewhere), "
+     "float32, float16 or bfloat16"),
+    (("--no-fast-blas",), "no_fast_blas", _bool, False, "MLXCEL_NO_FAST_BLAS",
+     "on Linux CPU, do not preload an optimized BLAS (OpenBLAS) even when installed"),
+    (("--demo",), "demo", _bool, False, "MLXCEL_DEMO",
+     "serve a tiny random-weight checkpoint built offline; its output is random text"),
+]
+CHOICES = {"log_format": ["json", "console"],
+           "dtype": ["auto", "float32", "float16", "bfloat16"]}
+
+
+def _env_default(env: str, type_: Any, default: Any) -> Any:
+    raw = os.environ.get(env)
+    if raw is None or raw == "":
+        return default
+    try:
+        return type_(raw)
+    except ValueError:
+        raise StartupError(
+            f"environment variable {env}={raw!r} is not a valid {getattr(type_, '__name__', 'value').lstrip('_')}") from None
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows every default, except a secret taken from the environment."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.dest == "api_key":
+            return f"{action.help} (default: none)"
+        return super()._get_help_string(action) or ""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mlxcel-server",
+        description="LLM inference server on MLX. `mlxcel-server plugins` lists plugins.",
+        formatter_class=_HelpFormatter)
+    for flags, dest, type_, default, env, help_ in OPTIONS:
+        kwargs: dict[str, Any] = {"dest": dest, "type": type_,
+                                  "default": _env_default(env, type_, default),
+                                  "help": f"{help_} [env: {env}]"}
+        if dest in CHOICES:
+            kwargs["choices"] = CHOICES[dest]
+        if type_ is _bool:  # a switch: present = on; the env twin sets the default
+            del kwargs["type"]
+            kwargs["action"] = "store_true"
+        parser.add_argument(*flags, **kwargs)
+    parser.add_argument("--version", action="version", version=f"mlxcel {__version__}")
+    return parser
+
+
