@@ -3,12 +3,23 @@
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from mlxcel.engine.worker import EngineWorker
-from mlxcel.errors import ContextLengthExceeded, GenerationFailed, ModelLoading
+from mlxcel.errors import (
+    ContextLengthExceeded,
+    GenerationFailed,
+    InvalidRequest,
+    ModelLoading,
+    Overloaded,
+)
 from mlxcel.types import GenerationEvent, GenerationRequest
+
+# A slow reader never stalls the engine: past this many unread events, text is merged
+# into the last one, so a stream holds a bounded number of events.
+MAX_BUFFERED_EVENTS = 64
 
 
 class EventStream:
@@ -19,16 +30,32 @@ class EventStream:
         self._client = client
         self.request = req
         self._loop = loop
-        self._queue: asyncio.Queue[GenerationEvent] = asyncio.Queue()
+        self._buffer: deque[GenerationEvent] = deque()
+        self._ready = asyncio.Event()
         self.done = False
         self.cancelled = False  # read by the engine thread between steps
 
     def emit(self, event: GenerationEvent) -> None:
         """Called from the engine thread; never raises into it."""
         try:
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
+            self._loop.call_soon_threadsafe(self._push, event)
         except RuntimeError:  # the consumer's event loop is gone: stop generating for it
             self.cancelled = True
+
+    def _push(self, event: GenerationEvent) -> None:
+        buf = self._buffer
+        if len(buf) >= MAX_BUFFERED_EVENTS and buf[-1].finish_reason is None \
+                and event.finish_reason is None:
+            last = buf[-1]
+            buf[-1] = GenerationEvent(text=last.text + event.text,
+                                      token_ids=last.token_ids + event.token_ids)
+        else:
+            buf.append(event)
+        self._ready.set()
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buffer)
 
     def __aiter__(self) -> EventStream:
         return self
@@ -36,7 +63,10 @@ class EventStream:
     async def __anext__(self) -> GenerationEvent:
         if self.done:
             raise StopAsyncIteration
-        event = await self._queue.get()
+        while not self._buffer:
+            self._ready.clear()
+            await self._ready.wait()
+        event = self._buffer.popleft()
         if event.finish_reason is not None:
             self.done = True
         return event
@@ -54,9 +84,11 @@ class EventStream:
 class EngineClient:
     """Owns the engine thread; the only way dialects reach the model."""
 
-    def __init__(self, load: Callable[[], Any], parallel: int, ctx_size: int = 0) -> None:
-        self.worker = EngineWorker(load, parallel)
+    def __init__(self, load: Callable[[], Any], parallel: int, ctx_size: int = 0,
+                 prefill_chunk: int = 512, max_queue_depth: int = 32) -> None:
+        self.worker = EngineWorker(load, parallel, prefill_chunk)
         self.requested_ctx = ctx_size
+        self.max_queue_depth = max_queue_depth
 
     def start(self) -> None:
         self.worker.start()
@@ -94,7 +126,12 @@ class EngineClient:
         return room if max_tokens is None else min(max_tokens, room)
 
     def submit(self, req: GenerationRequest) -> EventStream:
+        """Admit a request or refuse it at once (before any response byte is sent)."""
         _ = self.checkpoint  # raises while loading / after a failed load
+        if not req.prompt_tokens:
+            raise InvalidRequest("the prompt is empty", param="prompt")
+        if self.active_count >= self.parallel and self.queue_depth >= self.max_queue_depth:
+            raise Overloaded("All slots are busy. Please try again later.")
         stream = EventStream(self, req, asyncio.get_running_loop())
         self.worker.inbox.put((req, stream))
         return stream

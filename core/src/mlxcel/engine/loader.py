@@ -11,6 +11,7 @@ from typing import Any
 import msgspec
 import structlog
 
+from mlxcel import backend
 from mlxcel.chat_template import ChatTemplate, load_chat_template
 from mlxcel.engine.tokenizer import Tokenizer
 from mlxcel.errors import StartupError, UnknownModelType
@@ -42,6 +43,9 @@ class LoadedCheckpoint(msgspec.Struct, kw_only=True):
     template: ChatTemplate
     defaults: GenerationDefaults
     context_length: int
+    dtype: str = "unknown"  # floating dtype the model computes in (after --dtype)
+    device: str = "cpu"  # MLX's default device: cpu or gpu
+    blas: str = "none"  # BLAS behind MLX's CPU matmuls (see mlxcel.backend.blas_in_use)
 
 
 def _looks_like_hf_id(model: str) -> bool:
@@ -103,9 +107,23 @@ def select_family(families: FamilyRegistry, config: dict, path: Path) -> Family:
     return family
 
 
+def requested_dtype() -> str:
+    """--dtype as the CLI handed it over (settings JSON), else MLXCEL_DTYPE, else auto."""
+    from mlxcel.settings import SETTINGS_ENV, Settings
+
+    if os.environ.get(SETTINGS_ENV):
+        return Settings.from_env().dtype
+    return os.environ.get("MLXCEL_DTYPE") or "auto"
+
+
 def load_checkpoint(model: str, families: FamilyRegistry, *,
-                    chat_template_file: str | None = None) -> LoadedCheckpoint:
+                    chat_template_file: str | None = None,
+                    dtype: str | None = None) -> LoadedCheckpoint:
+    """Load ``model``; ``dtype`` is --dtype (None: from the environment, see requested_dtype)."""
     started = time.perf_counter()
+    requested = dtype or requested_dtype()
+    device = backend.mlx_device()
+    cast = backend.resolve_dtype(requested, device)
     path = resolve_model_path(model)
     config = _read_json(path / "config.json")
     family = select_family(families, config, path)
@@ -114,15 +132,24 @@ def load_checkpoint(model: str, families: FamilyRegistry, *,
     template = load_chat_template(
         path, tokenizer.config, override=Path(chat_template_file) if chat_template_file else None,
         bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token)
-    loaded = resolve(family.loader)(path, LoadOptions())
+    loaded = resolve(family.loader)(path, LoadOptions(dtype=cast or "auto"))
+    actual = backend.model_dtype(getattr(loaded, "model", loaded))
+    blas = backend.blas_in_use()
+    quantized = "quantization" in config
     ctx = int(config.get("max_position_embeddings") or tokenizer.config.get("model_max_length")
               or 4096)
     log.info("model_loaded", path=str(path), family=family.name,
-             model_type=config.get("model_type"), quantized="quantization" in config,
+             model_type=config.get("model_type"), quantized=quantized,
              chat_template=template.origin, seconds=round(time.perf_counter() - started, 2))
+    log.info("backend", device=device, dtype=actual, requested_dtype=requested, blas=blas,
+             checkpoint_dtype=config.get("torch_dtype"), quantized=quantized)
+    if cast and actual not in (cast, "unknown"):
+        log.warning("dtype_not_applied", requested=cast, dtype=actual, family=family.name,
+                    reason="the family's loader kept its own dtype")
     return LoadedCheckpoint(path=path, family=family, model=loaded, config=loaded.config,
                             tokenizer=tokenizer, template=template, defaults=defaults,
-                            context_length=min(ctx, 1 << 20))
+                            context_length=min(ctx, 1 << 20), dtype=actual, device=device,
+                            blas=blas)
 
 
 def check_checkpoint(path: Path, families: FamilyRegistry,

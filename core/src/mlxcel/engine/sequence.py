@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Protocol
+from typing import Protocol
 
 from mlxcel.engine.detokenizer import IncrementalDetokenizer
-from mlxcel.engine.sampling import Sampler
+from mlxcel.engine.sampling import RowRandom
 from mlxcel.engine.stops import StopMatcher
 from mlxcel.engine.tokenizer import Tokenizer
 from mlxcel.types import FinishReason, GenerationEvent, GenerationRequest, Usage
@@ -21,26 +21,29 @@ class Sink(Protocol):
 
 
 class Sequence:
-    """Per-request decode state: KV cache, sampler, detokenizer, stop matcher."""
+    """Per-request state: detokenizer, stop matcher, PRNG; the KV cache lives in the batch."""
 
     def __init__(self, req: GenerationRequest, sink: Sink, tokenizer: Tokenizer,
-                 eos_ids: set[int]) -> None:
+                 eos_ids: set[int], order: int) -> None:
         self.req = req
         self.sink = sink
-        self.emit = sink.emit
+        self.order = order  # FIFO tie-break within a priority lane
         self.eos_ids = set() if req.ignore_eos else eos_ids
         self.detok = IncrementalDetokenizer(tokenizer)
         self.stops = StopMatcher(req.stop)
-        self.sampler = Sampler(req.sampling, tokenizer.vocab_size)
-        self.cache: list[Any] = []
-        self.pending: Any = None  # next token id (lazy mx.array)
-        self.upcoming: Any = None
+        self.random = RowRandom(req.sampling.seed)
         self.generated = 0
         self.finished = False
         self.submitted_at = time.perf_counter()
 
+    def __lt__(self, other: Sequence) -> bool:  # heap order: priority lane, then arrival
+        return (self.req.priority, self.order) < (other.req.priority, other.order)
+
     def usage(self) -> Usage:
         return Usage(prompt_tokens=len(self.req.prompt_tokens), completion_tokens=self.generated)
+
+    def emit(self, event: GenerationEvent) -> None:
+        self.sink.emit(event)
 
     def accept(self, token: int) -> None:
         """Take one sampled token: emit text, or finish on EOS / stop / max_tokens."""

@@ -1,21 +1,22 @@
-"""The engine thread: owns every MLX array; admits, prefills and decodes sequences."""
+"""The engine thread: owns every MLX array; schedules prefill and batched decode."""
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import queue
 import threading
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 import msgspec
 import structlog
 
+from mlxcel.engine.batch import DecodeBatch, PrefillJob, is_batchable
 from mlxcel.engine.sequence import Sequence, Sink
 from mlxcel.types import GenerationRequest
 
 log = structlog.get_logger("mlxcel.engine")
-PREFILL_CHUNK = 512
 
 
 class EngineStats(msgspec.Struct, kw_only=True):
@@ -28,31 +29,48 @@ class EngineStats(msgspec.Struct, kw_only=True):
 
 
 class EngineWorker(threading.Thread):
-    """Round-robin decode over up to ``parallel`` sequences, one step each per loop.
+    """Continuous batching: each loop runs at most one prefill chunk and one decode step.
 
-    Token n+1 of every active sequence is queued (``mx.async_eval``) before token n is
-    read back, so Python work overlaps the forward pass.
+    Waiting requests are admitted by priority lane (then arrival) while slots are free;
+    rows that finish or whose client left are dropped before the next step. Step n+1 is
+    queued (``mx.async_eval``) before step n's tokens are read back, so Python work
+    overlaps the forward pass.
     """
 
-    def __init__(self, load: Callable[[], Any], parallel: int) -> None:
+    def __init__(self, load: Callable[[], Any], parallel: int, prefill_chunk: int = 512) -> None:
         super().__init__(name="mlxcel-engine", daemon=True)
         self._load = load
         self.parallel = max(1, parallel)
+        self.prefill_chunk = max(1, prefill_chunk)
         self.inbox: queue.Queue[tuple[GenerationRequest, Sink] | None] = queue.Queue()
-        self.waiting: deque[Sequence] = deque()
-        self.active: list[Sequence] = []
+        self.waiting: list[Sequence] = []  # heap
+        self.prefilling: PrefillJob | None = None
+        self.batch: DecodeBatch | None = None
+        self.inflight: tuple[list[Sequence], Any] | None = None
         self.stats = EngineStats()
         self.state = "loading"
         self.error: str | None = None
         self.checkpoint: Any = None
-        self._stop = threading.Event()
+        self._order = itertools.count()
+        self._stopping = threading.Event()
         self.ready = threading.Event()
+
+    # -- views for the event loop --------------------------------------------------------
+    @property
+    def active(self) -> list[Sequence]:
+        rows = list(self.batch.rows) if self.batch else []
+        return rows + (list(self.prefilling.seqs) if self.prefilling else [])
 
     # -- thread ---------------------------------------------------------------------------
     def run(self) -> None:
         try:
             self.checkpoint = self._load()
             self.eos_ids = set(self.checkpoint.tokenizer.eos_ids)
+            self.batchable = is_batchable(self.checkpoint.model)
+            if not self.batchable:
+                log.info("engine_single_slot", reason="model cache cannot be batched")
+                self.parallel = 1
+            self.batch = DecodeBatch(self.checkpoint.model, self.checkpoint.tokenizer.vocab_size)
             self.state = "ready"
         except Exception as exc:
             self.state, self.error = "failed", f"{type(exc).__name__}: {exc}"
@@ -60,112 +78,122 @@ class EngineWorker(threading.Thread):
             return
         finally:
             self.ready.set()
-        while not self._stop.is_set():
+        while not self._stopping.is_set():
             try:
                 self._iteration()
             except Exception as exc:  # never let the engine thread die: fail the batch
                 log.exception("engine_step_failed")
-                for seq in [*self.active]:
-                    seq.finish("error", error=f"engine error: {exc}")
-                self.active = []
+                self._fail_running(f"engine error: {exc}")
         for seq in [*self.active, *self.waiting]:
             seq.finish("error", error="server shutting down")
 
-    def _iteration(self) -> None:
-        self._drain(block=not (self.active or self.waiting))
-        self._drop_cancelled()
-        self._admit()
-        if self.active:
-            self._step()
-
-    def shutdown(self) -> None:
-        self._stop.set()
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Stop after the current step; running requests end with an error event."""
+        self._stopping.set()
         self.wake()
+        if self.is_alive() and threading.current_thread() is not self:
+            self.join(timeout)
 
     def wake(self) -> None:
         """Unblock the thread (a ``None`` item carries no request)."""
         self.inbox.put_nowait(None)
 
+    def _iteration(self) -> None:
+        busy = bool(self.batch or self.prefilling or self.waiting)
+        self._drain(block=not busy)
+        self._drop_cancelled()
+        self.batch.drop_finished()
+        self._prefill_step()
+        if self.batch:
+            self._decode_step()
+        elif self.inflight is not None:
+            self._read_back()
+
+    def _fail_running(self, message: str) -> None:
+        for seq in self.active:
+            seq.finish("error", error=message)
+        self.prefilling, self.inflight = None, None
+        self.batch.drop_finished()
+
     # -- scheduling -----------------------------------------------------------------------
     def _drain(self, block: bool) -> None:
-        """Move submitted requests to the waiting queue (``None`` items only wake us)."""
         try:
             item = self.inbox.get(timeout=0.5) if block else self.inbox.get_nowait()
             while True:
                 if item is not None:
                     req, sink = item
-                    self.waiting.append(
-                        Sequence(req, sink, self.checkpoint.tokenizer, self.eos_ids))
+                    heapq.heappush(self.waiting, Sequence(
+                        req, sink, self.checkpoint.tokenizer, self.eos_ids, next(self._order)))
                 item = self.inbox.get_nowait()
         except queue.Empty:
             return
 
     def _drop_cancelled(self) -> None:
-        """Sequences whose consumer went away leave at once (waiting or active)."""
-        if any(s.sink.cancelled for s in self.active) or \
-                any(s.sink.cancelled for s in self.waiting):
-            for seq in [*self.active, *self.waiting]:
-                if seq.sink.cancelled:
-                    seq.finish("cancelled")
-            self.active = [s for s in self.active if not s.finished]
-            self.waiting = deque(s for s in self.waiting if not s.finished)
+        """Sequences whose consumer went away leave at once (waiting, prefilling, decoding)."""
+        for seq in [*self.waiting, *self.active]:
+            if seq.sink.cancelled:
+                seq.finish("cancelled")
+        if any(s.finished for s in self.waiting):
+            self.waiting = [s for s in self.waiting if not s.finished]
+            heapq.heapify(self.waiting)
+        if self.prefilling and all(s.finished for s in self.prefilling.seqs):
+            self.prefilling = None
 
-    def _admit(self) -> None:
-        while self.waiting and len(self.active) < self.parallel:
-            seq = self.waiting.popleft()
-            try:
-                self._prefill(seq)
-                self.active.append(seq)
-                self.stats.sequences_started += 1
-            except Exception as exc:
-                log.exception("prefill_failed", request_id=seq.req.request_id)
+    def _admit(self) -> PrefillJob | None:
+        free = self.parallel - len(self.batch)
+        if not self.waiting or free <= 0:
+            return None
+        group = [heapq.heappop(self.waiting)]
+        tokens = len(group[0].req.prompt_tokens)
+        while self.waiting and len(group) < free and self.batchable:
+            nxt = self.waiting[0]
+            if tokens + len(nxt.req.prompt_tokens) > self.prefill_chunk:
+                break
+            group.append(heapq.heappop(self.waiting))
+            tokens += len(nxt.req.prompt_tokens)
+        self.stats.sequences_started += len(group)
+        return PrefillJob(self.checkpoint.model, group, self.batchable)
+
+    def _prefill_step(self) -> None:
+        if self.prefilling is None:
+            self.prefilling = self._admit()
+            if self.prefilling is None:
+                return
+        job = self.prefilling
+        try:
+            done = job.step(self.prefill_chunk)
+        except Exception as exc:
+            log.exception("prefill_failed", request_ids=[s.req.request_id for s in job.seqs])
+            for seq in job.seqs:
                 seq.finish("error", error=f"prefill failed: {exc}")
-
-    def _prefill(self, seq: Sequence) -> None:
-        """All but the last prompt token fill the cache in chunks (only the cache state is
-        evaluated, so MLX never computes their logits); the last token yields the logits."""
-        import mlx.core as mx
-
-        model = self.checkpoint.model
-        seq.cache = model.make_cache()
-        tokens = mx.array(seq.req.prompt_tokens, dtype=mx.uint32)[None]
-        n = tokens.shape[1]
-        for start in range(0, n - 1, PREFILL_CHUNK):
-            model(tokens[:, start : min(start + PREFILL_CHUNK, n - 1)], seq.cache)
-            mx.eval([c.state for c in seq.cache])
-            self.stats.prefill_chunks_processed += 1
-        logits = model(tokens[:, n - 1 :], seq.cache)[:, -1, :]
-        seq.pending = seq.sampler(logits)
-        mx.async_eval(seq.pending)
+            self.prefilling = None
+            return
         self.stats.prefill_chunks_processed += 1
-        self.stats.total_prefill_tokens += n
+        if done:
+            self.prefilling = None
+            self.stats.total_prefill_tokens += job.tokens_total
+            self.batch.join(job)
 
-    def _step(self) -> None:
-        import mlx.core as mx
+    def _decode_step(self) -> None:
+        launched = self.batch.launch()
+        self.stats.decode_steps_processed += 1
+        self._read_back()
+        self.inflight = launched
 
-        model = self.checkpoint.model
-        for seq in self.active:
-            try:
-                logits = model(seq.pending.reshape(1, 1), seq.cache)[:, -1, :]
-                seq.upcoming = seq.sampler(logits)
-            except Exception as exc:
-                log.exception("decode_failed", request_id=seq.req.request_id)
-                seq.finish("error", error=f"decode failed: {exc}")
-        launched = [s.upcoming for s in self.active if not s.finished]
-        if launched:
-            mx.async_eval(launched)
-        for seq in self.active:
+    def _read_back(self) -> None:
+        """Hand the previous step's tokens to their sequences (one bad row fails alone)."""
+        if self.inflight is None:
+            return
+        rows, sampled = self.inflight
+        self.inflight = None
+        for seq, token in zip(rows, sampled.tolist(), strict=True):
             if seq.finished:
                 continue
-            try:
-                seq.accept(int(seq.pending.item()))
-            except Exception as exc:
-                log.exception("sample_failed", request_id=seq.req.request_id)
-                seq.finish("error", error=f"generation failed: {exc}")
-            seq.pending = seq.upcoming
             self.stats.total_decode_tokens += 1
-        self.stats.decode_steps_processed += 1
-        done = [s for s in self.active if s.finished]
-        if done:
-            self.stats.sequences_completed += len(done)
-            self.active = [s for s in self.active if not s.finished]
+            try:
+                seq.accept(token)
+            except Exception as exc:
+                log.exception("row_failed", request_id=seq.req.request_id)
+                seq.finish("error", error=f"generation failed: {exc}")
+            if seq.finished:
+                self.stats.sequences_completed += 1

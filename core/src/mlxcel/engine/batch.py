@@ -1,0 +1,111 @@
+"""The running batch and prompt prefill, on mlx-lm's batched KV caches.
+
+Every sequence first prefills all but its last prompt token (left-padded with the others
+admitted with it, chunk by chunk), then joins the decode batch with that last token as its
+next input, so the first generated token comes out of an ordinary batched decode step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.models.cache import BatchKVCache, KVCache
+
+from mlxcel.engine.sampling import BatchSampler
+from mlxcel.engine.sequence import Sequence
+
+
+def is_batchable(model: Any) -> bool:
+    """Models on mlx-lm's standard KV cache can share a batch; others run one slot."""
+    cache = model.make_cache()
+    return all(type(c) is KVCache for c in cache)
+
+
+def _eval_cache(cache: list[Any]) -> None:
+    mx.eval([x for c in cache for x in (c.keys, c.values) if x is not None]
+            if cache and isinstance(cache[0], BatchKVCache) else [c.state for c in cache])
+
+
+class PrefillJob:
+    """Prefills ``seqs`` (all but their last prompt token) a chunk per engine step."""
+
+    def __init__(self, model: Any, seqs: list[Sequence], batchable: bool) -> None:
+        self.model = model
+        self.seqs = seqs
+        bodies = [s.req.prompt_tokens[:-1] for s in seqs]
+        width = max(len(b) for b in bodies)
+        padding = [width - len(b) for b in bodies]
+        if batchable:
+            self.cache = [BatchKVCache(padding) for _ in model.make_cache()]
+        else:
+            self.cache = model.make_cache()
+        rows = [[0] * p + list(b) for p, b in zip(padding, bodies, strict=True)]
+        self.tokens = mx.array(rows, dtype=mx.uint32)
+        self.width = width
+        self.done_cols = 0
+
+    @property
+    def tokens_total(self) -> int:
+        return sum(len(s.req.prompt_tokens) for s in self.seqs)
+
+    def step(self, chunk: int) -> bool:
+        """Run one chunk (``chunk`` tokens in all); True when the prompts are in the cache."""
+        if self.done_cols < self.width:
+            cols = max(1, chunk // len(self.seqs))
+            end = min(self.width, self.done_cols + cols)
+            self.model(self.tokens[:, self.done_cols:end], self.cache)
+            _eval_cache(self.cache)
+            self.done_cols = end
+        return self.done_cols >= self.width
+
+
+class DecodeBatch:
+    """Rows decoding together: one forward per step over [B, 1] inputs."""
+
+    def __init__(self, model: Any, vocab_size: int) -> None:
+        self.model = model
+        self.vocab = vocab_size
+        self.rows: list[Sequence] = []
+        self.cache: list[Any] | None = None
+        self.inputs: mx.array | None = None  # [B] next input token per row (lazy)
+        self.sampler: BatchSampler | None = None
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def join(self, job: PrefillJob) -> None:
+        last = mx.array([s.req.prompt_tokens[-1] for s in job.seqs], dtype=mx.uint32)
+        if self.cache is None:
+            self.cache, self.inputs = job.cache, last
+        else:
+            for mine, theirs in zip(self.cache, job.cache, strict=True):
+                mine.extend(theirs)
+            self.inputs = mx.concatenate([self.inputs, last])
+        self.rows.extend(job.seqs)
+        self.sampler = None
+
+    def drop_finished(self) -> None:
+        keep = [i for i, s in enumerate(self.rows) if not s.finished]
+        if len(keep) == len(self.rows):
+            return
+        if not keep:
+            self.rows, self.cache, self.inputs, self.sampler = [], None, None, None
+            return
+        index = mx.array(keep)
+        for c in self.cache:
+            c.filter(index)
+        self.inputs = self.inputs[index]
+        self.rows = [self.rows[i] for i in keep]
+        self.sampler = None
+
+    def launch(self) -> tuple[list[Sequence], mx.array]:
+        """Queue one decode step for every row; returns (rows, sampled tokens, lazy)."""
+        if self.sampler is None:
+            self.sampler = BatchSampler([s.req.sampling for s in self.rows],
+                                        [s.random for s in self.rows], self.vocab)
+        logits = self.model(self.inputs[:, None], self.cache)[:, -1, :]
+        sampled = self.sampler(logits).astype(mx.uint32)
+        mx.async_eval(sampled)
+        self.inputs = sampled
+        return list(self.rows), sampled
