@@ -6,7 +6,6 @@ import asyncio
 import time
 
 import pytest
-
 from mlxcel.engine.client import MAX_BUFFERED_EVENTS, EngineClient
 from mlxcel.engine.loader import load_checkpoint
 from mlxcel.engine.sequence import Sequence
