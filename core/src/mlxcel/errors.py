@@ -10,12 +10,14 @@ class MlxcelError(Exception):
     type = "server_error"
     code: str | None = None
 
-    def __init__(self, message: str, *, code: str | None = None, param: str | None = None):
+    def __init__(self, message: str, *, code: str | None = None, param: str | None = None,
+                 extra: dict | None = None):
         super().__init__(message)
         self.message = message
         if code is not None:
             self.code = code
         self.param = param
+        self.extra = extra or {}  # more fields for the error body (e.g. estimated_bytes)
 
 
 class InvalidRequest(MlxcelError):
@@ -49,6 +51,18 @@ class Overloaded(MlxcelError):
 
 class ModelLoading(Overloaded):
     """The model is still loading."""
+
+
+class MemoryBudgetExceeded(MlxcelError):
+    status = 503
+    type = "request_memory_budget_exceeded"
+    code = "request_memory_budget_exceeded"
+
+    def __init__(self, estimated: int, budget: int) -> None:
+        super().__init__(
+            f"request_memory_budget_exceeded: estimated_bytes={estimated}, "
+            f"budget_bytes={budget}; shorten the prompt/output or lower retained cache usage",
+            extra={"estimated_bytes": estimated, "budget_bytes": budget})
 
 
 class GenerationFailed(MlxcelError):

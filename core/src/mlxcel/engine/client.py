@@ -7,11 +7,13 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from mlxcel.engine.memory import estimate_request_bytes
 from mlxcel.engine.worker import EngineWorker
 from mlxcel.errors import (
     ContextLengthExceeded,
     GenerationFailed,
     InvalidRequest,
+    MemoryBudgetExceeded,
     ModelLoading,
     Overloaded,
 )
@@ -132,9 +134,17 @@ class EngineClient:
             raise InvalidRequest("the prompt is empty", param="prompt")
         if self.active_count >= self.parallel and self.queue_depth >= self.max_queue_depth:
             raise Overloaded("All slots are busy. Please try again later.")
+        estimated = self.estimate_bytes(req)
+        if estimated > self.worker.memory_budget:
+            raise MemoryBudgetExceeded(estimated, self.worker.memory_budget)
         stream = EventStream(self, req, asyncio.get_running_loop())
         self.worker.inbox.put((req, stream))
         return stream
+
+    def estimate_bytes(self, req: GenerationRequest) -> int:
+        worker = self.worker
+        return estimate_request_bytes(self.checkpoint.config, len(req.prompt_tokens),
+                                      req.max_tokens, worker.prefill_chunk, worker.dtype_bytes)
 
     # -- observability (read from the event loop; plain reads of engine-thread state) ----
     @property

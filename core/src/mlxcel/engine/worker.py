@@ -13,6 +13,7 @@ import msgspec
 import structlog
 
 from mlxcel.engine.batch import DecodeBatch, PrefillJob, is_batchable
+from mlxcel.engine.memory import compute_dtype_bytes, request_budget
 from mlxcel.engine.sequence import Sequence, Sink
 from mlxcel.types import GenerationRequest
 
@@ -71,6 +72,8 @@ class EngineWorker(threading.Thread):
                 log.info("engine_single_slot", reason="model cache cannot be batched")
                 self.parallel = 1
             self.batch = DecodeBatch(self.checkpoint.model, self.checkpoint.tokenizer.vocab_size)
+            self.memory_budget = request_budget()
+            self.dtype_bytes = compute_dtype_bytes(self.checkpoint.model.model)
             self.state = "ready"
         except Exception as exc:
             self.state, self.error = "failed", f"{type(exc).__name__}: {exc}"
