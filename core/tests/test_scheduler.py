@@ -182,3 +182,29 @@ def test_slow_reader_buffer_is_bounded_and_loses_no_text(engine_factory):
     buffered, ids = asyncio.run(run())
     assert buffered <= MAX_BUFFERED_EVENTS + 1
     assert ids == whole
+
+
+def test_a_model_whose_cache_cannot_batch_runs_one_slot(f32_checkpoint):
+    from mlx_lm.models.cache import RotatingKVCache
+
+    families = load_plugins().families
+
+    def load():
+        ckpt = load_checkpoint(str(f32_checkpoint), families)
+        model = ckpt.model
+        model.make_cache = lambda: [RotatingKVCache(max_size=512, keep=4)
+                                    for _ in model.model.layers]
+        return ckpt
+
+    engine = EngineClient(load, parallel=4)
+    engine.start()
+    engine.worker.ready.wait(60)
+    try:
+        async def run():
+            return await asyncio.gather(*(collect(engine, req(f"s{i}", start=i + 1))
+                                          for i in range(3)))
+        results = asyncio.run(run())
+        assert engine.parallel == 1 and engine.worker.batchable is False
+        assert all(last.finish_reason == "length" and len(ids) == 12 for ids, last in results)
+    finally:
+        engine.shutdown()

@@ -56,3 +56,18 @@ class SSEResponse(Stream):
     def to_asgi_response(self, *args: Any, **kwargs: Any) -> Any:
         kwargs["media_type"] = "text/event-stream"
         return super().to_asgi_response(*args, **kwargs)
+
+
+PRIORITY_LANES = {"high": 0, "normal": 1, "low": 2}
+
+
+def request_priority(request: Request) -> int:
+    """The prefill lane from the ``X-Priority`` header: high, normal (default) or low."""
+    raw = request.headers.get("x-priority")
+    if raw is None:
+        return PRIORITY_LANES["normal"]
+    lane = PRIORITY_LANES.get(raw.strip().lower())
+    if lane is None:
+        raise InvalidRequest("header 'X-Priority' must be high, normal or low",
+                             param="X-Priority")
+    return lane
