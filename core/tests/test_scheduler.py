@@ -152,10 +152,10 @@ def test_failure_in_one_row_leaves_the_others_correct(engine_factory, monkeypatc
     expected = asyncio.run(collect(engine, req("ok", prompt_len=6)))[0]
     original = Sequence.accept
 
-    def flaky(self, token):
+    def flaky(self, token, *args):
         if self.req.request_id == "bad" and self.generated == 3:
             raise RuntimeError("injected")
-        original(self, token)
+        original(self, token, *args)
     monkeypatch.setattr(Sequence, "accept", flaky)
 
     async def run():

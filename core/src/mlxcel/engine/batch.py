@@ -7,13 +7,22 @@ next input, so the first generated token comes out of an ordinary batched decode
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
-from mlxcel.engine.sampling import BatchSampler
+from mlxcel.engine.penalties import Penalties
+from mlxcel.engine.sampling import BatchSampler, logprob_arrays
 from mlxcel.engine.sequence import Sequence
+
+
+class Step(NamedTuple):
+    """One launched decode step: its rows, sampled tokens and logprob arrays (lazy)."""
+
+    rows: list[Sequence]
+    sampled: mx.array
+    logprobs: tuple[mx.array, ...]
 
 
 def is_batchable(model: Any) -> bool:
@@ -70,6 +79,8 @@ class DecodeBatch:
         self.cache: list[Any] | None = None
         self.inputs: mx.array | None = None  # [B] next input token per row (lazy)
         self.sampler: BatchSampler | None = None
+        self.penalties: Penalties | None = None
+        self.top_logprobs = -1  # -1: no row wants logprobs
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -83,29 +94,47 @@ class DecodeBatch:
                 mine.extend(theirs)
             self.inputs = mx.concatenate([self.inputs, last])
         self.rows.extend(job.seqs)
-        self.sampler = None
+        self.sampler = self.penalties = None
 
     def drop_finished(self) -> None:
         keep = [i for i, s in enumerate(self.rows) if not s.finished]
         if len(keep) == len(self.rows):
             return
         if not keep:
-            self.rows, self.cache, self.inputs, self.sampler = [], None, None, None
+            self.rows, self.cache, self.inputs = [], None, None
+            self.sampler = self.penalties = None
             return
         index = mx.array(keep)
         for c in self.cache:
             c.filter(index)
         self.inputs = self.inputs[index]
         self.rows = [self.rows[i] for i in keep]
-        self.sampler = None
+        self.sampler = self.penalties = None
 
-    def launch(self) -> tuple[list[Sequence], mx.array]:
-        """Queue one decode step for every row; returns (rows, sampled tokens, lazy)."""
+    @property
+    def needs_sync(self) -> bool:
+        """Penalties read the previous token, so steps cannot overlap."""
+        return self.penalties is not None
+
+    def _compose(self) -> None:
+        params = [s.req.sampling for s in self.rows]
+        self.sampler = BatchSampler(params, [s.random for s in self.rows], self.vocab)
+        self.penalties = Penalties(params) if any(p.uses_history for p in params) else None
+        wanted = [p.top_logprobs for p in params if p.logprobs]
+        self.top_logprobs = max(wanted) if wanted else -1
+
+    def launch(self) -> Step:
+        """Queue one decode step for every row (results stay lazy until read back)."""
         if self.sampler is None:
-            self.sampler = BatchSampler([s.req.sampling for s in self.rows],
-                                        [s.random for s in self.rows], self.vocab)
+            self._compose()
         logits = self.model(self.inputs[:, None], self.cache)[:, -1, :]
-        sampled = self.sampler(logits).astype(mx.uint32)
-        mx.async_eval(sampled)
+        scored = logits
+        if self.penalties is not None:
+            scored = self.penalties(logits, [s.context for s in self.rows],
+                                    [s.generated_ids for s in self.rows])
+        sampled = self.sampler(scored).astype(mx.uint32)
+        extras = logprob_arrays(logits, sampled, self.top_logprobs) \
+            if self.top_logprobs >= 0 else ()
+        mx.async_eval(sampled, *extras)
         self.inputs = sampled
-        return list(self.rows), sampled
+        return Step(list(self.rows), sampled, extras)

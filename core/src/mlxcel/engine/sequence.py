@@ -9,7 +9,7 @@ from mlxcel.engine.detokenizer import IncrementalDetokenizer
 from mlxcel.engine.sampling import RowRandom
 from mlxcel.engine.stops import StopMatcher
 from mlxcel.engine.tokenizer import Tokenizer
-from mlxcel.types import FinishReason, GenerationEvent, GenerationRequest, Usage
+from mlxcel.types import FinishReason, GenerationEvent, GenerationRequest, TokenLogprob, Usage
 
 
 class Sink(Protocol):
@@ -32,6 +32,8 @@ class Sequence:
         self.detok = IncrementalDetokenizer(tokenizer)
         self.stops = StopMatcher(req.stop)
         self.random = RowRandom(req.sampling.seed)
+        self.context: list[int] = list(req.prompt_tokens)  # prompt + generated
+        self.loop = req.loop if req.loop is not None and req.loop.enabled else None
         self.generated = 0
         self.finished = False
         self.submitted_at = time.perf_counter()
@@ -45,26 +47,46 @@ class Sequence:
     def emit(self, event: GenerationEvent) -> None:
         self.sink.emit(event)
 
-    def accept(self, token: int) -> None:
-        """Take one sampled token: emit text, or finish on EOS / stop / max_tokens."""
+    @property
+    def generated_ids(self) -> list[int]:
+        return self.context[len(self.req.prompt_tokens):]
+
+    def accept(self, token: int, logprob: TokenLogprob | None = None) -> None:
+        """Take one sampled token: emit text, or finish on EOS / stop / loop / max_tokens."""
         self.generated += 1
+        self.context.append(token)
+        lps = (logprob,) if logprob is not None else ()
         if token in self.eos_ids:
-            self.finish("stop", self.stops.feed(self.detok.flush())[0] + self.stops.flush())
+            text = self.stops.feed(self.detok.flush())[0] + self.stops.flush()
+            self.finish("stop", text, logprobs=lps)
             return
         text, hit = self.stops.feed(self.detok.add(token))
-        if hit:
-            self.finish("stop", text, token)
+        if hit or (self.loop is not None and self._looping()):
+            self.finish("stop", text, token, logprobs=lps)
         elif self.generated >= self.req.max_tokens:
             tail, hit = self.stops.feed(self.detok.flush())
             self.finish("stop" if hit else "length",
-                        text + tail + ("" if hit else self.stops.flush()), token)
+                        text + tail + ("" if hit else self.stops.flush()), token, logprobs=lps)
         else:
-            self.emit(GenerationEvent(text=text, token_ids=(token,)))
+            self.emit(GenerationEvent(text=text, token_ids=(token,), logprobs=lps))
+
+    def _looping(self) -> bool:
+        """True when the generated tail is one pattern repeated ``min_count`` times."""
+        loop, gen = self.loop, self.generated_ids
+        count = loop.min_count
+        for size in range(max(1, loop.min_pattern_size), loop.max_pattern_size + 1):
+            if size * count > len(gen):
+                break
+            pattern = gen[-size:]
+            if all(gen[-size * (r + 1): len(gen) - size * r] == pattern for r in range(1, count)):
+                return True
+        return False
 
     def finish(self, reason: FinishReason, text: str = "", token: int | None = None,
-               error: str | None = None) -> None:
+               error: str | None = None, logprobs: tuple[TokenLogprob, ...] = ()) -> None:
         if self.finished:
             return
         self.finished = True
         self.emit(GenerationEvent(text=text, token_ids=() if token is None else (token,),
-                                  finish_reason=reason, usage=self.usage(), error=error))
+                                  logprobs=logprobs, finish_reason=reason, usage=self.usage(),
+                                  error=error))

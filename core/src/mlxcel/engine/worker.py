@@ -15,7 +15,7 @@ import structlog
 from mlxcel.engine.batch import DecodeBatch, PrefillJob, is_batchable
 from mlxcel.engine.memory import compute_dtype_bytes, request_budget
 from mlxcel.engine.sequence import Sequence, Sink
-from mlxcel.types import GenerationRequest
+from mlxcel.types import GenerationRequest, TokenLogprob
 
 log = structlog.get_logger("mlxcel.engine")
 
@@ -178,6 +178,11 @@ class EngineWorker(threading.Thread):
             self.batch.join(job)
 
     def _decode_step(self) -> None:
+        if self.batch.needs_sync:  # penalties need the previous token before the next step
+            self._read_back()
+            self.batch.drop_finished()
+            if not self.batch:
+                return
         launched = self.batch.launch()
         self.stats.decode_steps_processed += 1
         self._read_back()
@@ -187,16 +192,33 @@ class EngineWorker(threading.Thread):
         """Hand the previous step's tokens to their sequences (one bad row fails alone)."""
         if self.inflight is None:
             return
-        rows, sampled = self.inflight
-        self.inflight = None
-        for seq, token in zip(rows, sampled.tolist(), strict=True):
+        step, self.inflight = self.inflight, None
+        tokens = step.sampled.tolist()
+        logprobs = row_logprobs(step, len(tokens))
+        for i, (seq, token) in enumerate(zip(step.rows, tokens, strict=True)):
             if seq.finished:
                 continue
             self.stats.total_decode_tokens += 1
             try:
-                seq.accept(token)
+                seq.accept(token, logprobs[i] if seq.req.sampling.logprobs else None)
             except Exception as exc:
                 log.exception("row_failed", request_id=seq.req.request_id)
                 seq.finish("error", error=f"generation failed: {exc}")
             if seq.finished:
                 self.stats.sequences_completed += 1
+
+
+def row_logprobs(step: Any, n: int) -> list[TokenLogprob | None]:
+    """Per-row TokenLogprob from a step's logprob arrays (None when none were computed)."""
+    if not step.logprobs:
+        return [None] * n
+    chosen = step.logprobs[0].tolist()
+    if len(step.logprobs) == 1:
+        return [TokenLogprob(t, c) for t, c in zip(step.sampled.tolist(), chosen, strict=True)]
+    ids, vals = step.logprobs[1].tolist(), step.logprobs[2].tolist()
+    out = []
+    for i, token in enumerate(step.sampled.tolist()):
+        k = step.rows[i].req.sampling.top_logprobs
+        out.append(TokenLogprob(token, chosen[i], tuple(zip(ids[i][:k], vals[i][:k],
+                                                             strict=True))))
+    return out

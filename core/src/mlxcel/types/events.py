@@ -18,11 +18,23 @@ class Usage(msgspec.Struct, frozen=True, kw_only=True):
         return self.prompt_tokens + self.completion_tokens
 
 
+class TokenLogprob(msgspec.Struct, frozen=True, array_like=True):
+    """One generated token's log-probability and the most likely alternatives."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
 class GenerationEvent(msgspec.Struct, frozen=True, kw_only=True):
-    """Text decoded since the previous event; ``finish_reason`` set on the last one."""
+    """Text decoded since the previous event; ``finish_reason`` set on the last one.
+
+    ``logprobs`` has one entry per token in ``token_ids`` when the request asked for them.
+    """
 
     text: str = ""
     token_ids: tuple[int, ...] = ()
+    logprobs: tuple[TokenLogprob, ...] = ()
     finish_reason: FinishReason | None = None
     usage: Usage | None = None
     error: str | None = None

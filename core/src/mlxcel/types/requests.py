@@ -6,13 +6,49 @@ import msgspec
 
 
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
-    """Resolved sampling settings for one request (server defaults already applied)."""
+    """Resolved sampling settings for one request (server defaults already applied).
+
+    The chain is documented in docs/explanation/sampling.md.
+    """
 
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
     min_p: float = 0.0
+    p_less: bool = False
+    repetition_penalty: float = 1.0
+    repetition_context_size: int = 64
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    dry_multiplier: float = 0.0
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = 0  # 0 = the whole context
+    dry_sequence_breakers: tuple[int, ...] = ()
+    xtc_probability: float = 0.0
+    xtc_threshold: float = 0.1
     seed: int | None = None
+    logprobs: bool = False
+    top_logprobs: int = 0
+
+    @property
+    def uses_history(self) -> bool:
+        """Whether sampling needs the tokens generated so far (penalties, DRY)."""
+        return (self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0
+                or self.presence_penalty != 0.0 or self.dry_multiplier > 0.0)
+
+
+class LoopPolicy(msgspec.Struct, frozen=True, kw_only=True):
+    """Tail n-gram loop detection: stop when a pattern of ``min_pattern_size`` to
+    ``max_pattern_size`` tokens repeats ``min_count`` times in a row at the end."""
+
+    min_pattern_size: int = 1
+    max_pattern_size: int = 20
+    min_count: int = 4
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_pattern_size > 0 and self.min_count >= 2
 
 
 class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
@@ -24,4 +60,5 @@ class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
     sampling: SamplingParams = SamplingParams()
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
-    priority: int = 1  # 0 high, 1 normal, 2 low (ordering arrives with the scheduler)
+    priority: int = 1  # 0 high, 1 normal, 2 low
+    loop: LoopPolicy | None = None
