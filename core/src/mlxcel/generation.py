@@ -1,25 +1,73 @@
-"""Dialect-independent request building: defaults, validation, SamplingParams."""
+"""Dialect-independent request building: server defaults, validation, SamplingParams,
+loop-detection policy."""
 
 from __future__ import annotations
 
+import os
+import re
+from collections.abc import Callable
 from typing import Any
 
-from mlxcel.errors import InvalidRequest
-from mlxcel.types import SamplingParams
+from mlxcel.errors import InvalidRequest, StartupError
+from mlxcel.types import LoopPolicy, SamplingParams
 
-# llama-server's defaults; a checkpoint's generation_config.json overrides them.
-BUILTIN_SAMPLING = {"temperature": 0.8, "top_p": 0.95, "top_k": 40, "min_p": 0.05}
-SEED_UNSET = 18446744073709551615  # u64::MAX, as llama-server reports an unset seed
+# llama-server's defaults; generation_config.json, then the CLI flags, override them.
+SAMPLING_DEFAULTS: dict[str, Any] = {
+    "temperature": 0.8, "top_p": 0.95, "top_k": 40, "min_p": 0.05, "p_less": False,
+    "repetition_penalty": 1.0, "repetition_context_size": 64, "frequency_penalty": 0.0,
+    "presence_penalty": 0.0, "dry_multiplier": 0.0, "dry_base": 1.75,
+    "dry_allowed_length": 2, "dry_penalty_last_n": 0, "dry_sequence_breakers": (),
+    "xtc_probability": 0.0, "xtc_threshold": 0.1, "seed": None,
+}
+GENERATION_CONFIG_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+# Settings attribute (CLI flag) -> SamplingParams field
+FLAG_FIELDS = {
+    "temp": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
+    "repeat_penalty": "repetition_penalty", "repeat_last_n": "repetition_context_size",
+    "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
+    "dry_multiplier": "dry_multiplier", "dry_base": "dry_base",
+    "dry_allowed_length": "dry_allowed_length", "dry_penalty_last_n": "dry_penalty_last_n",
+    "xtc_probability": "xtc_probability", "xtc_threshold": "xtc_threshold", "seed": "seed",
+}
+SEED_UNSET = 18446744073709551615  # u64::MAX: what llama-server reports for "no seed"
 MAX_STOP_STRINGS = 16
+MAX_TOP_LOGPROBS = 20
+LOOP_ENV = "MLXCEL_LOOP_DETECTION"
+
+Check = Callable[[Any], bool]
+RULES: dict[str, tuple[Check, str]] = {
+    "temperature": (lambda v: v >= 0, "must be >= 0 (0 = greedy)"),
+    "top_p": (lambda v: 0 <= v <= 1, "must be between 0 and 1"),
+    "top_k": (lambda v: v >= 0, "must be >= 0 (0 disables it)"),
+    "min_p": (lambda v: 0 <= v <= 1, "must be between 0 and 1"),
+    "repetition_penalty": (lambda v: v > 0, "must be > 0 (1.0 = no penalty)"),
+    "repetition_context_size": (lambda v: v >= -1, "must be >= -1 (-1 = whole context)"),
+    "frequency_penalty": (lambda v: -2 <= v <= 2, "must be between -2 and 2"),
+    "presence_penalty": (lambda v: -2 <= v <= 2, "must be between -2 and 2"),
+    "dry_multiplier": (lambda v: v >= 0, "must be >= 0 (0 disables DRY)"),
+    "dry_base": (lambda v: v >= 1, "must be >= 1"),
+    "dry_allowed_length": (lambda v: v >= 0, "must be >= 0"),
+    "dry_penalty_last_n": (lambda v: v >= -1, "must be >= -1 (0 or -1 = whole context)"),
+    "dry_sequence_breakers": (lambda v: all(t >= 0 for t in v), "must be token ids >= 0"),
+    "xtc_probability": (lambda v: 0 <= v <= 1, "must be between 0 and 1"),
+    "xtc_threshold": (lambda v: 0 <= v <= 1, "must be between 0 and 1"),
+    "seed": (lambda v: 0 <= v < 2**64, "must be a non-negative 64-bit integer"),
+}
 
 
-def server_sampling_defaults(checkpoint: Any) -> dict[str, Any]:
-    """Built-in defaults overlaid with the checkpoint's generation_config.json."""
-    values = dict(BUILTIN_SAMPLING)
-    for key in BUILTIN_SAMPLING:
-        value = getattr(checkpoint.defaults, key)
+def server_sampling_defaults(checkpoint: Any, settings: Any = None) -> dict[str, Any]:
+    """Built-in defaults < checkpoint generation_config.json < CLI flags."""
+    values = dict(SAMPLING_DEFAULTS)
+    for key in GENERATION_CONFIG_KEYS:
+        value = getattr(checkpoint.defaults, key, None)
         if value is not None:
             values[key] = value
+    for flag, field in FLAG_FIELDS.items():
+        value = getattr(settings, flag, None)
+        if value is not None:
+            values[field] = value
+    if values["seed"] is not None and values["seed"] < 0:
+        values["seed"] = None  # -1 on the command line: no fixed seed
     return values
 
 
@@ -28,18 +76,28 @@ def _check(cond: bool, field: str, message: str) -> None:
         raise InvalidRequest(f"'{field}' {message}", param=field)
 
 
-def sampling_params(fields: dict[str, Any], defaults: dict[str, Any]) -> SamplingParams:
-    """Request values (None = absent) over server defaults, validated."""
-    v = {k: (fields.get(k) if fields.get(k) is not None else defaults[k]) for k in defaults}
-    _check(v["temperature"] >= 0, "temperature", "must be >= 0")
-    _check(0 <= v["top_p"] <= 1, "top_p", "must be between 0 and 1")
-    _check(v["top_k"] >= 0, "top_k", "must be >= 0 (0 disables it)")
-    _check(0 <= v["min_p"] <= 1, "min_p", "must be between 0 and 1")
-    seed = fields.get("seed")
-    _check(seed is None or 0 <= seed < 2**64, "seed", "must be a non-negative 64-bit integer")
-    return SamplingParams(temperature=float(v["temperature"]), top_p=float(v["top_p"]),
-                          top_k=int(v["top_k"]), min_p=float(v["min_p"]),
-                          seed=None if seed is None or seed == SEED_UNSET else seed)
+def sampling_params(fields: dict[str, Any], defaults: dict[str, Any], *,
+                    logprobs: bool = False, top_logprobs: int = 0) -> SamplingParams:
+    """Request values (None = absent) over server defaults, validated by ``RULES``."""
+    values = {}
+    for key, default in defaults.items():
+        given = fields.get(key)
+        if given is not None:
+            check, message = RULES[key]
+            _check(check(given), key, message)
+            values[key] = given
+        else:
+            values[key] = default
+    if values["seed"] == SEED_UNSET:
+        values["seed"] = None
+    _check(0 <= top_logprobs <= MAX_TOP_LOGPROBS, "top_logprobs",
+           f"must be between 0 and {MAX_TOP_LOGPROBS}")
+    values["dry_sequence_breakers"] = tuple(values["dry_sequence_breakers"] or ())
+    if values["repetition_context_size"] == -1:
+        values["repetition_context_size"] = 0  # 0 inside the engine = whole context
+    if values["dry_penalty_last_n"] == -1:
+        values["dry_penalty_last_n"] = 0
+    return SamplingParams(**values, logprobs=logprobs, top_logprobs=top_logprobs)
 
 
 def stop_strings(stop: str | list[str] | None) -> tuple[str, ...]:
@@ -56,3 +114,49 @@ def max_tokens(value: int | None, field: str, n_predict: int) -> int | None:
         return n_predict if n_predict > 0 else None
     _check(value > 0, field, "must be a positive integer")
     return value
+
+
+# -- loop detection -----------------------------------------------------------------------
+_LOOP_SPEC = re.compile(r"^\s*(\d+)\s*[:,]\s*(\d+)\s*[:,]\s*(\d+)\s*$")
+
+
+def parse_loop_env(raw: str | None) -> LoopPolicy | None:
+    """``MLXCEL_LOOP_DETECTION``: ``off`` or ``MIN:MAX:COUNT`` (e.g. ``1:20:4``)."""
+    if raw is None or not raw.strip():
+        return None
+    if raw.strip().lower() in ("off", "0", "none", "false"):
+        return LoopPolicy(max_pattern_size=0)
+    match = _LOOP_SPEC.match(raw)
+    if not match:
+        raise StartupError(f"{LOOP_ENV}={raw!r}: expected 'off' or MIN:MAX:COUNT, e.g. 1:20:4")
+    low, high, count = (int(g) for g in match.groups())
+    return LoopPolicy(min_pattern_size=max(1, low), max_pattern_size=high, min_count=count)
+
+
+def server_loop_policy(family_policy: Any) -> LoopPolicy | None:
+    """The global override if set, else the family's default (None = off)."""
+    env = parse_loop_env(os.environ.get(LOOP_ENV))
+    if env is not None:
+        return env
+    if family_policy is None:
+        return None
+    return LoopPolicy(min_pattern_size=family_policy.min_pattern_size,
+                      max_pattern_size=family_policy.max_pattern_size,
+                      min_count=family_policy.min_count)
+
+
+def request_loop_policy(fields: dict[str, int | None], server: LoopPolicy | None
+                        ) -> LoopPolicy | None:
+    """Any of the three request fields (``max_pattern_size: 0`` included) overrides the
+    server policy; fields the request leaves out keep the server's (or default) values."""
+    given = {k: v for k, v in fields.items() if v is not None}
+    for key, value in given.items():
+        _check(value >= 0, key, "must be >= 0")
+    if not given:
+        return server
+    base = server or LoopPolicy()
+    policy = LoopPolicy(
+        min_pattern_size=max(1, given.get("min_pattern_size", base.min_pattern_size)),
+        max_pattern_size=given.get("max_pattern_size", base.max_pattern_size),
+        min_count=given.get("min_count", base.min_count))
+    return policy if policy.enabled else None

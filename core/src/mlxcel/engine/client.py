@@ -138,6 +138,7 @@ class EngineClient:
         if estimated > self.worker.memory_budget:
             raise MemoryBudgetExceeded(estimated, self.worker.memory_budget)
         stream = EventStream(self, req, asyncio.get_running_loop())
+        self.worker.count_queued(1)
         self.worker.inbox.put((req, stream))
         return stream
 
@@ -159,7 +160,7 @@ class EngineClient:
     @property
     def queue_depth(self) -> int:
         """Requests waiting for a slot (submitted, not yet admitted)."""
-        return len(self.worker.waiting) + self.worker.inbox.qsize()
+        return self.worker.queued
 
     def slot_states(self) -> list[str]:
         """One entry per slot: "decoding" or "idle"."""

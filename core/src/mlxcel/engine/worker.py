@@ -49,6 +49,8 @@ class EngineWorker(threading.Thread):
         self.batch: DecodeBatch | None = None
         self.inflight: tuple[list[Sequence], Any] | None = None
         self.stats = EngineStats()
+        self.queued = 0  # submitted, not yet admitted to a slot (guarded by _queue_lock)
+        self._queue_lock = threading.Lock()
         self.state = "loading"
         self.error: str | None = None
         self.checkpoint: Any = None
@@ -97,6 +99,10 @@ class EngineWorker(threading.Thread):
         if self.is_alive() and threading.current_thread() is not self:
             self.join(timeout)
 
+    def count_queued(self, delta: int) -> None:
+        with self._queue_lock:
+            self.queued += delta
+
     def wake(self) -> None:
         """Unblock the thread (a ``None`` item carries no request)."""
         self.inbox.put_nowait(None)
@@ -136,7 +142,9 @@ class EngineWorker(threading.Thread):
         for seq in [*self.waiting, *self.active]:
             if seq.sink.cancelled:
                 seq.finish("cancelled")
-        if any(s.finished for s in self.waiting):
+        gone = sum(s.finished for s in self.waiting)
+        if gone:
+            self.count_queued(-gone)
             self.waiting = [s for s in self.waiting if not s.finished]
             heapq.heapify(self.waiting)
         if self.prefilling and all(s.finished for s in self.prefilling.seqs):
@@ -155,7 +163,10 @@ class EngineWorker(threading.Thread):
             group.append(heapq.heappop(self.waiting))
             tokens += len(nxt.req.prompt_tokens)
         self.stats.sequences_started += len(group)
-        return PrefillJob(self.checkpoint.model, group, self.batchable)
+        job = PrefillJob(self.checkpoint.model, group, self.batchable)
+        self.prefilling = job
+        self.count_queued(-len(group))
+        return job
 
     def _prefill_step(self) -> None:
         if self.prefilling is None:
