@@ -15,6 +15,7 @@ from mlxcel.engine.client import EngineClient
 from mlxcel.errors import MlxcelError
 from mlxcel.lazy import resolve
 from mlxcel.logging import configure
+from mlxcel.metrics import Metrics, metrics_route
 from mlxcel.middleware import ServerMiddleware
 from mlxcel.plugins import Plugins, load_plugins
 from mlxcel.settings import Settings
@@ -70,18 +71,26 @@ def create_app(settings: Settings, plugins: Plugins | None = None,
             lambda: load_checkpoint(model, plugins.families,
                                     chat_template_file=settings.chat_template_file),
             parallel=settings.parallel, ctx_size=settings.ctx_size)
+    metrics = Metrics(engine)
     ctx = AppContext(settings=settings, plugins=plugins, engine=engine,
-                     model_name=model_display_name(settings))
+                     model_name=model_display_name(settings), metrics=metrics)
     handlers: list[Any] = []
     for _, dialect in plugins.dialects.items():
         handlers.extend(resolve(dialect.routes)(ctx))
+    if settings.metrics:
+        handlers.append(metrics_route(metrics))
+    startup: list[Any] = [engine.start]
+    shutdown: list[Any] = [engine.shutdown]
+    if settings.metrics_port > 0:  # the same registry on its own listener (no API key)
+        startup.append(lambda: metrics.serve(settings.host, settings.metrics_port))
+        shutdown.append(metrics.stop_serving)
     app = Litestar(
         route_handlers=handlers,
         middleware=[DefineMiddleware(ServerMiddleware, api_key=settings.api_key)],
         exception_handlers={MlxcelError: _mlxcel_error, HTTPException: _http_error,
                             Exception: _unexpected},
-        on_startup=[engine.start],
-        on_shutdown=[engine.shutdown],
+        on_startup=startup,
+        on_shutdown=shutdown,
         state={"ctx": ctx},
         openapi_config=None,
         debug=False,

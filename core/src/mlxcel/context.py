@@ -1,4 +1,5 @@
-"""What route handlers share: settings, plugins, the engine client, the model's name."""
+"""What route handlers share: settings, plugins, the engine client, the model's name,
+the request metrics."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 import msgspec
 
 from mlxcel.engine.client import EngineClient
+from mlxcel.metrics import Metrics
 from mlxcel.plugins import Plugins
 from mlxcel.settings import Settings
 
@@ -17,5 +19,6 @@ class AppContext(msgspec.Struct, kw_only=True):
     plugins: Plugins
     engine: EngineClient
     model_name: str
+    metrics: Metrics
     created: int = msgspec.field(default_factory=lambda: int(time.time()))
     extra: dict[str, Any] = {}

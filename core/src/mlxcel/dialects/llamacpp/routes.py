@@ -1,4 +1,4 @@
-"""llama-server routes: /tokenize, /detokenize, /health (and /), /props."""
+"""llama-server routes: /tokenize, /detokenize, /health (and /), /props, /slots."""
 
 from __future__ import annotations
 
@@ -13,25 +13,37 @@ from mlxcel.generation import SEED_UNSET, server_sampling_defaults
 
 from .schemas import DetokenizeRequest, TokenizeRequest
 
+OBSERVABILITY = ("sequences_started", "sequences_completed", "total_prefill_tokens",
+                 "total_decode_tokens", "decode_steps_processed", "prefill_chunks_processed")
+
 
 def health_payload(ctx: AppContext) -> tuple[int, dict[str, Any]]:
     engine = ctx.engine
     if engine.state == "loading":
         return 503, {"status": "loading model", "tool_call_parser": None}
     ckpt = engine.checkpoint
-    worker = engine.worker
-    active, queued = len(worker.active), len(worker.waiting) + worker.inbox.qsize()
-    full = active >= worker.parallel
-    stats = {k: getattr(worker.stats, k) for k in worker.stats.__struct_fields__}
+    parallel, active, queued = engine.parallel, engine.active_count, engine.queue_depth
+    full = active >= parallel
+    stats = engine.stats
     return (503 if full else 200), {
         "status": "no slot available" if full else "ok",
         "model": ctx.model_name,
         "batch": {"active_sequences": active, "queue_depth": queued,
-                  "max_batch_size": worker.parallel},
-        "observability": {**stats, "current_batch_size": active, "cache_pool_active": active},
+                  "max_batch_size": parallel},
+        "observability": {**{k: getattr(stats, k, 0) for k in OBSERVABILITY},
+                          "current_batch_size": active, "cache_pool_active": active},
         "context_size": engine.context_size,
         "tool_call_parser": "mlxcel" if ckpt.template.supports_tools else None,
     }
+
+
+def slots_payload(ctx: AppContext) -> list[dict[str, Any]]:
+    """One object per slot ("decoding" / "idle"), then one per queued request."""
+    engine = ctx.engine
+    context_size = engine.context_size  # raises ModelLoading (503) while loading
+    states = [*engine.slot_states(), *["queued"] * engine.queue_depth]
+    return [{"id": i, "state": state, "model": ctx.model_name, "context_size": context_size,
+             "is_processing": state == "decoding"} for i, state in enumerate(states)]
 
 
 def build(ctx: AppContext) -> list[Any]:
@@ -69,11 +81,18 @@ def build(ctx: AppContext) -> list[Any]:
                 "frequency_penalty": 0.0, "presence_penalty": 0.0, "dry_multiplier": 0.0,
                 "dry_base": 1.75, "dry_allowed_length": 2, "dry_penalty_last_n": 0,
             },
-            "total_slots": engine.worker.parallel,
+            "total_slots": engine.parallel,
             "model_alias": ctx.model_name,
             "model_path": str(ckpt.path),
             "chat_template": ckpt.template.source,
             "n_ctx": engine.context_size,
         }
 
-    return [health, tokenize, detokenize, props]
+    handlers: list[Any] = [health, tokenize, detokenize, props]
+    if ctx.settings.slots:
+        @get("/slots")
+        async def slots() -> list[dict[str, Any]]:
+            return slots_payload(ctx)
+
+        handlers.append(slots)
+    return handlers

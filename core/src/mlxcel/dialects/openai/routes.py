@@ -42,8 +42,10 @@ def _record(request: Request, event: GenerationEvent) -> None:
 
 
 async def _sse(request: Request, stream: EventStream, frame: Callable[[str, str | None], Any],
-               usage_frame: Callable[[s.Usage], Any] | None, first: Any = None
+               usage_frame: Callable[[s.Usage], Any] | None, first: Any = None,
+               on_finish: Callable[[GenerationEvent], None] | None = None
                ) -> AsyncIterator[bytes]:
+    """``on_finish`` sees the finish event (never called when the client left before it)."""
     try:
         if first is not None:
             yield sse(first)
@@ -53,6 +55,8 @@ async def _sse(request: Request, stream: EventStream, frame: Callable[[str, str 
                     yield sse(frame(event.text, None))
                 continue
             _record(request, event)
+            if on_finish is not None:
+                on_finish(event)
             if event.text:
                 yield sse(frame(event.text, None))
             yield sse(frame("", FINISH[event.finish_reason]))
@@ -74,11 +78,13 @@ def build(ctx: AppContext) -> list[Any]:
                                                                         "max_tokens"))
         rid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
         req = generation_request(ctx, body, chat_prompt(ctx, body), rid, limit, field)
+        started = time.perf_counter()
         stream = engine.submit(req)
         created, model = int(time.time()), body.model or ctx.model_name
         if not body.stream:
             text, last = await _collect(stream)
             _record(request, last)
+            ctx.metrics.record(last, started)
             choice = s.ChatChoice(0, s.AssistantMessage(content=text), FINISH[last.finish_reason])
             return s.ChatCompletion(rid, created, model, [choice], _usage(last))
 
@@ -92,7 +98,8 @@ def build(ctx: AppContext) -> list[Any]:
         include = body.stream_options is not None and body.stream_options.include_usage
         role = s.ChatCompletionChunk(rid, created, model,
                                      [s.ChunkChoice(0, s.Delta(role="assistant"))])
-        return SSEResponse(_sse(request, stream, frame, usage_frame if include else None, role))
+        return SSEResponse(_sse(request, stream, frame, usage_frame if include else None, role,
+                                on_finish=lambda event: ctx.metrics.record(event, started)))
 
     @post(["/v1/completions", "/completions"], status_code=200)
     async def completions(request: Request) -> Any:
@@ -100,11 +107,13 @@ def build(ctx: AppContext) -> list[Any]:
         rid = f"cmpl-{uuid.uuid4().hex[:24]}"
         req = generation_request(ctx, body, completion_prompt(ctx, body), rid,
                                  body.max_tokens, "max_tokens")
+        started = time.perf_counter()
         stream = engine.submit(req)
         created, model = int(time.time()), body.model or ctx.model_name
         if not body.stream:
             text, last = await _collect(stream)
             _record(request, last)
+            ctx.metrics.record(last, started)  # streamed completions are not recorded
             choice = s.CompletionChoice(0, text, FINISH[last.finish_reason])
             return s.Completion(rid, created, model, [choice], usage=_usage(last))
 

@@ -1,0 +1,228 @@
+"""GET /metrics and GET /slots in process: mounting flags, exposition format, counting rules."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+from apphelpers import make_client, wait_ready
+from litestar.testing import TestClient
+from mlxcel.app import create_app
+from mlxcel.engine.client import EngineClient
+from mlxcel.metrics import SPEC
+from mlxcel.settings import Settings
+from prometheus_client.parser import text_string_to_metric_families
+
+# The spec's exposition: HELP and TYPE lines, in this order.
+SPEC_HEADERS = """\
+# HELP mlxcel_requests_total Total number of completed generation requests; chat completion streams cancelled by the client are excluded
+# TYPE mlxcel_requests_total counter
+# HELP mlxcel_prompt_tokens_total Total prompt tokens processed
+# TYPE mlxcel_prompt_tokens_total counter
+# HELP mlxcel_completion_tokens_total Total completion tokens of the requests counted in mlxcel_requests_total
+# TYPE mlxcel_completion_tokens_total counter
+# HELP mlxcel_generation_time_seconds_total Total generation time in seconds
+# TYPE mlxcel_generation_time_seconds_total counter
+# HELP mlxcel_slots_total Total number of parallel slots
+# TYPE mlxcel_slots_total gauge
+# HELP mlxcel_slots_available Available parallel slots
+# TYPE mlxcel_slots_available gauge
+# HELP mlxcel_queue_depth Current prefill queue depth
+# TYPE mlxcel_queue_depth gauge
+# HELP mlxcel_batch_sequences_started Total sequences that entered prefill
+# TYPE mlxcel_batch_sequences_started counter
+# HELP mlxcel_batch_sequences_completed Total sequences that completed generation
+# TYPE mlxcel_batch_sequences_completed counter
+# HELP mlxcel_batch_prefill_tokens_total Cumulative prefill tokens processed
+# TYPE mlxcel_batch_prefill_tokens_total counter
+# HELP mlxcel_batch_decode_tokens_total Cumulative decode tokens generated
+# TYPE mlxcel_batch_decode_tokens_total counter
+# HELP mlxcel_batch_current_size Current active batch size
+# TYPE mlxcel_batch_current_size gauge
+# HELP mlxcel_cache_pool_active Active cache entries
+# TYPE mlxcel_cache_pool_active gauge
+""".splitlines()
+NAMES = [line.split()[2] for line in SPEC_HEADERS if line.startswith("# TYPE")]
+CHAT = {"messages": [{"role": "user", "content": "Say something."}], "max_tokens": 5,
+        "temperature": 0, "ignore_eos": True}
+COMPLETION = {"prompt": "Once upon a time", "max_tokens": 4, "temperature": 0,
+              "ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def mclient(tiny_checkpoint):
+    with make_client(tiny_checkpoint, parallel=2, metrics=True, slots=True) as c:
+        wait_ready(c)
+        yield c
+
+
+def scrape(client) -> dict[str, float]:
+    r = client.get("/metrics")
+    assert r.status_code == 200
+    values: dict[str, float] = {}
+    for line in r.text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.split()
+            values[name] = float(value)
+    return values
+
+
+def test_metrics_and_slots_not_mounted_without_flags(client):
+    for path in ("/metrics", "/slots"):
+        r = client.get(path)
+        assert r.status_code == 404
+        assert r.json()["error"] == {"message": f"Not found: GET {path}",
+                                     "type": "not_found_error", "code": None}
+
+
+def test_exposition_has_every_spec_metric_in_order(mclient):
+    r = mclient.get("/metrics")
+    assert r.status_code == 200
+    assert r.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
+    lines = r.text.splitlines()
+    assert [ln for ln in lines if ln.startswith("#")] == SPEC_HEADERS
+    samples = [ln.split()[0] for ln in lines if not ln.startswith("#")]
+    assert samples == NAMES  # one unlabelled sample per family, no _created series
+    assert [name for name, _, _ in SPEC] == NAMES
+    families = list(text_string_to_metric_families(r.text))
+    assert len(families) == len(SPEC)
+    for family, (name, type_, help_) in zip(families, SPEC, strict=True):
+        assert family.type == type_ and family.documentation == help_
+        # the parser folds a counter's name to its base and its sample to ``<base>_total``
+        assert family.name == (name.removesuffix("_total") if type_ == "counter" else name)
+        assert len(family.samples) == 1 and family.samples[0].value >= 0
+
+
+def test_counters_follow_the_counting_rules(mclient):
+    before = scrape(mclient)
+    assert before["mlxcel_slots_total"] == 2
+
+    r = mclient.post("/v1/chat/completions", json=CHAT).json()  # counted
+    usage = [r["usage"]]
+    with mclient.stream("POST", "/v1/chat/completions",  # counted when generation ends
+                        json={**CHAT, "stream": True,
+                              "stream_options": {"include_usage": True}}) as s:
+        body = "".join(s.iter_text())
+    assert body.rstrip().endswith("data: [DONE]")
+    frames = [json.loads(ln[6:]) for ln in body.splitlines()
+              if ln.startswith("data: {")]
+    usage.append(frames[-1]["usage"])
+    r = mclient.post("/v1/completions", json=COMPLETION).json()  # counted
+    usage.append(r["usage"])
+    with mclient.stream("POST", "/v1/completions",  # a streamed completion is not counted
+                        json={**COMPLETION, "stream": True}) as s:
+        assert "".join(s.iter_text()).rstrip().endswith("data: [DONE]")
+
+    after = scrape(mclient)
+    delta = {k: after[k] - before[k] for k in after}
+    assert delta["mlxcel_requests_total"] == 3
+    assert delta["mlxcel_prompt_tokens_total"] == sum(u["prompt_tokens"] for u in usage)
+    assert delta["mlxcel_completion_tokens_total"] == 5 + 5 + 4
+    assert delta["mlxcel_completion_tokens_total"] == sum(u["completion_tokens"] for u in usage)
+    assert 0 < delta["mlxcel_generation_time_seconds_total"] < 30
+    # the engine saw all four generations
+    assert delta["mlxcel_batch_sequences_started"] == 4
+    assert delta["mlxcel_batch_sequences_completed"] == 4
+    assert delta["mlxcel_batch_decode_tokens_total"] >= 5 + 5 + 4 + 4
+    assert delta["mlxcel_batch_prefill_tokens_total"] >= sum(u["prompt_tokens"] for u in usage)
+    idle = {k: after[k] for k in ("mlxcel_slots_available", "mlxcel_queue_depth",
+                                  "mlxcel_batch_current_size", "mlxcel_cache_pool_active")}
+    assert idle == {"mlxcel_slots_available": 2, "mlxcel_queue_depth": 0,
+                    "mlxcel_batch_current_size": 0, "mlxcel_cache_pool_active": 0}
+
+
+def test_failed_request_is_not_counted(mclient):
+    before = scrape(mclient)["mlxcel_requests_total"]
+    r = mclient.post("/v1/chat/completions", json={**CHAT, "max_tokens": 0})
+    assert r.status_code == 400
+    assert scrape(mclient)["mlxcel_requests_total"] == before
+
+
+def test_slots_idle(mclient):
+    r = mclient.get("/slots")
+    assert r.status_code == 200
+    ctx_size = mclient.get("/health").json()["context_size"]
+    assert r.json() == [
+        {"id": i, "state": "idle", "model": "tiny", "context_size": ctx_size,
+         "is_processing": False} for i in range(2)]
+
+
+def test_slots_decoding_and_queued(tiny_checkpoint):
+    """One slot busy with a long generation, one request waiting for it."""
+    with make_client(tiny_checkpoint, parallel=1, slots=True) as c:
+        wait_ready(c)
+        long = {**CHAT, "max_tokens": 300, "stream": True}  # long enough to be seen
+        results: list[int] = []
+
+        def run() -> None:
+            results.append(c.post("/v1/chat/completions", json=long).status_code)
+
+        threads = [threading.Thread(target=run) for _ in range(2)]
+        for t in threads:
+            t.start()
+        seen = None
+        deadline = time.time() + 30
+        while seen is None and time.time() < deadline and any(t.is_alive() for t in threads):
+            slots = c.get("/slots").json()
+            if [s["state"] for s in slots] == ["decoding", "queued"]:
+                seen = slots
+        assert seen is not None, slots
+        assert [s["id"] for s in seen] == [0, 1]
+        assert [s["is_processing"] for s in seen] == [True, False]
+        assert {s["model"] for s in seen} == {"tiny"}
+        m = c.get("/metrics")
+        assert m.status_code == 404  # --slots alone does not mount /metrics
+        for t in threads:
+            t.join(60)
+        assert results == [200, 200]
+        assert [s["state"] for s in c.get("/slots").json()] == ["idle"]
+
+
+def test_metrics_while_loading_report_zeros(tiny_checkpoint):
+    gate = threading.Event()
+    engine = EngineClient(lambda: gate.wait(30), parallel=3)
+    app = create_app(Settings(model=str(tiny_checkpoint), metrics=True), engine=engine)
+    with TestClient(app) as c:
+        try:
+            values = scrape(c)
+            assert set(values) == set(NAMES)
+            assert all(v == 0 for v in values.values())
+        finally:
+            gate.set()
+
+
+def test_metrics_behind_api_key(tiny_checkpoint):
+    with make_client(tiny_checkpoint, parallel=1, metrics=True, slots=True,
+                     api_key="k") as c:
+        assert c.get("/metrics").status_code == 401
+        assert c.get("/slots").status_code == 401
+        r = c.get("/metrics", headers={"Authorization": "Bearer k"})
+        assert r.status_code == 200 and "mlxcel_requests_total" in r.text
+
+
+def test_two_apps_keep_separate_registries(tiny_checkpoint, mclient):
+    with make_client(tiny_checkpoint, parallel=1, metrics=True) as other:
+        wait_ready(other)
+        mine = scrape(mclient)["mlxcel_requests_total"]
+        assert other.post("/v1/completions", json=COMPLETION).status_code == 200
+        assert scrape(other)["mlxcel_requests_total"] == 1
+        assert scrape(mclient)["mlxcel_requests_total"] == mine
+
+
+def test_metrics_port_listener_starts_and_stops_with_the_app(tiny_checkpoint):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/metrics"
+    with make_client(tiny_checkpoint, parallel=1, metrics_port=port) as c:
+        assert c.get("/metrics").status_code == 404  # --metrics-port alone: not on the main port
+        r = httpx.get(url, timeout=5)
+        assert r.status_code == 200
+        assert r.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
+        assert [ln for ln in r.text.splitlines() if ln.startswith("#")] == SPEC_HEADERS
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(url, timeout=5)
