@@ -33,7 +33,7 @@ def openai_error(status: int, message: str, type_: str, code: str | None = None,
 
 def _mlxcel_error(request: Request, exc: MlxcelError) -> Response:
     extra = {"param": exc.param} if exc.param else {}
-    return openai_error(exc.status, exc.message, exc.type, exc.code, **extra)
+    return openai_error(exc.status, exc.message, exc.type, exc.code, **extra, **exc.extra)
 
 
 def _http_error(request: Request, exc: HTTPException) -> Response:
@@ -70,7 +70,8 @@ def create_app(settings: Settings, plugins: Plugins | None = None,
         engine = EngineClient(
             lambda: load_checkpoint(model, plugins.families,
                                     chat_template_file=settings.chat_template_file),
-            parallel=settings.parallel, ctx_size=settings.ctx_size)
+            parallel=settings.parallel, ctx_size=settings.ctx_size,
+            prefill_chunk=settings.prefill_chunk_size, max_queue_depth=settings.max_queue_depth)
     metrics = Metrics(engine)
     ctx = AppContext(settings=settings, plugins=plugins, engine=engine,
                      model_name=model_display_name(settings), metrics=metrics)

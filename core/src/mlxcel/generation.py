@@ -40,6 +40,7 @@ RULES: dict[str, tuple[Check, str]] = {
     "top_p": (lambda v: 0 <= v <= 1, "must be between 0 and 1"),
     "top_k": (lambda v: v >= 0, "must be >= 0 (0 disables it)"),
     "min_p": (lambda v: 0 <= v <= 1, "must be between 0 and 1"),
+    "p_less": (lambda v: isinstance(v, bool), "must be true or false"),
     "repetition_penalty": (lambda v: v > 0, "must be > 0 (1.0 = no penalty)"),
     "repetition_context_size": (lambda v: v >= -1, "must be >= -1 (-1 = whole context)"),
     "frequency_penalty": (lambda v: -2 <= v <= 2, "must be between -2 and 2"),

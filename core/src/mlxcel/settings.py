@@ -30,6 +30,22 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     metrics_port: int = 0
     dtype: str = "auto"
     no_fast_blas: bool = False
+    # sampling defaults from flags (None: not given)
+    temp: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    repeat_penalty: float | None = None
+    repeat_last_n: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    dry_multiplier: float | None = None
+    dry_base: float | None = None
+    dry_allowed_length: int | None = None
+    dry_penalty_last_n: int | None = None
+    xtc_probability: float | None = None
+    xtc_threshold: float | None = None
+    seed: int | None = None
 
     def to_env(self) -> str:
         return msgspec.json.encode(self).decode()

@@ -21,13 +21,22 @@ def _field(message: str) -> str | None:
     return match.group(1) or None if match else None
 
 
+def _flatten_extra_body(data: Any) -> Any:
+    """Fields sent inside a literal ``extra_body`` object count as top-level fields
+    (the top-level value wins), as when the OpenAI SDK's extra_body is sent verbatim."""
+    if isinstance(data, dict) and isinstance(data.get("extra_body"), dict):
+        return {**data["extra_body"], **data}
+    return data
+
+
 async def decode_body(request: Request, type_: type[T]) -> T:
     """Decode the request body; any problem is a 400 that names the field."""
     body = await request.body()
     if not body.strip():
         raise InvalidRequest("request body is empty; send a JSON object")
     try:
-        return msgspec.json.decode(body, type=type_)
+        data = _flatten_extra_body(msgspec.json.decode(body))
+        return msgspec.convert(data, type=type_)
     except msgspec.ValidationError as exc:
         text = str(exc)
         field = _field(text)

@@ -72,14 +72,20 @@ def build(ctx: AppContext) -> list[Any]:
     @get("/props")
     async def props() -> dict[str, Any]:
         ckpt = engine.checkpoint
-        d = server_sampling_defaults(ckpt)
+        d = server_sampling_defaults(ckpt, ctx.settings)
         return {
             "default_generation_settings": {
                 "n_predict": ctx.settings.n_predict, "temperature": d["temperature"],
                 "top_k": d["top_k"], "top_p": d["top_p"], "min_p": d["min_p"],
-                "repeat_penalty": 1.0, "repeat_last_n": 64, "seed": SEED_UNSET,
-                "frequency_penalty": 0.0, "presence_penalty": 0.0, "dry_multiplier": 0.0,
-                "dry_base": 1.75, "dry_allowed_length": 2, "dry_penalty_last_n": 0,
+                "repeat_penalty": d["repetition_penalty"],
+                "repeat_last_n": d["repetition_context_size"],
+                "seed": SEED_UNSET if d["seed"] is None else d["seed"],
+                "frequency_penalty": d["frequency_penalty"],
+                "presence_penalty": d["presence_penalty"],
+                "dry_multiplier": d["dry_multiplier"], "dry_base": d["dry_base"],
+                "dry_allowed_length": d["dry_allowed_length"],
+                "dry_penalty_last_n": d["dry_penalty_last_n"],
+                "xtc_probability": d["xtc_probability"], "xtc_threshold": d["xtc_threshold"],
             },
             "total_slots": engine.parallel,
             "model_alias": ctx.model_name,

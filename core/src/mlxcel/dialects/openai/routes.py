@@ -10,14 +10,17 @@ from typing import Any
 from litestar import Request, Response, get, post
 
 from mlxcel.context import AppContext
-from mlxcel.dialects.wire import SSE_DONE, SSEResponse, decode_body, sse
+from mlxcel.dialects.wire import SSE_DONE, SSEResponse, decode_body, request_priority, sse
 from mlxcel.engine.client import EventStream
-from mlxcel.types import GenerationEvent
+from mlxcel.types import GenerationEvent, TokenLogprob
 
 from . import schemas as s
+from .logprobs import chat_logprobs, completion_logprobs
 from .translate import chat_prompt, completion_prompt, generation_request
 
 FINISH = {"stop": "stop", "length": "length", "error": "error", "cancelled": "stop"}
+# frame(text, finish_reason, logprobs of the tokens behind this text)
+Frame = Callable[[str, str | None, tuple[TokenLogprob, ...]], Any]
 
 
 def _usage(event: GenerationEvent) -> s.Usage:
@@ -26,12 +29,14 @@ def _usage(event: GenerationEvent) -> s.Usage:
     return s.Usage(u.prompt_tokens, u.completion_tokens, u.total_tokens)
 
 
-async def _collect(stream: EventStream) -> tuple[str, GenerationEvent]:
+async def _collect(stream: EventStream) -> tuple[str, list[TokenLogprob], GenerationEvent]:
     parts: list[str] = []
+    logprobs: list[TokenLogprob] = []
     async for event in stream:
         parts.append(event.text)
+        logprobs.extend(event.logprobs)
         if event.finish_reason is not None:
-            return "".join(parts), event
+            return "".join(parts), logprobs, event
     raise RuntimeError("engine stream ended without a finish event")
 
 
@@ -41,30 +46,33 @@ def _record(request: Request, event: GenerationEvent) -> None:
                                            event.usage.completion_tokens)
 
 
-async def _sse(request: Request, stream: EventStream, frame: Callable[[str, str | None], Any],
+async def _sse(request: Request, stream: EventStream, frame: Frame,
                usage_frame: Callable[[s.Usage], Any] | None, first: Any = None,
                on_finish: Callable[[GenerationEvent], None] | None = None
                ) -> AsyncIterator[bytes]:
-    """``on_finish`` sees the finish event (never called when the client left before it)."""
+    """Content frames (also empty ones that carry logprobs), a finish frame, the usage frame
+    when asked, then ``[DONE]``. ``on_finish`` never runs when the client left before it."""
     try:
         if first is not None:
             yield sse(first)
         async for event in stream:
+            if event.text or event.logprobs:
+                yield sse(frame(event.text, None, event.logprobs))
             if event.finish_reason is None:
-                if event.text:
-                    yield sse(frame(event.text, None))
                 continue
             _record(request, event)
             if on_finish is not None:
                 on_finish(event)
-            if event.text:
-                yield sse(frame(event.text, None))
-            yield sse(frame("", FINISH[event.finish_reason]))
+            yield sse(frame("", FINISH[event.finish_reason], ()))
             if usage_frame is not None:
                 yield sse(usage_frame(_usage(event)))
             yield SSE_DONE
     finally:
         stream.cancel()  # no-op when finished; frees the slot when the client went away
+
+
+def _include_usage(body: s.SamplingFields) -> bool:
+    return body.stream_options is not None and body.stream_options.include_usage
 
 
 def build(ctx: AppContext) -> list[Any]:
@@ -77,54 +85,69 @@ def build(ctx: AppContext) -> list[Any]:
                         if body.max_completion_tokens is not None else (body.max_tokens,
                                                                         "max_tokens"))
         rid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
-        req = generation_request(ctx, body, chat_prompt(ctx, body), rid, limit, field)
+        req = generation_request(ctx, body, chat_prompt(ctx, body), rid, limit, field,
+                                 priority=request_priority(request), logprobs=body.logprobs,
+                                 top_logprobs=body.top_logprobs or 0)
         started = time.perf_counter()
         stream = engine.submit(req)
+        tok = engine.checkpoint.tokenizer
         created, model = int(time.time()), body.model or ctx.model_name
         if not body.stream:
-            text, last = await _collect(stream)
+            text, lps, last = await _collect(stream)
             _record(request, last)
             ctx.metrics.record(last, started)
-            choice = s.ChatChoice(0, s.AssistantMessage(content=text), FINISH[last.finish_reason])
+            choice = s.ChatChoice(0, s.AssistantMessage(content=text), FINISH[last.finish_reason],
+                                  chat_logprobs(tok, lps) if body.logprobs else None)
             return s.ChatCompletion(rid, created, model, [choice], _usage(last))
 
-        def frame(text: str, finish: str | None) -> s.ChatCompletionChunk:
+        def frame(text: str, finish: str | None, lps: tuple) -> s.ChatCompletionChunk:
             delta = s.Delta(content=text) if finish is None else s.Delta()
-            return s.ChatCompletionChunk(rid, created, model, [s.ChunkChoice(0, delta, finish)])
+            logprobs = chat_logprobs(tok, lps) if lps else None
+            return s.ChatCompletionChunk(rid, created, model,
+                                         [s.ChunkChoice(0, delta, finish, logprobs)])
 
         def usage_frame(usage: s.Usage) -> s.ChatCompletionChunk:
             return s.ChatCompletionChunk(rid, created, model, [], usage=usage)
 
-        include = body.stream_options is not None and body.stream_options.include_usage
         role = s.ChatCompletionChunk(rid, created, model,
                                      [s.ChunkChoice(0, s.Delta(role="assistant"))])
-        return SSEResponse(_sse(request, stream, frame, usage_frame if include else None, role,
+        return SSEResponse(_sse(request, stream, frame,
+                                usage_frame if _include_usage(body) else None, role,
                                 on_finish=lambda event: ctx.metrics.record(event, started)))
 
     @post(["/v1/completions", "/completions"], status_code=200)
     async def completions(request: Request) -> Any:
         body = await decode_body(request, s.CompletionRequest)
         rid = f"cmpl-{uuid.uuid4().hex[:24]}"
+        want = body.logprobs is not None
         req = generation_request(ctx, body, completion_prompt(ctx, body), rid,
-                                 body.max_tokens, "max_tokens")
+                                 body.max_tokens, "max_tokens",
+                                 priority=request_priority(request), logprobs=want,
+                                 top_logprobs=body.logprobs or 0)
         started = time.perf_counter()
         stream = engine.submit(req)
+        tok = engine.checkpoint.tokenizer
         created, model = int(time.time()), body.model or ctx.model_name
         if not body.stream:
-            text, last = await _collect(stream)
+            text, lps, last = await _collect(stream)
             _record(request, last)
             ctx.metrics.record(last, started)  # streamed completions are not recorded
-            choice = s.CompletionChoice(0, text, FINISH[last.finish_reason])
+            choice = s.CompletionChoice(0, text, FINISH[last.finish_reason],
+                                        completion_logprobs(tok, lps) if want else None)
             return s.Completion(rid, created, model, [choice], usage=_usage(last))
+        offset = [0]
 
-        def frame(text: str, finish: str | None) -> s.Completion:
-            return s.Completion(rid, created, model, [s.CompletionChoice(0, text, finish)])
+        def frame(text: str, finish: str | None, lps: tuple) -> s.Completion:
+            logprobs = completion_logprobs(tok, lps, offset[0]) if lps else None
+            offset[0] += len(text)
+            return s.Completion(rid, created, model,
+                                [s.CompletionChoice(0, text, finish, logprobs)])
 
         def usage_frame(usage: s.Usage) -> s.Completion:
             return s.Completion(rid, created, model, [], usage=usage)
 
-        include = body.stream_options is not None and body.stream_options.include_usage
-        return SSEResponse(_sse(request, stream, frame, usage_frame if include else None))
+        return SSEResponse(_sse(request, stream, frame,
+                                usage_frame if _include_usage(body) else None))
 
     @get(["/v1/models", "/models"])
     async def models() -> Response:

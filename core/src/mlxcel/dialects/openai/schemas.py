@@ -38,10 +38,28 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     stop: str | list[str] | None = None
     n: int = 1
     ignore_eos: bool = False
+    p_less: bool | None = None
+    repetition_penalty: float | None = None
+    repetition_context_size: int | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    dry_multiplier: float | None = None
+    dry_base: float | None = None
+    dry_allowed_length: int | None = None
+    dry_penalty_last_n: int | None = None
+    dry_sequence_breakers: list[int] | None = None
+    xtc_probability: float | None = None
+    xtc_threshold: float | None = None
+    max_pattern_size: int | None = None
+    min_pattern_size: int | None = None
+    min_count: int | None = None
+    cache_prompt: bool | None = None  # honoured by the prompt cache
 
 
 class ChatCompletionRequest(SamplingFields, kw_only=True):
     messages: list[ChatMessage]
+    logprobs: bool = False
+    top_logprobs: int | None = None
     max_completion_tokens: int | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
@@ -52,6 +70,7 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
 class CompletionRequest(SamplingFields, kw_only=True):
     prompt: str | list[str | int]
     echo: bool = False
+    logprobs: int | None = None  # number of alternatives per token (0-20)
 
 
 class Usage(msgspec.Struct):
@@ -69,7 +88,7 @@ class ChatChoice(msgspec.Struct):
     index: int
     message: AssistantMessage
     finish_reason: str | None
-    logprobs: None = None
+    logprobs: dict[str, Any] | None = None
 
 
 class ChatCompletion(msgspec.Struct):
@@ -91,7 +110,7 @@ class ChunkChoice(msgspec.Struct):
     index: int
     delta: Delta
     finish_reason: str | None = None
-    logprobs: None = None
+    logprobs: dict[str, Any] | None = None
 
 
 class ChatCompletionChunk(msgspec.Struct):
@@ -108,7 +127,7 @@ class CompletionChoice(msgspec.Struct):
     index: int
     text: str
     finish_reason: str | None
-    logprobs: None = None
+    logprobs: dict[str, Any] | None = None
 
 
 class Completion(msgspec.Struct):

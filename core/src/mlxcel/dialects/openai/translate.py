@@ -9,12 +9,19 @@ import msgspec
 
 from mlxcel.context import AppContext
 from mlxcel.errors import CapabilityNotSupported, InvalidRequest
-from mlxcel.generation import max_tokens, sampling_params, server_sampling_defaults, stop_strings
+from mlxcel.generation import (
+    max_tokens,
+    request_loop_policy,
+    sampling_params,
+    server_loop_policy,
+    server_sampling_defaults,
+    stop_strings,
+)
 from mlxcel.types import GenerationRequest
 
 from .schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields
 
-SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed")
+LOOP_FIELDS = ("min_pattern_size", "max_pattern_size", "min_count")
 
 
 def _text_content(msg: ChatMessage, index: int) -> str | None:
@@ -107,14 +114,20 @@ def completion_prompt(ctx: AppContext, body: CompletionRequest) -> list[int]:
 
 
 def generation_request(ctx: AppContext, body: SamplingFields, prompt: list[int],
-                       request_id: str, limit: int | None, limit_field: str) -> GenerationRequest:
+                       request_id: str, limit: int | None, limit_field: str, *,
+                       priority: int = 1, logprobs: bool = False,
+                       top_logprobs: int = 0) -> GenerationRequest:
     if body.n != 1:
         raise InvalidRequest("only 'n': 1 is supported", param="n")
-    defaults = server_sampling_defaults(ctx.engine.checkpoint)
-    fields = {k: getattr(body, k) for k in SAMPLING_FIELDS}
-    sampling = sampling_params(fields, defaults)
+    ckpt = ctx.engine.checkpoint
+    defaults = server_sampling_defaults(ckpt, ctx.settings)
+    fields = {k: getattr(body, k, None) for k in defaults}
+    sampling = sampling_params(fields, defaults, logprobs=logprobs, top_logprobs=top_logprobs)
+    loop_fields = {k: getattr(body, k) for k in LOOP_FIELDS}
+    loop = request_loop_policy(loop_fields, server_loop_policy(ckpt.family.loop_detection))
     stops = stop_strings(body.stop)
     wanted = max_tokens(limit, limit_field, ctx.settings.n_predict)
     return GenerationRequest(request_id=request_id, prompt_tokens=tuple(prompt),
                              max_tokens=ctx.engine.fit(len(prompt), wanted), sampling=sampling,
-                             stop=stops, ignore_eos=body.ignore_eos)
+                             stop=stops, ignore_eos=body.ignore_eos, priority=priority,
+                             loop=loop)
