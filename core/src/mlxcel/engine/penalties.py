@@ -15,42 +15,28 @@ import mlx.core as mx
 from mlxcel.types import SamplingParams
 
 
-def _z_function(s: Seq[int]) -> list[int]:
-    """z[k] = length of the longest common prefix of s and s[k:]."""
-    n = len(s)
-    z = [0] * n
-    if n:
-        z[0] = n
-    left = right = 0
-    for k in range(1, n):
-        if k < right:
-            z[k] = min(right - k, z[k - left])
-        while k + z[k] < n and s[z[k]] == s[k + z[k]]:
-            z[k] += 1
-        if k + z[k] > right:
-            left, right = k, k + z[k]
-    return z
-
-
 def dry_penalties(history: Seq[int], p: SamplingParams) -> dict[int, float]:
     """DRY ("don't repeat yourself"): penalise tokens that would extend a repeat.
 
     For each earlier position ``i``, the match length is how far the text before ``i``
     equals the current end of the text; token ``history[i]`` would continue that repeat.
-    Matches never cross a sequence-breaker token. Penalty:
+    Only positions right after an earlier occurrence of the last token can match, so just
+    those are walked back. Matches never cross a sequence-breaker token. Penalty:
     ``multiplier * base ** (length - allowed_length)`` for ``length >= allowed_length``.
     """
-    window = history[-p.dry_penalty_last_n:] if p.dry_penalty_last_n > 0 else history
+    window = list(history[-p.dry_penalty_last_n:] if p.dry_penalty_last_n > 0 else history)
     n = len(window)
     if n < 2:
         return {}
     breakers = set(p.dry_sequence_breakers)
-    rev = list(reversed(window))
-    cap = next((j for j, t in enumerate(rev) if t in breakers), n)
-    z = _z_function(rev)
+    cap = next((j for j, t in enumerate(reversed(window)) if t in breakers), n)
+    last = window[-1]
     best: dict[int, int] = {}
-    for i in range(1, n):  # candidate window[i] follows the prefix window[:i]
-        length = min(z[n - i], cap)
+    for i in [j + 1 for j, t in enumerate(window[:-1]) if t == last]:
+        length = 1
+        while length < min(i, cap) and window[i - 1 - length] == window[n - 1 - length]:
+            length += 1
+        length = min(length, cap)
         if length >= p.dry_allowed_length and length > best.get(window[i], -1):
             best[window[i]] = length
     return {tok: p.dry_multiplier * p.dry_base ** (length - p.dry_allowed_length)

@@ -2,7 +2,8 @@
 
 Chain (docs/explanation/sampling.md): penalties (repetition, frequency, presence, DRY;
 engine/penalties.py) -> top-k -> top-p -> min-p -> XTC -> p-less -> temperature -> sample
-(Gumbel-max). Rows with temperature 0 take the argmax of the penalised logits. A seeded
+(one uniform draw per row through the CDF). With top-k on every sampled row the chain runs
+on the top max(k) candidates only, renormalised (as llama.cpp does). Rows with temperature 0 take the argmax of the penalised logits. A seeded
 row draws its randomness from its own key chain, so its output does not depend on the
 other rows in the batch.
 """
@@ -58,71 +59,101 @@ class BatchSampler:
         self.use_p_less = any(p.p_less and p.temperature > 0 for p in params)
         self.p_less = _col([p.p_less for p in params])
         self.any_seeded = any(r.key is not None for r in randoms)
+        self.seeded = mx.array([r.key is not None for r in randoms])
+        sampled_ks = [p.top_k for p in params if p.temperature > 0]
+        self.candidate_k = max(sampled_ks) if sampled_ks and all(
+            0 < k < vocab_size for k in sampled_ks) else vocab_size
 
     def __call__(self, logits: mx.array) -> mx.array:
         """(penalised) ``logits`` [B, V] -> token ids [B] (lazy)."""
+        x = logits.astype(mx.float32)
         if self.all_greedy:
-            return mx.argmax(logits, axis=-1)
-        lp = logits.astype(mx.float32)
-        lp = lp - mx.logsumexp(lp, axis=-1, keepdims=True)
-        lp = self._truncate(lp)
-        if self.use_xtc:
-            lp = self._xtc(lp)
-        if self.use_p_less:
-            lp = self._p_less(lp)
-        sampled = mx.argmax(lp * self.inv_temp + self._noise(lp.shape), axis=-1)
+            return mx.argmax(x, axis=-1)
+        values, ids = self._candidates(x)
+        position = self._choose(self._filter(values, ordered=ids is not None), ids)
+        if ids is None:
+            sampled = position
+        else:
+            sampled = mx.take_along_axis(ids, position[:, None], axis=-1)[:, 0]
         if self.any_greedy:
-            sampled = mx.where(self.greedy, mx.argmax(logits, axis=-1), sampled)
+            sampled = mx.where(self.greedy, mx.argmax(x, axis=-1), sampled)
         return sampled
 
-    def _truncate(self, lp: mx.array) -> mx.array:
-        """top-k, top-p and min-p on the untempered distribution."""
-        keep = None
-        if self.use_top_k or self.use_top_p:
-            ordered = -mx.sort(-lp, axis=-1)  # descending
-            if self.use_top_k:
-                keep = lp >= mx.take_along_axis(ordered, self.k_index, axis=-1)
-            if self.use_top_p:
-                probs = mx.exp(ordered)
-                above = mx.cumsum(probs, axis=-1) - probs  # mass strictly above each token
-                n_keep = mx.maximum(mx.sum(above < self.top_p, axis=-1, keepdims=True), 1)
-                keep_p = lp >= mx.take_along_axis(ordered, n_keep - 1, axis=-1)
-                keep = keep_p if keep is None else keep & keep_p
+    def _candidates(self, x: mx.array) -> tuple[mx.array, mx.array | None]:
+        """The values to sample from, best first, with their token ids; (x, None) when no
+        filter needs an order. With top-k on every sampled row only the top max(k) tokens
+        are kept (cheap partial selection); otherwise the whole vocabulary is sorted."""
+        if not (self.use_top_k or self.use_top_p or self.use_xtc):
+            return x, None
+        k = self.candidate_k
+        if k < self.vocab:
+            ids = mx.argpartition(-x, kth=k - 1, axis=-1)[:, :k]
+        else:
+            ids = mx.broadcast_to(mx.arange(self.vocab)[None], x.shape)
+        values = mx.take_along_axis(x, ids, axis=-1)
+        order = mx.argsort(-values, axis=-1)
+        return mx.take_along_axis(values, order, axis=-1), mx.take_along_axis(ids, order, axis=-1)
+
+    def _filter(self, v: mx.array, ordered: bool) -> mx.array:
+        """top-k -> top-p -> min-p -> XTC -> p-less; dropped entries become -inf."""
+        if ordered and self.use_top_k:
+            v = mx.where(mx.arange(v.shape[-1])[None] < self.k_index + 1, v, NEG_INF)
+        if ordered and self.use_top_p:
+            probs = mx.softmax(v, axis=-1)
+            above = mx.cumsum(probs, axis=-1) - probs  # mass strictly above each entry
+            first = mx.arange(v.shape[-1])[None] == 0
+            v = mx.where((above < self.top_p) | first, v, NEG_INF)
         if self.use_min_p:
-            top = mx.max(lp, axis=-1, keepdims=True)
+            top = mx.max(v, axis=-1, keepdims=True)
             floor = mx.where(self.min_p > 0, top + mx.log(mx.maximum(self.min_p, 1e-30)),
                              NEG_INF)
-            keep = lp >= floor if keep is None else keep & (lp >= floor)
-        return lp if keep is None else mx.where(keep, lp, NEG_INF)
+            v = mx.where(v >= floor, v, NEG_INF)
+        if ordered and self.use_xtc:
+            v = self._xtc(v)
+        if self.use_p_less:
+            v = self._p_less(v)
+        return v
 
-    def _xtc(self, lp: mx.array) -> mx.array:
-        """Exclude Top Choices: with probability p, drop every token above the threshold
-        except the least likely of them (only when at least two are above it)."""
-        probs = mx.softmax(lp, axis=-1)
-        ordered = -mx.sort(-probs, axis=-1)
-        above = mx.sum(ordered >= self.xtc_threshold, axis=-1, keepdims=True)
-        last_above = mx.take_along_axis(ordered, mx.maximum(above - 1, 0), axis=-1)
+    def _xtc(self, v: mx.array) -> mx.array:
+        """Exclude Top Choices (on best-first values): with probability p, drop every entry
+        above the threshold except the least likely of them (when at least two are)."""
+        probs = mx.softmax(v, axis=-1)
+        above = mx.sum(probs >= self.xtc_threshold, axis=-1, keepdims=True)
         fire = (self._uniform() < self.xtc_prob) & (above >= 2)
-        return mx.where(fire & (probs > last_above), NEG_INF, lp)
+        drop = mx.arange(v.shape[-1])[None] < above - 1
+        return mx.where(fire & drop, NEG_INF, v)
 
-    def _p_less(self, lp: mx.array) -> mx.array:
-        """Keep tokens with p >= sum(p^2) of the tempered distribution (argmax always)."""
-        probs = mx.softmax(lp * self.inv_temp, axis=-1)
+    def _p_less(self, v: mx.array) -> mx.array:
+        """Keep entries with p >= sum(p^2) of the tempered distribution (argmax always)."""
+        probs = mx.softmax(v * self.inv_temp, axis=-1)
         floor = mx.sum(probs * probs, axis=-1, keepdims=True)
-        return mx.where(self.p_less & (probs < floor), NEG_INF, lp)
+        return mx.where(self.p_less & (probs < floor), NEG_INF, v)
+
+    def _choose(self, v: mx.array, ids: mx.array | None) -> mx.array:
+        """Temperature, then one uniform draw per row through the cumulative distribution.
+        Seeded rows use Gumbel-max with noise keyed by token id instead, so their draw does
+        not depend on the order or number of candidates the batch happens to use."""
+        scaled = v * self.inv_temp
+        cdf = mx.cumsum(mx.softmax(scaled, axis=-1), axis=-1)
+        u = mx.random.uniform(shape=(len(self.randoms), 1)) * cdf[:, -1:]
+        position = mx.minimum(mx.sum(cdf < u, axis=-1), v.shape[-1] - 1)
+        if not self.any_seeded:
+            return position
+        noise = []
+        for i, r in enumerate(self.randoms):
+            if r.key is None:
+                noise.append(mx.zeros(v.shape[-1:]))
+                continue
+            g = mx.random.gumbel(shape=(self.vocab,), key=r.next())
+            noise.append(g if ids is None else g[ids[i]])
+        gumbel = mx.argmax(scaled + mx.stack(noise), axis=-1)
+        return mx.where(self.seeded, gumbel, position)
 
     def _uniform(self) -> mx.array:
         shared = mx.random.uniform(shape=(len(self.randoms), 1))
         if not self.any_seeded:
             return shared
         return mx.stack([mx.random.uniform(shape=(1,), key=r.next()) if r.key is not None
-                         else shared[i] for i, r in enumerate(self.randoms)])
-
-    def _noise(self, shape: tuple[int, ...]) -> mx.array:
-        shared = mx.random.gumbel(shape=shape)
-        if not self.any_seeded:
-            return shared
-        return mx.stack([mx.random.gumbel(shape=shape[1:], key=r.next()) if r.key is not None
                          else shared[i] for i, r in enumerate(self.randoms)])
 
 
