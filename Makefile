@@ -28,9 +28,12 @@ sysdeps:
 serve: install
 	$(BIN)/mlxcel-server $(if $(MODEL),--model $(MODEL),--demo) --host $(HOST) --port $(PORT)
 
+# In-process tests get the same OpenBLAS preload the server gives itself (mlxcel.backend);
+# MLXCEL_NO_FAST_BLAS=1 runs them on MLX's bundled reference BLAS.
 test: install
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest
+	blas="$$($(BIN)/python -m mlxcel.backend)"; \
+	LD_PRELOAD="$$blas$${LD_PRELOAD:+$${blas:+:}$$LD_PRELOAD}" $(BIN)/python -m pytest
 
 lint: install
 	$(BIN)/ruff check .

@@ -100,3 +100,29 @@ def test_module_entry_point_runs():
     proc = subprocess.run([sys.executable, "-m", "mlxcel.cli", "--version"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and "mlxcel" in proc.stdout
+
+
+@pytest.mark.slow
+def test_a_model_that_fails_to_load_stops_the_server_with_a_clear_error(tiny_checkpoint,
+                                                                        tmp_path):
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_checkpoint, broken)
+    (broken / "model.safetensors").write_bytes(b"not a safetensors file")
+    proc = run_cli("--model", str(broken), "--port", "0", timeout=120)
+    assert proc.returncode != 0
+    assert "the model failed to load" in proc.stderr
+
+
+@pytest.mark.parametrize("env,args,needle", [
+    ({"MLXCEL_REQUEST_MEMORY_BUDGET": "none"}, [], "MLXCEL_REQUEST_MEMORY_BUDGET"),
+    ({"MLXCEL_REQUEST_MEMORY_BUDGET": "0"}, [], "MLXCEL_REQUEST_MEMORY_BUDGET"),
+    ({"MLXCEL_LOOP_DETECTION": "sometimes"}, [], "MLXCEL_LOOP_DETECTION"),
+    ({}, ["--top-p", "3"], "--top-p"),
+    ({}, ["--max-queue-depth", "0"], "--max-queue-depth"),
+])
+def test_bad_startup_configuration_refuses_to_start(tiny_checkpoint, env, args, needle):
+    proc = run_cli("--model", str(tiny_checkpoint), *args, env=env)
+    assert proc.returncode != 0 and needle in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +20,7 @@ from mlxcel.logging import configure
 from mlxcel.metrics import Metrics, metrics_route
 from mlxcel.middleware import ServerMiddleware
 from mlxcel.plugins import Plugins, load_plugins
-from mlxcel.settings import Settings
+from mlxcel.settings import FAILURE_ENV, Settings
 
 log = structlog.get_logger("mlxcel.app")
 _HTTP_TYPES = {400: "invalid_request_error", 401: "invalid_api_key", 404: "not_found_error",
@@ -99,8 +101,29 @@ def create_app(settings: Settings, plugins: Plugins | None = None,
     return app
 
 
+def _exit_on_load_failure(engine: EngineClient) -> None:
+    """In the Granian worker: a model that fails to load stops the whole server, with the
+    reason handed to the CLI (which prints it and exits non-zero)."""
+    import threading
+
+    def watch() -> None:
+        engine.worker.ready.wait()
+        if engine.state != "failed":
+            return
+        path = os.environ.get(FAILURE_ENV)
+        if path:
+            with open(path, "w", encoding="utf-8") as fh:
+                fh.write(f"the model failed to load: {engine.worker.error}")
+        os.kill(os.getppid(), signal.SIGTERM)  # Granian's main process shuts down
+        os._exit(3)
+
+    threading.Thread(target=watch, name="mlxcel-load-watch", daemon=True).start()
+
+
 def app_from_env() -> Litestar:
     """Granian factory: settings arrive from the CLI through the environment."""
     settings = Settings.from_env()
     configure(settings.log_format)
-    return create_app(settings)
+    app = create_app(settings)
+    _exit_on_load_failure(app.state["ctx"].engine)
+    return app

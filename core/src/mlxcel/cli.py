@@ -11,7 +11,7 @@ import msgspec
 
 from mlxcel.errors import PluginError, StartupError, UnknownModelType
 from mlxcel.options import OPTIONS, build_parser  # noqa: F401  (OPTIONS re-exported)
-from mlxcel.settings import SETTINGS_ENV, Settings
+from mlxcel.settings import FAILURE_ENV, SETTINGS_ENV, Settings
 
 
 def _fail(message: str) -> int:
@@ -44,6 +44,19 @@ def list_plugins(argv: Sequence[str]) -> int:
     return 0
 
 
+def _build_demo_checkpoint() -> str:
+    """Build (or reuse) the demo checkpoint in a child process: this process must not
+    initialise MLX (on CUDA, a device initialised before Granian forks is unusable)."""
+    import subprocess
+
+    code = "from mlxcel.testing.checkpoint import demo_checkpoint; print(demo_checkpoint())"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = (proc.stderr.strip().splitlines() or ["unknown error"])[-1]
+        raise StartupError(f"could not build the demo checkpoint: {tail}")
+    return proc.stdout.strip().splitlines()[-1]
+
+
 def _prepare_model(settings: Settings) -> Settings:
     """Resolve --demo / --model to a local directory and check it before serving."""
     from mlxcel.engine.loader import check_checkpoint, resolve_model_path
@@ -51,12 +64,10 @@ def _prepare_model(settings: Settings) -> Settings:
 
     plugins = load_plugins(settings.plugins, settings.disable_plugins)
     if settings.demo and not settings.model:
-        from mlxcel.testing.checkpoint import demo_checkpoint
-
         print("mlxcel-server: DEMO MODE - serving a tiny checkpoint with RANDOM weights; "
               "its output is random text. Pass --model to serve a real model.",
               file=sys.stderr)
-        path = demo_checkpoint()
+        path = _build_demo_checkpoint()
         return msgspec.structs.replace(settings, model=str(path),
                                        alias=settings.alias or "mlxcel-demo")
     if not settings.model:
@@ -76,17 +87,27 @@ def _prepare_model(settings: Settings) -> Settings:
 
 
 def serve(settings: Settings) -> int:
+    import tempfile
+
     from granian import Granian
     from granian.constants import Interfaces
 
     os.environ[SETTINGS_ENV] = settings.to_env()
-    Granian("mlxcel.app:app_from_env", address=settings.host, port=settings.port,
-            interface=Interfaces.ASGI, workers=1, factory=True, log_access=False,
-            log_level="warning").serve()
+    with tempfile.TemporaryDirectory(prefix="mlxcel-") as tmp:
+        failure = os.path.join(tmp, "failure")
+        os.environ[FAILURE_ENV] = failure
+        Granian("mlxcel.app:app_from_env", address=settings.host, port=settings.port,
+                interface=Interfaces.ASGI, workers=1, factory=True, log_access=False,
+                log_level="warning").serve()
+        if os.path.exists(failure):  # the worker could not load the model
+            with open(failure, encoding="utf-8") as fh:
+                raise StartupError(fh.read().strip())
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The ``mlxcel-server`` entry point; ``argv`` given = called in-process (no re-exec)."""
+    as_program = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         if argv[:1] == ["plugins"]:
@@ -96,6 +117,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name in ("parallel", "prefill_chunk_size", "max_queue_depth"):
             if getattr(settings, name) < 1:
                 raise StartupError(f"--{name.replace('_', '-')} must be >= 1")
+        from mlxcel.backend import maybe_reexec, resolve_dtype
+        from mlxcel.engine.memory import env_budget
+        from mlxcel.generation import check_server_settings
+
+        check_server_settings(settings)
+        env_budget()  # a bad MLXCEL_REQUEST_MEMORY_BUDGET refuses to start
+
+        resolve_dtype(settings.dtype, "cpu")  # MLXCEL_DTYPE bypasses argparse's choices
+        if as_program:  # on Linux CPU, restart once with OpenBLAS preloaded (mlxcel.backend)
+            maybe_reexec(argv, no_fast_blas=settings.no_fast_blas)
         from mlxcel.logging import configure
 
         configure(settings.log_format)

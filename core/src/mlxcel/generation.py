@@ -161,3 +161,15 @@ def request_loop_policy(fields: dict[str, int | None], server: LoopPolicy | None
         max_pattern_size=given.get("max_pattern_size", base.max_pattern_size),
         min_count=given.get("min_count", base.min_count))
     return policy if policy.enabled else None
+
+
+def check_server_settings(settings: Any) -> None:
+    """Startup checks: sampling flags follow the request rules; env policies parse."""
+    for flag, field in FLAG_FIELDS.items():
+        value = getattr(settings, flag, None)
+        if value is None or (field == "seed" and value < 0):
+            continue
+        check, message = RULES[field]
+        if not check(value):
+            raise StartupError(f"--{flag.replace('_', '-')} {value}: {message}")
+    parse_loop_env(os.environ.get(LOOP_ENV))

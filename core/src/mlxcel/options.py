@@ -53,8 +53,8 @@ OPTIONS: list[tuple[tuple[str, ...], str, Any, Any, str, str]] = [
     (("--metrics-port",), "metrics_port", int, 0, "MLXCEL_METRICS_PORT",
      "serve metrics on this separate port instead (0 = off)"),
     (("--dtype",), "dtype", str, "auto", "MLXCEL_DTYPE",
-     "compute dtype: auto (float32 on MLX's CPU device, the checkpoint's elsewhere), "
-     "float32, float16 or bfloat16"),
+     "compute dtype: auto (float32 on MLX's CPU device with OpenBLAS or for a quantized "
+     "model, else the checkpoint's own), float32, float16 or bfloat16"),
     (("--no-fast-blas",), "no_fast_blas", _bool, False, "MLXCEL_NO_FAST_BLAS",
      "on Linux CPU, do not preload an optimized BLAS (OpenBLAS) even when installed"),
     # sampling defaults (unset: the checkpoint's generation_config.json, then built-ins)

@@ -7,6 +7,7 @@ import os
 import msgspec
 
 SETTINGS_ENV = "MLXCEL_SETTINGS_JSON"  # how the CLI hands settings to the Granian worker
+FAILURE_ENV = "MLXCEL_FAILURE_FILE"  # where the worker leaves a fatal error for the CLI
 
 
 class Settings(msgspec.Struct, frozen=True, kw_only=True):

@@ -31,8 +31,11 @@ class TextModel:
 
 def load(path: Path, options: LoadOptions) -> TextModel:
     model, config = load_model(Path(path), trust_remote_code=options.trust_remote_code)
-    dtype = _DTYPES.get(options.dtype)
-    if dtype is not None and "quantization" not in config:
+    dtype = _DTYPES.get(options.dtype)  # "auto": keep the checkpoint's dtype
+    if dtype is not None:
+        # Floating-point parameters only: in a quantized model that is the scales, biases
+        # and unquantized layers (norms); the packed uint32 weights stay as they are.
+        # mx.quantized_matmul runs with float32 scales/biases on CPU and GPU.
         model.set_dtype(dtype)
     model.eval()
     return TextModel(model, config, Path(path))

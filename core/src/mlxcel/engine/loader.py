@@ -123,7 +123,7 @@ def load_checkpoint(model: str, families: FamilyRegistry, *,
     started = time.perf_counter()
     requested = dtype or requested_dtype()
     device = backend.mlx_device()
-    cast = backend.resolve_dtype(requested, device)
+    blas = backend.blas_in_use()
     path = resolve_model_path(model)
     config = _read_json(path / "config.json")
     family = select_family(families, config, path)
@@ -132,10 +132,11 @@ def load_checkpoint(model: str, families: FamilyRegistry, *,
     template = load_chat_template(
         path, tokenizer.config, override=Path(chat_template_file) if chat_template_file else None,
         bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token)
+    quantized = "quantization" in config
+    cast = backend.resolve_dtype(requested, device, fast_blas=backend.is_fast_blas(blas),
+                                 quantized=quantized)
     loaded = resolve(family.loader)(path, LoadOptions(dtype=cast or "auto"))
     actual = backend.model_dtype(getattr(loaded, "model", loaded))
-    blas = backend.blas_in_use()
-    quantized = "quantization" in config
     ctx = int(config.get("max_position_embeddings") or tokenizer.config.get("model_max_length")
               or 4096)
     log.info("model_loaded", path=str(path), family=family.name,

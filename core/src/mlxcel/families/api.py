@@ -39,6 +39,13 @@ class Family(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class LoadOptions(msgspec.Struct, frozen=True, kw_only=True):
+    """What ``load(path, options)`` should honour.
+
+    ``dtype``: ``auto`` = keep the checkpoint's dtype, or ``float32`` / ``float16`` /
+    ``bfloat16`` = cast the floating-point parameters (quantized weights stay packed).
+    The server resolves ``--dtype auto`` before calling: float32 on MLX's CPU device.
+    """
+
     dtype: str = "auto"
     trust_remote_code: bool = False
 

@@ -1,0 +1,40 @@
+"""Write an ``mlxcel-<version>.dist-info`` (METADATA + entry_points.txt) into DIR.
+
+mlxcel finds its own plugins (text family, dialects) through entry points, which need
+installed distribution metadata. On the GPU machine the source runs from the working tree
+(``PYTHONPATH=core/src``) and there is no build backend to install it with, so this writes
+the metadata from core/pyproject.toml; put DIR on PYTHONPATH as well.
+
+    python bench/gpu/mlxcel_meta.py /tmp/mlxcel-meta
+"""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+
+import tomllib
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
+
+
+def main() -> int:
+    out = pathlib.Path(sys.argv[1])
+    project = tomllib.loads((ROOT / "core" / "pyproject.toml").read_text())["project"]
+    info = out / f"{project['name']}-{project['version']}.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: {project['name']}\nVersion: {project['version']}\n"
+    )
+    groups = {"console_scripts": project.get("scripts", {}), **project.get("entry-points", {})}
+    text = "".join(
+        f"[{g}]\n" + "".join(f"{k} = {v}\n" for k, v in eps.items()) + "\n"
+        for g, eps in groups.items()
+    )
+    (info / "entry_points.txt").write_text(text)
+    print(info)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

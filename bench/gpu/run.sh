@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# GPU serving benchmark, run ON the lent H200 (from the repo root, after the wheels are in
+# /tmp/site: see bench/README.md), or on a CPU with SHAPE=tiny to test every step:
+#   1. build the Llama-3-8B-shaped random bf16 checkpoint locally (bench/gpu/build_checkpoint.py)
+#   2. raw MLX decode loop at batch 1/8/64 on it (bench/gpu/raw_loop.py)
+#   3. mlxcel (--parallel 64) then mlx_lm.server, streamed at concurrency 1/8/64
+#      (bench/serving.py), compared with each other and with the raw loop
+# Results go to $OUT: env.txt, raw_loop.json, serving_gpu.json, serving_gpu.md, logs.tgz,
+# run.log. Environment knobs: SHAPE (llama3-8b | tiny), OUT, PY, CONC, MAXTOK, CKDIR,
+# SERVERS, STEPS (raw loop steps; default MAXTOK), LEVEL_DEADLINE (s), REQ_CAP (requests
+# per level at most; default 64, i.e. 2 x C up to C = 32, then C), MLXCEL_SPAWN (default 1).
+#   SHAPE=tiny OUT=/tmp/gpu-test PY=.venv/bin/python bash bench/gpu/run.sh   # CPU dry run
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+SHAPE=${SHAPE:-llama3-8b}
+OUT=${OUT:-/tmp/gpu-out}
+PY=${PY:-python3}
+CONC=${CONC:-1,8,64}
+MAXTOK=${MAXTOK:-256}
+STEPS=${STEPS:-$MAXTOK}
+CKDIR=${CKDIR:-/tmp/bench-ckpts}
+SERVERS=${SERVERS:-mlxcel,mlx_lm}
+LEVEL_DEADLINE=${LEVEL_DEADLINE:-150}
+REQ_CAP=${REQ_CAP:-64}
+MLXCEL_SPAWN=${MLXCEL_SPAWN:-1}   # 1: --mlxcel-spawn (Granian fork after CUDA init fails)
+export SERVING_STARTUP_TIMEOUT_S=${SERVING_STARTUP_TIMEOUT_S:-300}
+SPAWN=(); [ "$MLXCEL_SPAWN" = 1 ] && SPAWN=(--mlxcel-spawn)
+PARALLEL=$(echo "$CONC" | tr ',' '\n' | sort -n | tail -1)
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+META=/tmp/mlxcel-meta
+"$PY" bench/gpu/mlxcel_meta.py "$META" >/dev/null || exit 1
+export PYTHONPATH="$PWD/core/src:$META${PYTHONPATH:+:$PYTHONPATH}"
+t0=$(date +%s)
+log() { echo "[$(date +%T) +$(( $(date +%s) - t0 ))s] $*"; }
+
+{
+  log "env (SHAPE=$SHAPE CONC=$CONC MAXTOK=$MAXTOK PARALLEL=$PARALLEL)"
+  {
+    nvidia-smi 2>&1 | head -15 || true
+    nproc; free -g | head -2
+    "$PY" - <<'PY'
+import importlib.metadata as m, mlx.core as mx, sys
+print("python", sys.version.split()[0], "mlx", mx.__version__, mx.default_device())
+for d in ("mlx-lm", "mlxcel", "transformers", "tokenizers", "litestar", "granian", "httpx"):
+    try: print(d, m.version(d))
+    except m.PackageNotFoundError: print(d, "MISSING")
+print("mlxcel plugins:", sorted(e.name for e in m.entry_points(group="mlxcel")))
+PY
+  } 2>&1 | tee "$OUT/env.txt"
+
+  log "build checkpoint ($SHAPE)"
+  CKPT=$("$PY" bench/gpu/build_checkpoint.py --preset "$SHAPE" --cache-dir "$CKDIR" | tail -1)
+  [ -d "$CKPT" ] || { log "checkpoint build failed"; exit 1; }
+  du -sh "$CKPT"
+
+  log "raw loop"
+  "$PY" bench/gpu/raw_loop.py --model "$CKPT" --batches "$CONC" --steps "$STEPS" \
+    --out "$OUT/raw_loop.json" || log "raw loop FAILED"
+
+  log "serving (servers: $SERVERS)"
+  RAW=()
+  [ -s "$OUT/raw_loop.json" ] && RAW=(--raw-json "$OUT/raw_loop.json")
+  "$PY" bench/serving.py --model "$CKPT" --label "$SHAPE" --modes defaults \
+    --servers "$SERVERS" --concurrency "$CONC" --max-tokens "$MAXTOK" --parallel "$PARALLEL" \
+    --level-deadline "$LEVEL_DEADLINE" --requests-cap "$REQ_CAP" "${SPAWN[@]}" "${RAW[@]}" --targets gpu --log-dir "$OUT/logs" \
+    --out "$OUT/serving_gpu.json" --fresh || log "serving FAILED"
+  log "done"
+} 2>&1 | tee "$OUT/run.log"
+tar czf "$OUT/logs.tgz" -C "$OUT" logs 2>/dev/null && rm -rf "$OUT/logs"
+ls -la "$OUT"

@@ -1,0 +1,1110 @@
+"""Concurrent streaming throughput: mlxcel-server vs ``mlx_lm.server`` on the same checkpoint.
+
+For each checkpoint and mode, each server is started in turn (alone, on a free 127.0.0.1
+port), warmed up, and loaded by a closed-loop client: C streams, each sending its next
+request as soon as its last one ended, N requests in all per concurrency level. Requests
+are streamed chat completions, greedy (temperature 0), with a fixed ``max_tokens``; the
+checkpoint has its EOS logits zeroed (``suppress_eos``) and mlxcel also gets
+``ignore_eos: true``, so every request should produce exactly ``max_tokens`` tokens. The
+logits of special tokens, partial UTF-8 bytes and whitespace-only tokens are zeroed too
+(:func:`bench_checkpoint`): on random weights greedy decoding otherwise picks them often
+(the builder pads small-corpus vocabularies with reserved special tokens), and the servers
+stream those differently (mlxcel skips special tokens, both hold incomplete UTF-8), which
+would make chunk timings incomparable. Every prompt is different (a unique prefix) so
+prompt caches cannot shorten a prefill.
+
+Per request: TTFT (request sent -> first content chunk), the gaps between content chunks
+(inter-token latency), completion tokens (usage chunk) and any failure (HTTP status,
+refused / dropped connection, timeout, stream without [DONE], fewer than max_tokens
+tokens). Per level: aggregate tok/s = completion tokens of all requests / wall time of the
+level (first request sent -> last response finished), TTFT p50/p95, ITL p50/p95 (pooled
+chunk gaps), failures; and the ratios mlxcel / mlx_lm.
+
+Modes: ``defaults`` runs each server with its own defaults (mlxcel only gets ``--parallel``
+= the highest concurrency); ``same-dtype`` adds ``--dtype <checkpoint dtype>`` to mlxcel
+(mlx_lm always computes in the checkpoint's dtype), which separates the engine's gain from
+the dtype/BLAS gain of mlxcel's CPU default (float32 + OpenBLAS).
+
+    python bench/serving.py                          # tiny + 30m checkpoints, both modes
+    python bench/serving.py --checkpoint tiny --modes defaults --concurrency 1,4
+    python bench/serving.py --model /path/ckpt --label llama3-8b --concurrency 1,8,64 \
+        --raw-json raw_loop.json --targets gpu --out bench/results/serving_gpu.json
+
+Results are merged into ``--out`` (JSON; one entry per checkpoint label and mode, a re-run
+replaces it) and rendered to the markdown file next to it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime as dt
+import importlib.metadata
+import json
+import math
+import multiprocessing as mp
+import os
+import pathlib
+import platform
+import shlex
+import shutil
+import signal
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+import httpx
+
+HOST = "127.0.0.1"
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+SERVERS = ("mlxcel", "mlx_lm")
+# Named checkpoints (mlxcel.testing.checkpoint.cached_checkpoint arguments; suppress_eos is
+# always added). "30m": 33.6M parameters with the untied lm_head suppress_eos needs.
+CHECKPOINTS: dict[str, dict[str, Any]] = {
+    "tiny": {"shape": "qwen3"},
+    "30m": {
+        "shape": "qwen3",
+        "hidden_size": 512,
+        "num_layers": 8,
+        "num_heads": 8,
+        "num_kv_heads": 4,
+        "intermediate_size": 1536,
+        "vocab_size": 8192,
+    },
+}
+WORDS = (
+    "Zebra",
+    "Quartz",
+    "Violet",
+    "Jungle",
+    "Xenon",
+    "Kettle",
+    "Yonder",
+    "Marble",
+    "Copper",
+    "Lantern",
+    "Harbor",
+    "Meadow",
+    "Falcon",
+    "Ember",
+    "Glacier",
+    "Orchid",
+)
+BASE_PROMPT = (
+    "Write a long story about a lighthouse keeper who finds a message in a "
+    "bottle, and tell it slowly, with many details about the sea and the sky."
+)
+STARTUP_TIMEOUT_S = float(os.environ.get("SERVING_STARTUP_TIMEOUT_S", "600"))
+
+
+# -- servers ------------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """One server subprocess in its own process group; output goes to a log file."""
+
+    def __init__(
+        self,
+        name: str,
+        argv: list[str],
+        ready_path: str,
+        logdir: pathlib.Path,
+        tag: str,
+        env: dict[str, str] | None = None,
+    ):
+        self.name = name
+        self.env = env
+        self.port = free_port()
+        self.argv = [*argv, "--host", HOST, "--port", str(self.port)]
+        self.ready_path = ready_path
+        self.base = f"http://{HOST}:{self.port}"
+        self.log_path = logdir / f"{tag}-{name}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                self.argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                cwd=ROOT,
+                env=self.env,
+            )
+
+    def wait_ready(self) -> float:
+        t0 = time.perf_counter()
+        errors = 0  # consecutive 5xx other than 503 (503 = still loading)
+        with httpx.Client(trust_env=False) as client:
+            while time.perf_counter() < t0 + STARTUP_TIMEOUT_S:
+                assert self.proc is not None
+                if self.proc.poll() is not None:
+                    raise RuntimeError(
+                        f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}"
+                    )
+                with contextlib.suppress(httpx.HTTPError):
+                    code = client.get(self.base + self.ready_path, timeout=2.0).status_code
+                    if code == 200:
+                        return time.perf_counter() - t0
+                    errors = errors + 1 if code >= 500 and code != 503 else 0
+                    if errors >= 40:  # ~10 s of errors: the model failed to load
+                        raise RuntimeError(
+                            f"{self.name}: {self.ready_path} answers {code}:\n{self.log_tail()}"
+                        )
+                time.sleep(0.25)
+        raise TimeoutError(
+            f"{self.name} not ready after {STARTUP_TIMEOUT_S:.0f}s:\n{self.log_tail()}"
+        )
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        for sig, grace in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 5.0)):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, sig)
+            try:
+                self.proc.wait(timeout=grace)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_tail(self, n: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return "(no log)"
+
+    def log_grep(self, word: str) -> list[str]:
+        try:
+            return [
+                ln.strip()
+                for ln in self.log_path.read_text(errors="replace").splitlines()
+                if word in ln
+            ][:3]
+        except OSError:
+            return []
+
+
+def health(base: str) -> dict[str, Any] | None:
+    """mlxcel's /health JSON (engine counters), None if unavailable."""
+    try:
+        return httpx.get(base + "/health", timeout=5.0, trust_env=False).json()
+    except (httpx.HTTPError, ValueError):
+        return None
+
+
+# -- client -------------------------------------------------------------------------------
+def prompt_for(tag: str, i: int) -> str:
+    """A prompt unique to (tag, i): the unique part comes first so no prefix is shared."""
+    return f"{WORDS[i % len(WORDS)]} {tag}-{i}. {BASE_PROMPT}"
+
+
+def request_body(server: str, prompt: str, max_tokens: int) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "messages": [{"role": "user", "content": prompt}],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "temperature": 0.0,
+        "max_tokens": max_tokens,
+    }
+    if server == "mlxcel":
+        body["ignore_eos"] = True
+    return body
+
+
+async def one_request(
+    client: httpx.AsyncClient, url: str, body: dict[str, Any], max_tokens: int
+) -> dict[str, Any]:
+    rec: dict[str, Any] = {
+        "error": None,
+        "completion_tokens": 0,
+        "prompt_tokens": None,
+        "cached_tokens": 0,
+        "content_chunks": 0,
+    }
+    times: list[float] = []
+    usage: dict[str, Any] | None = None
+    done = False
+    t0 = time.perf_counter()
+    rec["t_send"] = t0
+    try:
+        async with client.stream("POST", url, json=body) as r:
+            if r.status_code != 200:
+                detail = (await r.aread())[:300].decode(errors="replace")
+                rec["error"] = f"http_{r.status_code}"
+                rec["detail"] = detail
+            else:
+                async for line in r.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    now = time.perf_counter()
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        done = True
+                        break
+                    chunk = json.loads(data)
+                    if chunk.get("error"):
+                        rec["error"] = "stream_error"
+                        rec["detail"] = str(chunk["error"])[:300]
+                        break
+                    if chunk.get("usage"):
+                        usage = chunk["usage"]
+                    for choice in chunk.get("choices") or ():
+                        if (choice.get("delta") or {}).get("content"):
+                            times.append(now)
+    except httpx.ConnectTimeout:
+        rec["error"] = "connect_timeout"
+    except httpx.ConnectError as exc:
+        rec["error"] = "connect_refused"
+        rec["detail"] = str(exc)[:200]
+    except httpx.ReadTimeout:
+        rec["error"] = "read_timeout"
+    except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
+        rec["error"] = "dropped"
+        rec["detail"] = f"{type(exc).__name__}: {exc}"[:200]
+    except (httpx.HTTPError, ValueError, OSError) as exc:
+        rec["error"] = f"client_{type(exc).__name__}"
+        rec["detail"] = str(exc)[:200]
+    rec["t_end"] = time.perf_counter()
+    rec["content_chunks"] = len(times)
+    if usage:
+        rec["completion_tokens"] = int(usage.get("completion_tokens") or 0)
+        rec["prompt_tokens"] = usage.get("prompt_tokens")
+        rec["cached_tokens"] = int(
+            ((usage.get("prompt_tokens_details") or {}).get("cached_tokens")) or 0
+        )
+    elif times:
+        rec["completion_tokens"] = len(times)  # no usage chunk: count content chunks
+    if times:
+        rec["ttft_s"] = times[0] - t0
+        rec["gaps_ms"] = [(b - a) * 1e3 for a, b in zip(times, times[1:], strict=False)]
+        if rec["completion_tokens"] > 1 and len(times) > 1 and times[-1] > times[0]:
+            rec["decode_tok_s"] = (rec["completion_tokens"] - 1) / (times[-1] - times[0])
+            rec["tpot_ms"] = (times[-1] - times[0]) * 1e3 / (rec["completion_tokens"] - 1)
+    if rec["error"] is None and not done:
+        rec["error"] = "dropped"  # stream ended without [DONE]
+        rec["detail"] = "stream ended without [DONE]"
+    if rec["error"] is None and rec["completion_tokens"] < max_tokens:
+        rec["error"] = "short"
+        rec["detail"] = f"{rec['completion_tokens']} < {max_tokens} tokens"
+    return rec
+
+
+async def _load(
+    url: str,
+    jobs: list[tuple[int, dict[str, Any]]],
+    concurrency: int,
+    max_tokens: int,
+    start_at: float,
+    deadline_s: float,
+    timeout: dict[str, float],
+) -> list[dict[str, Any]]:
+    limits = httpx.Limits(
+        max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4
+    )
+    tmo = httpx.Timeout(
+        connect=timeout["connect"], read=timeout["read"], write=30.0, pool=timeout["read"]
+    )
+    pending = list(reversed(jobs))
+    results: list[dict[str, Any]] = []
+    async with httpx.AsyncClient(timeout=tmo, limits=limits, trust_env=False) as client:
+        await asyncio.sleep(max(0.0, start_at - time.perf_counter()))
+        end_by = start_at + deadline_s
+
+        async def stream() -> None:
+            while pending:
+                idx, body = pending.pop()
+                left = end_by - time.perf_counter()
+                if left <= 0:
+                    results.append(
+                        {"index": idx, "error": "not_sent_level_deadline", "completion_tokens": 0}
+                    )
+                    continue
+                try:
+                    rec = await asyncio.wait_for(
+                        one_request(client, url, body, max_tokens), timeout=left
+                    )
+                except TimeoutError:
+                    rec = {
+                        "error": "level_deadline",
+                        "completion_tokens": 0,
+                        "t_end": time.perf_counter(),
+                    }
+                rec["index"] = idx
+                results.append(rec)
+
+        await asyncio.gather(*(stream() for _ in range(concurrency)))
+    return results
+
+
+def _load_entry(args: tuple) -> list[dict[str, Any]]:
+    return asyncio.run(_load(*args))
+
+
+def run_level(
+    base: str,
+    server: str,
+    tag: str,
+    concurrency: int,
+    n: int,
+    max_tokens: int,
+    procs: int,
+    deadline_s: float,
+    timeout: dict[str, float],
+) -> dict[str, Any]:
+    """Closed loop: ``concurrency`` streams, ``n`` requests; returns the level's stats."""
+    url = base + "/v1/chat/completions"
+    jobs = [(i, request_body(server, prompt_for(tag, i), max_tokens)) for i in range(n)]
+    procs = max(1, min(procs, concurrency))
+    if procs == 1:
+        start_at = time.perf_counter() + 0.05
+        records = asyncio.run(
+            _load(url, jobs, concurrency, max_tokens, start_at, deadline_s, timeout)
+        )
+    else:  # several client processes (one Python process cannot parse fast enough)
+        shares = [concurrency // procs + (k < concurrency % procs) for k in range(procs)]
+        start_at = time.perf_counter() + 3.0  # spawn + imports
+        work = [
+            (url, jobs[k::procs], shares[k], max_tokens, start_at, deadline_s, timeout)
+            for k in range(procs)
+        ]
+        with mp.get_context("spawn").Pool(procs) as pool:
+            records = [r for part in pool.map(_load_entry, work) for r in part]
+    records.sort(key=lambda r: r["index"])
+    return level_stats(records, start_at, concurrency, n, max_tokens)
+
+
+def pct(values: list[float], q: float) -> float | None:
+    """Percentile with linear interpolation (q in 0..100); None for no values."""
+    if not values:
+        return None
+    v = sorted(values)
+    k = (len(v) - 1) * q / 100.0
+    lo, hi = math.floor(k), math.ceil(k)
+    return v[lo] + (v[hi] - v[lo]) * (k - lo)
+
+
+def level_stats(
+    records: list[dict[str, Any]], start_at: float, concurrency: int, n: int, max_tokens: int
+) -> dict[str, Any]:
+    ends = [r["t_end"] for r in records if "t_end" in r]
+    wall = (max(ends) - start_at) if ends else float("nan")
+    tokens = sum(r.get("completion_tokens", 0) for r in records)
+    ok = [r for r in records if r.get("error") is None]
+    ttfts = [r["ttft_s"] * 1e3 for r in records if r.get("ttft_s") is not None]
+    gaps = [g for r in records for g in r.get("gaps_ms", ())]
+    failures: dict[str, int] = {}
+    for r in records:
+        if r.get("error"):
+            failures[r["error"]] = failures.get(r["error"], 0) + 1
+    details = sorted({r["detail"] for r in records if r.get("detail")})[:5]
+    per_request = [
+        {
+            k: (round(v, 4) if isinstance(v, float) else v)
+            for k, v in r.items()
+            if k not in ("gaps_ms", "t_send", "t_end")
+        }
+        | {"itl_p50_ms": round(pct(r["gaps_ms"], 50), 3) if r.get("gaps_ms") else None}
+        for r in records
+    ]
+    decode = [r["decode_tok_s"] for r in records if r.get("decode_tok_s")]
+    prompts = [r["prompt_tokens"] for r in records if r.get("prompt_tokens")]
+    return {
+        "concurrency": concurrency,
+        "requests": n,
+        "ok": len(ok),
+        "failed": n - len(ok),
+        "failures": failures,
+        "failure_details": details,
+        "completion_tokens": tokens,
+        "expected_tokens": n * max_tokens,
+        "wall_s": wall,
+        "agg_tok_s": tokens / wall if wall and wall > 0 else float("nan"),
+        "ttft_p50_ms": pct(ttfts, 50),
+        "ttft_p95_ms": pct(ttfts, 95),
+        "ttft_max_ms": max(ttfts) if ttfts else None,
+        "itl_p50_ms": pct(gaps, 50),
+        "itl_p95_ms": pct(gaps, 95),
+        "itl_mean_ms": statistics.fmean(gaps) if gaps else None,
+        # share of chunk gaps under 0.5 ms: tokens that reached the client in bursts
+        "itl_burst_share": sum(g < 0.5 for g in gaps) / len(gaps) if gaps else None,
+        "tpot_p50_ms": pct([r["tpot_ms"] for r in records if r.get("tpot_ms")], 50),
+        "per_stream_decode_tok_s_p50": pct(decode, 50),
+        "prompt_tokens_mean": statistics.fmean(prompts) if prompts else None,
+        "cached_prompt_tokens": sum(r.get("cached_tokens", 0) for r in records),
+        "per_request": per_request,
+    }
+
+
+# -- checkpoint / environment --------------------------------------------------------------
+def safetensors_params(path: pathlib.Path) -> int:
+    """Parameter count from the safetensors headers (no tensor is loaded)."""
+    total = 0
+    for f in sorted(path.glob("*.safetensors")):
+        with open(f, "rb") as fh:
+            (size,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(size))
+        for name, meta in header.items():
+            if name != "__metadata__":
+                total += math.prod(meta["shape"])
+    return total
+
+
+def checkpoint_info(path: pathlib.Path) -> dict[str, Any]:
+    cfg = json.loads((path / "config.json").read_text())
+    keys = (
+        "model_type",
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "intermediate_size",
+        "vocab_size",
+        "torch_dtype",
+        "tie_word_embeddings",
+    )
+    bad = unclean_ids(path / "tokenizer.json")
+    return {
+        "path": str(path),
+        **{k: cfg.get(k) for k in keys},
+        "params": safetensors_params(path),
+        "sampleable_tokens": cfg["vocab_size"] - len(bad),
+    }
+
+
+def unclean_ids(tokenizer_json: pathlib.Path) -> list[int]:
+    """Ids whose text alone is not plain, complete text: every added (special or control)
+    token - mlxcel skips special tokens, mlx_lm prints them -, every byte that is not a
+    complete UTF-8 character (both servers hold those back until a later token completes
+    them), and whitespace-only tokens (mlx_lm holds a lone space for one token)."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(tokenizer_json))
+    added = tok.get_added_tokens_decoder()
+    bad = []
+    for i in range(tok.get_vocab_size(with_added_tokens=True)):
+        text = tok.decode([i], skip_special_tokens=False)
+        if i in added or "\ufffd" in text or not text.strip():
+            bad.append(i)
+    return bad
+
+
+def bench_checkpoint(
+    shape: str, cache_dir: str | os.PathLike | None = None, **kw: Any
+) -> pathlib.Path:
+    """``cached_checkpoint(shape, suppress_eos=True, **kw)``, but with the lm_head rows of
+    every :func:`unclean_ids` token zeroed as well as EOS's (greedy decoding on random
+    weights then only ever picks ordinary BPE tokens), so that every generated token is one
+    content chunk on both servers and TTFT / inter-token latency are comparable. Cached in
+    its own directory (``$MLXCEL_CACHE_DIR/bench-checkpoints``) since it differs from the
+    builder's checkpoint only in those rows."""
+    import mlxcel.testing.checkpoint as ckpt
+
+    root = (
+        pathlib.Path(cache_dir)
+        if cache_dir is not None
+        else ckpt.default_cache_dir().parent / "bench-checkpoints"
+    )
+    where: dict[str, pathlib.Path] = {}
+    write_tokenizer, suppress = ckpt._write_tokenizer, ckpt._suppress_eos
+
+    def _write_tokenizer(path: pathlib.Path, *a: Any, **k: Any) -> Any:
+        where["path"] = pathlib.Path(path)
+        return write_tokenizer(path, *a, **k)
+
+    def _suppress_eos(model: Any, eos_ids: list[int]) -> None:
+        bad = unclean_ids(where["path"] / "tokenizer.json")
+        suppress(model, sorted(set(eos_ids) | set(bad)))
+
+    ckpt._write_tokenizer, ckpt._suppress_eos = _write_tokenizer, _suppress_eos
+    try:
+        return ckpt.cached_checkpoint(shape, cache_dir=root, suppress_eos=True, **kw)
+    finally:
+        ckpt._write_tokenizer, ckpt._suppress_eos = write_tokenizer, suppress
+
+
+def versions() -> dict[str, str]:
+    out = {}
+    for dist in ("mlx", "mlx-cuda-13", "mlx-cpu", "mlx-lm", "mlxcel", "httpx"):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            out[dist] = importlib.metadata.version(dist)
+    out["python"] = platform.python_version()
+    return out
+
+
+def machine() -> dict[str, Any]:
+    cpu = platform.processor() or ""
+    with contextlib.suppress(OSError):
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    info: dict[str, Any] = {
+        "nproc": len(os.sched_getaffinity(0)),
+        "cpu": cpu,
+        "platform": platform.platform(),
+    }
+    if shutil.which("nvidia-smi"):
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            info["gpu"] = subprocess.run(
+                [
+                    "nvidia-smi",
+                    "--query-gpu=name,memory.total,driver_version",
+                    "--format=csv,noheader",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=20,
+            ).stdout.strip()
+    return info
+
+
+def loadavg() -> float:
+    return round(os.getloadavg()[0], 2)
+
+
+# -- one (checkpoint, mode) -----------------------------------------------------------------
+def server_argv(
+    name: str, path: pathlib.Path, mode: str, parallel: int, dtype: str, extra: list[str]
+) -> tuple[list[str], str]:
+    if name == "mlxcel":
+        argv = [
+            sys.executable,
+            "-m",
+            "mlxcel.cli",
+            "--model",
+            str(path),
+            "--parallel",
+            str(parallel),
+        ]
+        if mode == "same-dtype":
+            argv += ["--dtype", dtype]
+        return argv + extra, "/health"
+    return [sys.executable, "-m", "mlx_lm", "server", "--model", str(path), *extra], "/v1/models"
+
+
+def warm_up(srv: Server, levels: list[int], tag: str, timeout: dict[str, float]) -> None:
+    """One burst per concurrency level (short max_tokens), results discarded."""
+    for c in levels:
+        run_level(srv.base, srv.name, f"{tag}-warm{c}", c, c, 4, 1, 300.0, timeout)
+
+
+def run_server(
+    name: str,
+    path: pathlib.Path,
+    mode: str,
+    args: argparse.Namespace,
+    dtype: str,
+    logdir: pathlib.Path,
+    tag: str,
+) -> dict[str, Any]:
+    extra = shlex.split(args.mlxcel_args if name == "mlxcel" else args.mlx_lm_args)
+    argv, ready = server_argv(name, path, mode, args.parallel, dtype, extra)
+    env = None
+    if name == "mlxcel" and args.mlxcel_spawn:
+        # Granian forks its worker after the parent process may have initialised CUDA
+        # (seen on the H200: "cudaSetDevice(device_) failed: initialization error");
+        # a sitecustomize that selects the 'spawn' start method works around it.
+        site = logdir / "spawn-site"
+        site.mkdir(exist_ok=True)
+        (site / "sitecustomize.py").write_text(
+            "import multiprocessing\nmultiprocessing.set_start_method('spawn', force=True)\n"
+        )
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")]))
+    srv = Server(name, argv, ready, logdir, tag, env)
+    timeout = {"connect": args.connect_timeout, "read": args.read_timeout}
+    out: dict[str, Any] = {
+        "argv": shlex.join(srv.argv),
+        "loadavg_before": loadavg(),
+        "levels": {},
+        "spawn_workaround": env is not None,
+    }
+    srv.start()
+    try:
+        out["startup_s"] = round(srv.wait_ready(), 2)
+        t = time.perf_counter()
+        warm_up(srv, args.concurrency, tag, timeout)
+        out["warmup_s"] = round(time.perf_counter() - t, 2)
+        for c in args.concurrency:
+            n = args.requests if args.requests else max(4, args.requests_factor * c)
+            if args.requests_cap:
+                n = min(n, max(args.requests_cap, c))
+            before = health(srv.base) if name == "mlxcel" else None
+            st = run_level(
+                srv.base,
+                name,
+                f"{tag}-c{c}",
+                c,
+                n,
+                args.max_tokens,
+                args.client_procs or max(1, math.ceil(c / 16)),
+                args.level_deadline,
+                timeout,
+            )
+            after = health(srv.base) if name == "mlxcel" else None
+            if before and after:
+                ob, oa = before.get("observability", {}), after.get("observability", {})
+                steps = oa.get("decode_steps_processed", 0) - ob.get("decode_steps_processed", 0)
+                toks = oa.get("total_decode_tokens", 0) - ob.get("total_decode_tokens", 0)
+                st["engine"] = {
+                    "decode_steps": steps,
+                    "decode_tokens": toks,
+                    "mean_batch": round(toks / steps, 2) if steps else None,
+                    "prefill_chunks": oa.get("prefill_chunks_processed", 0)
+                    - ob.get("prefill_chunks_processed", 0),
+                }
+            st["server_alive_after"] = srv.alive()
+            out["levels"][str(c)] = st
+            print(
+                f"  {name:<7} c={c:<3} n={n:<4} {st['agg_tok_s']:9.1f} tok/s  "
+                f"TTFT p50 {fmt(st['ttft_p50_ms'])} p95 {fmt(st['ttft_p95_ms'])} ms  "
+                f"ITL p50 {fmt(st['itl_p50_ms'], 2)} ms (bursts {fmt(st['itl_burst_share'], 2)})"
+                f"  TPOT p50 {fmt(st['tpot_p50_ms'], 2)} ms  ok {st['ok']}/{n}"
+                + (f"  failures {st['failures']}" if st["failures"] else "")
+                + (f"  mean batch {st['engine']['mean_batch']}" if st.get("engine") else ""),
+                flush=True,
+            )
+            if not srv.alive():
+                print(f"  {name} died:\n{srv.log_tail()}", file=sys.stderr)
+                break
+    except BaseException:
+        print(f"--- {name} log tail ({srv.log_path}) ---\n{srv.log_tail()}", file=sys.stderr)
+        raise
+    finally:
+        srv.stop()
+        out["loadavg_after"] = loadavg()
+        out["log"] = str(srv.log_path)
+        out["backend_log"] = srv.log_grep("backend")
+    return out
+
+
+def fmt(v: float | None, nd: int = 0) -> str:
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{nd}f}"
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or not b or math.isnan(a) or math.isnan(b):
+        return None
+    return a / b
+
+
+RATIO_KEYS = ("agg_tok_s", "ttft_p50_ms", "ttft_p95_ms", "itl_p50_ms", "tpot_p50_ms")
+
+
+def compute_ratios(entry: dict[str, Any]) -> None:
+    srv = entry["servers"]
+    entry["ratios"] = {}
+    if not all(s in srv for s in SERVERS):
+        return
+    for c, a in srv["mlxcel"]["levels"].items():
+        b = srv["mlx_lm"]["levels"].get(c)
+        if b:
+            entry["ratios"][c] = {k: ratio(a[k], b[k]) for k in RATIO_KEYS}
+    raw = entry.get("raw_loop")
+    if raw:
+        entry["vs_raw"] = {}
+        for name in SERVERS:
+            if name not in srv:
+                continue
+            for c, st in srv[name]["levels"].items():
+                r = (raw.get("batches") or {}).get(c)
+                if r:
+                    entry["vs_raw"].setdefault(c, {})[name] = ratio(st["agg_tok_s"], r["tok_s"])
+
+
+def check_targets(entry: dict[str, Any], kind: str) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+
+    def add(what: str, value: float | None, op: str, bound: float) -> None:
+        ok = value is not None and (value >= bound if op == ">=" else value <= bound)
+        out.append({"target": what, "value": value, "bound": f"{op} {bound}", "met": ok})
+
+    levels = sorted(int(c) for c in entry["ratios"])
+    if kind == "cpu" and entry["mode"] == "defaults" and levels:
+        lo, hi = str(levels[0]), str(levels[-1])
+        add(f"c={lo} aggregate tok/s mlxcel/mlx_lm", entry["ratios"][lo]["agg_tok_s"], ">=", 1.0)
+        add(f"c={hi} aggregate tok/s mlxcel/mlx_lm", entry["ratios"][hi]["agg_tok_s"], ">=", 1.5)
+        add(f"c={hi} TTFT p50 mlxcel/mlx_lm", entry["ratios"][hi]["ttft_p50_ms"], "<=", 0.5)
+    if kind == "gpu" and entry.get("vs_raw"):
+        cs = sorted(int(c) for c in entry["vs_raw"])
+        if cs:
+            lo, hi = str(cs[0]), str(cs[-1])
+            add(f"c={lo} mlxcel aggregate / raw loop", entry["vs_raw"][lo].get("mlxcel"), ">=", 0.9)
+            add(
+                f"c={hi} mlxcel aggregate / raw loop", entry["vs_raw"][hi].get("mlxcel"), ">=", 0.85
+            )
+        bad = sum(
+            n
+            for st in entry["servers"].get("mlxcel", {}).get("levels", {}).values()
+            for k, n in st["failures"].items()
+            if k != "http_503"
+        )
+        add("mlxcel requests failed (not 503)", bad, "<=", 0)
+    return out
+
+
+# -- report -------------------------------------------------------------------------------
+def entry_title(e: dict[str, Any]) -> str:
+    ck = e["checkpoint"]
+    return (
+        f"{e['label']} ({ck['model_type']} h{ck['hidden_size']} L{ck['num_hidden_layers']} "
+        f"V{ck['vocab_size']}, {ck['params'] / 1e6:.1f}M params, {ck['torch_dtype']}) - "
+        f"{e['mode']}"
+    )
+
+
+def render_md(doc: dict[str, Any]) -> str:
+    lines = [
+        "# Concurrent serving: mlxcel-server vs mlx_lm.server",
+        "",
+        "Closed-loop load: C concurrent streams, N requests per level (each stream sends its "
+        "next request when its last one ends), streamed chat completions, temperature 0, "
+        "fixed max_tokens, EOS ignored (checkpoint built with EOS logits zeroed; mlxcel also "
+        "gets `ignore_eos`; the lm_head rows of special, partial-UTF-8 and whitespace-only "
+        "tokens are zeroed too, so every generated token is one content chunk on both "
+        "servers), every prompt different. Servers run one at a time on the same "
+        "random-weight checkpoint, each warmed up first. Aggregate tok/s = completion tokens "
+        "/ level wall time; TTFT = request sent -> first content chunk; ITL = gap between "
+        "content chunks (pooled over the level); TPOT = per request (last - first content chunk) "
+        "/ (tokens - 1), median over requests (robust to bursty delivery, which makes the "
+        "ITL median ~0: the share of gaps under 0.5 ms is shown). Ratio = mlxcel / mlx_lm (tok/s: > 1 better; "
+        "TTFT/ITL: < 1 better). `defaults`: each server's own defaults (mlxcel gets only "
+        "`--parallel`); `same-dtype`: mlxcel also gets `--dtype` = the checkpoint's dtype, "
+        "which mlx_lm always uses. Failures: HTTP errors, refused/dropped connections, "
+        "timeouts, short responses.",
+        "",
+    ]
+    for e in doc["entries"]:
+        s, srv = e["settings"], e["servers"]
+        lines += [f"## {entry_title(e)}", ""]
+        m = e["machine"]
+        where = m.get("gpu") or f"{m['nproc']} CPUs ({m['cpu']})"
+        loads = ", ".join(
+            f"{n} {v.get('loadavg_before')} -> {v.get('loadavg_after')}" for n, v in srv.items()
+        )
+        lines += [
+            f"{e['date']}; {where}, {m['platform']}; max_tokens {s['max_tokens']}; "
+            f"mlxcel --parallel {s['parallel']}; versions "
+            + ", ".join(f"{k} {v}" for k, v in e["versions"].items())
+            + f"; 1-min load average {loads}.",
+            "",
+        ]
+        for n, v in srv.items():
+            if v.get("error"):
+                lines.append(f"- {n}: **failed**: {v['error'][:300]}")
+                continue
+            extra = ""
+            if v.get("backend_log"):  # the log line's key=value fields, without timestamp
+                fields = " ".join(v["backend_log"][0].partition(" backend ")[2].split())
+                extra = f"; backend: `{fields[:240]}`"
+            spawn = (
+                " [Granian worker started with the 'spawn' method: workaround for CUDA "
+                "initialised before Granian forks]"
+                if v.get("spawn_workaround")
+                else ""
+            )
+            lines.append(
+                f"- {n}: `{v['argv']}`{spawn} (ready in {v.get('startup_s', '?')}s{extra})"
+            )
+        lines.append("")
+        raw = e.get("raw_loop")
+        head = (
+            "| C | N | mlxcel tok/s | mlx_lm tok/s | ratio | TTFT p50 ms (mlxcel / mlx_lm) "
+            "| ratio | TTFT p95 ms | ratio | ITL p50 ms | ratio | TPOT p50 ms | ratio "
+            "| ITL gaps < 0.5 ms | failed (mlxcel / mlx_lm) |"
+        )
+        sep = "|---:|---:|---:|---:|---:|---|---:|---|---:|---|---:|---|---:|---|---|"
+        if raw:
+            head += " raw loop tok/s | mlxcel / raw | mlx_lm / raw |"
+            sep += "---:|---:|---:|"
+        lines += [head, sep]
+        cs = sorted({int(c) for v in srv.values() for c in v["levels"]})
+        for c in cs:
+            a = srv.get("mlxcel", {}).get("levels", {}).get(str(c), {})
+            b = srv.get("mlx_lm", {}).get("levels", {}).get(str(c), {})
+            r = e["ratios"].get(str(c), {})
+
+            def pair(k: str, nd: int = 0, a=a, b=b) -> str:
+                return f"{fmt(a.get(k), nd)} / {fmt(b.get(k), nd)}"
+
+            def rx(k: str, r=r) -> str:
+                return f"{r[k]:.2f}x" if r.get(k) is not None else "-"
+
+            def fails(st: dict[str, Any]) -> str:
+                if not st:
+                    return "-"
+                return str(st["failed"]) + (
+                    " (" + ", ".join(f"{k} {v}" for k, v in st["failures"].items()) + ")"
+                    if st["failures"]
+                    else ""
+                )
+
+            row = (
+                f"| {c} | {a.get('requests', b.get('requests', '-'))} "
+                f"| {fmt(a.get('agg_tok_s'), 1)} | {fmt(b.get('agg_tok_s'), 1)} "
+                f"| **{rx('agg_tok_s')}** | {pair('ttft_p50_ms')} | {rx('ttft_p50_ms')} "
+                f"| {pair('ttft_p95_ms')} | {rx('ttft_p95_ms')} | {pair('itl_p50_ms', 2)} "
+                f"| {rx('itl_p50_ms')} | {pair('tpot_p50_ms', 2)} | {rx('tpot_p50_ms')} "
+                f"| {pair('itl_burst_share', 2)} | {fails(a)} / {fails(b)} |"
+            )
+            if raw:
+                rr = (raw.get("batches") or {}).get(str(c))
+                vr = (e.get("vs_raw") or {}).get(str(c), {})
+                row += (
+                    f" {fmt(rr['tok_s'], 1) if rr else '-'} "
+                    f"| {fmt(vr.get('mlxcel'), 2)} | {fmt(vr.get('mlx_lm'), 2)} |"
+                )
+            lines.append(row)
+        lines.append("")
+        engine = [
+            (c, srv["mlxcel"]["levels"][c].get("engine"))
+            for c in sorted(srv.get("mlxcel", {}).get("levels", {}), key=int)
+        ]
+        if any(x for _, x in engine):
+            lines.append(
+                "mlxcel engine counters per level (from /health): "
+                + "; ".join(
+                    f"C={c}: {x['decode_steps']} decode steps, mean batch {x['mean_batch']}"
+                    for c, x in engine
+                    if x
+                )
+                + "."
+            )
+            lines.append("")
+        if raw:
+            lines.append(
+                "Raw loop (same checkpoint, same machine, no server): "
+                + "; ".join(
+                    f"B={b}: {fmt(v['tok_s'], 1)} tok/s ({fmt(v['ms_per_step'], 2)} ms/step)"
+                    for b, v in sorted(raw["batches"].items(), key=lambda kv: int(kv[0]))
+                )
+                + f" - {raw.get('method', '')}"
+            )
+            lines.append("")
+        if e.get("targets"):
+            lines.append(
+                "Targets: "
+                + "; ".join(
+                    f"{t['target']} = {fmt(t['value'], 2)} ({t['bound']}): "
+                    f"{'met' if t['met'] else '**missed**'}"
+                    for t in e["targets"]
+                )
+                + "."
+            )
+            lines.append("")
+        lines += [f"Reproduce: `{e['command']}`", ""]
+        lines += [f"- {note}" for note in e.get("notes", ())] + ([""] if e.get("notes") else [])
+    return "\n".join(lines).rstrip() + "\n"
+
+
+# -- main ---------------------------------------------------------------------------------
+def parse_ints(s: str) -> list[int]:
+    return [int(x) for x in s.split(",") if x.strip()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--checkpoint",
+        default="tiny,30m",
+        help=f"comma-separated named checkpoints ({', '.join(CHECKPOINTS)})",
+    )
+    ap.add_argument(
+        "--model", default=None, help="serve this checkpoint directory instead of named ones"
+    )
+    ap.add_argument("--label", default=None, help="label for --model (default: folder name)")
+    ap.add_argument("--modes", default="defaults,same-dtype")
+    ap.add_argument("--servers", default="mlxcel,mlx_lm")
+    ap.add_argument("--concurrency", type=parse_ints, default=[1, 4, 16])
+    ap.add_argument(
+        "--requests",
+        type=int,
+        default=0,
+        help="requests per level (default: max(4, factor x concurrency))",
+    )
+    ap.add_argument("--requests-factor", type=int, default=2)
+    ap.add_argument(
+        "--requests-cap",
+        type=int,
+        default=0,
+        help="at most this many requests per level (0: no cap)",
+    )
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument(
+        "--parallel",
+        type=int,
+        default=0,
+        help="mlxcel --parallel (default: the highest concurrency)",
+    )
+    ap.add_argument("--mlxcel-args", default="", help="extra mlxcel-server arguments")
+    ap.add_argument("--mlx-lm-args", default="", help="extra mlx_lm.server arguments")
+    ap.add_argument(
+        "--mlxcel-spawn",
+        action="store_true",
+        help="start mlxcel's Granian worker with the 'spawn' start method "
+        "(workaround for CUDA initialised before Granian forks)",
+    )
+    ap.add_argument(
+        "--client-procs",
+        type=int,
+        default=0,
+        help="client processes per level (default: ceil(C / 16))",
+    )
+    ap.add_argument("--connect-timeout", type=float, default=10.0)
+    ap.add_argument("--read-timeout", type=float, default=120.0)
+    ap.add_argument(
+        "--level-deadline",
+        type=float,
+        default=600.0,
+        help="seconds after which a level's unfinished requests count as failed",
+    )
+    ap.add_argument(
+        "--raw-json",
+        default=None,
+        help="raw forward-loop results (bench/gpu/raw_loop.py) to compare with",
+    )
+    ap.add_argument("--targets", choices=("cpu", "gpu", "none"), default="cpu")
+    ap.add_argument("--log-dir", default=None, help="keep server logs here (default: temp)")
+    ap.add_argument("--out", default="bench/results/serving.json")
+    ap.add_argument("--fresh", action="store_true", help="drop other entries in --out")
+    args = ap.parse_args(argv)
+    # SIGTERM (e.g. `timeout`) unwinds like Ctrl-C, so the servers' process groups are stopped
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    args.parallel = args.parallel or max(args.concurrency)
+    modes = [m for m in args.modes.split(",") if m]
+    servers = [s for s in args.servers.split(",") if s]
+    for m in modes:
+        if m not in ("defaults", "same-dtype"):
+            ap.error(f"unknown mode {m}")
+
+    targets: list[tuple[str, pathlib.Path]] = []
+    if args.model:
+        path = pathlib.Path(args.model).resolve()
+        targets.append((args.label or path.name, path))
+    else:
+        for name in [c for c in args.checkpoint.split(",") if c]:
+            kw = dict(CHECKPOINTS[name])
+            shape = kw.pop("shape")
+            t = time.perf_counter()
+            path = bench_checkpoint(shape, **kw)
+            targets.append((name, path))
+            print(f"checkpoint {name}: {path} ({time.perf_counter() - t:.1f}s)")
+    raw = json.loads(pathlib.Path(args.raw_json).read_text()) if args.raw_json else None
+    logdir = pathlib.Path(args.log_dir or tempfile.mkdtemp(prefix="mlxcel-serving-"))
+    logdir.mkdir(parents=True, exist_ok=True)
+    cmd_args = [a for a in (argv if argv is not None else sys.argv[1:]) if a != "--fresh"]
+
+    out = pathlib.Path(args.out)
+    if not out.is_absolute():
+        out = ROOT / out
+    entries: list[dict[str, Any]] = []
+    for label, path in targets:
+        info = checkpoint_info(path)
+        print(
+            f"== {label}: {info['params'] / 1e6:.2f}M parameters "
+            f"(h{info['hidden_size']} L{info['num_hidden_layers']} V{info['vocab_size']}, "
+            f"{info['torch_dtype']})",
+            flush=True,
+        )
+        for mi, mode in enumerate(modes):
+            print(f"-- mode {mode}", flush=True)
+            entry: dict[str, Any] = {
+                "label": label,
+                "mode": mode,
+                "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+                "command": shlex.join(["python", "bench/serving.py", *cmd_args]),
+                "checkpoint": info,
+                "settings": {
+                    "max_tokens": args.max_tokens,
+                    "concurrency": args.concurrency,
+                    "requests": args.requests,
+                    "requests_factor": args.requests_factor,
+                    "requests_cap": args.requests_cap,
+                    "parallel": args.parallel,
+                    "temperature": 0.0,
+                    "connect_timeout_s": args.connect_timeout,
+                    "read_timeout_s": args.read_timeout,
+                    "prompt_example": prompt_for("tag", 0),
+                },
+                "versions": versions(),
+                "machine": machine(),
+                "servers": {},
+            }
+            order = servers if mi % 2 == 0 else list(reversed(servers))
+            tag = f"{label}-{mode}"
+            if raw:
+                entry["raw_loop"] = raw
+            for name in order:
+                try:
+                    entry["servers"][name] = run_server(
+                        name, path, mode, args, info["torch_dtype"] or "bfloat16", logdir, tag
+                    )
+                except Exception as exc:  # record it; the other server still runs
+                    print(f"{name} FAILED: {type(exc).__name__}: {exc}", file=sys.stderr)
+                    entry["servers"][name] = {
+                        "argv": "",
+                        "levels": {},
+                        "error": f"{type(exc).__name__}: {exc}"[:2000],
+                    }
+                entry["servers"] = {
+                    n: entry["servers"][n] for n in servers if n in entry["servers"]
+                }
+                compute_ratios(entry)
+                entry["targets"] = check_targets(entry, args.targets)
+                save(out, [*entries, entry], args.fresh)  # partial results survive
+            print_summary(entry)
+            entries.append(entry)
+    print(f"\nwrote {out} and {out.with_suffix('.md')}; server logs in {logdir}")
+    return 0
+
+
+def print_summary(e: dict[str, Any]) -> None:
+    for c, r in e["ratios"].items():
+        print(
+            f"  ratio c={c:<3} tok/s {fmt(r['agg_tok_s'], 2)}x  TTFT p50 "
+            f"{fmt(r['ttft_p50_ms'], 2)}x p95 {fmt(r['ttft_p95_ms'], 2)}x  "
+            f"ITL p50 {fmt(r['itl_p50_ms'], 2)}x  TPOT p50 {fmt(r['tpot_p50_ms'], 2)}x"
+        )
+    for c, v in (e.get("vs_raw") or {}).items():
+        print(f"  vs raw loop c={c:<3} " + "  ".join(f"{n} {fmt(x, 2)}" for n, x in v.items()))
+    for t in e["targets"]:
+        print(
+            f"  target {t['target']} {t['bound']}: {fmt(t['value'], 2)} "
+            f"{'met' if t['met'] else 'MISSED'}"
+        )
+
+
+def save(out: pathlib.Path, new: list[dict[str, Any]], fresh: bool) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    old: list[dict[str, Any]] = []
+    if out.exists() and not fresh:
+        with contextlib.suppress(ValueError, OSError):
+            old = json.loads(out.read_text()).get("entries", [])
+    keys = {(e["label"], e["mode"]) for e in new}
+    entries = [e for e in old if (e["label"], e["mode"]) not in keys] + new
+    doc = {
+        "benchmark": "serving",
+        "updated": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "entries": entries,
+    }
+    out.write_text(json.dumps(doc, indent=1, default=lambda o: None) + "\n")
+    out.with_suffix(".md").write_text(render_md(doc))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
