@@ -181,3 +181,25 @@ def test_server_defaults_from_flags_reach_props_and_requests(tiny_checkpoint):
         body = {"messages": MSG, "max_tokens": 10, "ignore_eos": True}
         a, b = (c.post("/v1/chat/completions", json=body).json() for _ in range(2))
         assert a["choices"] == b["choices"]
+
+
+def test_loop_policy_precedence(monkeypatch):
+    from mlxcel.families.api import LoopPolicy as FamilyLoop
+    from mlxcel.generation import request_loop_policy, server_loop_policy
+
+    gemma_like = FamilyLoop(min_pattern_size=1, max_pattern_size=20, min_count=4)
+    monkeypatch.delenv("MLXCEL_LOOP_DETECTION", raising=False)
+    family = server_loop_policy(gemma_like)
+    assert (family.min_pattern_size, family.max_pattern_size, family.min_count) == (1, 20, 4)
+    assert server_loop_policy(None) is None
+    monkeypatch.setenv("MLXCEL_LOOP_DETECTION", "2:6:3")
+    env = server_loop_policy(gemma_like)
+    assert (env.min_pattern_size, env.max_pattern_size, env.min_count) == (2, 6, 3)
+    monkeypatch.setenv("MLXCEL_LOOP_DETECTION", "off")
+    assert not server_loop_policy(gemma_like).enabled
+    none = {"min_pattern_size": None, "max_pattern_size": None, "min_count": None}
+    assert request_loop_policy(none, family) is family
+    assert request_loop_policy({**none, "max_pattern_size": 0}, family) is None
+    tuned = request_loop_policy({**none, "min_count": 2, "min_pattern_size": 0}, family)
+    assert (tuned.min_pattern_size, tuned.max_pattern_size, tuned.min_count) == (1, 20, 2)
+    assert request_loop_policy({**none, "min_count": 1}, family) is None  # < 2 disables
