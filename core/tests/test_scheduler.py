@@ -196,7 +196,9 @@ def test_a_model_whose_cache_cannot_batch_runs_one_slot(f32_checkpoint):
                                     for _ in model.model.layers]
         return ckpt
 
-    engine = EngineClient(load, parallel=4)
+    from mlxcel.engine.prompt_cache import PromptCache
+
+    engine = EngineClient(load, parallel=4, prompt_cache=PromptCache(1 << 20))
     engine.start()
     engine.worker.ready.wait(60)
     try:
@@ -205,6 +207,8 @@ def test_a_model_whose_cache_cannot_batch_runs_one_slot(f32_checkpoint):
                                           for i in range(3)))
         results = asyncio.run(run())
         assert engine.parallel == 1 and engine.worker.batchable is False
+        stats = engine.prompt_cache.stats()
+        assert stats["enabled"] is False and "not a plain KV cache" in stats["disabled_reason"]
         assert all(last.finish_reason == "length" and len(ids) == 12 for ids, last in results)
     finally:
         engine.shutdown()

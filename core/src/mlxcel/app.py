@@ -14,6 +14,7 @@ from litestar.middleware import DefineMiddleware
 
 from mlxcel.context import AppContext
 from mlxcel.engine.client import EngineClient
+from mlxcel.engine.prompt_cache import PromptCache
 from mlxcel.errors import MlxcelError
 from mlxcel.lazy import resolve
 from mlxcel.logging import configure
@@ -62,6 +63,12 @@ def model_display_name(settings: Settings) -> str:
     return "mlxcel"
 
 
+def prompt_cache_from(settings: Settings) -> PromptCache:
+    capacity = settings.prompt_cache_capacity_bytes or settings.cache_ram * (1 << 20)
+    return PromptCache(capacity, settings.prompt_cache_max_entries, settings.prompt_cache_ttl,
+                       enabled=not settings.no_cache_prompt)
+
+
 def create_app(settings: Settings, plugins: Plugins | None = None,
                engine: EngineClient | None = None) -> Litestar:
     plugins = plugins or load_plugins(settings.plugins, settings.disable_plugins)
@@ -73,7 +80,8 @@ def create_app(settings: Settings, plugins: Plugins | None = None,
             lambda: load_checkpoint(model, plugins.families,
                                     chat_template_file=settings.chat_template_file),
             parallel=settings.parallel, ctx_size=settings.ctx_size,
-            prefill_chunk=settings.prefill_chunk_size, max_queue_depth=settings.max_queue_depth)
+            prefill_chunk=settings.prefill_chunk_size, max_queue_depth=settings.max_queue_depth,
+            prompt_cache=prompt_cache_from(settings))
     metrics = Metrics(engine)
     ctx = AppContext(settings=settings, plugins=plugins, engine=engine,
                      model_name=model_display_name(settings), metrics=metrics)

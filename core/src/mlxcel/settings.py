@@ -31,6 +31,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     metrics_port: int = 0
     dtype: str = "auto"
     no_fast_blas: bool = False
+    no_cache_prompt: bool = False
+    cache_ram: int = 2048
+    prompt_cache_capacity_bytes: int = 0
+    prompt_cache_max_entries: int = 1024
+    prompt_cache_ttl: float = 3600.0
     # sampling defaults from flags (None: not given)
     temp: float | None = None
     top_k: int | None = None

@@ -31,6 +31,12 @@ def is_batchable(model: Any) -> bool:
     return all(type(c) is KVCache for c in cache)
 
 
+def _kv_cache(keys: mx.array, values: mx.array) -> KVCache:
+    cache = KVCache()
+    cache.keys, cache.values, cache.offset = keys, values, keys.shape[2]
+    return cache
+
+
 def _eval_cache(cache: list[Any]) -> None:
     mx.eval([x for c in cache for x in (c.keys, c.values) if x is not None]
             if cache and isinstance(cache[0], BatchKVCache) else [c.state for c in cache])
@@ -39,13 +45,20 @@ def _eval_cache(cache: list[Any]) -> None:
 class PrefillJob:
     """Prefills ``seqs`` (all but their last prompt token) a chunk per engine step."""
 
-    def __init__(self, model: Any, seqs: list[Sequence], batchable: bool) -> None:
+    def __init__(self, model: Any, seqs: list[Sequence], batchable: bool,
+                 prefix: tuple[list[Any], list[Any], int] | None = None) -> None:
+        """``prefix``: cached (keys, values, tokens) for the first tokens of a lone
+        sequence's prompt; only the rest is computed."""
         self.model = model
         self.seqs = seqs
-        bodies = [s.req.prompt_tokens[:-1] for s in seqs]
+        skip = prefix[2] if prefix else 0
+        bodies = [s.req.prompt_tokens[skip:-1] for s in seqs]
         width = max(len(b) for b in bodies)
         padding = [width - len(b) for b in bodies]
-        if batchable:
+        if prefix is not None:
+            self.cache = [BatchKVCache.merge([_kv_cache(k, v)])
+                          for k, v in zip(prefix[0], prefix[1], strict=True)]
+        elif batchable:
             self.cache = [BatchKVCache(padding) for _ in model.make_cache()]
         else:
             self.cache = model.make_cache()
@@ -56,7 +69,7 @@ class PrefillJob:
 
     @property
     def tokens_total(self) -> int:
-        return sum(len(s.req.prompt_tokens) for s in self.seqs)
+        return sum(len(s.req.prompt_tokens) - s.cached for s in self.seqs)
 
     def step(self, chunk: int) -> bool:
         """Run one chunk (``chunk`` tokens in all); True when the prompts are in the cache."""
@@ -95,6 +108,15 @@ class DecodeBatch:
             self.inputs = mx.concatenate([self.inputs, last])
         self.rows.extend(job.seqs)
         self.sampler = self.penalties = None
+
+    def row_kv(self, seq: Sequence, length: int) -> tuple[list[mx.array], list[mx.array]]:
+        """The first ``length`` cached positions of ``seq``'s row, per layer (evaluated)."""
+        i = self.rows.index(seq)
+        parts = [c.extract(i) for c in self.cache]
+        keys = [mx.contiguous(p.keys[:, :, :length]) for p in parts]
+        values = [mx.contiguous(p.values[:, :, :length]) for p in parts]
+        mx.eval(keys, values)
+        return keys, values
 
     def drop_finished(self) -> None:
         keep = [i for i, s in enumerate(self.rows) if not s.finished]

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mlxcel.engine.memory import estimate_request_bytes
+from mlxcel.engine.prompt_cache import PromptCache
 from mlxcel.engine.worker import EngineWorker
 from mlxcel.errors import (
     ContextLengthExceeded,
@@ -87,8 +88,10 @@ class EngineClient:
     """Owns the engine thread; the only way dialects reach the model."""
 
     def __init__(self, load: Callable[[], Any], parallel: int, ctx_size: int = 0,
-                 prefill_chunk: int = 512, max_queue_depth: int = 32) -> None:
-        self.worker = EngineWorker(load, parallel, prefill_chunk)
+                 prefill_chunk: int = 512, max_queue_depth: int = 32,
+                 prompt_cache: PromptCache | None = None) -> None:
+        self.worker = EngineWorker(load, parallel, prefill_chunk, prompt_cache)
+        self.prompt_cache = self.worker.prompt_cache
         self.requested_ctx = ctx_size
         self.max_queue_depth = max_queue_depth
 

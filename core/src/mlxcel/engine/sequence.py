@@ -35,6 +35,8 @@ class Sequence:
         self.context: list[int] = list(req.prompt_tokens)  # prompt + generated
         self.loop = req.loop if req.loop is not None and req.loop.enabled else None
         self.generated = 0
+        self.cached = 0  # prompt tokens taken from the prompt cache
+        self.cache_hit: tuple | None = None  # (entry, tokens) found at admission
         self.finished = False
         self.submitted_at = time.perf_counter()
 
@@ -42,7 +44,8 @@ class Sequence:
         return (self.req.priority, self.order) < (other.req.priority, other.order)
 
     def usage(self) -> Usage:
-        return Usage(prompt_tokens=len(self.req.prompt_tokens), completion_tokens=self.generated)
+        return Usage(prompt_tokens=len(self.req.prompt_tokens), completion_tokens=self.generated,
+                     cached_tokens=self.cached)
 
     def emit(self, event: GenerationEvent) -> None:
         self.sink.emit(event)

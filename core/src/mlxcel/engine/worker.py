@@ -14,6 +14,7 @@ import structlog
 
 from mlxcel.engine.batch import DecodeBatch, PrefillJob, is_batchable
 from mlxcel.engine.memory import compute_dtype_bytes, request_budget
+from mlxcel.engine.prompt_cache import PromptCache
 from mlxcel.engine.sequence import Sequence, Sink
 from mlxcel.types import GenerationRequest, TokenLogprob
 
@@ -38,8 +39,10 @@ class EngineWorker(threading.Thread):
     overlaps the forward pass.
     """
 
-    def __init__(self, load: Callable[[], Any], parallel: int, prefill_chunk: int = 512) -> None:
+    def __init__(self, load: Callable[[], Any], parallel: int, prefill_chunk: int = 512,
+                 prompt_cache: PromptCache | None = None) -> None:
         super().__init__(name="mlxcel-engine", daemon=True)
+        self.prompt_cache = prompt_cache or PromptCache(0, enabled=False)
         self._load = load
         self.parallel = max(1, parallel)
         self.prefill_chunk = max(1, prefill_chunk)
@@ -73,6 +76,8 @@ class EngineWorker(threading.Thread):
             if not self.batchable:
                 log.info("engine_single_slot", reason="model cache cannot be batched")
                 self.parallel = 1
+                self.prompt_cache.disable("the model's cache is not a plain KV cache "
+                                          "(hybrid/recurrent or sliding window): no prefix reuse")
             self.batch = DecodeBatch(self.checkpoint.model, self.checkpoint.tokenizer.vocab_size)
             self.memory_budget = request_budget()
             self.dtype_bytes = compute_dtype_bytes(self.checkpoint.model.model)
@@ -150,23 +155,53 @@ class EngineWorker(threading.Thread):
         if self.prefilling and all(s.finished for s in self.prefilling.seqs):
             self.prefilling = None
 
+    def _lookup(self, seq: Sequence) -> tuple | None:
+        if seq.cache_hit is None:
+            found = self.prompt_cache.lookup(seq.req.prompt_tokens) \
+                if seq.req.cache_prompt else None
+            seq.cache_hit = found or ()
+        return seq.cache_hit or None
+
     def _admit(self) -> PrefillJob | None:
+        """Start prefilling the next waiting request(s): a prompt-cache hit alone, on its
+        cached prefix; misses grouped (left-padded) up to the prefill chunk in tokens."""
         free = self.parallel - len(self.batch)
         if not self.waiting or free <= 0:
             return None
-        group = [heapq.heappop(self.waiting)]
-        tokens = len(group[0].req.prompt_tokens)
+        head = heapq.heappop(self.waiting)
+        hit = self._lookup(head)
+        if hit is not None:
+            entry, n = hit
+            head.cached = n
+            keys, values = entry.prefix(n)
+            return self._start([head], (keys, values, n))
+        group = [head]
+        tokens = len(head.req.prompt_tokens)
         while self.waiting and len(group) < free and self.batchable:
             nxt = self.waiting[0]
-            if tokens + len(nxt.req.prompt_tokens) > self.prefill_chunk:
+            if tokens + len(nxt.req.prompt_tokens) > self.prefill_chunk or self._lookup(nxt):
                 break
             group.append(heapq.heappop(self.waiting))
             tokens += len(nxt.req.prompt_tokens)
+        return self._start(group, None)
+
+    def _start(self, group: list[Sequence], prefix: tuple | None) -> PrefillJob:
         self.stats.sequences_started += len(group)
-        job = PrefillJob(self.checkpoint.model, group, self.batchable)
+        job = PrefillJob(self.checkpoint.model, group, self.batchable, prefix)
         self.prefilling = job
         self.count_queued(-len(group))
         return job
+
+    def _remember(self, seq: Sequence) -> None:
+        """Keep a finished sequence's KV (prompt + output) for later prompts that share it."""
+        if not (self.prompt_cache.enabled and seq.req.cache_prompt and seq in self.batch.rows):
+            return
+        tokens = seq.context[:-1]  # the last token was sampled, never fed
+        try:
+            keys, values = self.batch.row_kv(seq, len(tokens))
+            self.prompt_cache.insert(tokens, keys, values)
+        except Exception:
+            log.exception("prompt_cache_insert_failed", request_id=seq.req.request_id)
 
     def _prefill_step(self) -> None:
         if self.prefilling is None:
@@ -217,6 +252,7 @@ class EngineWorker(threading.Thread):
                 seq.finish("error", error=f"generation failed: {exc}")
             if seq.finished:
                 self.stats.sequences_completed += 1
+                self._remember(seq)
 
 
 def row_logprobs(step: Any, n: int) -> list[TokenLogprob | None]:

@@ -12,6 +12,7 @@ FinishReason = Literal["stop", "length", "error", "cancelled"]
 class Usage(msgspec.Struct, frozen=True, kw_only=True):
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int = 0  # prompt tokens served from the prompt cache
 
     @property
     def total_tokens(self) -> int:

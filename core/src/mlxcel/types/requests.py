@@ -62,3 +62,4 @@ class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
     ignore_eos: bool = False
     priority: int = 1  # 0 high, 1 normal, 2 low
     loop: LoopPolicy | None = None
+    cache_prompt: bool = True  # False: prefill cold and leave nothing in the prompt cache

@@ -94,7 +94,15 @@ def build(ctx: AppContext) -> list[Any]:
             "n_ctx": engine.context_size,
         }
 
-    handlers: list[Any] = [health, tokenize, detokenize, props]
+    @get("/v1/cache/stats")
+    async def cache_stats() -> dict[str, Any]:
+        return engine.prompt_cache.stats()
+
+    @post("/v1/cache/reset", status_code=200)
+    async def cache_reset() -> dict[str, Any]:
+        return engine.prompt_cache.reset()
+
+    handlers: list[Any] = [health, tokenize, detokenize, props, cache_stats, cache_reset]
     if ctx.settings.slots:
         @get("/slots")
         async def slots() -> list[dict[str, Any]]:

@@ -26,7 +26,8 @@ Frame = Callable[[str, str | None, tuple[TokenLogprob, ...]], Any]
 def _usage(event: GenerationEvent) -> s.Usage:
     u = event.usage
     assert u is not None
-    return s.Usage(u.prompt_tokens, u.completion_tokens, u.total_tokens)
+    return s.Usage(u.prompt_tokens, u.completion_tokens, u.total_tokens,
+                   {"cached_tokens": u.cached_tokens})
 
 
 async def _collect(stream: EventStream) -> tuple[str, list[TokenLogprob], GenerationEvent]:

@@ -77,6 +77,7 @@ class Usage(msgspec.Struct):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: dict[str, int] = {}
 
 
 class AssistantMessage(msgspec.Struct):

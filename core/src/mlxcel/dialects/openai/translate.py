@@ -130,4 +130,4 @@ def generation_request(ctx: AppContext, body: SamplingFields, prompt: list[int],
     return GenerationRequest(request_id=request_id, prompt_tokens=tuple(prompt),
                              max_tokens=ctx.engine.fit(len(prompt), wanted), sampling=sampling,
                              stop=stops, ignore_eos=body.ignore_eos, priority=priority,
-                             loop=loop)
+                             loop=loop, cache_prompt=body.cache_prompt is not False)

@@ -1,0 +1,164 @@
+"""Prefix cache: reuse the KV state of the longest cached prefix of a new prompt.
+
+Prompts are cut into blocks of 16 tokens; block ``i``'s hash is
+``sha256(hash[i-1] + tokens of block i)``, so one hash names a whole prefix. An entry holds
+one sequence's per-layer keys/values (block-aligned length) and indexes every block hash of
+its tokens, so a later prompt that shares any block-aligned prefix finds it. Capacity is in
+bytes and entries; eviction is LRU, plus TTL; an entry larger than the capacity is refused.
+Thread-safe: the engine thread looks up and inserts, HTTP handlers read stats and reset.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+BLOCK_SIZE = 16
+
+
+def block_hashes(tokens: Sequence[int], limit: int | None = None) -> list[bytes]:
+    """Chained sha256 of each full 16-token block (of the first ``limit`` tokens)."""
+    n = len(tokens) if limit is None else min(limit, len(tokens))
+    out, prev = [], b""
+    for start in range(0, n - n % BLOCK_SIZE, BLOCK_SIZE):
+        block = b"".join(int(t).to_bytes(4, "little", signed=False)
+                         for t in tokens[start:start + BLOCK_SIZE])
+        prev = hashlib.sha256(prev + block).digest()
+        out.append(prev)
+    return out
+
+
+class CacheEntry:
+    """Per-layer keys/values ([1, H, L, D] each) for the first ``length`` tokens."""
+
+    def __init__(self, entry_id: int, hashes: list[bytes], keys: list[Any],
+                 values: list[Any]) -> None:
+        self.id = entry_id
+        self.hashes = hashes
+        self.length = len(hashes) * BLOCK_SIZE
+        self.keys = keys
+        self.values = values
+        self.nbytes = sum(int(k.nbytes) + int(v.nbytes) for k, v in zip(keys, values,
+                                                                         strict=True))
+        self.created = time.monotonic()
+
+    def prefix(self, n: int) -> tuple[list[Any], list[Any]]:
+        """The first ``n`` tokens' keys and values."""
+        return [k[:, :, :n] for k in self.keys], [v[:, :, :n] for v in self.values]
+
+
+class PromptCache:
+    def __init__(self, capacity_bytes: int, max_entries: int = 1024, ttl_s: float = 3600.0,
+                 enabled: bool = True) -> None:
+        self.enabled = enabled
+        self.disabled_reason: str | None = None if enabled else "disabled (--no-cache-prompt)"
+        self.capacity_bytes = capacity_bytes
+        self.max_entries = max_entries
+        self.ttl_s = ttl_s
+        self._entries: OrderedDict[int, CacheEntry] = OrderedDict()  # LRU order
+        self._index: dict[bytes, tuple[int, int]] = {}  # block hash -> (entry, blocks)
+        self._ids = itertools.count()
+        self._lock = threading.Lock()
+        self.bytes = 0
+        self.counters = dict.fromkeys(("hits", "lookups", "inserts", "evictions_lru",
+                                       "evictions_ttl", "rejections_oversized"), 0)
+
+    # -- engine thread ----------------------------------------------------------------------
+    def lookup(self, tokens: Sequence[int]) -> tuple[CacheEntry, int] | None:
+        """The entry and the number of prompt tokens it covers (block-aligned, and always
+        leaving at least one prompt token to compute), or None."""
+        if not self.enabled:
+            return None
+        hashes = block_hashes(tokens, len(tokens) - 1)
+        with self._lock:
+            self._expire()
+            self.counters["lookups"] += 1
+            for depth in range(len(hashes), 0, -1):
+                found = self._index.get(hashes[depth - 1])
+                if found is not None and found[0] in self._entries:
+                    entry = self._entries[found[0]]
+                    self._entries.move_to_end(entry.id)
+                    self.counters["hits"] += 1
+                    return entry, depth * BLOCK_SIZE
+        return None
+
+    def insert(self, tokens: Sequence[int], keys: list[Any], values: list[Any]) -> bool:
+        """Store KV for ``tokens`` (cut to whole blocks); False when refused."""
+        if not self.enabled:
+            return False
+        hashes = block_hashes(tokens)
+        if not hashes:
+            return False
+        n = len(hashes) * BLOCK_SIZE
+        with self._lock:
+            top = self._index.get(hashes[-1])
+            if top is not None and top[0] in self._entries and top[1] == len(hashes):
+                self._entries.move_to_end(top[0])  # already cached
+                return True
+            entry = CacheEntry(next(self._ids), hashes, [k[:, :, :n] for k in keys],
+                               [v[:, :, :n] for v in values])
+            if entry.nbytes > self.capacity_bytes:
+                self.counters["rejections_oversized"] += 1
+                return False
+            self._expire()
+            while self._entries and (self.bytes + entry.nbytes > self.capacity_bytes
+                                     or len(self._entries) >= self.max_entries):
+                self._drop(next(iter(self._entries)), "evictions_lru")
+            self._entries[entry.id] = entry
+            self.bytes += entry.nbytes
+            for depth, h in enumerate(hashes, start=1):
+                self._index[h] = (entry.id, depth)
+            self.counters["inserts"] += 1
+            return True
+
+    def disable(self, reason: str) -> None:
+        self.enabled, self.disabled_reason = False, reason
+        self.reset()
+
+    # -- any thread --------------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            self._expire()
+            lookups, hits = self.counters["lookups"], self.counters["hits"]
+            return {
+                "enabled": self.enabled, "apc_enabled": False, "block_size": BLOCK_SIZE,
+                "hash": "sha256", "entries": len(self._entries), "bytes": self.bytes,
+                "capacity_bytes": self.capacity_bytes, "max_entries": self.max_entries,
+                "hits": hits, "lookups": lookups,
+                "hit_rate": round(hits / lookups, 4) if lookups else 0.0,
+                "inserts": self.counters["inserts"],
+                "evictions_lru": self.counters["evictions_lru"],
+                "evictions_ttl": self.counters["evictions_ttl"],
+                "rejections_oversized": self.counters["rejections_oversized"],
+                "total_blocks_stored": sum(len(e.hashes) for e in self._entries.values()),
+                "unique_block_hashes": len(self._index), "apc_active_entries": 0,
+                **({"disabled_reason": self.disabled_reason}
+                   if not self.enabled and self.disabled_reason else {}),
+            }
+
+    def reset(self) -> dict[str, Any]:
+        with self._lock:
+            freed_bytes, freed_entries = self.bytes, len(self._entries)
+            self._entries.clear()
+            self._index.clear()
+            self.bytes = 0
+            return {"cleared": True, "freed_bytes": freed_bytes, "freed_entries": freed_entries}
+
+    # -- internals (lock held) ------------------------------------------------------------
+    def _expire(self) -> None:
+        cutoff = time.monotonic() - self.ttl_s
+        for entry_id in [i for i, e in self._entries.items() if e.created < cutoff]:
+            self._drop(entry_id, "evictions_ttl")
+
+    def _drop(self, entry_id: int, reason: str) -> None:
+        entry = self._entries.pop(entry_id)
+        self.bytes -= entry.nbytes
+        for h in entry.hashes:
+            if self._index.get(h, (None,))[0] == entry_id:
+                del self._index[h]
+        self.counters[reason] += 1

@@ -1,0 +1,89 @@
+"""Prefix cache data structure: block hashes, longest-prefix hits, eviction, stats."""
+
+from __future__ import annotations
+
+import time
+
+import mlx.core as mx
+from mlxcel.engine.prompt_cache import BLOCK_SIZE, PromptCache, block_hashes
+
+LAYERS = 2
+
+
+def kv(n: int, fill: float = 1.0):
+    """Per-layer keys/values for n tokens: [1, 2 heads, n, 4] float32 (32 bytes/token)."""
+    return ([mx.full((1, 2, n, 4), fill) for _ in range(LAYERS)],
+            [mx.full((1, 2, n, 4), -fill) for _ in range(LAYERS)])
+
+
+def test_block_hashes_chain_and_only_full_blocks():
+    a = block_hashes(list(range(40)))
+    assert len(a) == 2 and all(len(h) == 32 for h in a)
+    b = block_hashes(list(range(32)) + [99] * 8)
+    assert a == b  # same first 32 tokens, the partial block is ignored
+    c = block_hashes([7] + list(range(1, 40)))
+    assert c[0] != a[0] and c[1] != a[1]  # a change in block 0 changes every later hash
+
+
+def test_longest_prefix_hit_leaves_one_token_to_compute():
+    cache = PromptCache(capacity_bytes=1 << 20)
+    tokens = list(range(50))
+    assert cache.insert(tokens, *kv(50))
+    entry, n = cache.lookup(tokens + [1, 2, 3])
+    assert n == 48 and entry.length == 48
+    keys, values = entry.prefix(n)
+    assert keys[0].shape == (1, 2, 48, 4) and values[1].shape == (1, 2, 48, 4)
+    assert cache.lookup(tokens[:48])[1] == 32  # 48 tokens: at most 47 may come from cache
+    assert cache.lookup(tokens[:20] + [999] * 30)[1] == 16
+    assert cache.lookup([5] * 60) is None
+    s = cache.stats()
+    assert (s["lookups"], s["hits"], s["hit_rate"]) == (4, 3, 0.75)
+
+
+def test_lru_eviction_by_bytes_and_entries():
+    per_token = LAYERS * 2 * (2 * 4 * 4)  # layers * (K+V) * heads*dim*float32
+    cache = PromptCache(capacity_bytes=per_token * 32 * 2, max_entries=10)
+    first, second, third = ([i] * 32 for i in (1, 2, 3))
+    assert cache.insert(first, *kv(32)) and cache.insert(second, *kv(32))
+    assert cache.lookup(first + [0]) is not None  # first is now the most recently used
+    assert cache.insert(third, *kv(32))
+    s = cache.stats()
+    assert s["entries"] == 2 and s["evictions_lru"] == 1 and s["bytes"] == per_token * 64
+    assert cache.lookup(second + [0]) is None and cache.lookup(first + [0]) is not None
+    small = PromptCache(capacity_bytes=1 << 20, max_entries=1)
+    small.insert(first, *kv(32))
+    small.insert(second, *kv(32))
+    assert small.stats()["entries"] == 1 and small.stats()["evictions_lru"] == 1
+
+
+def test_oversized_entries_are_rejected_and_counted():
+    cache = PromptCache(capacity_bytes=100)
+    assert not cache.insert([1] * 32, *kv(32))
+    s = cache.stats()
+    assert s["rejections_oversized"] == 1 and s["entries"] == 0 and s["bytes"] == 0
+
+
+def test_ttl_eviction():
+    cache = PromptCache(capacity_bytes=1 << 20, ttl_s=0.05)
+    cache.insert([1] * 32, *kv(32))
+    time.sleep(0.1)
+    assert cache.lookup([1] * 40) is None
+    assert cache.stats()["evictions_ttl"] == 1 and cache.stats()["entries"] == 0
+
+
+def test_stats_keys_reset_and_disabled():
+    cache = PromptCache(capacity_bytes=1 << 20)
+    cache.insert(list(range(64)), *kv(64))
+    s = cache.stats()
+    assert set(s) == {"enabled", "apc_enabled", "block_size", "hash", "entries", "bytes",
+                      "capacity_bytes", "max_entries", "hits", "lookups", "hit_rate", "inserts",
+                      "evictions_lru", "evictions_ttl", "rejections_oversized",
+                      "total_blocks_stored", "unique_block_hashes", "apc_active_entries"}
+    assert (s["total_blocks_stored"], s["unique_block_hashes"], s["block_size"]) == (
+        4, 4, BLOCK_SIZE)
+    freed = cache.reset()
+    assert freed == {"cleared": True, "freed_bytes": s["bytes"], "freed_entries": 1}
+    assert cache.reset() == {"cleared": True, "freed_bytes": 0, "freed_entries": 0}
+    off = PromptCache(capacity_bytes=1 << 20, enabled=False)
+    assert not off.insert([1] * 32, *kv(32)) and off.lookup([1] * 40) is None
+    assert off.stats()["enabled"] is False and off.stats()["lookups"] == 0
