@@ -101,3 +101,17 @@ def test_request_log_line_has_route_status_and_tokens(server, sdk):
     lines = [ln for ln in server.log().splitlines() if "route=/v1/completions" in ln]
     assert lines and "status=200" in lines[-1] and "completion_tokens=3" in lines[-1]
     assert "request_id=" in lines[-1] and "ms=" in lines[-1]
+
+
+def test_prompt_cache_hit_reported_through_the_sdk(sdk, server):
+    system = {"role": "system", "content": "Shared context for every turn. " * 20}
+    kw = dict(model="tiny", max_tokens=4, temperature=0, extra_body={"ignore_eos": True})
+    first = sdk.chat.completions.create(messages=[system, {"role": "user", "content": "a"}],
+                                        **kw)
+    second = sdk.chat.completions.create(messages=[system, {"role": "user", "content": "b"}],
+                                         **kw)
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    assert second.usage.prompt_tokens_details.cached_tokens >= 16
+    stats = httpx.get(server.base_url + "/v1/cache/stats",
+                      headers={"Authorization": "Bearer k-e2e"}).json()
+    assert stats["hits"] >= 1
