@@ -87,3 +87,14 @@ def test_stats_keys_reset_and_disabled():
     off = PromptCache(capacity_bytes=1 << 20, enabled=False)
     assert not off.insert([1] * 32, *kv(32)) and off.lookup([1] * 40) is None
     assert off.stats()["enabled"] is False and off.stats()["lookups"] == 0
+
+
+def test_evicting_one_entry_keeps_the_shared_prefix_of_another():
+    cache = PromptCache(capacity_bytes=1 << 20, max_entries=2)
+    shared = list(range(32))
+    cache.insert(shared + [1] * 16, *kv(48))
+    cache.insert(shared + [2] * 16, *kv(48))
+    cache.insert([9] * 32, *kv(32))  # evicts the least recently used (the first)
+    found = cache.lookup(shared + [3] * 16)
+    assert found is not None and found[1] == 32
+    assert cache.stats()["unique_block_hashes"] == 3 + 2  # shared x2, [2]-block, [9] x2

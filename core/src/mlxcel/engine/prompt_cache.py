@@ -61,7 +61,7 @@ class PromptCache:
         self.max_entries = max_entries
         self.ttl_s = ttl_s
         self._entries: OrderedDict[int, CacheEntry] = OrderedDict()  # LRU order
-        self._index: dict[bytes, tuple[int, int]] = {}  # block hash -> (entry, blocks)
+        self._holders: dict[bytes, list[int]] = {}  # block hash -> live entries holding it
         self._ids = itertools.count()
         self._lock = threading.Lock()
         self.bytes = 0
@@ -79,9 +79,9 @@ class PromptCache:
             self._expire()
             self.counters["lookups"] += 1
             for depth in range(len(hashes), 0, -1):
-                found = self._index.get(hashes[depth - 1])
-                if found is not None and found[0] in self._entries:
-                    entry = self._entries[found[0]]
+                holders = self._holders.get(hashes[depth - 1])
+                if holders:
+                    entry = self._entries[holders[-1]]  # the newest entry with this prefix
                     self._entries.move_to_end(entry.id)
                     self.counters["hits"] += 1
                     return entry, depth * BLOCK_SIZE
@@ -96,10 +96,10 @@ class PromptCache:
             return False
         n = len(hashes) * BLOCK_SIZE
         with self._lock:
-            top = self._index.get(hashes[-1])
-            if top is not None and top[0] in self._entries and top[1] == len(hashes):
-                self._entries.move_to_end(top[0])  # already cached
-                return True
+            for holder in self._holders.get(hashes[-1], ()):
+                if self._entries[holder].length == n:
+                    self._entries.move_to_end(holder)  # already cached
+                    return True
             entry = CacheEntry(next(self._ids), hashes, [k[:, :, :n] for k in keys],
                                [v[:, :, :n] for v in values])
             if entry.nbytes > self.capacity_bytes:
@@ -111,8 +111,8 @@ class PromptCache:
                 self._drop(next(iter(self._entries)), "evictions_lru")
             self._entries[entry.id] = entry
             self.bytes += entry.nbytes
-            for depth, h in enumerate(hashes, start=1):
-                self._index[h] = (entry.id, depth)
+            for h in hashes:
+                self._holders.setdefault(h, []).append(entry.id)
             self.counters["inserts"] += 1
             return True
 
@@ -136,7 +136,7 @@ class PromptCache:
                 "evictions_ttl": self.counters["evictions_ttl"],
                 "rejections_oversized": self.counters["rejections_oversized"],
                 "total_blocks_stored": sum(len(e.hashes) for e in self._entries.values()),
-                "unique_block_hashes": len(self._index), "apc_active_entries": 0,
+                "unique_block_hashes": len(self._holders), "apc_active_entries": 0,
                 **({"disabled_reason": self.disabled_reason}
                    if not self.enabled and self.disabled_reason else {}),
             }
@@ -145,7 +145,7 @@ class PromptCache:
         with self._lock:
             freed_bytes, freed_entries = self.bytes, len(self._entries)
             self._entries.clear()
-            self._index.clear()
+            self._holders.clear()
             self.bytes = 0
             return {"cleared": True, "freed_bytes": freed_bytes, "freed_entries": freed_entries}
 
@@ -159,6 +159,8 @@ class PromptCache:
         entry = self._entries.pop(entry_id)
         self.bytes -= entry.nbytes
         for h in entry.hashes:
-            if self._index.get(h, (None,))[0] == entry_id:
-                del self._index[h]
+            holders = self._holders[h]
+            holders.remove(entry_id)
+            if not holders:
+                del self._holders[h]
         self.counters[reason] += 1

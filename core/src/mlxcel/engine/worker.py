@@ -245,6 +245,7 @@ class EngineWorker(threading.Thread):
             if seq.finished:
                 continue
             self.stats.total_decode_tokens += 1
+            seq.defer_finish = True
             try:
                 seq.accept(token, logprobs[i] if seq.req.sampling.logprobs else None)
             except Exception as exc:
@@ -253,6 +254,7 @@ class EngineWorker(threading.Thread):
             if seq.finished:
                 self.stats.sequences_completed += 1
                 self._remember(seq)
+            seq.release_finish()
 
 
 def row_logprobs(step: Any, n: int) -> list[TokenLogprob | None]:
