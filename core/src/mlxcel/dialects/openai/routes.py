@@ -72,13 +72,29 @@ async def _sse(request: Request, stream: EventStream, frame: Frame,
         stream.cancel()  # no-op when finished; frees the slot when the client went away
 
 
+class _Run:
+    """A submitted request: its event stream and what every response frame repeats."""
+
+    def __init__(self, ctx: AppContext, body: s.SamplingFields, req: Any) -> None:
+        self.started = time.perf_counter()
+        self.stream = ctx.engine.submit(req)
+        self.tok = ctx.engine.checkpoint.tokenizer
+        self.created, self.model = int(time.time()), body.model or ctx.model_name
+
+    async def whole(self, ctx: AppContext, request: Request
+                    ) -> tuple[str, list[TokenLogprob], GenerationEvent]:
+        """Collect a non-streaming response (recorded in logs and metrics)."""
+        text, lps, last = await _collect(self.stream)
+        _record(request, last)
+        ctx.metrics.record(last, self.started)
+        return text, lps, last
+
+
 def _include_usage(body: s.SamplingFields) -> bool:
     return body.stream_options is not None and body.stream_options.include_usage
 
 
 def build(ctx: AppContext) -> list[Any]:
-    engine = ctx.engine
-
     @post(["/v1/chat/completions", "/chat/completions"], status_code=200)
     async def chat_completions(request: Request) -> Any:
         body = await decode_body(request, s.ChatCompletionRequest)
@@ -89,14 +105,10 @@ def build(ctx: AppContext) -> list[Any]:
         req = generation_request(ctx, body, chat_prompt(ctx, body), rid, limit, field,
                                  priority=request_priority(request), logprobs=body.logprobs,
                                  top_logprobs=body.top_logprobs or 0)
-        started = time.perf_counter()
-        stream = engine.submit(req)
-        tok = engine.checkpoint.tokenizer
-        created, model = int(time.time()), body.model or ctx.model_name
+        run = _Run(ctx, body, req)
+        created, model, tok = run.created, run.model, run.tok
         if not body.stream:
-            text, lps, last = await _collect(stream)
-            _record(request, last)
-            ctx.metrics.record(last, started)
+            text, lps, last = await run.whole(ctx, request)
             choice = s.ChatChoice(0, s.AssistantMessage(content=text), FINISH[last.finish_reason],
                                   chat_logprobs(tok, lps) if body.logprobs else None)
             return s.ChatCompletion(rid, created, model, [choice], _usage(last))
@@ -112,9 +124,9 @@ def build(ctx: AppContext) -> list[Any]:
 
         role = s.ChatCompletionChunk(rid, created, model,
                                      [s.ChunkChoice(0, s.Delta(role="assistant"))])
-        return SSEResponse(_sse(request, stream, frame,
+        return SSEResponse(_sse(request, run.stream, frame,
                                 usage_frame if _include_usage(body) else None, role,
-                                on_finish=lambda event: ctx.metrics.record(event, started)))
+                                on_finish=lambda event: ctx.metrics.record(event, run.started)))
 
     @post(["/v1/completions", "/completions"], status_code=200)
     async def completions(request: Request) -> Any:
@@ -125,14 +137,10 @@ def build(ctx: AppContext) -> list[Any]:
                                  body.max_tokens, "max_tokens",
                                  priority=request_priority(request), logprobs=want,
                                  top_logprobs=body.logprobs or 0)
-        started = time.perf_counter()
-        stream = engine.submit(req)
-        tok = engine.checkpoint.tokenizer
-        created, model = int(time.time()), body.model or ctx.model_name
+        run = _Run(ctx, body, req)  # streamed completions are not recorded in metrics
+        created, model, tok = run.created, run.model, run.tok
         if not body.stream:
-            text, lps, last = await _collect(stream)
-            _record(request, last)
-            ctx.metrics.record(last, started)  # streamed completions are not recorded
+            text, lps, last = await run.whole(ctx, request)
             choice = s.CompletionChoice(0, text, FINISH[last.finish_reason],
                                         completion_logprobs(tok, lps) if want else None)
             return s.Completion(rid, created, model, [choice], usage=_usage(last))
@@ -147,7 +155,7 @@ def build(ctx: AppContext) -> list[Any]:
         def usage_frame(usage: s.Usage) -> s.Completion:
             return s.Completion(rid, created, model, [], usage=usage)
 
-        return SSEResponse(_sse(request, stream, frame,
+        return SSEResponse(_sse(request, run.stream, frame,
                                 usage_frame if _include_usage(body) else None))
 
     @get(["/v1/models", "/models"])
