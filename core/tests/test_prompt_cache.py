@@ -98,3 +98,14 @@ def test_evicting_one_entry_keeps_the_shared_prefix_of_another():
     found = cache.lookup(shared + [3] * 16)
     assert found is not None and found[1] == 32
     assert cache.stats()["unique_block_hashes"] == 3 + 2  # shared x2, [2]-block, [9] x2
+
+
+def test_an_entry_extending_an_older_one_replaces_it():
+    cache = PromptCache(capacity_bytes=1 << 20)
+    turn1 = list(range(40))
+    cache.insert(turn1, *kv(40))
+    cache.insert(turn1 + list(range(100, 140)), *kv(80))
+    s = cache.stats()
+    assert s["entries"] == 1 and s["total_blocks_stored"] == s["unique_block_hashes"] == 5
+    assert s["evictions_lru"] == 0
+    assert cache.lookup(turn1 + [7])[1] == 32

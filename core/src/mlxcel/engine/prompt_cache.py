@@ -106,6 +106,7 @@ class PromptCache:
                 self.counters["rejections_oversized"] += 1
                 return False
             self._expire()
+            self._drop_prefixes_of(hashes)
             while self._entries and (self.bytes + entry.nbytes > self.capacity_bytes
                                      or len(self._entries) >= self.max_entries):
                 self._drop(next(iter(self._entries)), "evictions_lru")
@@ -155,7 +156,15 @@ class PromptCache:
         for entry_id in [i for i, e in self._entries.items() if e.created < cutoff]:
             self._drop(entry_id, "evictions_ttl")
 
-    def _drop(self, entry_id: int, reason: str) -> None:
+    def _drop_prefixes_of(self, hashes: list[bytes]) -> None:
+        """An entry whose tokens are a prefix of the new one adds nothing: drop it (a
+        conversation then keeps one entry, not one copy of its history per turn)."""
+        for depth, h in enumerate(hashes, start=1):
+            for holder in list(self._holders.get(h, ())):
+                if self._entries[holder].length == depth * BLOCK_SIZE:
+                    self._drop(holder, None)
+
+    def _drop(self, entry_id: int, reason: str | None) -> None:
         entry = self._entries.pop(entry_id)
         self.bytes -= entry.nbytes
         for h in entry.hashes:
@@ -163,4 +172,5 @@ class PromptCache:
             holders.remove(entry_id)
             if not holders:
                 del self._holders[h]
-        self.counters[reason] += 1
+        if reason is not None:
+            self.counters[reason] += 1
