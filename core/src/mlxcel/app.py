@@ -77,7 +77,7 @@ def create_app(settings: Settings, plugins: Plugins | None = None,
 
         model = settings.model
         engine = EngineClient(
-            lambda: load_checkpoint(model, plugins.families,
+            lambda: load_checkpoint(model, plugins.families, dtype=settings.dtype,
                                     chat_template_file=settings.chat_template_file),
             parallel=settings.parallel, ctx_size=settings.ctx_size,
             prefill_chunk=settings.prefill_chunk_size, max_queue_depth=settings.max_queue_depth,
