@@ -27,16 +27,14 @@ import os
 import pathlib
 import platform
 import shlex
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from typing import Any
 
 import httpx
+from serving import Server  # noqa: E402  (bench/ is on sys.path when run as a script)
 
 HOST = "127.0.0.1"
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -50,74 +48,6 @@ TIMEOUT = httpx.Timeout(connect=5.0, read=60.0, write=10.0, pool=5.0)
 
 
 # -- servers ------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """One server subprocess in its own process group; logs go to a temp file."""
-
-    def __init__(self, name: str, argv: list[str], ready_path: str, logdir: pathlib.Path):
-        self.name = name
-        self.port = free_port()
-        self.argv = [*argv, "--host", HOST, "--port", str(self.port)]
-        self.ready_path = ready_path
-        self.base = f"http://{HOST}:{self.port}"
-        self.log_path = logdir / f"{name}.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        log = open(self.log_path, "wb")  # noqa: SIM115 (closed by the child's exit)
-        self.proc = subprocess.Popen(
-            self.argv,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            cwd=ROOT,
-        )
-        log.close()
-
-    def wait_ready(self, client: httpx.Client) -> float:
-        t0 = time.perf_counter()
-        deadline = t0 + STARTUP_TIMEOUT_S
-        while time.perf_counter() < deadline:
-            assert self.proc is not None
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}"
-                )
-            with contextlib.suppress(httpx.HTTPError):
-                r = client.get(self.base + self.ready_path, timeout=2.0)
-                if r.status_code == 200:
-                    return time.perf_counter() - t0
-            time.sleep(0.25)
-        raise TimeoutError(
-            f"{self.name} not ready after {STARTUP_TIMEOUT_S:.0f}s:\n{self.log_tail()}"
-        )
-
-    def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        for sig, grace in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, sig)
-            try:
-                self.proc.wait(timeout=grace)
-                return
-            except subprocess.TimeoutExpired:
-                continue
-
-    def log_tail(self, n: int = 30) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
-        except OSError:
-            return "(no log)"
-
-
-# -- one request --------------------------------------------------------------------------
 def stream_chat(
     client: httpx.Client, base: str, max_tokens: int, prompt: str = PROMPT
 ) -> dict[str, Any]:
@@ -358,12 +288,14 @@ def main(argv: list[str] | None = None) -> int:
             [str(BIN / "mlxcel-server"), "--model", str(path), "--parallel", "1"],
             "/health",
             logdir,
+            "decode",
         ),
         "mlx_lm": Server(
             "mlx_lm",
             [sys.executable, "-m", "mlx_lm", "server", "--model", str(path)],
             "/v1/models",
             logdir,
+            "decode",
         ),
     }
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in servers}
@@ -380,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
             for srv in servers.values():  # start both, then wait: loads overlap
                 srv.start()
             for name, srv in servers.items():
-                print(f"{name}: ready in {srv.wait_ready(client):.1f}s on {srv.base}")
+                print(f"{name}: ready in {srv.wait_ready():.1f}s on {srv.base}")
             for name, srv in servers.items():
                 warmup[name] = stream_chat(client, srv.base, args.max_tokens, prompt_for(-1))
                 print(f"warm-up {name}: {warmup[name]['decode_tok_s']:.1f} tok/s (discarded)")
