@@ -20,12 +20,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
-import importlib.metadata
 import inspect
 import json
 import os
 import pathlib
-import platform
 import shlex
 import statistics
 import sys
@@ -34,7 +32,7 @@ import time
 from typing import Any
 
 import httpx
-from serving import Server  # noqa: E402  (bench/ is on sys.path when run as a script)
+from serving import Server, machine, versions  # noqa: E402  (bench/ is on sys.path when run as a script)
 
 HOST = "127.0.0.1"
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -128,33 +126,6 @@ def checkpoint_params(args: argparse.Namespace) -> tuple[dict[str, Any], dict[st
     return kw, resolved
 
 
-def versions() -> dict[str, str]:
-    out = {}
-    for dist in ("mlx", "mlx-lm", "mlxcel"):
-        try:
-            out[dist] = importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            out[dist] = "not installed"
-    out["python"] = platform.python_version()
-    return out
-
-
-def machine() -> dict[str, Any]:
-    cpu = platform.processor() or ""
-    with contextlib.suppress(OSError):
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    nproc = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return {
-        "nproc": nproc,
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "cpu": cpu,
-    }
-
-
 def median(runs: list[dict[str, Any]], key: str) -> float:
     return statistics.median(r[key] for r in runs)
 
@@ -192,9 +163,9 @@ def render_md(doc: dict[str, Any]) -> str:
             f"## {entry_label(entry)}",
             "",
             f"{entry['date']} - max_tokens {s['max_tokens']}, {s['runs']} runs per server; "
-            f"mlx {entry['versions']['mlx']}, mlx-lm {entry['versions']['mlx-lm']}, "
-            f"mlxcel {entry['versions']['mlxcel']}; {entry['machine']['nproc']} CPUs "
-            f"({entry['machine']['cpu'] or entry['machine']['machine']}), "
+            f"mlx {entry['versions'].get('mlx')}, mlx-lm {entry['versions'].get('mlx-lm')}, "
+            f"mlxcel {entry['versions'].get('mlxcel')}; {entry['machine']['nproc']} CPUs "
+            f"({entry['machine']['cpu'] or entry['machine'].get('machine', '?')}), "
             f"{entry['machine']['platform']}; 1-min load average "
             f"{entry['machine'].get('loadavg_1m_before', '?')} -> "
             f"{entry['machine'].get('loadavg_1m_after', '?')}",
