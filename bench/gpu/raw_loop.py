@@ -20,14 +20,30 @@ import sys
 import time
 
 
-def measure(model, cache_kind: str, batch: int, prompt_len: int, steps: int, warmup: int) -> dict:
-    import mlx.core as mx
+def make_cache(model, cache_kind: str, pads: list[int]) -> list:
+    """``KVCache`` | ``BatchKVCache`` (mlx-lm) | ``mlxcel-absolute`` | ``mlxcel-shared``
+    (mlxcel's engine cache, ``mlxcel.engine.kvcache``; shared = one scalar RoPE position)."""
     from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
 
     if cache_kind == "KVCache":
-        cache = make_prompt_cache(model)
-    else:
-        cache = [BatchKVCache([0] * batch) for _ in model.layers]
+        return make_prompt_cache(model)
+    if cache_kind == "BatchKVCache":
+        return [BatchKVCache(pads) for _ in model.layers]
+    from mlxcel.engine.kvcache import BatchCache, shared_position_rope
+
+    rope = shared_position_rope(model, True) if cache_kind == "mlxcel-shared" else None
+    if cache_kind == "mlxcel-shared" and rope is None:
+        raise SystemExit("this model cannot decode with shared positions")
+    return [BatchCache(pads, rope) for _ in model.layers]
+
+
+def measure(model, cache_kind: str, batch: int, prompt_len: int, steps: int, warmup: int,
+            ragged: bool = False) -> dict:
+    """``ragged``: row i's prompt is left-padded by i % 16 tokens (a decode mask is needed)."""
+    import mlx.core as mx
+
+    pads = [(i % 16) if ragged and cache_kind != "KVCache" else 0 for i in range(batch)]
+    cache = make_cache(model, cache_kind, pads)
     prompt = mx.random.randint(300, 400, (batch, prompt_len)).astype(mx.uint32)
 
     def step(y):
@@ -53,7 +69,7 @@ def measure(model, cache_kind: str, batch: int, prompt_len: int, steps: int, war
     cache.clear()
     mx.clear_cache()
     return {
-        "cache": cache_kind,
+        "cache": cache_kind + (" ragged" if ragged else ""),
         "batch": batch,
         "steps": steps,
         "seconds": dt,

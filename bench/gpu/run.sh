@@ -8,7 +8,8 @@
 # Results go to $OUT: env.txt, raw_loop.json, serving_gpu.json, serving_gpu.md, logs.tgz,
 # run.log. Environment knobs: SHAPE (llama3-8b | tiny), OUT, PY, CONC, MAXTOK, CKDIR,
 # SERVERS, STEPS (raw loop steps; default MAXTOK), LEVEL_DEADLINE (s), REQ_CAP (requests
-# per level at most; default 64, i.e. 2 x C up to C = 32, then C), MLXCEL_SPAWN (default 1).
+# per level at most; default 64, i.e. 2 x C up to C = 32, then C), MLXCEL_SPAWN (default 1),
+# PROBE (1: also run bench/gpu/cache_probe.py at the largest C, into $OUT/cache_probe.json).
 #   SHAPE=tiny OUT=/tmp/gpu-test PY=.venv/bin/python bash bench/gpu/run.sh   # CPU dry run
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -22,6 +23,7 @@ CKDIR=${CKDIR:-/tmp/bench-ckpts}
 SERVERS=${SERVERS:-mlxcel,mlx_lm}
 LEVEL_DEADLINE=${LEVEL_DEADLINE:-150}
 REQ_CAP=${REQ_CAP:-64}
+PROBE=${PROBE:-0}
 MLXCEL_SPAWN=${MLXCEL_SPAWN:-1}   # 1: --mlxcel-spawn (Granian fork after CUDA init fails)
 export SERVING_STARTUP_TIMEOUT_S=${SERVING_STARTUP_TIMEOUT_S:-300}
 SPAWN=(); [ "$MLXCEL_SPAWN" = 1 ] && SPAWN=(--mlxcel-spawn)
@@ -57,6 +59,12 @@ PY
   log "raw loop"
   "$PY" bench/gpu/raw_loop.py --model "$CKPT" --batches "$CONC" --steps "$STEPS" \
     --out "$OUT/raw_loop.json" || log "raw loop FAILED"
+
+  if [ "$PROBE" = 1 ]; then
+    log "cache probe (B=$PARALLEL)"
+    "$PY" bench/gpu/cache_probe.py --model "$CKPT" --batch "$PARALLEL" --steps 128 \
+      --out "$OUT/cache_probe.json" || log "cache probe FAILED"
+  fi
 
   log "serving (servers: $SERVERS)"
   RAW=()

@@ -3,6 +3,8 @@
 Every sequence first prefills all but its last prompt token (left-padded with the others
 admitted with it, chunk by chunk), then joins the decode batch with that last token as its
 next input, so the first generated token comes out of an ordinary batched decode step.
+Batchable models run on ``mlxcel.engine.kvcache.BatchCache``; ``rope`` (from
+``shared_position_rope``) selects its shared-position mode.
 """
 
 from __future__ import annotations
@@ -10,8 +12,9 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import mlx.core as mx
-from mlx_lm.models.cache import BatchKVCache, KVCache
+from mlx_lm.models.cache import KVCache
 
+from mlxcel.engine.kvcache import BatchCache
 from mlxcel.engine.penalties import Penalties
 from mlxcel.engine.sampling import BatchSampler, logprob_arrays
 from mlxcel.engine.sequence import Sequence
@@ -31,24 +34,18 @@ def is_batchable(model: Any) -> bool:
     return all(type(c) is KVCache for c in cache)
 
 
-def _kv_cache(keys: mx.array, values: mx.array) -> KVCache:
-    cache = KVCache()
-    cache.keys, cache.values, cache.offset = keys, values, keys.shape[2]
-    return cache
-
-
 def _eval_cache(cache: list[Any]) -> None:
-    mx.eval([x for c in cache for x in (c.keys, c.values) if x is not None]
-            if cache and isinstance(cache[0], BatchKVCache) else [c.state for c in cache])
+    mx.eval([c.state for c in cache])
 
 
 class PrefillJob:
     """Prefills ``seqs`` (all but their last prompt token) a chunk per engine step."""
 
     def __init__(self, model: Any, seqs: list[Sequence], batchable: bool,
-                 prefix: tuple[list[Any], list[Any], int] | None = None) -> None:
+                 prefix: tuple[list[Any], list[Any], int] | None = None,
+                 rope: Any | None = None) -> None:
         """``prefix``: cached (keys, values, tokens) for the first tokens of a lone
-        sequence's prompt; only the rest is computed."""
+        sequence's prompt; only the rest is computed. ``rope``: see BatchCache."""
         self.model = model
         self.seqs = seqs
         skip = prefix[2] if prefix else 0
@@ -56,10 +53,10 @@ class PrefillJob:
         width = max(len(b) for b in bodies)
         padding = [width - len(b) for b in bodies]
         if prefix is not None:
-            self.cache = [BatchKVCache.merge([_kv_cache(k, v)])
+            self.cache = [BatchCache.from_prefix(k, v, rope)
                           for k, v in zip(prefix[0], prefix[1], strict=True)]
         elif batchable:
-            self.cache = [BatchKVCache(padding) for _ in model.make_cache()]
+            self.cache = [BatchCache(padding, rope) for _ in model.make_cache()]
         else:
             self.cache = model.make_cache()
         rows = [[0] * p + list(b) for p, b in zip(padding, bodies, strict=True)]
@@ -112,9 +109,8 @@ class DecodeBatch:
     def row_kv(self, seq: Sequence, length: int) -> tuple[list[mx.array], list[mx.array]]:
         """The first ``length`` cached positions of ``seq``'s row, per layer (evaluated)."""
         i = self.rows.index(seq)
-        parts = [c.extract(i) for c in self.cache]
-        keys = [mx.contiguous(p.keys[:, :, :length]) for p in parts]
-        values = [mx.contiguous(p.values[:, :, :length]) for p in parts]
+        keys, values = (list(x) for x in zip(*(c.row(i, length) for c in self.cache),
+                                             strict=True))
         mx.eval(keys, values)
         return keys, values
 
@@ -126,10 +122,9 @@ class DecodeBatch:
             self.rows, self.cache, self.inputs = [], None, None
             self.sampler = self.penalties = None
             return
-        index = mx.array(keep)
         for c in self.cache:
-            c.filter(index)
-        self.inputs = self.inputs[index]
+            c.filter(keep)
+        self.inputs = self.inputs[mx.array(keep)]
         self.rows = [self.rows[i] for i in keep]
         self.sampler = self.penalties = None
 

@@ -13,6 +13,7 @@ import msgspec
 import structlog
 
 from mlxcel.engine.batch import DecodeBatch, PrefillJob, is_batchable
+from mlxcel.engine.kvcache import shared_position_rope
 from mlxcel.engine.memory import compute_dtype_bytes, request_budget
 from mlxcel.engine.prompt_cache import PromptCache
 from mlxcel.engine.sequence import Sequence, Sink
@@ -57,6 +58,7 @@ class EngineWorker(threading.Thread):
         self.state = "loading"
         self.error: str | None = None
         self.checkpoint: Any = None
+        self.rope: Any = None  # shared-position RoPE (mlxcel.engine.kvcache)
         self._order = itertools.count()
         self._stopping = threading.Event()
         self.ready = threading.Event()
@@ -73,6 +75,10 @@ class EngineWorker(threading.Thread):
             self.checkpoint = self._load()
             self.eos_ids = set(self.checkpoint.tokenizer.eos_ids)
             self.batchable = is_batchable(self.checkpoint.model)
+            self.rope = shared_position_rope(self.checkpoint.model,
+                                             self.checkpoint.family.relative_positions) \
+                if self.batchable else None
+            log.info("engine_positions", mode="shared" if self.rope is not None else "absolute")
             if not self.batchable:
                 log.info("engine_single_slot", reason="model cache cannot be batched")
                 self.parallel = 1
@@ -187,7 +193,7 @@ class EngineWorker(threading.Thread):
 
     def _start(self, group: list[Sequence], prefix: tuple | None) -> PrefillJob:
         self.stats.sequences_started += len(group)
-        job = PrefillJob(self.checkpoint.model, group, self.batchable, prefix)
+        job = PrefillJob(self.checkpoint.model, group, self.batchable, prefix, self.rope)
         self.prefilling = job
         self.count_queued(-len(group))
         return job

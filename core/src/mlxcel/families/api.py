@@ -26,6 +26,11 @@ class Family(msgspec.Struct, frozen=True, kw_only=True):
 
     ``loader`` is a ``"module:attr"`` string naming ``load(path, options) -> LoadedModel``;
     it is imported only when a checkpoint of this family is loaded.
+
+    ``relative_positions``: the family's models read ``cache.offset`` only as the RoPE
+    offset, so the engine may give every row of a batch one shared (shifted) position and
+    pass a scalar offset (faster on CUDA; see ``mlxcel.engine.kvcache``). The engine still
+    checks that every rotary module is a pure rotation before it does.
     """
 
     name: str
@@ -36,6 +41,7 @@ class Family(msgspec.Struct, frozen=True, kw_only=True):
     default_tool_format: str | None = None
     reasoning_markers: tuple[str, str] | None = None
     loop_detection: LoopPolicy | None = None
+    relative_positions: bool = False
 
 
 class LoadOptions(msgspec.Struct, frozen=True, kw_only=True):

@@ -1,0 +1,204 @@
+"""The batched KV cache the engine decodes on: one per layer, rows left-padded to one index.
+
+Two position modes:
+
+* **absolute** (any model): every row's RoPE positions are its own token positions, so the
+  model receives a per-row offset array (what mlx-lm's ``BatchKVCache`` does).
+* **shared** (models whose RoPE is a pure rotation and whose attention reads
+  ``cache.offset`` only as the RoPE offset): buffer slot ``j`` of every row has position
+  ``j + base``, so all rows take one scalar offset. RoPE attention depends only on
+  position *differences*, which this keeps within each row, so the output is the same.
+  On MLX's CUDA backend the per-row offset array together with the padding mask falls onto
+  a slow path at large batch (bench/results/cache_probe_gpu.md); a scalar offset avoids it.
+  The price: keys are re-rotated when the frame of reference changes -- when a prefilled
+  group joins the batch, when a row is copied out for the prompt cache (stored entries
+  are always in the canonical frame, positions from 0), and when ``base`` drifts far
+  from 0 (``REBASE_AT``), so positions stay as small as the context.
+
+Without padding in any row, a one-token step needs no mask at all.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.base import create_causal_mask
+
+REBASE_AT = 4096  # shared mode: re-rotate the whole cache once |base| passes this
+SHARED_POSITIONS_ENV = "MLXCEL_SHARED_POSITIONS"
+
+
+def _pure_rotations() -> tuple[type, ...]:
+    """RoPE modules whose angle is linear in the position and that scale nothing."""
+    from mlx_lm.models.rope_utils import Llama3RoPE, ProportionalRoPE
+
+    return nn.RoPE, Llama3RoPE, ProportionalRoPE
+
+
+def _rope_key(module: Any) -> tuple:
+    freqs = getattr(module, "_freqs", None)
+    return (type(module), getattr(module, "dims", None), getattr(module, "traditional", None),
+            getattr(module, "base", None), getattr(module, "scale", None),
+            None if freqs is None else tuple(freqs.tolist()))
+
+
+def shared_position_rope(model: Any, family_allows: bool) -> Any | None:
+    """The RoPE module to re-rotate keys with when ``model`` can decode in shared mode.
+
+    None (absolute mode) unless the family declares that its models read ``cache.offset``
+    only as the RoPE offset, every rotary module in the model is a pure rotation of one
+    configuration, and ``MLXCEL_SHARED_POSITIONS`` is not ``0``.
+    """
+    if not family_allows or os.environ.get(SHARED_POSITIONS_ENV, "1").strip() in ("0", "off"):
+        return None
+    module = getattr(model, "model", model)
+    ropes = [m for _, m in module.named_modules() if "rope" in type(m).__name__.lower()]
+    if not ropes or any(type(m) not in _pure_rotations() for m in ropes):
+        return None
+    if len({_rope_key(m) for m in ropes}) != 1:
+        return None
+    return ropes[0]
+
+
+def rotate(rope: Any, keys: mx.array, delta: int) -> mx.array:
+    """Keys [B, H, L, D] moved ``delta`` positions: each position as a length-1 sequence."""
+    if delta == 0:
+        return keys
+    b, h, n, d = keys.shape
+    return rope(keys.reshape(b, h * n, 1, d), offset=delta).reshape(b, h, n, d)
+
+
+def _left_pad(x: mx.array, n: int) -> mx.array:
+    return mx.pad(x, [(0, 0), (0, 0), (n, 0), (0, 0)]) if n else x
+
+
+class BatchCache:
+    """One layer's keys/values for a batch of rows; see the module docstring."""
+
+    step = 256
+
+    def __init__(self, pads: list[int], rope: Any | None = None) -> None:
+        self.keys: mx.array | None = None
+        self.values: mx.array | None = None
+        self.pads = list(pads)  # per row: leading slots that hold no token
+        self.rope = rope  # None: absolute positions
+        self.base = 0  # shared mode: position of slot 0
+        self._idx = 0  # next slot to write (the same for every row)
+        self._pad_array: mx.array | None = None
+        self._offsets: tuple[int, mx.array] | None = None
+
+    @classmethod
+    def from_prefix(cls, keys: mx.array, values: mx.array, rope: Any | None) -> BatchCache:
+        """A one-row cache holding a cached prefix (canonical positions 0..L-1)."""
+        cache = cls([0], rope)
+        cache.keys, cache.values, cache._idx = keys, values, keys.shape[2]
+        return cache
+
+    # -- what the model calls ---------------------------------------------------------------
+    @property
+    def offset(self) -> int | mx.array:
+        """RoPE offset of the next token: one int (shared) or one per row (absolute)."""
+        if self.rope is not None:
+            return self._idx + self.base
+        if self._offsets is None or self._offsets[0] != self._idx:
+            self._offsets = (self._idx, mx.array([self._idx - p for p in self.pads]))
+        return self._offsets[1]
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        prev, n = self._idx, keys.shape[2]
+        if self.keys is None or prev + n > self.keys.shape[2]:
+            grow = (self.step + n - 1) // self.step * self.step
+            b, h, _, dk = keys.shape
+            new_k = mx.zeros((b, h, grow, dk), keys.dtype)
+            new_v = mx.zeros((b, h, grow, values.shape[3]), values.dtype)
+            if self.keys is None:
+                self.keys, self.values = new_k, new_v
+            else:
+                self.keys = mx.concatenate([self.keys[..., :prev, :], new_k], axis=2)
+                self.values = mx.concatenate([self.values[..., :prev, :], new_v], axis=2)
+        self._idx += n
+        self.keys[..., prev:self._idx, :] = keys
+        self.values[..., prev:self._idx, :] = values
+        return self.keys[..., :self._idx, :], self.values[..., :self._idx, :]
+
+    def make_mask(self, N: int, return_array: bool = False, window_size: int | None = None,
+                  **_: Any) -> mx.array | None:
+        padded = any(self.pads)
+        if N == 1 and not padded and window_size is None:
+            return None  # one query over all of its own keys: nothing to hide
+        if padded and self._pad_array is None:
+            self._pad_array = mx.array(self.pads)
+        return create_causal_mask(N, offset=self._idx, window_size=window_size,
+                                  left_padding=self._pad_array if padded else None)
+
+    @property
+    def state(self) -> list[mx.array]:
+        return [] if self.keys is None else [self.keys, self.values]
+
+    # -- what the engine calls --------------------------------------------------------------
+    def _set_pads(self, pads: list[int]) -> None:
+        self.pads, self._pad_array, self._offsets = pads, None, None
+
+    def filter(self, keep: list[int]) -> None:
+        """Keep rows ``keep`` (in that order); drop padding every remaining row has."""
+        if self.keys is not None:
+            index = mx.array(keep)
+            self.keys, self.values = self.keys[index], self.values[index]
+        pads = [self.pads[i] for i in keep]
+        trim = min(pads)
+        if trim:
+            if self.keys is not None:
+                self.keys = self.keys[..., trim:, :]
+                self.values = self.values[..., trim:, :]
+            self._idx -= trim
+            pads = [p - trim for p in pads]
+            if self.rope is not None:
+                self.base += trim
+        self._set_pads(pads)
+        if self.rope is not None and abs(self.base) > REBASE_AT and self.keys is not None:
+            self.keys = rotate(self.rope, self.keys[..., :self._idx, :], -self.base)
+            self.values = self.values[..., :self._idx, :]
+            self.base = 0
+
+    def extend(self, other: BatchCache) -> None:
+        """Append ``other``'s rows, right-aligned at the longer write index.
+
+        Shared mode: ``other``'s keys are re-rotated so that its next position equals ours.
+        """
+        target = max(self._idx, other._idx)
+        delta = self.offset - other.offset if self.rope is not None else 0
+        like = self if self.keys is not None else other
+        if like.keys is not None:
+            mine = self._aligned(target, like, 0)
+            theirs = other._aligned(target, like, delta)
+            self.keys = mx.concatenate([mine[0], theirs[0]])
+            self.values = mx.concatenate([mine[1], theirs[1]])
+        if self.rope is not None:
+            self.base += self._idx - target
+        self._set_pads([p + target - self._idx for p in self.pads]
+                       + [p + target - other._idx for p in other.pads])
+        self._idx = target
+
+    def _aligned(self, target: int, like: BatchCache, delta: int) -> tuple[mx.array, mx.array]:
+        """Keys/values up to the write index, left-padded to end at ``target``."""
+        if self.keys is None:
+            b, (_, h, _, dk), dv = len(self.pads), like.keys.shape, like.values.shape[3]
+            return (mx.zeros((b, h, target, dk), like.keys.dtype),
+                    mx.zeros((b, h, target, dv), like.values.dtype))
+        keys = self.keys[..., :self._idx, :]
+        if delta:
+            keys = rotate(self.rope, keys, delta)
+        shift = target - self._idx
+        return _left_pad(keys, shift), _left_pad(self.values[..., :self._idx, :], shift)
+
+    def row(self, i: int, length: int) -> tuple[mx.array, mx.array]:
+        """Row ``i``'s first ``length`` tokens in the canonical frame (positions from 0)."""
+        p = self.pads[i]
+        keys = self.keys[i:i + 1, :, p:p + length]
+        values = self.values[i:i + 1, :, p:p + length]
+        if self.rope is not None:
+            keys = rotate(self.rope, keys, -(p + self.base))
+        return mx.contiguous(keys), mx.contiguous(values)

@@ -1,0 +1,201 @@
+"""The engine's batched KV cache: absolute and shared-position modes against solo forwards.
+
+Each scenario plays the engine's cache life by hand -- left-padded group prefill, decode
+steps, a longer group joining, a row leaving (common padding trimmed), a prompt-cache
+prefix copied out and restored -- and checks every row's logits at every step against a
+forward pass of that row's tokens alone (no cache, no batch).
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx_lm.models import llama, phi3, qwen3
+from mlx_lm.models.cache import make_prompt_cache
+from mlxcel.engine import kvcache
+from mlxcel.engine.kvcache import BatchCache, rotate, shared_position_rope
+
+VOCAB = 97
+
+
+def _model(kind: str, **extra):
+    mx.random.seed(3)
+    common = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=96,
+                  num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5,
+                  vocab_size=VOCAB)
+    if kind == "qwen3":
+        model = qwen3.Model(qwen3.ModelArgs(model_type="qwen3", head_dim=16, rope_theta=1e4,
+                                            tie_word_embeddings=False, max_position_embeddings=4096,
+                                            **common, **extra))
+    elif kind == "llama":
+        model = llama.Model(llama.ModelArgs(model_type="llama", rope_theta=5e5, **common, **extra))
+    else:
+        model = phi3.Model(phi3.ModelArgs(model_type="phi3", rope_theta=1e4, **common, **extra))
+    model.set_dtype(mx.float32)
+    mx.eval(model.parameters())
+    return model
+
+
+LLAMA3_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                  "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+
+
+def _solo_last_logits(model, tokens: list[int]) -> np.ndarray:
+    return np.array(model(mx.array([tokens]))[0, -1])
+
+
+class Rows:
+    """Caches + per-row token history, driven like the engine's PrefillJob/DecodeBatch."""
+
+    def __init__(self, model, rope):
+        self.model, self.rope = model, rope
+        self.cache = None
+        self.seqs: list[list[int]] = []  # tokens already in the cache, per row
+        self.pending: list[int] = []  # next input per row
+
+    def group(self, prompts: list[list[int]], prefix=None):
+        """Prefill prompts[:-1] (left-padded), like PrefillJob; returns the job's caches."""
+        skip = prefix[2] if prefix else 0
+        bodies = [p[skip:-1] for p in prompts]
+        width = max(len(b) for b in bodies)
+        pads = [width - len(b) for b in bodies]
+        if prefix:
+            cache = [BatchCache.from_prefix(k, v, self.rope) for k, v in zip(*prefix[:2], strict=True)]
+        else:
+            cache = [BatchCache(pads, self.rope) for _ in self.model.layers]
+        rows = mx.array([[0] * p + b for p, b in zip(pads, bodies, strict=True)])
+        for start in range(0, width, 5):  # chunked like the engine
+            self.model(rows[:, start:start + 5], cache=cache)
+        return cache, [p[:-1] for p in prompts], [p[-1] for p in prompts]
+
+    def join(self, job):
+        cache, seqs, last = job
+        if self.cache is None:
+            self.cache = cache
+        else:
+            for mine, theirs in zip(self.cache, cache, strict=True):
+                mine.extend(theirs)
+        self.seqs += seqs
+        self.pending += last
+
+    def step(self, next_inputs: list[int]) -> list[float]:
+        """One decode step; returns max |logits - solo logits| per row."""
+        logits = np.array(self.model(mx.array(self.pending)[:, None], cache=self.cache)[:, -1])
+        errs = []
+        for i, seq in enumerate(self.seqs):
+            seq.append(self.pending[i])
+            errs.append(float(np.abs(logits[i] - _solo_last_logits(self.model, seq)).max()))
+        self.pending = list(next_inputs)
+        return errs
+
+    def drop(self, row: int):
+        keep = [i for i in range(len(self.seqs)) if i != row]
+        for c in self.cache:
+            c.filter(keep)
+        self.seqs = [self.seqs[i] for i in keep]
+        self.pending = [self.pending[i] for i in keep]
+
+
+def _tokens(seed: int, n: int) -> list[int]:
+    return np.random.default_rng(seed).integers(1, VOCAB, n).tolist()
+
+
+def _scenario(model, rope) -> list[float]:
+    rows, errs = Rows(model, rope), []
+    rows.join(rows.group([_tokens(1, 6), _tokens(2, 11)]))
+    for s in range(3):
+        errs += rows.step(_tokens(10 + s, 2))
+    rows.join(rows.group([_tokens(3, 23), _tokens(4, 3)]))  # longer than the batch so far
+    for s in range(3):
+        errs += rows.step(_tokens(20 + s, 4))
+    assert rows.cache[0].pads[2] == 0 and min(rows.cache[0].pads[:2] + rows.cache[0].pads[3:]) > 0
+    rows.drop(2)  # the only row with no padding leaves: common padding is trimmed
+    assert min(rows.cache[0].pads) == 0
+    for s in range(2):
+        errs += rows.step(_tokens(30 + s, 3))
+    # prompt cache: copy row 0's first 8 tokens out, restore them as a new row's prefix
+    n = 8
+    keys, values = zip(*(c.row(0, n) for c in rows.cache), strict=True)
+    prompt = rows.seqs[0][:n] + _tokens(5, 6)
+    rows.join(rows.group([prompt], prefix=(keys, values, n)))
+    for s in range(3):
+        errs += rows.step(_tokens(40 + s, 4))
+    return errs
+
+
+@pytest.mark.parametrize("kind,extra", [("qwen3", {}), ("llama", {"rope_scaling": LLAMA3_SCALING})])
+def test_batched_cache_matches_solo_forward_in_both_modes(kind, extra):
+    model = _model(kind, **extra)
+    rope = shared_position_rope(model, family_allows=True)
+    assert rope is not None
+    absolute, shared = _scenario(model, None), _scenario(model, rope)
+    assert max(absolute) < 1e-4
+    assert max(shared) < 1e-4
+
+
+def test_shared_mode_rebases_far_positions(monkeypatch):
+    model = _model("qwen3")
+    monkeypatch.setattr(kvcache, "REBASE_AT", 2)
+    rows = Rows(model, shared_position_rope(model, family_allows=True))
+    rows.join(rows.group([_tokens(1, 4), _tokens(2, 12), _tokens(3, 9)]))
+    errs = [e for s in range(3) for e in rows.step(_tokens(10 + s, 3))]
+    rows.drop(1)  # trims 8 slots: base 8 > REBASE_AT, so every key is re-rotated
+    assert rows.cache[0].base == 0 and min(rows.cache[0].pads) == 0
+    errs += [e for s in range(3) for e in rows.step(_tokens(20 + s, 2))]
+    assert max(errs) < 1e-4
+
+
+def test_copied_out_rows_are_in_the_canonical_frame():
+    """row() gives the keys a solo KVCache holds for those tokens, in either mode."""
+    model = _model("qwen3")
+    tokens = [_tokens(7, 5), _tokens(8, 12)]
+    for rope in (None, shared_position_rope(model, family_allows=True)):
+        rows = Rows(model, rope)
+        rows.join(rows.group(tokens))
+        rows.step([1, 2])
+        solo = make_prompt_cache(model)
+        model(mx.array([rows.seqs[0]]), cache=solo)
+        k, v = rows.cache[1].row(0, len(rows.seqs[0]))
+        assert np.allclose(np.array(k), np.array(solo[1].keys[..., :k.shape[2], :]), atol=1e-5)
+        assert np.allclose(np.array(v), np.array(solo[1].values[..., :v.shape[2], :]), atol=1e-5)
+
+
+def test_offsets_and_masks():
+    model = _model("qwen3")
+    rope = shared_position_rope(model, family_allows=True)
+    shared, absolute = BatchCache([2, 0], rope), BatchCache([2, 0])
+    for c in (shared, absolute):
+        c.update_and_fetch(mx.zeros((2, 2, 5, 16)), mx.zeros((2, 2, 5, 16)))
+    assert shared.offset == 5  # one int for every row
+    assert absolute.offset.tolist() == [3, 5]  # each row's own position
+    assert shared.make_mask(1).shape == (2, 1, 1, 6)  # padded rows need a mask
+    lone = BatchCache([0], rope)
+    lone.update_and_fetch(mx.zeros((1, 2, 4, 16)), mx.zeros((1, 2, 4, 16)))
+    assert lone.make_mask(1) is None and lone.make_mask(3).shape == (3, 7)
+
+
+def test_rotate_composes_and_inverts():
+    rope = shared_position_rope(_model("qwen3"), family_allows=True)
+    x = mx.random.normal((1, 2, 6, 16))
+    assert np.allclose(np.array(rotate(rope, rotate(rope, x, 7), -7)), np.array(x), atol=1e-5)
+    assert np.allclose(np.array(rotate(rope, x, 5)), np.array(rotate(rope, rotate(rope, x, 2), 3)),
+                       atol=1e-5)
+    # one position moved by d is that position's RoPE at offset d
+    one = x[:, :, :1]
+    assert np.allclose(np.array(rotate(rope, one, 9)), np.array(rope(one, offset=9)), atol=1e-5)
+    assert not np.allclose(np.array(rotate(rope, one, 9)), np.array(one), atol=1e-3)
+
+
+def test_shared_positions_only_when_safe(monkeypatch):
+    qwen = _model("qwen3")
+    assert shared_position_rope(qwen, family_allows=False) is None
+    monkeypatch.setenv("MLXCEL_SHARED_POSITIONS", "0")
+    assert shared_position_rope(qwen, family_allows=True) is None
+    monkeypatch.delenv("MLXCEL_SHARED_POSITIONS")
+    assert shared_position_rope(qwen, family_allows=True) is not None
+    # Phi-3 long-context RoPE depends on the absolute position: never shifted
+    su = {"type": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8,
+          "original_max_position_embeddings": 64}
+    assert shared_position_rope(_model("phi3", rope_scaling=su, max_position_embeddings=256),
+                                family_allows=True) is None
