@@ -129,3 +129,30 @@ def test_submit_while_loading_is_refused():
     finally:
         gate.set()
         client.shutdown()
+
+
+def test_mailbox_wakes_the_loop_once_per_burst_and_keeps_order():
+    import threading
+
+    from mlxcel.engine.client import Mailbox
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        wakeups = []
+        real = loop.call_soon_threadsafe
+        loop.call_soon_threadsafe = lambda *a: (wakeups.append(1), real(*a))[1]
+        box, got = Mailbox.of(loop), []
+        assert Mailbox.of(loop) is box
+        for i in range(100):  # a burst: nothing drains until this coroutine yields
+            box.post(got.append, i)
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert got == list(range(100)) and len(wakeups) == 1
+        t = threading.Thread(target=lambda: [box.post(got.append, i) for i in range(100, 150)])
+        t.start()
+        t.join()
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert got == list(range(150)) and len(wakeups) == 2
+
+    asyncio.run(main())

@@ -54,19 +54,25 @@ class Rows:
         self.seqs: list[list[int]] = []  # tokens already in the cache, per row
         self.pending: list[int] = []  # next input per row
 
-    def group(self, prompts: list[list[int]], prefix=None):
-        """Prefill prompts[:-1] (left-padded), like PrefillJob; returns the job's caches."""
-        skip = prefix[2] if prefix else 0
-        bodies = [p[skip:-1] for p in prompts]
-        width = max(len(b) for b in bodies)
-        pads = [width - len(b) for b in bodies]
-        if prefix:
-            cache = [BatchCache.from_prefix(k, v, self.rope) for k, v in zip(*prefix[:2], strict=True)]
+    def group(self, prompts: list[list[int]], prefixes=None):
+        """Prefill prompts[:-1], right-aligned, like PrefillJob: ``prefixes[i]`` is
+        (per-layer keys, values, n) cached for prompt i's first n tokens, or None."""
+        prefixes = prefixes or [None] * len(prompts)
+        lengths = [len(p) - 1 for p in prompts]
+        width = max(lengths)
+        start = width - max(n - (pre[2] if pre else 0) for n, pre in zip(lengths, prefixes,
+                                                                          strict=True))
+        pads = [width - n for n in lengths]
+        if start:
+            cache = [BatchCache.from_prefixes(
+                [(pre[0][i][:, :, :start - pad], pre[1][i][:, :, :start - pad])
+                 if pre and start > pad else None for pre, pad in zip(prefixes, pads, strict=True)],
+                pads, start, self.rope) for i in range(len(self.model.layers))]
         else:
             cache = [BatchCache(pads, self.rope) for _ in self.model.layers]
-        rows = mx.array([[0] * p + b for p, b in zip(pads, bodies, strict=True)])
-        for start in range(0, width, 5):  # chunked like the engine
-            self.model(rows[:, start:start + 5], cache=cache)
+        rows = mx.array([[0] * pad + p[:-1] for pad, p in zip(pads, prompts, strict=True)])
+        for col in range(start, width, 5):  # chunked like the engine
+            self.model(rows[:, col:col + 5], cache=cache)
         return cache, [p[:-1] for p in prompts], [p[-1] for p in prompts]
 
     def join(self, job):
@@ -79,14 +85,14 @@ class Rows:
         self.seqs += seqs
         self.pending += last
 
-    def step(self, next_inputs: list[int]) -> list[float]:
-        """One decode step; returns max |logits - solo logits| per row."""
+    def step(self, seed: int) -> list[float]:
+        """One decode step (next inputs drawn from ``seed``); max |logits - solo| per row."""
         logits = np.array(self.model(mx.array(self.pending)[:, None], cache=self.cache)[:, -1])
         errs = []
         for i, seq in enumerate(self.seqs):
             seq.append(self.pending[i])
             errs.append(float(np.abs(logits[i] - _solo_last_logits(self.model, seq)).max()))
-        self.pending = list(next_inputs)
+        self.pending = _tokens(seed, len(self.seqs))
         return errs
 
     def drop(self, row: int):
@@ -105,22 +111,29 @@ def _scenario(model, rope) -> list[float]:
     rows, errs = Rows(model, rope), []
     rows.join(rows.group([_tokens(1, 6), _tokens(2, 11)]))
     for s in range(3):
-        errs += rows.step(_tokens(10 + s, 2))
+        errs += rows.step(10 + s)
     rows.join(rows.group([_tokens(3, 23), _tokens(4, 3)]))  # longer than the batch so far
     for s in range(3):
-        errs += rows.step(_tokens(20 + s, 4))
+        errs += rows.step(20 + s)
     assert rows.cache[0].pads[2] == 0 and min(rows.cache[0].pads[:2] + rows.cache[0].pads[3:]) > 0
     rows.drop(2)  # the only row with no padding leaves: common padding is trimmed
     assert min(rows.cache[0].pads) == 0
     for s in range(2):
-        errs += rows.step(_tokens(30 + s, 3))
-    # prompt cache: copy row 0's first 8 tokens out, restore them as a new row's prefix
+        errs += rows.step(30 + s)
+    # prompt cache: copy rows out, restore them as new rows' prefixes
     n = 8
     keys, values = zip(*(c.row(0, n) for c in rows.cache), strict=True)
     prompt = rows.seqs[0][:n] + _tokens(5, 6)
-    rows.join(rows.group([prompt], prefix=(keys, values, n)))
+    rows.join(rows.group([prompt], prefixes=[(keys, values, n)]))
     for s in range(3):
-        errs += rows.step(_tokens(40 + s, 4))
+        errs += rows.step(40 + s)
+    # a group: two hits of different lengths (reused in part, right-aligned) and a miss
+    held = [zip(*(c.row(i, m) for c in rows.cache), strict=True) for i, m in ((1, 12), (0, 5))]
+    prompts = [rows.seqs[1][:12] + _tokens(6, 4), rows.seqs[0][:5] + _tokens(7, 9),
+               _tokens(8, 7)]
+    rows.join(rows.group(prompts, prefixes=[(*held[0], 12), (*held[1], 5), None]))
+    for s in range(3):
+        errs += rows.step(50 + s)
     return errs
 
 
@@ -139,10 +152,10 @@ def test_shared_mode_rebases_far_positions(monkeypatch):
     monkeypatch.setattr(kvcache, "REBASE_AT", 2)
     rows = Rows(model, shared_position_rope(model, family_allows=True))
     rows.join(rows.group([_tokens(1, 4), _tokens(2, 12), _tokens(3, 9)]))
-    errs = [e for s in range(3) for e in rows.step(_tokens(10 + s, 3))]
+    errs = [e for s in range(3) for e in rows.step(10 + s)]
     rows.drop(1)  # trims 8 slots: base 8 > REBASE_AT, so every key is re-rotated
     assert rows.cache[0].base == 0 and min(rows.cache[0].pads) == 0
-    errs += [e for s in range(3) for e in rows.step(_tokens(20 + s, 2))]
+    errs += [e for s in range(3) for e in rows.step(20 + s)]
     assert max(errs) < 1e-4
 
 
@@ -153,7 +166,7 @@ def test_copied_out_rows_are_in_the_canonical_frame():
     for rope in (None, shared_position_rope(model, family_allows=True)):
         rows = Rows(model, rope)
         rows.join(rows.group(tokens))
-        rows.step([1, 2])
+        rows.step(1)
         solo = make_prompt_cache(model)
         model(mx.array([rows.seqs[0]]), cache=solo)
         k, v = rows.cache[1].row(0, len(rows.seqs[0]))

@@ -42,27 +42,36 @@ class PrefillJob:
     """Prefills ``seqs`` (all but their last prompt token) a chunk per engine step."""
 
     def __init__(self, model: Any, seqs: list[Sequence], batchable: bool,
-                 prefix: tuple[list[Any], list[Any], int] | None = None,
+                 prefixes: list[tuple[list[Any], list[Any]] | None] | None = None,
                  rope: Any | None = None) -> None:
-        """``prefix``: cached (keys, values, tokens) for the first tokens of a lone
-        sequence's prompt; only the rest is computed. ``rope``: see BatchCache."""
+        """``prefixes[i]``: per-layer cached (keys, values) covering the first
+        ``seqs[i].cached`` prompt tokens, or None. Rows are right-aligned and every row
+        computes the columns of the longest uncached tail, so a row may reuse fewer tokens
+        than were found (``cached`` is set to what it reuses). ``rope``: see BatchCache."""
         self.model = model
         self.seqs = seqs
-        skip = prefix[2] if prefix else 0
-        bodies = [s.req.prompt_tokens[skip:-1] for s in seqs]
-        width = max(len(b) for b in bodies)
-        padding = [width - len(b) for b in bodies]
-        if prefix is not None:
-            self.cache = [BatchCache.from_prefix(k, v, rope)
-                          for k, v in zip(prefix[0], prefix[1], strict=True)]
-        elif batchable:
-            self.cache = [BatchCache(padding, rope) for _ in model.make_cache()]
-        else:
+        lengths = [len(s.req.prompt_tokens) - 1 for s in seqs]  # the last token is decoded
+        width = max(lengths)
+        start = width - max(n - s.cached for n, s in zip(lengths, seqs, strict=True))
+        pads = [width - n for n in lengths]
+        for s, pad in zip(seqs, pads, strict=True):
+            s.cached = max(0, start - pad)
+        if not batchable:
             self.cache = model.make_cache()
-        rows = [[0] * p + list(b) for p, b in zip(padding, bodies, strict=True)]
+        elif start > 0:
+            parts = [[(k[:, :, :s.cached], v[:, :, :s.cached]) if s.cached else None
+                      for k, v in zip(*pre, strict=True)] if pre else None
+                     for s, pre in zip(seqs, prefixes, strict=True)]
+            layers = len(next(p for p in parts if p is not None))
+            self.cache = [BatchCache.from_prefixes([p[i] if p else None for p in parts], pads,
+                                                   start, rope) for i in range(layers)]
+        else:
+            self.cache = [BatchCache(pads, rope) for _ in model.make_cache()]
+        rows = [[0] * pad + list(s.req.prompt_tokens[:-1]) for s, pad in zip(seqs, pads,
+                                                                             strict=True)]
         self.tokens = mx.array(rows, dtype=mx.uint32)
         self.width = width
-        self.done_cols = 0
+        self.done_cols = start
 
     @property
     def tokens_total(self) -> int:
@@ -106,13 +115,16 @@ class DecodeBatch:
         self.rows.extend(job.seqs)
         self.sampler = self.penalties = None
 
-    def row_kv(self, seq: Sequence, length: int) -> tuple[list[mx.array], list[mx.array]]:
-        """The first ``length`` cached positions of ``seq``'s row, per layer (evaluated)."""
-        i = self.rows.index(seq)
-        keys, values = (list(x) for x in zip(*(c.row(i, length) for c in self.cache),
-                                             strict=True))
-        mx.eval(keys, values)
-        return keys, values
+    def rows_kv(self, seqs: list[Sequence]) -> list[tuple[list[mx.array], list[mx.array]]]:
+        """Each row's cached keys/values for all of its context but the last (sampled,
+        never fed) token, per layer, in the canonical frame; evaluated together."""
+        out = []
+        for seq in seqs:
+            i, n = self.rows.index(seq), len(seq.context) - 1
+            keys, values = zip(*(c.row(i, n) for c in self.cache), strict=True)
+            out.append((list(keys), list(values)))
+        mx.eval(out)
+        return out
 
     def drop_finished(self) -> None:
         keep = [i for i, s in enumerate(self.rows) if not s.finished]

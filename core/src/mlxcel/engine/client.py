@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+import weakref
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -25,6 +27,57 @@ from mlxcel.types import GenerationEvent, GenerationRequest
 MAX_BUFFERED_EVENTS = 64
 
 
+class Mailbox:
+    """Hands engine-thread events to one asyncio loop, waking it once per burst.
+
+    ``call_soon_threadsafe`` per event writes to the loop's self-pipe every time (a batch
+    of 64 rows = 64 wake-ups per step); posts made while a drain is already scheduled ride
+    along with it.
+    """
+
+    _by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Mailbox] = \
+        weakref.WeakKeyDictionary()
+    _registry_lock = threading.Lock()
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = weakref.ref(loop)  # the registry's key: no strong reference to it
+        self._lock = threading.Lock()
+        self._items: list[tuple[Callable[[Any], None], Any]] = []
+        self._scheduled = False
+
+    @classmethod
+    def of(cls, loop: asyncio.AbstractEventLoop) -> Mailbox:
+        with cls._registry_lock:
+            box = cls._by_loop.get(loop)
+            if box is None:
+                box = cls._by_loop[loop] = cls(loop)
+            return box
+
+    def post(self, fn: Callable[[Any], None], arg: Any) -> None:
+        """Run ``fn(arg)`` on the loop soon; raises RuntimeError if the loop is closed."""
+        with self._lock:
+            self._items.append((fn, arg))
+            if self._scheduled:
+                return
+            self._scheduled = True
+        try:
+            loop = self._loop()
+            if loop is None:
+                raise RuntimeError("event loop is gone")
+            loop.call_soon_threadsafe(self._drain)
+        except RuntimeError:
+            with self._lock:
+                self._items.clear()
+                self._scheduled = False
+            raise
+
+    def _drain(self) -> None:
+        with self._lock:
+            items, self._items, self._scheduled = self._items, [], False
+        for fn, arg in items:
+            fn(arg)
+
+
 class EventStream:
     """Events of one request. Closing it early (client gone) cancels the generation."""
 
@@ -32,7 +85,7 @@ class EventStream:
                  loop: asyncio.AbstractEventLoop) -> None:
         self._client = client
         self.request = req
-        self._loop = loop
+        self._mailbox = Mailbox.of(loop)
         self._buffer: deque[GenerationEvent] = deque()
         self._ready = asyncio.Event()
         self.done = False
@@ -41,7 +94,7 @@ class EventStream:
     def emit(self, event: GenerationEvent) -> None:
         """Called from the engine thread; never raises into it."""
         try:
-            self._loop.call_soon_threadsafe(self._push, event)
+            self._mailbox.post(self._push, event)
         except RuntimeError:  # the consumer's event loop is gone: stop generating for it
             self.cancelled = True
 

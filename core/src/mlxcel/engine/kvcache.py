@@ -63,12 +63,19 @@ def shared_position_rope(model: Any, family_allows: bool) -> Any | None:
     return ropes[0]
 
 
-def rotate(rope: Any, keys: mx.array, delta: int) -> mx.array:
-    """Keys [B, H, L, D] moved ``delta`` positions: each position as a length-1 sequence."""
-    if delta == 0:
+def rotate(rope: Any, keys: mx.array, delta: int | list[int]) -> mx.array:
+    """Keys [B, H, L, D] moved ``delta`` positions (one int, or one per row): each position
+    is rotated as a length-1 sequence at offset ``delta``."""
+    if isinstance(delta, list):
+        if not any(delta):
+            return keys
+        offset: int | mx.array = mx.array(delta)
+    elif delta == 0:
         return keys
+    else:
+        offset = delta
     b, h, n, d = keys.shape
-    return rope(keys.reshape(b, h * n, 1, d), offset=delta).reshape(b, h, n, d)
+    return rope(keys.reshape(b, h * n, 1, d), offset=offset).reshape(b, h, n, d)
 
 
 def _left_pad(x: mx.array, n: int) -> mx.array:
@@ -91,10 +98,24 @@ class BatchCache:
         self._offsets: tuple[int, mx.array] | None = None
 
     @classmethod
-    def from_prefix(cls, keys: mx.array, values: mx.array, rope: Any | None) -> BatchCache:
-        """A one-row cache holding a cached prefix (canonical positions 0..L-1)."""
-        cache = cls([0], rope)
-        cache.keys, cache.values, cache._idx = keys, values, keys.shape[2]
+    def from_prefixes(cls, parts: list[tuple[mx.array, mx.array] | None], pads: list[int],
+                      start: int, rope: Any | None) -> BatchCache:
+        """Row r holds ``parts[r]`` (canonical keys/values [1, H, n, D] of its first
+        ``n = start - pads[r]`` tokens; None when n is 0) in slots ``pads[r]..start``."""
+        ref_k, ref_v = next(p for p in parts if p is not None)
+        h, dk, dv = ref_k.shape[1], ref_k.shape[3], ref_v.shape[3]
+        keys, values = [], []
+        for part, pad in zip(parts, pads, strict=True):
+            if part is None:
+                keys.append(mx.zeros((1, h, start, dk), ref_k.dtype))
+                values.append(mx.zeros((1, h, start, dv), ref_v.dtype))
+            else:
+                keys.append(_left_pad(part[0], pad))
+                values.append(_left_pad(part[1], pad))
+        cache = cls(pads, rope)
+        cache.keys, cache.values, cache._idx = mx.concatenate(keys), mx.concatenate(values), start
+        if rope is not None:  # canonical position i -> slot pads[r] + i
+            cache.keys = rotate(rope, cache.keys, pads)
         return cache
 
     # -- what the model calls ---------------------------------------------------------------

@@ -70,7 +70,9 @@ class EngineWorker(threading.Thread):
         return rows + (list(self.prefilling.seqs) if self.prefilling else [])
 
     # -- thread ---------------------------------------------------------------------------
-    def run(self) -> None:
+    def setup(self) -> bool:
+        """Load the model and get ready to schedule (the thread's first act); False if the
+        model failed to load."""
         try:
             self.checkpoint = self._load()
             self.eos_ids = set(self.checkpoint.tokenizer.eos_ids)
@@ -91,9 +93,14 @@ class EngineWorker(threading.Thread):
         except Exception as exc:
             self.state, self.error = "failed", f"{type(exc).__name__}: {exc}"
             log.error("model_load_failed", error=self.error)
-            return
+            return False
         finally:
             self.ready.set()
+        return True
+
+    def run(self) -> None:
+        if not self.setup():
+            return
         while not self._stopping.is_set():
             try:
                 self._iteration()
@@ -168,46 +175,49 @@ class EngineWorker(threading.Thread):
             seq.cache_hit = found or ()
         return seq.cache_hit or None
 
+    def _tail(self, seq: Sequence) -> int:
+        """Prompt tokens ``seq`` must compute (past its prompt-cache hit, if any)."""
+        hit = self._lookup(seq)
+        seq.cached = hit[1] if hit else 0
+        return len(seq.req.prompt_tokens) - 1 - seq.cached
+
     def _admit(self) -> PrefillJob | None:
-        """Start prefilling the next waiting request(s): a prompt-cache hit alone, on its
-        cached prefix; misses grouped (left-padded) up to the prefill chunk in tokens."""
+        """Start prefilling the next waiting request(s), grouped (right-aligned) while
+        rows x the longest uncached tail fit in the prefill chunk; a prompt-cache hit
+        reuses its cached prefix (see PrefillJob)."""
         free = self.parallel - len(self.batch)
         if not self.waiting or free <= 0:
             return None
-        head = heapq.heappop(self.waiting)
-        hit = self._lookup(head)
-        if hit is not None:
-            entry, n = hit
-            head.cached = n
-            keys, values = entry.prefix(n)
-            return self._start([head], (keys, values, n))
-        group = [head]
-        tokens = len(head.req.prompt_tokens)
+        group = [heapq.heappop(self.waiting)]
+        widest = self._tail(group[0])
         while self.waiting and len(group) < free and self.batchable:
-            nxt = self.waiting[0]
-            if tokens + len(nxt.req.prompt_tokens) > self.prefill_chunk or self._lookup(nxt):
+            tail = max(widest, self._tail(self.waiting[0]))
+            if (len(group) + 1) * tail > self.prefill_chunk:
                 break
             group.append(heapq.heappop(self.waiting))
-            tokens += len(nxt.req.prompt_tokens)
-        return self._start(group, None)
+            widest = tail
+        return self._start(group)
 
-    def _start(self, group: list[Sequence], prefix: tuple | None) -> PrefillJob:
+    def _start(self, group: list[Sequence]) -> PrefillJob:
         self.stats.sequences_started += len(group)
-        job = PrefillJob(self.checkpoint.model, group, self.batchable, prefix, self.rope)
+        prefixes = [s.cache_hit[0].prefix(s.cached) if s.cache_hit else None for s in group]
+        job = PrefillJob(self.checkpoint.model, group, self.batchable, prefixes, self.rope)
         self.prefilling = job
         self.count_queued(-len(group))
         return job
 
-    def _remember(self, seq: Sequence) -> None:
-        """Keep a finished sequence's KV (prompt + output) for later prompts that share it."""
-        if not (self.prompt_cache.enabled and seq.req.cache_prompt and seq in self.batch.rows):
+    def _remember(self, seqs: list[Sequence]) -> None:
+        """Keep finished sequences' KV (prompt + output) for later prompts that share it."""
+        keep = [s for s in seqs if self.prompt_cache.enabled and s.req.cache_prompt
+                and s in self.batch.rows]
+        if not keep:
             return
-        tokens = seq.context[:-1]  # the last token was sampled, never fed
         try:
-            keys, values = self.batch.row_kv(seq, len(tokens))
-            self.prompt_cache.insert(tokens, keys, values)
+            for seq, (keys, values) in zip(keep, self.batch.rows_kv(keep), strict=True):
+                self.prompt_cache.insert(seq.context[:-1], keys, values)
         except Exception:
-            log.exception("prompt_cache_insert_failed", request_id=seq.req.request_id)
+            log.exception("prompt_cache_insert_failed",
+                          request_ids=[s.req.request_id for s in keep])
 
     def _prefill_step(self) -> None:
         if self.prefilling is None:
@@ -247,6 +257,7 @@ class EngineWorker(threading.Thread):
         step, self.inflight = self.inflight, None
         tokens = step.sampled.tolist()
         logprobs = row_logprobs(step, len(tokens))
+        done: list[Sequence] = []
         for i, (seq, token) in enumerate(zip(step.rows, tokens, strict=True)):
             if seq.finished:
                 continue
@@ -259,7 +270,11 @@ class EngineWorker(threading.Thread):
                 seq.finish("error", error=f"generation failed: {exc}")
             if seq.finished:
                 self.stats.sequences_completed += 1
-                self._remember(seq)
+                done.append(seq)
+            else:
+                seq.release_finish()
+        self._remember(done)  # before the finish events: a next turn can already hit
+        for seq in done:
             seq.release_finish()
 
 

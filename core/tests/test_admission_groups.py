@@ -1,0 +1,112 @@
+"""Admission: waiting requests are prefilled together, prompt-cache hits included.
+
+The engine worker is driven by hand (``setup()`` then ``_iteration()`` on this thread), so
+which requests form one prefill group is deterministic.
+"""
+
+from __future__ import annotations
+
+import pytest
+from mlxcel.engine.loader import load_checkpoint
+from mlxcel.engine.prompt_cache import PromptCache
+from mlxcel.engine.worker import EngineWorker
+from mlxcel.plugins import load_plugins
+from mlxcel.types import GenerationRequest, SamplingParams
+
+
+class ListSink:
+    cancelled = False
+
+    def __init__(self) -> None:
+        self.events = []
+
+    def emit(self, event) -> None:
+        self.events.append(event)
+
+    @property
+    def tokens(self) -> list[int]:
+        return [t for e in self.events for t in e.token_ids]
+
+    @property
+    def done(self) -> bool:
+        return bool(self.events) and self.events[-1].finish_reason is not None
+
+
+@pytest.fixture(scope="module")
+def path(mlxcel_checkpoint_cache):
+    from mlxcel.testing.checkpoint import cached_checkpoint
+
+    return cached_checkpoint("qwen3", cache_dir=mlxcel_checkpoint_cache, dtype="float32")
+
+
+def worker_for(path, cache: bool, chunk: int = 512) -> EngineWorker:
+    families = load_plugins().families
+    worker = EngineWorker(lambda: load_checkpoint(str(path), families), parallel=8,
+                          prefill_chunk=chunk,
+                          prompt_cache=PromptCache(1 << 30) if cache else None)
+    assert worker.setup()
+    return worker
+
+
+def submit(worker, prompt: list[int], max_tokens: int = 6) -> ListSink:
+    sink = ListSink()
+    req = GenerationRequest(request_id=str(len(prompt)), prompt_tokens=tuple(prompt),
+                            max_tokens=max_tokens, ignore_eos=True,
+                            sampling=SamplingParams(temperature=0.0))
+    worker.inbox.put((req, sink))
+    worker.count_queued(1)
+    return sink
+
+
+def run_until_done(worker, sinks) -> None:
+    for _ in range(500):
+        if all(s.done for s in sinks):
+            return
+        worker._iteration()
+    raise AssertionError("requests did not finish")
+
+
+BASE = [(7 * i) % 200 + 3 for i in range(40)]
+PROMPTS = [BASE[:33] + [5, 6, 7], BASE[:36] + [9] * 7, [11, 12, 13, 14, 15]]
+
+
+def solo_outputs(path) -> list[list[int]]:
+    worker = worker_for(path, cache=False)
+    out = []
+    for prompt in PROMPTS:
+        sink = submit(worker, prompt)
+        run_until_done(worker, [sink])
+        out.append(sink.tokens)
+    return out
+
+
+def test_prompt_cache_hits_are_prefilled_together_with_misses(path):
+    expected = solo_outputs(path)
+    worker = worker_for(path, cache=True)
+    first = submit(worker, BASE)
+    run_until_done(worker, [first])  # BASE + its output is now cached
+    chunks = worker.stats.prefill_chunks_processed
+    sinks = [submit(worker, p) for p in PROMPTS]
+    worker._drain(block=False)
+    job = worker._admit()
+    assert job is not None and len(job.seqs) == 3  # one group: two hits and a miss
+    # right-aligned (prefill widths 35, 42, 4) and computing the widest uncached tail
+    # (42 - 32 = 10 columns): the second hit reuses its whole block-aligned 32 tokens, the
+    # first only the 25 left of those columns, the miss nothing
+    assert [s.cached for s in job.seqs] == [25, 32, 0]
+    worker.prefilling = job
+    run_until_done(worker, sinks)
+    assert worker.stats.prefill_chunks_processed == chunks + 1
+    assert [s.tokens for s in sinks] == expected
+    assert [s.events[-1].usage.cached_tokens for s in sinks] == [25, 32, 0]
+
+
+def test_groups_are_bounded_by_rows_times_the_widest_tail(path):
+    worker = worker_for(path, cache=False, chunk=40)
+    sinks = [submit(worker, [3 + i] * 12) for i in range(5)]  # 11 tokens to prefill each
+    worker._drain(block=False)
+    job = worker._admit()
+    assert len(job.seqs) == 3  # 3 x 11 <= 40 < 4 x 11
+    worker.prefilling = job
+    run_until_done(worker, sinks)
+    assert all(len(s.tokens) == 6 for s in sinks)
