@@ -38,8 +38,21 @@ def make_cache(model, cache_kind: str, pads: list[int]) -> list:
 
 
 def measure(model, cache_kind: str, batch: int, prompt_len: int, steps: int, warmup: int,
-            ragged: bool = False) -> dict:
-    """``ragged``: row i's prompt is left-padded by i % 16 tokens (a decode mask is needed)."""
+            ragged: bool = False, grouped: bool = False) -> dict:
+    """``ragged``: row i's prompt is left-padded by i % 16 tokens (a decode mask is needed);
+    ``grouped``: masked steps on mlxcel's cache use mlxcel.engine.attention's path."""
+    if grouped:
+        from mlxcel.engine import attention
+
+        attention.install(model, enable=True)
+    try:
+        return _measure(model, cache_kind, batch, prompt_len, steps, warmup, ragged, grouped)
+    finally:
+        if grouped:
+            attention.uninstall(model)
+
+
+def _measure(model, cache_kind, batch, prompt_len, steps, warmup, ragged, grouped) -> dict:
     import mlx.core as mx
 
     pads = [(i % 16) if ragged and cache_kind != "KVCache" else 0 for i in range(batch)]
@@ -69,7 +82,7 @@ def measure(model, cache_kind: str, batch: int, prompt_len: int, steps: int, war
     cache.clear()
     mx.clear_cache()
     return {
-        "cache": cache_kind + (" ragged" if ragged else ""),
+        "cache": cache_kind + (" ragged" if ragged else "") + (" grouped" if grouped else ""),
         "batch": batch,
         "steps": steps,
         "seconds": dt,

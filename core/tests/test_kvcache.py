@@ -212,3 +212,45 @@ def test_shared_positions_only_when_safe(monkeypatch):
           "original_max_position_embeddings": 64}
     assert shared_position_rope(_model("phi3", rope_scaling=su, max_position_embeddings=256),
                                 family_allows=True) is None
+
+
+def test_grouped_decode_attention_matches_mlx_masked_sdpa():
+    from mlxcel.engine.attention import grouped_decode_attention
+
+    q = mx.random.normal((3, 8, 1, 16))
+    k, v = mx.random.normal((3, 2, 11, 16)), mx.random.normal((3, 2, 11, 16))
+    mask = mx.array([0, 4, 9])[:, None, None, None] <= mx.arange(11)  # left padding
+    want = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.25, mask=mask)
+    got = grouped_decode_attention(q, k, v, 0.25, mask)
+    assert got.shape == want.shape
+    assert np.allclose(np.array(got), np.array(want), atol=1e-5)
+    # the padded keys really are ignored: changing them changes nothing
+    k2 = mx.where(mask.squeeze(2)[:, :, :, None], k, 100.0)
+    assert np.allclose(np.array(grouped_decode_attention(q, k2, v, 0.25, mask)), np.array(got),
+                       atol=1e-5)
+
+
+def test_installed_attention_serves_only_masked_steps_on_engine_caches():
+    from mlxcel.engine import attention
+
+    model = _model("qwen3")
+    calls = []
+    real = attention.grouped_decode_attention
+    attention.grouped_decode_attention = lambda *a: calls.append(1) or real(*a)
+    try:
+        assert attention.install(model, enable=True)
+        assert attention.install(model, enable=True)  # idempotent: wrapped once
+        rope = shared_position_rope(model, family_allows=True)
+        for mode in (None, rope):
+            errs = _scenario(model, mode)
+            assert max(errs) < 1e-4
+        assert calls  # the padded decode steps went through it
+        n = len(calls)
+        solo = make_prompt_cache(model)
+        model(mx.array([[1, 2, 3]]), cache=solo)
+        model(mx.array([[4]]), cache=solo)  # plain KVCache: MLX's own kernel
+        assert len(calls) == n
+    finally:
+        attention.uninstall(model)
+        attention.grouped_decode_attention = real
+    assert not hasattr(qwen3.scaled_dot_product_attention, "mlxcel_original")

@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 import structlog
 
+from mlxcel.engine import attention
 from mlxcel.engine.batch import DecodeBatch, PrefillJob, is_batchable
 from mlxcel.engine.kvcache import shared_position_rope
 from mlxcel.engine.memory import compute_dtype_bytes, request_budget
@@ -80,7 +81,9 @@ class EngineWorker(threading.Thread):
             self.rope = shared_position_rope(self.checkpoint.model,
                                              self.checkpoint.family.relative_positions) \
                 if self.batchable else None
-            log.info("engine_positions", mode="shared" if self.rope is not None else "absolute")
+            grouped = self.batchable and attention.install(self.checkpoint.model)
+            log.info("engine_batch", positions="shared" if self.rope is not None else "absolute",
+                     masked_decode_attention="grouped" if grouped else "mlx")
             if not self.batchable:
                 log.info("engine_single_slot", reason="model cache cannot be batched")
                 self.parallel = 1

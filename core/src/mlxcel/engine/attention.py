@@ -1,0 +1,81 @@
+"""Decode attention for a padded batch, without MLX's masked fallback.
+
+One decode step of a batch whose rows are left-padded needs a mask. MLX's fused SDPA
+kernels take no array mask on CUDA, so ``mx.fast.scaled_dot_product_attention`` falls back
+to a composed path that, for grouped-query attention, broadcasts keys and values across the
+query heads of a group; that costs about a third of a Llama-3-8B step at batch 64 on an
+H200 (bench/results/cache_probe_gpu.md). Here the query heads of a group become the rows
+of one small matmul against their shared KV head instead, so keys and values are read once
+and never copied.
+
+``install(model)`` wraps the ``scaled_dot_product_attention`` that the model's mlx-lm
+module calls; the wrapper takes this path only for one-token steps on the engine's own
+``BatchCache`` with an array mask, and calls the original otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+import mlx.core as mx
+
+from mlxcel.engine.kvcache import BatchCache
+
+DECODE_ATTENTION_ENV = "MLXCEL_DECODE_ATTENTION"
+
+
+def grouped_decode_attention(queries: mx.array, keys: mx.array, values: mx.array,
+                             scale: float, mask: mx.array) -> mx.array:
+    """``queries`` [B, Hq, 1, D], ``keys``/``values`` [B, Hkv, L, D], boolean ``mask``
+    broadcastable to [B, 1, 1, L] -> [B, Hq, 1, D]."""
+    b, hq, _, d = queries.shape
+    hkv = keys.shape[1]
+    q = queries.reshape(b, hkv, hq // hkv, d) * scale
+    scores = q @ keys.swapaxes(-1, -2)  # [B, Hkv, group, L]
+    scores = mx.where(mask, scores, mx.array(float("-inf"), scores.dtype))
+    weights = mx.softmax(scores, axis=-1, precise=True)
+    return (weights @ values).reshape(b, hq, 1, values.shape[-1])
+
+
+def _wrap(original: Any) -> Any:
+    def scaled_dot_product_attention(queries, keys, values, cache, scale, mask, sinks=None):
+        if (isinstance(cache, BatchCache) and queries.shape[2] == 1 and sinks is None
+                and isinstance(mask, mx.array) and mask.dtype == mx.bool_):
+            return grouped_decode_attention(queries, keys, values, scale, mask)
+        return original(queries, keys, values, cache=cache, scale=scale, mask=mask,
+                        sinks=sinks)
+
+    scaled_dot_product_attention.mlxcel_original = original
+    return scaled_dot_product_attention
+
+
+def wanted() -> bool:
+    """``MLXCEL_DECODE_ATTENTION``: ``grouped`` / ``fused``; ``auto`` (default) = grouped
+    on CUDA, where MLX has no fused masked kernel, and MLX's own kernel elsewhere."""
+    choice = os.environ.get(DECODE_ATTENTION_ENV, "auto").strip().lower()
+    if choice in ("grouped", "fused"):
+        return choice == "grouped"
+    return mx.default_device() == mx.gpu and not mx.metal.is_available()
+
+
+def install(model: Any, enable: bool | None = None) -> bool:
+    """Route masked one-token steps of ``model``'s attention through
+    ``grouped_decode_attention`` (see the module docstring); True when installed."""
+    if not (wanted() if enable is None else enable):
+        return False
+    module = sys.modules.get(type(getattr(model, "model", model)).__module__)
+    current = getattr(module, "scaled_dot_product_attention", None)
+    if current is None:
+        return False
+    if not hasattr(current, "mlxcel_original"):
+        module.scaled_dot_product_attention = _wrap(current)
+    return True
+
+
+def uninstall(model: Any) -> None:
+    module = sys.modules.get(type(getattr(model, "model", model)).__module__)
+    current = getattr(module, "scaled_dot_product_attention", None)
+    if hasattr(current, "mlxcel_original"):
+        module.scaled_dot_product_attention = current.mlxcel_original
