@@ -184,7 +184,7 @@ def main() -> int:
         client.shutdown()
     if prof is not None:
         out = io.StringIO()
-        pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(18)
+        pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(30)
         print(out.getvalue())
     return 0
 
