@@ -156,3 +156,20 @@ def test_mailbox_wakes_the_loop_once_per_burst_and_keeps_order():
         assert got == list(range(150)) and len(wakeups) == 2
 
     asyncio.run(main())
+
+
+def test_take_ready_returns_what_arrived_and_ends_with_the_finish(engine):
+    async def main():
+        stream = engine.submit(req("ready", max_tokens=6, ignore_eos=True))
+        first = await stream.__anext__()
+        for _ in range(200):  # let the rest arrive unread
+            if stream.buffered and stream._buffer[-1].finish_reason is not None:
+                break
+            await asyncio.sleep(0.01)
+        rest = stream.take_ready()
+        assert rest and rest[-1].finish_reason is not None and stream.done
+        assert stream.take_ready() == []
+        return [first, *rest]
+
+    events = asyncio.run(main())
+    assert sum(len(e.token_ids) for e in events) == 6

@@ -127,6 +127,17 @@ class EventStream:
             self.done = True
         return event
 
+    def take_ready(self) -> list[GenerationEvent]:
+        """Events already delivered and not yet read (never waits); ends the stream when
+        they include the finish event."""
+        out: list[GenerationEvent] = []
+        while self._buffer and not self.done:
+            event = self._buffer.popleft()
+            out.append(event)
+            if event.finish_reason is not None:
+                self.done = True
+        return out
+
     async def aclose(self) -> None:
         self.cancel()
 

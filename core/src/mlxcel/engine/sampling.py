@@ -66,9 +66,9 @@ class BatchSampler:
 
     def __call__(self, logits: mx.array) -> mx.array:
         """(penalised) ``logits`` [B, V] -> token ids [B] (lazy)."""
+        if self.all_greedy:  # argmax needs no float32 copy of [B, V]
+            return mx.argmax(logits, axis=-1)
         x = logits.astype(mx.float32)
-        if self.all_greedy:
-            return mx.argmax(x, axis=-1)
         values, ids = self._candidates(x)
         position = self._choose(self._filter(values, ordered=ids is not None), ids)
         if ids is None:
