@@ -119,6 +119,8 @@ def test_a_model_that_fails_to_load_stops_the_server_with_a_clear_error(tiny_che
     ({"MLXCEL_REQUEST_MEMORY_BUDGET": "none"}, [], "MLXCEL_REQUEST_MEMORY_BUDGET"),
     ({"MLXCEL_REQUEST_MEMORY_BUDGET": "0"}, [], "MLXCEL_REQUEST_MEMORY_BUDGET"),
     ({"MLXCEL_LOOP_DETECTION": "sometimes"}, [], "MLXCEL_LOOP_DETECTION"),
+    ({"MLXCEL_SWITCH_INTERVAL": "0"}, [], "MLXCEL_SWITCH_INTERVAL"),
+    ({"MLXCEL_SWITCH_INTERVAL": "fast"}, [], "MLXCEL_SWITCH_INTERVAL"),
     ({}, ["--top-p", "3"], "--top-p"),
     ({}, ["--max-queue-depth", "0"], "--max-queue-depth"),
 ])

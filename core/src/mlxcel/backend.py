@@ -300,3 +300,26 @@ def model_dtype(module: Any) -> str:
 if __name__ == "__main__":  # `python -m mlxcel.backend`: the BLAS to preload, or nothing
     _off = os.environ.get("MLXCEL_NO_FAST_BLAS", "").strip().lower() in ("1", "true", "yes", "on")
     print("" if _off or not sys.platform.startswith("linux") else find_fast_blas() or "")
+
+
+SWITCH_INTERVAL_ENV = "MLXCEL_SWITCH_INTERVAL"
+
+
+def switch_interval() -> float | None:
+    """``MLXCEL_SWITCH_INTERVAL`` in seconds (``sys.setswitchinterval``), None when unset.
+
+    The engine thread spends most of a decode step in MLX calls that release the GIL; when
+    it needs the GIL back while the event loop runs Python (SSE frames of many streams), it
+    waits until the loop's thread is made to drop it, after at most this interval (Python's
+    default: 5 ms). Raises StartupError for anything but a positive number of seconds up to 1."""
+    raw = os.environ.get(SWITCH_INTERVAL_ENV, "").strip()
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = 0.0
+    if not 0 < value <= 1:
+        raise StartupError(f"{SWITCH_INTERVAL_ENV} must be a number of seconds in (0, 1], "
+                           f"got {raw!r}")
+    return value

@@ -5,6 +5,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import queue
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -12,6 +13,7 @@ from typing import Any
 import msgspec
 import structlog
 
+from mlxcel.backend import switch_interval
 from mlxcel.engine import attention
 from mlxcel.engine.batch import DecodeBatch, PrefillJob, is_batchable
 from mlxcel.engine.kvcache import shared_position_rope
@@ -104,6 +106,9 @@ class EngineWorker(threading.Thread):
     def run(self) -> None:
         if not self.setup():
             return
+        interval = switch_interval()
+        if interval is not None:
+            sys.setswitchinterval(interval)
         while not self._stopping.is_set():
             try:
                 self._iteration()
