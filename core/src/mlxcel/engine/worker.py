@@ -106,9 +106,7 @@ class EngineWorker(threading.Thread):
     def run(self) -> None:
         if not self.setup():
             return
-        interval = switch_interval()
-        if interval is not None:
-            sys.setswitchinterval(interval)
+        sys.setswitchinterval(switch_interval())
         while not self._stopping.is_set():
             try:
                 self._iteration()
