@@ -268,7 +268,6 @@ class EngineWorker(threading.Thread):
             if seq.finished:
                 continue
             self.stats.total_decode_tokens += 1
-            seq.defer_finish = True
             try:
                 seq.accept(token, logprobs[i] if seq.req.sampling.logprobs else None)
             except Exception as exc:
@@ -277,11 +276,9 @@ class EngineWorker(threading.Thread):
             if seq.finished:
                 self.stats.sequences_completed += 1
                 done.append(seq)
-            else:
-                seq.release_finish()
-        self._remember(done)  # before the finish events: a next turn can already hit
-        for seq in done:
-            seq.release_finish()
+        # Stored after the finish events went out, yet before this thread admits anything
+        # again: a client's next turn, sent on the finish event, still finds it.
+        self._remember(done)
 
 
 def row_logprobs(step: Any, n: int) -> list[TokenLogprob | None]:
