@@ -183,7 +183,7 @@ def test_switch_interval_from_the_environment_is_applied_by_the_engine(tiny_chec
     from mlxcel.errors import StartupError
 
     monkeypatch.delenv("MLXCEL_SWITCH_INTERVAL", raising=False)
-    assert switch_interval() == 0.0005
+    assert switch_interval() is None
     for bad in ("0", "-1", "2", "soon"):
         monkeypatch.setenv("MLXCEL_SWITCH_INTERVAL", bad)
         with pytest.raises(StartupError):

@@ -303,20 +303,22 @@ if __name__ == "__main__":  # `python -m mlxcel.backend`: the BLAS to preload, o
 
 
 SWITCH_INTERVAL_ENV = "MLXCEL_SWITCH_INTERVAL"
-DEFAULT_SWITCH_INTERVAL = 0.0005
+CUDA_SWITCH_INTERVAL = 0.0005
 
 
-def switch_interval() -> float:
-    """``MLXCEL_SWITCH_INTERVAL`` in seconds for ``sys.setswitchinterval`` (default 0.5 ms).
+def switch_interval() -> float | None:
+    """``MLXCEL_SWITCH_INTERVAL`` in seconds for ``sys.setswitchinterval``; None when unset
+    (the engine then uses ``CUDA_SWITCH_INTERVAL`` on CUDA and Python's own 5 ms elsewhere).
 
     The engine thread spends most of a decode step in MLX calls that release the GIL; when
     it needs the GIL back while the event loop runs Python (SSE frames of many streams), it
-    waits until the loop's thread is made to drop it, after at most this interval. Python's
-    own default, 5 ms, measured 7% slower at 64 streams on an H200 (serving_gpu.md). Raises
-    StartupError for anything but a positive number of seconds up to 1."""
+    waits until the loop's thread is made to drop it, after at most this interval. On an
+    H200 at 64 streams 0.5 ms measured 8% faster than 5 ms; on a 2-core CPU it measured
+    slower (bench/results/serving_gpu.md). Raises StartupError for anything but a positive
+    number of seconds up to 1."""
     raw = os.environ.get(SWITCH_INTERVAL_ENV, "").strip()
     if not raw:
-        return DEFAULT_SWITCH_INTERVAL
+        return None
     try:
         value = float(raw)
     except ValueError:

@@ -51,13 +51,18 @@ def _wrap(original: Any) -> Any:
     return scaled_dot_product_attention
 
 
+def on_cuda() -> bool:
+    """MLX's default device is a GPU that is not Metal."""
+    return mx.default_device() == mx.gpu and not mx.metal.is_available()
+
+
 def wanted() -> bool:
     """``MLXCEL_DECODE_ATTENTION``: ``grouped`` / ``fused``; ``auto`` (default) = grouped
     on CUDA, where MLX has no fused masked kernel, and MLX's own kernel elsewhere."""
     choice = os.environ.get(DECODE_ATTENTION_ENV, "auto").strip().lower()
     if choice in ("grouped", "fused"):
         return choice == "grouped"
-    return mx.default_device() == mx.gpu and not mx.metal.is_available()
+    return on_cuda()
 
 
 def install(model: Any, enable: bool | None = None) -> bool:

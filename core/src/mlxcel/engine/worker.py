@@ -13,7 +13,7 @@ from typing import Any
 import msgspec
 import structlog
 
-from mlxcel.backend import switch_interval
+from mlxcel.backend import CUDA_SWITCH_INTERVAL, switch_interval
 from mlxcel.engine import attention
 from mlxcel.engine.batch import DecodeBatch, PrefillJob, is_batchable
 from mlxcel.engine.kvcache import shared_position_rope
@@ -106,7 +106,11 @@ class EngineWorker(threading.Thread):
     def run(self) -> None:
         if not self.setup():
             return
-        sys.setswitchinterval(switch_interval())
+        interval = switch_interval()
+        if interval is None and attention.on_cuda():
+            interval = CUDA_SWITCH_INTERVAL
+        if interval is not None:
+            sys.setswitchinterval(interval)
         while not self._stopping.is_set():
             try:
                 self._iteration()
