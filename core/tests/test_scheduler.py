@@ -97,7 +97,7 @@ def test_priorities_order_the_queue(engine_factory):
     log: list = []
 
     async def run():
-        blocker = asyncio.create_task(collect(engine, req("blocker", max_tokens=60), log))
+        blocker = asyncio.create_task(collect(engine, req("blocker", max_tokens=400), log))
         await asyncio.sleep(0.05)
         tasks = [asyncio.create_task(collect(engine, req(name, max_tokens=3, priority=p), log))
                  for name, p in (("low", 2), ("normal", 1), ("high", 0), ("normal2", 1))]
