@@ -38,6 +38,8 @@ class Sequence:
         self.cached = 0  # prompt tokens taken from the prompt cache
         self.cache_hit: tuple | None = None  # (entry, tokens) found at admission
         self.finished = False
+        self.defer_finish = False  # hold the finish event until release_finish()
+        self._final: GenerationEvent | None = None
         self.submitted_at = time.perf_counter()
 
     def __lt__(self, other: Sequence) -> bool:  # heap order: priority lane, then arrival
@@ -93,4 +95,15 @@ class Sequence:
         event = GenerationEvent(text=text, token_ids=() if token is None else (token,),
                                 logprobs=logprobs, finish_reason=reason, usage=self.usage(),
                                 error=error)
-        self.emit(event)
+        if self.defer_finish:
+            self._final = event
+        else:
+            self.emit(event)
+
+    def release_finish(self) -> None:
+        """Emit a held finish event (the engine first stores the KV in the prompt cache, so
+        a client's next turn, sent on this event, can already hit it)."""
+        self.defer_finish = False
+        if self._final is not None:
+            event, self._final = self._final, None
+            self.emit(event)

@@ -272,6 +272,7 @@ class EngineWorker(threading.Thread):
             if seq.finished:
                 continue
             self.stats.total_decode_tokens += 1
+            seq.defer_finish = True
             try:
                 seq.accept(token, logprobs[i] if seq.req.sampling.logprobs else None)
             except Exception as exc:
@@ -280,9 +281,14 @@ class EngineWorker(threading.Thread):
             if seq.finished:
                 self.stats.sequences_completed += 1
                 done.append(seq)
-        # Stored after the finish events went out, yet before this thread admits anything
-        # again: a client's next turn, sent on the finish event, still finds it.
+            else:
+                seq.release_finish()
+        # Finish events wait for the counters and the prompt-cache store: a client that reads
+        # /metrics or /v1/cache/stats, resets the cache or sends its next turn on the finish
+        # event sees this request fully accounted for.
         self._remember(done)
+        for seq in done:
+            seq.release_finish()
 
 
 def row_logprobs(step: Any, n: int) -> list[TokenLogprob | None]:
