@@ -254,3 +254,20 @@ def test_installed_attention_serves_only_masked_steps_on_engine_caches():
         attention.uninstall(model)
         attention.grouped_decode_attention = real
     assert not hasattr(qwen3.scaled_dot_product_attention, "mlxcel_original")
+
+
+def test_rows_copies_several_rows_like_row_does():
+    model = _model("qwen3")
+    for rope in (None, shared_position_rope(model, family_allows=True)):
+        rows = Rows(model, rope)
+        rows.join(rows.group([_tokens(1, 5), _tokens(2, 13), _tokens(3, 9)]))
+        rows.step(1)
+        rows.join(rows.group([_tokens(4, 20)]))  # moves base in shared mode
+        rows.step(2)
+        cache = rows.cache[1]
+        idx, lengths = [3, 0, 2], [18, 4, 7]
+        for (k, v), i, n in zip(cache.rows(idx, lengths), idx, lengths, strict=True):
+            k1, v1 = cache.row(i, n)
+            assert k.shape == (1, 2, n, 16)
+            assert np.allclose(np.array(k), np.array(k1), atol=1e-5)
+            assert np.array_equal(np.array(v), np.array(v1))

@@ -118,11 +118,10 @@ class DecodeBatch:
     def rows_kv(self, seqs: list[Sequence]) -> list[tuple[list[mx.array], list[mx.array]]]:
         """Each row's cached keys/values for all of its context but the last (sampled,
         never fed) token, per layer, in the canonical frame; evaluated together."""
-        out = []
-        for seq in seqs:
-            i, n = self.rows.index(seq), len(seq.context) - 1
-            keys, values = zip(*(c.row(i, n) for c in self.cache), strict=True)
-            out.append((list(keys), list(values)))
+        idx = [self.rows.index(s) for s in seqs]
+        per_layer = [c.rows(idx, [len(s.context) - 1 for s in seqs]) for c in self.cache]
+        out = [([layer[j][0] for layer in per_layer], [layer[j][1] for layer in per_layer])
+               for j in range(len(seqs))]
         mx.eval(out)
         return out
 
