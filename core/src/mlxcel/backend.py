@@ -302,6 +302,11 @@ if __name__ == "__main__":  # `python -m mlxcel.backend`: the BLAS to preload, o
     print("" if _off or not sys.platform.startswith("linux") else find_fast_blas() or "")
 
 
+def on_cuda() -> bool:
+    """MLX runs on an NVIDIA GPU: the GPU device anywhere but macOS (whose GPU is Metal)."""
+    return sys.platform != "darwin" and mlx_device() == "gpu"
+
+
 SWITCH_INTERVAL_ENV = "MLXCEL_SWITCH_INTERVAL"
 CUDA_SWITCH_INTERVAL = 0.0005
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from mlxcel.backend import on_cuda
 from mlxcel.engine.kvcache import BatchCache
 
 DECODE_ATTENTION_ENV = "MLXCEL_DECODE_ATTENTION"
@@ -51,11 +52,6 @@ def _wrap(original: Any) -> Any:
     return scaled_dot_product_attention
 
 
-def on_cuda() -> bool:
-    """MLX's default device is a GPU that is not Metal."""
-    return mx.default_device() == mx.gpu and not mx.metal.is_available()
-
-
 def wanted() -> bool:
     """``MLXCEL_DECODE_ATTENTION``: ``grouped`` / ``fused``; ``auto`` (default) = grouped
     on CUDA, where MLX has no fused masked kernel, and MLX's own kernel elsewhere."""
@@ -65,12 +61,17 @@ def wanted() -> bool:
     return on_cuda()
 
 
+def _module(model: Any) -> Any:
+    """The mlx-lm module that defines ``model``'s class (and its attention call)."""
+    return sys.modules.get(type(getattr(model, "model", model)).__module__)
+
+
 def install(model: Any, enable: bool | None = None) -> bool:
     """Route masked one-token steps of ``model``'s attention through
     ``grouped_decode_attention`` (see the module docstring); True when installed."""
     if not (wanted() if enable is None else enable):
         return False
-    module = sys.modules.get(type(getattr(model, "model", model)).__module__)
+    module = _module(model)
     current = getattr(module, "scaled_dot_product_attention", None)
     if current is None:
         return False
@@ -80,7 +81,7 @@ def install(model: Any, enable: bool | None = None) -> bool:
 
 
 def uninstall(model: Any) -> None:
-    module = sys.modules.get(type(getattr(model, "model", model)).__module__)
+    module = _module(model)
     current = getattr(module, "scaled_dot_product_attention", None)
     if hasattr(current, "mlxcel_original"):
         module.scaled_dot_product_attention = current.mlxcel_original

@@ -44,8 +44,8 @@ class PrefillJob:
     def __init__(self, model: Any, seqs: list[Sequence], batchable: bool,
                  prefixes: list[tuple[list[Any], list[Any]] | None] | None = None,
                  rope: Any | None = None) -> None:
-        """``prefixes[i]``: per-layer cached (keys, values) covering the first
-        ``seqs[i].cached`` prompt tokens, or None. Rows are right-aligned and every row
+        """``prefixes[i]``: per-layer cached (keys, values) whose first ``seqs[i].cached``
+        tokens are that prompt's, or None. Rows are right-aligned and every row
         computes the columns of the longest uncached tail, so a row may reuse fewer tokens
         than were found (``cached`` is set to what it reuses). ``rope``: see BatchCache."""
         self.model = model

@@ -13,7 +13,7 @@ from typing import Any
 import msgspec
 import structlog
 
-from mlxcel.backend import CUDA_SWITCH_INTERVAL, switch_interval
+from mlxcel.backend import CUDA_SWITCH_INTERVAL, on_cuda, switch_interval
 from mlxcel.engine import attention
 from mlxcel.engine.batch import DecodeBatch, PrefillJob, is_batchable
 from mlxcel.engine.kvcache import shared_position_rope
@@ -107,7 +107,7 @@ class EngineWorker(threading.Thread):
         if not self.setup():
             return
         interval = switch_interval()
-        if interval is None and attention.on_cuda():
+        if interval is None and on_cuda():
             interval = CUDA_SWITCH_INTERVAL
         if interval is not None:
             sys.setswitchinterval(interval)
@@ -210,7 +210,8 @@ class EngineWorker(threading.Thread):
 
     def _start(self, group: list[Sequence]) -> PrefillJob:
         self.stats.sequences_started += len(group)
-        prefixes = [s.cache_hit[0].prefix(s.cached) if s.cache_hit else None for s in group]
+        prefixes = [(s.cache_hit[0].keys, s.cache_hit[0].values) if s.cache_hit else None
+                    for s in group]
         job = PrefillJob(self.checkpoint.model, group, self.batchable, prefixes, self.rope)
         self.prefilling = job
         self.count_queued(-len(group))
