@@ -32,6 +32,18 @@ PRESETS = {
         "vocab_size": 128256,
         "dtype": "bfloat16",
     },
+    # Llama-3-8B's layer structure (32 layers, 32/8 heads: the same ops per step) at tiny
+    # width: a CPU proxy for the host-side cost of a decode step (bench/host_overhead.py)
+    "skeleton": {
+        "shape": "llama",
+        "hidden_size": 256,
+        "num_layers": 32,
+        "num_heads": 32,
+        "num_kv_heads": 8,
+        "intermediate_size": 512,
+        "vocab_size": 4096,
+        "dtype": "float32",
+    },
     # same family and vocabulary handling, small enough for a 2-core CPU test of run.sh
     "tiny": {
         "shape": "llama",

@@ -6,7 +6,8 @@ left-padded by i % 16, so every step needs a mask); mlxcel's engine cache
 (``mlxcel.engine.kvcache.BatchCache``) with ragged rows in absolute-position mode (per-row
 RoPE offsets, like BatchKVCache) and in shared-position mode (one scalar offset), shared
 mode with no row padded (no mask at all), and both modes with ragged rows through
-``mlxcel.engine.attention``'s grouped decode attention instead of MLX's masked SDPA.
+``mlxcel.engine.attention``'s grouped decode attention or its one-kernel varlen path
+(``mlxcel.engine.varlen_attention``, CUDA) instead of MLX's masked SDPA.
 
     python bench/gpu/cache_probe.py --model CKPT --batch 64 --steps 128 [--out probe.json]
 """
@@ -20,10 +21,11 @@ import sys
 
 from raw_loop import measure
 
-VARIANTS = [("KVCache", False, False), ("BatchKVCache", False, False),
-            ("BatchKVCache", True, False), ("mlxcel-absolute", True, False),
-            ("mlxcel-shared", True, False), ("mlxcel-shared", False, False),
-            ("mlxcel-absolute", True, True), ("mlxcel-shared", True, True)]
+VARIANTS = [("KVCache", False, None), ("BatchKVCache", False, None),
+            ("BatchKVCache", True, None), ("mlxcel-absolute", True, None),
+            ("mlxcel-shared", True, None), ("mlxcel-shared", False, None),
+            ("mlxcel-absolute", True, "grouped"), ("mlxcel-shared", True, "grouped"),
+            ("mlxcel-shared", True, "varlen")]
 
 
 def main() -> int:
@@ -39,8 +41,9 @@ def main() -> int:
     model, _ = load(args.model)
     results = {"device": str(mx.default_device()), "mlx": mx.__version__, "batch": args.batch,
                "steps": args.steps, "ms_per_step": {}}
-    for kind, ragged, grouped in VARIANTS:
-        r = measure(model, kind, args.batch, 48, args.steps, 8, ragged=ragged, grouped=grouped)
+    for kind, ragged, attention in VARIANTS:
+        r = measure(model, kind, args.batch, 48, args.steps, 8, ragged=ragged,
+                    attention=attention)
         results["ms_per_step"][r["cache"]] = round(r["ms_per_step"], 2)
         print(f"{r['cache']:28s} {r['ms_per_step']:7.2f} ms/step  {r['tok_s']:8.1f} tok/s",
               flush=True)

@@ -38,21 +38,22 @@ def make_cache(model, cache_kind: str, pads: list[int]) -> list:
 
 
 def measure(model, cache_kind: str, batch: int, prompt_len: int, steps: int, warmup: int,
-            ragged: bool = False, grouped: bool = False) -> dict:
+            ragged: bool = False, attention: str | None = None) -> dict:
     """``ragged``: row i's prompt is left-padded by i % 16 tokens (a decode mask is needed);
-    ``grouped``: masked steps on mlxcel's cache use mlxcel.engine.attention's path."""
-    if grouped:
-        from mlxcel.engine import attention
+    ``attention``: ``grouped`` / ``varlen`` = masked steps on mlxcel's cache take that path
+    of mlxcel.engine.attention (None: MLX's masked SDPA)."""
+    if attention:
+        from mlxcel.engine import attention as paths
 
-        attention.install(model, enable=True)
+        attention = paths.install(model, enable=True, choice=attention)
     try:
-        return _measure(model, cache_kind, batch, prompt_len, steps, warmup, ragged, grouped)
+        return _measure(model, cache_kind, batch, prompt_len, steps, warmup, ragged, attention)
     finally:
-        if grouped:
-            attention.uninstall(model)
+        if attention:
+            paths.uninstall(model)
 
 
-def _measure(model, cache_kind, batch, prompt_len, steps, warmup, ragged, grouped) -> dict:
+def _measure(model, cache_kind, batch, prompt_len, steps, warmup, ragged, attention) -> dict:
     import mlx.core as mx
 
     pads = [(i % 16) if ragged and cache_kind != "KVCache" else 0 for i in range(batch)]
@@ -82,7 +83,7 @@ def _measure(model, cache_kind, batch, prompt_len, steps, warmup, ragged, groupe
     cache.clear()
     mx.clear_cache()
     return {
-        "cache": cache_kind + (" ragged" if ragged else "") + (" grouped" if grouped else ""),
+        "cache": cache_kind + (" ragged" if ragged else "") + (f" {attention}" if attention else ""),
         "batch": batch,
         "steps": steps,
         "seconds": dt,

@@ -1,7 +1,8 @@
 """Where a raw decode step's wall time goes on the host: building the graph in Python,
 ``mx.async_eval`` (on CUDA this encodes the kernels), and waiting for the result.
 
-    python bench/gpu/step_split.py --model CKPT --batch 64 --steps 64 [--ragged] [--grouped]
+    python bench/gpu/step_split.py --model CKPT --batch 64 --steps 64 [--ragged]
+        [--attention grouped|varlen]
 """
 
 from __future__ import annotations
@@ -21,16 +22,16 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--cache", default="mlxcel-shared")
     ap.add_argument("--ragged", action="store_true")
-    ap.add_argument("--grouped", action="store_true")
+    ap.add_argument("--attention", default=None, help="grouped | varlen (mlxcel's paths)")
     args = ap.parse_args()
     import mlx.core as mx
     from mlx_lm import load
 
     model, _ = load(args.model)
-    if args.grouped:
+    if args.attention:
         from mlxcel.engine import attention
 
-        attention.install(model, enable=True)
+        args.attention = attention.install(model, enable=True, choice=args.attention)
     pads = [(i % 16) if args.ragged else 0 for i in range(args.batch)]
     cache = make_cache(model, args.cache, pads)
     y = mx.argmax(model(mx.random.randint(300, 400, (args.batch, 48)), cache=cache)[:, -1],
@@ -54,7 +55,7 @@ def main() -> int:
         prev, y = nxt, nxt
     med = {k: statistics.median(v) * 1e3 for k, v in
            (("build", build), ("async_eval", encode), ("wait", wait))}
-    print(f"{args.cache} B={args.batch} ragged={args.ragged} grouped={args.grouped}: " +
+    print(f"{args.cache} B={args.batch} ragged={args.ragged} attention={args.attention}: " +
           "  ".join(f"{k} {v:.2f} ms" for k, v in med.items()) +
           f"  step {sum(med.values()):.2f} ms", flush=True)
     return 0

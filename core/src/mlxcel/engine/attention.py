@@ -8,8 +8,12 @@ H200 (bench/results/cache_probe_gpu.md). Here the query heads of a group become 
 of one small matmul against their shared KV head instead, so keys and values are read once
 and never copied.
 
+On CUDA the engine prefers one custom kernel per layer that reads each row from its first
+valid slot (``mlxcel.engine.varlen_attention``), where that kernel compiles and passes its
+self-check; the grouped path above is the fallback.
+
 ``install(model)`` wraps the ``scaled_dot_product_attention`` that the model's mlx-lm
-module calls; the wrapper takes this path only for one-token steps on the engine's own
+module calls; the wrapper takes these paths only for one-token steps on the engine's own
 ``BatchCache`` with an array mask, and calls the original otherwise.
 """
 
@@ -22,6 +26,7 @@ from typing import Any
 import mlx.core as mx
 
 from mlxcel.backend import on_cuda
+from mlxcel.engine import varlen_attention
 from mlxcel.engine.kvcache import BatchCache
 
 DECODE_ATTENTION_ENV = "MLXCEL_DECODE_ATTENTION"
@@ -40,25 +45,33 @@ def grouped_decode_attention(queries: mx.array, keys: mx.array, values: mx.array
     return (weights @ values).reshape(b, hq, 1, values.shape[-1])
 
 
-def _wrap(original: Any) -> Any:
+def _wrap(original: Any, mode: str) -> Any:
     def scaled_dot_product_attention(queries, keys, values, cache, scale, mask, sinks=None):
         if (isinstance(cache, BatchCache) and queries.shape[2] == 1 and sinks is None
                 and isinstance(mask, mx.array) and mask.dtype == mx.bool_):
+            if mode == "varlen" and varlen_attention.supports(queries, keys, values):
+                return varlen_attention.varlen_decode_attention(queries, keys, values, scale,
+                                                                cache.pad_array())
             return grouped_decode_attention(queries, keys, values, scale, mask)
         return original(queries, keys, values, cache=cache, scale=scale, mask=mask,
                         sinks=sinks)
 
     scaled_dot_product_attention.mlxcel_original = original
+    scaled_dot_product_attention.mlxcel_mode = mode
     return scaled_dot_product_attention
 
 
-def wanted() -> bool:
-    """``MLXCEL_DECODE_ATTENTION``: ``grouped`` / ``fused``; ``auto`` (default) = grouped
-    on CUDA, where MLX has no fused masked kernel, and MLX's own kernel elsewhere."""
-    choice = os.environ.get(DECODE_ATTENTION_ENV, "auto").strip().lower()
-    if choice in ("grouped", "fused"):
-        return choice == "grouped"
-    return on_cuda()
+def mode(choice: str | None = None) -> str:
+    """``MLXCEL_DECODE_ATTENTION`` (or ``choice``): ``varlen`` / ``grouped`` / ``fused``;
+    ``auto`` (default) = ``varlen`` on CUDA where the kernel passed its self-check, else
+    ``grouped`` on CUDA (MLX has no fused masked kernel there), and MLX's own kernel
+    (``fused``) elsewhere. ``varlen`` where the kernel is unavailable means ``grouped``."""
+    choice = (choice or os.environ.get(DECODE_ATTENTION_ENV, "auto")).strip().lower()
+    if choice == "fused" or (choice not in ("varlen", "grouped") and not on_cuda()):
+        return "fused"
+    if choice in ("varlen", "auto") and varlen_attention.available():
+        return "varlen"
+    return "grouped"
 
 
 def _module(model: Any) -> Any:
@@ -66,18 +79,28 @@ def _module(model: Any) -> Any:
     return sys.modules.get(type(getattr(model, "model", model)).__module__)
 
 
-def install(model: Any, enable: bool | None = None) -> bool:
-    """Route masked one-token steps of ``model``'s attention through
-    ``grouped_decode_attention`` (see the module docstring); True when installed."""
-    if not (wanted() if enable is None else enable):
-        return False
+def install(model: Any, enable: bool | None = None, choice: str | None = None) -> str | None:
+    """Route masked one-token steps of ``model``'s attention through the ``mode()`` path
+    (see the module docstring); returns that path's name, or None when MLX's own kernel
+    stays (``enable=False``, or ``fused``). ``enable=True`` forces a path (``grouped``
+    unless ``choice`` names one) on any device."""
+    if enable is False:
+        return None
+    picked = mode(choice) if enable is None else (choice or "grouped")
+    if picked == "varlen" and not varlen_attention.available():
+        picked = "grouped"
+    if picked == "fused":
+        return None
     module = _module(model)
     current = getattr(module, "scaled_dot_product_attention", None)
     if current is None:
-        return False
+        return None
+    if getattr(current, "mlxcel_mode", picked) != picked:
+        current = current.mlxcel_original
+        module.scaled_dot_product_attention = current
     if not hasattr(current, "mlxcel_original"):
-        module.scaled_dot_product_attention = _wrap(current)
-    return True
+        module.scaled_dot_product_attention = _wrap(current, picked)
+    return picked
 
 
 def uninstall(model: Any) -> None:

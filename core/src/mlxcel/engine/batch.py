@@ -21,11 +21,15 @@ from mlxcel.engine.sequence import Sequence
 
 
 class Step(NamedTuple):
-    """One launched decode step: its rows, sampled tokens and logprob arrays (lazy)."""
+    """One decode step: its rows, sampled tokens and logprob arrays (lazy until ``start``)."""
 
     rows: list[Sequence]
     sampled: mx.array
     logprobs: tuple[mx.array, ...]
+
+    def start(self) -> None:
+        """Queue the step on the device (on CUDA this encodes its kernels, GIL released)."""
+        mx.async_eval(self.sampled, *self.logprobs)
 
 
 def is_batchable(model: Any) -> bool:
@@ -72,6 +76,7 @@ class PrefillJob:
         self.tokens = mx.array(rows, dtype=mx.uint32)
         self.width = width
         self.done_cols = start
+        self.last_cols = 0  # columns the last step() computed
 
     @property
     def tokens_total(self) -> int:
@@ -84,6 +89,7 @@ class PrefillJob:
             end = min(self.width, self.done_cols + cols)
             self.model(self.tokens[:, self.done_cols:end], self.cache)
             _eval_cache(self.cache)
+            self.last_cols = end - self.done_cols
             self.done_cols = end
         return self.done_cols >= self.width
 
@@ -152,7 +158,7 @@ class DecodeBatch:
         self.top_logprobs = max(wanted) if wanted else -1
 
     def launch(self) -> Step:
-        """Queue one decode step for every row (results stay lazy until read back)."""
+        """Build one decode step for every row; the caller queues it (``Step.start``)."""
         if self.sampler is None:
             self._compose()
         logits = self.model(self.inputs[:, None], self.cache)[:, -1, :]
@@ -163,6 +169,5 @@ class DecodeBatch:
         sampled = self.sampler(scored).astype(mx.uint32)
         extras = logprob_arrays(logits, sampled, self.top_logprobs) \
             if self.top_logprobs >= 0 else ()
-        mx.async_eval(sampled, *extras)
         self.inputs = sampled
         return Step(list(self.rows), sampled, extras)

@@ -150,10 +150,14 @@ class BatchCache:
         padded = any(self.pads)
         if N == 1 and not padded and window_size is None:
             return None  # one query over all of its own keys: nothing to hide
-        if padded and self._pad_array is None:
-            self._pad_array = mx.array(self.pads)
         return create_causal_mask(N, offset=self._idx, window_size=window_size,
-                                  left_padding=self._pad_array if padded else None)
+                                  left_padding=self.pad_array() if padded else None)
+
+    def pad_array(self) -> mx.array:
+        """Per row, the first slot that holds a token (int32 [B])."""
+        if self._pad_array is None:
+            self._pad_array = mx.array(self.pads, dtype=mx.int32)
+        return self._pad_array
 
     @property
     def state(self) -> list[mx.array]:

@@ -7,6 +7,7 @@ import itertools
 import queue
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +21,7 @@ from mlxcel.engine.kvcache import shared_position_rope
 from mlxcel.engine.memory import compute_dtype_bytes, request_budget
 from mlxcel.engine.prompt_cache import PromptCache
 from mlxcel.engine.sequence import Sequence, Sink
+from mlxcel.engine.trace import Trace
 from mlxcel.types import GenerationRequest, TokenLogprob
 
 log = structlog.get_logger("mlxcel.engine")
@@ -39,8 +41,8 @@ class EngineWorker(threading.Thread):
 
     Waiting requests are admitted by priority lane (then arrival) while slots are free;
     rows that finish or whose client left are dropped before the next step. Step n+1 is
-    queued (``mx.async_eval``) before step n's tokens are read back, so Python work
-    overlaps the forward pass.
+    built before step n's tokens are read back and queued right after, so the device
+    computes step n while Python builds step n+1 (see ``_decode_step``).
     """
 
     def __init__(self, load: Callable[[], Any], parallel: int, prefill_chunk: int = 512,
@@ -65,6 +67,7 @@ class EngineWorker(threading.Thread):
         self._order = itertools.count()
         self._stopping = threading.Event()
         self.ready = threading.Event()
+        self.trace: Trace | None = None  # MLXCEL_ENGINE_TRACE (mlxcel.engine.trace)
 
     # -- views for the event loop --------------------------------------------------------
     @property
@@ -83,9 +86,9 @@ class EngineWorker(threading.Thread):
             self.rope = shared_position_rope(self.checkpoint.model,
                                              self.checkpoint.family.relative_positions) \
                 if self.batchable else None
-            grouped = self.batchable and attention.install(self.checkpoint.model)
+            path = attention.install(self.checkpoint.model) if self.batchable else None
             log.info("engine_batch", positions="shared" if self.rope is not None else "absolute",
-                     masked_decode_attention="grouped" if grouped else "mlx")
+                     masked_decode_attention=path or "mlx")
             if not self.batchable:
                 log.info("engine_single_slot", reason="model cache cannot be batched")
                 self.parallel = 1
@@ -94,6 +97,7 @@ class EngineWorker(threading.Thread):
             self.batch = DecodeBatch(self.checkpoint.model, self.checkpoint.tokenizer.vocab_size)
             self.memory_budget = request_budget()
             self.dtype_bytes = compute_dtype_bytes(self.checkpoint.model.model)
+            self.trace = Trace.from_env()
             self.state = "ready"
         except Exception as exc:
             self.state, self.error = "failed", f"{type(exc).__name__}: {exc}"
@@ -119,6 +123,8 @@ class EngineWorker(threading.Thread):
                 self._fail_running(f"engine error: {exc}")
         for seq in [*self.active, *self.waiting]:
             seq.finish("error", error="server shutting down")
+        if self.trace is not None:
+            self.trace.flush()
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Stop after the current step; running requests end with an error event."""
@@ -137,7 +143,11 @@ class EngineWorker(threading.Thread):
 
     def _iteration(self) -> None:
         busy = bool(self.batch or self.prefilling or self.waiting)
-        self._drain(block=not busy)
+        arrived = self._drain(block=not busy)
+        tr = self.trace
+        if tr is not None:
+            tr.begin()
+            tr.note(arrived=arrived, waiting=len(self.waiting))
         self._drop_cancelled()
         self.batch.drop_finished()
         self._prefill_step()
@@ -145,6 +155,8 @@ class EngineWorker(threading.Thread):
             self._decode_step()
         elif self.inflight is not None:
             self._read_back()
+        if tr is not None:
+            tr.end()
 
     def _fail_running(self, message: str) -> None:
         for seq in self.active:
@@ -153,7 +165,9 @@ class EngineWorker(threading.Thread):
         self.batch.drop_finished()
 
     # -- scheduling -----------------------------------------------------------------------
-    def _drain(self, block: bool) -> None:
+    def _drain(self, block: bool) -> int:
+        """Move submitted requests to the waiting heap; how many arrived."""
+        arrived = 0
         try:
             item = self.inbox.get(timeout=0.5) if block else self.inbox.get_nowait()
             while True:
@@ -161,9 +175,10 @@ class EngineWorker(threading.Thread):
                     req, sink = item
                     heapq.heappush(self.waiting, Sequence(
                         req, sink, self.checkpoint.tokenizer, self.eos_ids, next(self._order)))
+                    arrived += 1
                 item = self.inbox.get_nowait()
         except queue.Empty:
-            return
+            return arrived
 
     def _drop_cancelled(self) -> None:
         """Sequences whose consumer went away leave at once (waiting, prefilling, decoding)."""
@@ -223,12 +238,16 @@ class EngineWorker(threading.Thread):
                 and s in self.batch.rows]
         if not keep:
             return
+        t = time.perf_counter()
         try:
             for seq, (keys, values) in zip(keep, self.batch.rows_kv(keep), strict=True):
                 self.prompt_cache.insert(seq.context[:-1], keys, values)
         except Exception:
             log.exception("prompt_cache_insert_failed",
                           request_ids=[s.req.request_id for s in keep])
+        if self.trace is not None:
+            self.trace.note(stored=len(keep))
+            self.trace.add_ms("store_ms", t)
 
     def _prefill_step(self) -> None:
         if self.prefilling is None:
@@ -236,6 +255,7 @@ class EngineWorker(threading.Thread):
             if self.prefilling is None:
                 return
         job = self.prefilling
+        t = time.perf_counter()
         try:
             done = job.step(self.prefill_chunk)
         except Exception as exc:
@@ -245,21 +265,41 @@ class EngineWorker(threading.Thread):
             self.prefilling = None
             return
         self.stats.prefill_chunks_processed += 1
+        if self.trace is not None:
+            self.trace.note(prefill_rows=len(job.seqs), prefill_cols=job.last_cols)
+            self.trace.add_ms("prefill_ms", t)
         if done:
             self.prefilling = None
             self.stats.total_prefill_tokens += job.tokens_total
             self.batch.join(job)
 
     def _decode_step(self) -> None:
+        """Build step n+1, hand out step n's tokens, then queue step n+1.
+
+        Queuing a step (``mx.async_eval``) is where CUDA encodes its kernels, with the GIL
+        released; handing out tokens just before it lets the HTTP side write those tokens
+        while the engine encodes, rather than while it builds the next graph in Python.
+        """
         if self.batch.needs_sync:  # penalties need the previous token before the next step
             self._read_back()
             self.batch.drop_finished()
             if not self.batch:
                 return
-        launched = self.batch.launch()
+        t = time.perf_counter()
+        step = self.batch.launch()
         self.stats.decode_steps_processed += 1
+        if self.trace is not None:
+            self.trace.note(decode_rows=len(step.rows))
+            self.trace.add_ms("build_ms", t)
+            t = time.perf_counter()
         self._read_back()
-        self.inflight = launched
+        if self.trace is not None:
+            self.trace.add_ms("read_back_ms", t)
+            t = time.perf_counter()
+        step.start()
+        if self.trace is not None:
+            self.trace.add_ms("queue_ms", t)
+        self.inflight = step
 
     def _read_back(self) -> None:
         """Hand the previous step's tokens to their sequences (one bad row fails alone)."""

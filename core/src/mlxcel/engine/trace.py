@@ -1,0 +1,54 @@
+"""Engine timeline for diagnosis: ``MLXCEL_ENGINE_TRACE=/path/file.jsonl``.
+
+One JSON line per engine iteration that did any work: its start (seconds since the engine
+became ready), requests that arrived, rows waiting, the prefill group's rows x columns and
+time, the decode batch size and the time spent launching and reading back its step, and
+the prompt-cache store time. Lines are written in blocks (and at shutdown), so tracing
+costs a dictionary per iteration. Off (no file) unless the variable is set.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+TRACE_ENV = "MLXCEL_ENGINE_TRACE"
+FLUSH_EVERY = 256
+
+
+class Trace:
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.t0 = time.perf_counter()
+        self.rows: list[dict[str, Any]] = []
+        self.current: dict[str, Any] = {}
+        open(path, "w").close()  # noqa: SIM115 - truncate; fails early on a bad path
+
+    @classmethod
+    def from_env(cls) -> Trace | None:
+        path = os.environ.get(TRACE_ENV, "").strip()
+        return cls(path) if path else None
+
+    def begin(self) -> None:
+        self.current = {"t": round(time.perf_counter() - self.t0, 6)}
+
+    def note(self, **fields: Any) -> None:
+        self.current.update(fields)
+
+    def add_ms(self, key: str, since: float) -> None:
+        self.current[key] = round((time.perf_counter() - since) * 1e3, 3)
+
+    def end(self) -> None:
+        if len(self.current) > 1:
+            self.rows.append(self.current)
+            if len(self.rows) >= FLUSH_EVERY:
+                self.flush()
+        self.current = {}
+
+    def flush(self) -> None:
+        if self.rows:
+            with open(self.path, "a") as f:
+                f.writelines(json.dumps(r) + "\n" for r in self.rows)
+            self.rows = []
