@@ -110,3 +110,35 @@ def test_groups_are_bounded_by_rows_times_the_widest_tail(path):
     worker.prefilling = job
     run_until_done(worker, sinks)
     assert all(len(s.tokens) == 6 for s in sinks)
+
+
+def test_aligned_prefill_columns_give_the_same_tokens(path):
+    """CUDA's column multiple (here forced to 16): more left padding and fewer reused
+    tokens, every chunk a multiple of 16 columns, the same greedy outputs."""
+    expected = solo_outputs(path)
+    worker = worker_for(path, cache=True, chunk=48)
+    worker.align = 16
+    first = submit(worker, BASE)
+    run_until_done(worker, [first])
+    sinks = [submit(worker, p) for p in PROMPTS]
+    worker._drain(block=False)
+    job = worker._admit()
+    # aligned tails: 16 columns per row (widest uncached tail 10 -> 16), so 3 x 16 <= 48
+    assert len(job.seqs) == 3 and job.width - job.done_cols == 16
+    # the widest prompt (42 to prefill) reuses 42 - 16 = 26 of its 32 cached tokens
+    assert [s.cached for s in job.seqs] == [19, 26, 0]
+    widths = []
+    step = job.step
+
+    def recording_step(chunk):
+        before = job.done_cols
+        done = step(chunk)
+        widths.append(job.done_cols - before)
+        return done
+
+    job.step = recording_step
+    worker.prefilling = job
+    run_until_done(worker, sinks)
+    assert widths and all(w % 16 == 0 for w in widths)
+    assert [s.tokens for s in sinks] == expected
+    assert [s.events[-1].usage.cached_tokens for s in sinks] == [19, 26, 0]

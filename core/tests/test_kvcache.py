@@ -271,3 +271,43 @@ def test_rows_copies_several_rows_like_row_does():
             assert k.shape == (1, 2, n, 16)
             assert np.allclose(np.array(k), np.array(k1), atol=1e-5)
             assert np.array_equal(np.array(v), np.array(v1))
+
+
+def test_decode_attention_mode_follows_the_env_and_the_device(monkeypatch):
+    from mlxcel.engine import attention, varlen_attention
+
+    assert not varlen_attention.available()  # CPU: no CUDA kernel
+    for env, want in (("auto", "fused"), ("fused", "fused"), ("grouped", "grouped"),
+                      ("varlen", "grouped")):  # varlen falls back where it cannot run
+        monkeypatch.setenv("MLXCEL_DECODE_ATTENTION", env)
+        assert attention.mode() == want
+    model = _model("qwen3")
+    try:
+        assert attention.install(model, enable=True, choice="varlen") == "grouped"
+        assert qwen3.scaled_dot_product_attention.mlxcel_mode == "grouped"
+    finally:
+        attention.uninstall(model)
+
+
+def test_varlen_kernel_reference_and_where_the_kernel_is_used():
+    from mlxcel.engine import varlen_attention as va
+    from mlxcel.engine.attention import grouped_decode_attention
+
+    q = mx.random.normal((3, 8, 1, 64))
+    k, v = mx.random.normal((3, 2, 11, 64)), mx.random.normal((3, 2, 11, 64))
+    starts = mx.array([0, 4, 9], dtype=mx.int32)
+    mask = starts[:, None, None, None] <= mx.arange(11)
+    want = grouped_decode_attention(q, k, v, 0.125, mask)
+    assert np.allclose(np.array(va.reference(q, k, v, 0.125, starts)), np.array(want),
+                       atol=1e-5)
+    assert va.supports(q, k, v)
+    assert not va.supports(mx.zeros((3, 8, 1, 80)), mx.zeros((3, 2, 11, 80)),
+                           mx.zeros((3, 2, 11, 80)))  # head dim without a kernel
+    # a long context over few blocks, and a long prefill chunk, go elsewhere
+    long_k = mx.zeros((1, 2, va.LONG_CONTEXT + 1, 64))
+    assert not va.supports(mx.zeros((1, 8, 1, 64)), long_k, long_k)
+    chunk = mx.zeros((1, 8, 512, 64))
+    assert not va.supports(chunk, long_k, long_k)
+    assert va.supports(mx.zeros((1, 8, 32, 64)), mx.zeros((1, 2, 96, 64)),
+                       mx.zeros((1, 2, 96, 64)))
+    assert va._heads_per_block(16, 256) == 4 and va._heads_per_block(7, 128) == 7

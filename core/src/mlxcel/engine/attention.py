@@ -10,7 +10,9 @@ and never copied.
 
 On CUDA the engine prefers one custom kernel per layer that reads each row from its first
 valid slot (``mlxcel.engine.varlen_attention``), where that kernel compiles and passes its
-self-check; the grouped path above is the fallback.
+self-check; the grouped path above is the fallback. The kernel also takes short prefill
+chunks (causal, left-padded rows), where MLX's CUDA SDPA would build a cuDNN plan for
+every new shape (~50 ms each on an H200).
 
 ``install(model)`` wraps the ``scaled_dot_product_attention`` that the model's mlx-lm
 module calls; the wrapper takes these paths only for one-token steps on the engine's own
@@ -47,12 +49,13 @@ def grouped_decode_attention(queries: mx.array, keys: mx.array, values: mx.array
 
 def _wrap(original: Any, mode: str) -> Any:
     def scaled_dot_product_attention(queries, keys, values, cache, scale, mask, sinks=None):
-        if (isinstance(cache, BatchCache) and queries.shape[2] == 1 and sinks is None
-                and isinstance(mask, mx.array) and mask.dtype == mx.bool_):
+        if (isinstance(cache, BatchCache) and sinks is None and isinstance(mask, mx.array)
+                and mask.dtype == mx.bool_):
             if mode == "varlen" and varlen_attention.supports(queries, keys, values):
                 return varlen_attention.varlen_decode_attention(queries, keys, values, scale,
                                                                 cache.pad_array())
-            return grouped_decode_attention(queries, keys, values, scale, mask)
+            if queries.shape[2] == 1:
+                return grouped_decode_attention(queries, keys, values, scale, mask)
         return original(queries, keys, values, cache=cache, scale=scale, mask=mask,
                         sinks=sinks)
 

@@ -32,6 +32,20 @@ class Step(NamedTuple):
         mx.async_eval(self.sampled, *self.logprobs)
 
 
+def aligned(n: int, align: int) -> int:
+    """``n`` rounded up to a multiple of ``align``."""
+    return -(-n // align) * align
+
+
+def prefill_align() -> int:
+    """Prefill column multiple: 32 on CUDA, where every new matmul shape costs a cuBLASLt
+    plan (~4 ms) and every new attention shape a cuDNN plan (~50 ms) the first time, so a
+    few repeated chunk shapes beat exact ones; 1 elsewhere, where padding is only cost."""
+    from mlxcel.backend import on_cuda
+
+    return 32 if on_cuda() else 1
+
+
 def is_batchable(model: Any) -> bool:
     """Models on mlx-lm's standard KV cache can share a batch; others run one slot."""
     cache = model.make_cache()
@@ -47,16 +61,22 @@ class PrefillJob:
 
     def __init__(self, model: Any, seqs: list[Sequence], batchable: bool,
                  prefixes: list[tuple[list[Any], list[Any]] | None] | None = None,
-                 rope: Any | None = None) -> None:
+                 rope: Any | None = None, align: int = 1) -> None:
         """``prefixes[i]``: per-layer cached (keys, values) whose first ``seqs[i].cached``
         tokens are that prompt's, or None. Rows are right-aligned and every row
         computes the columns of the longest uncached tail, so a row may reuse fewer tokens
-        than were found (``cached`` is set to what it reuses). ``rope``: see BatchCache."""
+        than were found (``cached`` is set to what it reuses). ``rope``: see BatchCache.
+        ``align``: the columns computed, and every chunk of them, are a multiple of it
+        (more left padding, or fewer reused tokens), so chunk shapes repeat (see
+        ``prefill_align``)."""
         self.model = model
         self.seqs = seqs
+        self.align = align = max(1, align) if batchable else 1  # padding needs a mask
         lengths = [len(s.req.prompt_tokens) - 1 for s in seqs]  # the last token is decoded
         width = max(lengths)
-        start = width - max(n - s.cached for n, s in zip(lengths, seqs, strict=True))
+        tail = aligned(max(n - s.cached for n, s in zip(lengths, seqs, strict=True)), align)
+        width = max(width, tail)  # a short prompt gets extra left padding
+        start = width - tail
         pads = [width - n for n in lengths]
         for s, pad in zip(seqs, pads, strict=True):
             s.cached = max(0, start - pad)
@@ -85,7 +105,7 @@ class PrefillJob:
     def step(self, chunk: int) -> bool:
         """Run one chunk (``chunk`` tokens in all); True when the prompts are in the cache."""
         if self.done_cols < self.width:
-            cols = max(1, chunk // len(self.seqs))
+            cols = max(self.align, chunk // len(self.seqs) // self.align * self.align)
             end = min(self.width, self.done_cols + cols)
             self.model(self.tokens[:, self.done_cols:end], self.cache)
             _eval_cache(self.cache)
@@ -123,12 +143,22 @@ class DecodeBatch:
 
     def rows_kv(self, seqs: list[Sequence]) -> list[tuple[list[mx.array], list[mx.array]]]:
         """Each row's cached keys/values for all of its context but the last (sampled,
-        never fed) token, per layer, in the canonical frame; evaluated together."""
+        never fed) token, per layer, in the canonical frame; evaluated together.
+
+        A row's keys for all layers are copied into one array (and its values into
+        another), whose per-layer slices are returned: two allocations per row rather than
+        two per row and layer (fresh device allocations dominated the store on CUDA)."""
         idx = [self.rows.index(s) for s in seqs]
-        per_layer = [c.rows(idx, [len(s.context) - 1 for s in seqs]) for c in self.cache]
-        out = [([layer[j][0] for layer in per_layer], [layer[j][1] for layer in per_layer])
-               for j in range(len(seqs))]
-        mx.eval(out)
+        per_layer = [c.rows(idx, [len(s.context) - 1 for s in seqs], copy=False)
+                     for c in self.cache]
+        out, stacks = [], []
+        for j in range(len(seqs)):
+            keys = mx.concatenate([layer[j][0] for layer in per_layer])  # [layers, H, n, D]
+            values = mx.concatenate([layer[j][1] for layer in per_layer])
+            stacks += [keys, values]
+            out.append(([keys[i:i + 1] for i in range(len(per_layer))],
+                        [values[i:i + 1] for i in range(len(per_layer))]))
+        mx.eval(stacks)
         return out
 
     def drop_finished(self) -> None:

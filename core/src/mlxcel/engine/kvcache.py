@@ -219,20 +219,22 @@ class BatchCache:
         shift = target - self._idx
         return _left_pad(keys, shift), _left_pad(self.values[..., :self._idx, :], shift)
 
-    def row(self, i: int, length: int) -> tuple[mx.array, mx.array]:
-        """Row ``i``'s first ``length`` tokens in the canonical frame (positions from 0)."""
+    def row(self, i: int, length: int, copy: bool = True) -> tuple[mx.array, mx.array]:
+        """Row ``i``'s first ``length`` tokens in the canonical frame (positions from 0);
+        ``copy=False``: views of a temporary that the caller copies as it likes."""
         p = self.pads[i]
         keys = self.keys[i:i + 1, :, p:p + length]
         values = self.values[i:i + 1, :, p:p + length]
         if self.rope is not None:
             keys = rotate(self.rope, keys, -(p + self.base))
-        return mx.contiguous(keys), mx.contiguous(values)
+        return (mx.contiguous(keys), mx.contiguous(values)) if copy else (keys, values)
 
-    def rows(self, idx: list[int], lengths: list[int]) -> list[tuple[mx.array, mx.array]]:
+    def rows(self, idx: list[int], lengths: list[int],
+             copy: bool = True) -> list[tuple[mx.array, mx.array]]:
         """``row`` for several rows at once: one gather and one rotation per layer instead of
         one of each per row (rows that finish in the same step are stored together)."""
         if len(idx) == 1:
-            return [self.row(idx[0], lengths[0])]
+            return [self.row(idx[0], lengths[0], copy)]
         take = mx.array(idx)
         keys = self.keys[..., :self._idx, :][take]
         values = self.values[..., :self._idx, :][take]
@@ -241,6 +243,6 @@ class BatchCache:
         out = []
         for j, (i, n) in enumerate(zip(idx, lengths, strict=True)):
             p = self.pads[i]
-            out.append((mx.contiguous(keys[j:j + 1, :, p:p + n]),
-                        mx.contiguous(values[j:j + 1, :, p:p + n])))
+            k, v = keys[j:j + 1, :, p:p + n], values[j:j + 1, :, p:p + n]
+            out.append((mx.contiguous(k), mx.contiguous(v)) if copy else (k, v))
         return out

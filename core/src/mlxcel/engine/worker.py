@@ -16,7 +16,8 @@ import structlog
 
 from mlxcel.backend import CUDA_SWITCH_INTERVAL, on_cuda, switch_interval
 from mlxcel.engine import attention
-from mlxcel.engine.batch import DecodeBatch, PrefillJob, is_batchable
+from mlxcel.engine.batch import DecodeBatch, PrefillJob, aligned, is_batchable, prefill_align
+from mlxcel.engine.warmup import warm_up
 from mlxcel.engine.kvcache import shared_position_rope
 from mlxcel.engine.memory import compute_dtype_bytes, request_budget
 from mlxcel.engine.prompt_cache import PromptCache
@@ -64,6 +65,7 @@ class EngineWorker(threading.Thread):
         self.error: str | None = None
         self.checkpoint: Any = None
         self.rope: Any = None  # shared-position RoPE (mlxcel.engine.kvcache)
+        self.align = 1  # prefill column multiple (mlxcel.engine.batch.prefill_align)
         self._order = itertools.count()
         self._stopping = threading.Event()
         self.ready = threading.Event()
@@ -94,7 +96,11 @@ class EngineWorker(threading.Thread):
                 self.parallel = 1
                 self.prompt_cache.disable("the model's cache is not a plain KV cache "
                                           "(hybrid/recurrent or sliding window): no prefix reuse")
+            self.align = prefill_align() if self.batchable else 1
             self.batch = DecodeBatch(self.checkpoint.model, self.checkpoint.tokenizer.vocab_size)
+            if self.batchable and on_cuda():
+                warm_up(self.checkpoint.model, self.rope, self.parallel, self.prefill_chunk,
+                        self.align)
             self.memory_budget = request_budget()
             self.dtype_bytes = compute_dtype_bytes(self.checkpoint.model.model)
             self.trace = Trace.from_env()
@@ -214,9 +220,9 @@ class EngineWorker(threading.Thread):
         if not self.waiting or free <= 0:
             return None
         group = [heapq.heappop(self.waiting)]
-        widest = self._tail(group[0])
+        widest = aligned(self._tail(group[0]), self.align)
         while self.waiting and len(group) < free and self.batchable:
-            tail = max(widest, self._tail(self.waiting[0]))
+            tail = max(widest, aligned(self._tail(self.waiting[0]), self.align))
             if (len(group) + 1) * tail > self.prefill_chunk:
                 break
             group.append(heapq.heappop(self.waiting))
@@ -227,7 +233,8 @@ class EngineWorker(threading.Thread):
         self.stats.sequences_started += len(group)
         prefixes = [(s.cache_hit[0].keys, s.cache_hit[0].values) if s.cache_hit else None
                     for s in group]
-        job = PrefillJob(self.checkpoint.model, group, self.batchable, prefixes, self.rope)
+        job = PrefillJob(self.checkpoint.model, group, self.batchable, prefixes, self.rope,
+                         self.align)
         self.prefilling = job
         self.count_queued(-len(group))
         return job

@@ -1,0 +1,30 @@
+"""MLXCEL_ENGINE_TRACE: one JSON line per engine iteration that did work."""
+
+from __future__ import annotations
+
+import json
+
+from test_admission_groups import path, run_until_done, submit, worker_for  # noqa: F401
+
+
+def test_trace_records_prefill_decode_and_store(path, tmp_path, monkeypatch):
+    out = tmp_path / "trace.jsonl"
+    monkeypatch.setenv("MLXCEL_ENGINE_TRACE", str(out))
+    worker = worker_for(path, cache=True)
+    sinks = [submit(worker, [5 + i] * 20, max_tokens=4) for i in range(2)]
+    run_until_done(worker, sinks)
+    worker.trace.flush()
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert rows[0]["arrived"] == 2 and rows[0]["prefill_rows"] == 2
+    assert rows[0]["prefill_cols"] == 19 and rows[0]["prefill_ms"] > 0
+    decode = [r for r in rows if "decode_rows" in r]
+    # 4 tokens each; the step after the last one is already built when they finish
+    assert len(decode) in (4, 5) and all(r["decode_rows"] == 2 for r in decode)
+    assert all(r["build_ms"] >= 0 and r["queue_ms"] >= 0 for r in decode)
+    assert sum(r.get("stored", 0) for r in rows) == 2
+    assert [r["t"] for r in rows] == sorted(r["t"] for r in rows)
+
+
+def test_no_trace_without_the_variable(path, monkeypatch):
+    monkeypatch.delenv("MLXCEL_ENGINE_TRACE", raising=False)
+    assert worker_for(path, cache=False).trace is None

@@ -1,0 +1,41 @@
+"""Engine warm-up: every decode batch size and prefill chunk shape runs once at startup."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+from mlxcel.engine.kvcache import shared_position_rope
+from mlxcel.engine.warmup import prefill_shapes, warm_up
+
+
+def test_prefill_shapes_cover_every_chunk_the_engine_can_cut():
+    shapes = prefill_shapes(chunk=128, align=32)
+    assert set(shapes) == {(1, 32), (2, 32), (3, 32), (4, 32), (1, 64), (2, 64), (1, 96),
+                           (1, 128)}
+    # what PrefillJob cuts: rows x max(align, chunk // rows // align * align) columns
+    for rows in (1, 2, 3, 4):
+        cols = max(32, 128 // rows // 32 * 32)
+        assert (rows, cols) in shapes
+
+
+def test_warm_up_runs_each_shape_on_the_model(mlxcel_checkpoint_cache):
+    from mlx_lm import load
+    from mlxcel.testing.checkpoint import cached_checkpoint
+
+    path = cached_checkpoint("qwen3", cache_dir=mlxcel_checkpoint_cache, dtype="float32")
+    model, _ = load(str(path))
+    seen = []
+    inner = model.__call__
+
+    class Spy:
+        def __getattr__(self, name):
+            return getattr(model, name)
+
+        def __call__(self, inputs, cache=None):
+            seen.append(tuple(inputs.shape))
+            return inner(inputs, cache=cache)
+
+    seconds = warm_up(Spy(), shared_position_rope(model, True), parallel=3, chunk=64,
+                      align=32)
+    assert seconds > 0
+    assert seen == [(1, 1), (2, 1), (3, 1), (1, 32), (2, 32), (1, 64)]
+    assert mx.array(1).item() == 1  # the device is still usable afterwards
