@@ -192,32 +192,36 @@ class BatchCache:
         """Append ``other``'s rows, right-aligned at the longer write index.
 
         Shared mode: ``other``'s keys are re-rotated so that its next position equals ours.
+        Both sides are written into one new buffer that already has room for the next
+        ``step`` tokens (one allocation and one copy per side, where padding, concatenating
+        and then growing would copy the whole batch three times).
         """
         target = max(self._idx, other._idx)
         delta = self.offset - other.offset if self.rope is not None else 0
         like = self if self.keys is not None else other
         if like.keys is not None:
-            mine = self._aligned(target, like, 0)
-            theirs = other._aligned(target, like, delta)
-            self.keys = mx.concatenate([mine[0], theirs[0]])
-            self.values = mx.concatenate([mine[1], theirs[1]])
+            rows = len(self.pads) + len(other.pads)
+            _, h, _, dk = like.keys.shape
+            keys = mx.zeros((rows, h, target + self.step, dk), like.keys.dtype)
+            values = mx.zeros((rows, h, target + self.step, like.values.shape[3]),
+                              like.values.dtype)
+            first = 0
+            for part, shift in ((self, 0), (other, delta)):
+                end = first + len(part.pads)
+                if part.keys is not None:
+                    part_keys = part.keys[..., :part._idx, :]
+                    if shift:
+                        part_keys = rotate(self.rope, part_keys, shift)
+                    keys[first:end, :, target - part._idx:target, :] = part_keys
+                    values[first:end, :, target - part._idx:target, :] = \
+                        part.values[..., :part._idx, :]
+                first = end
+            self.keys, self.values = keys, values
         if self.rope is not None:
             self.base += self._idx - target
         self._set_pads([p + target - self._idx for p in self.pads]
                        + [p + target - other._idx for p in other.pads])
         self._idx = target
-
-    def _aligned(self, target: int, like: BatchCache, delta: int) -> tuple[mx.array, mx.array]:
-        """Keys/values up to the write index, left-padded to end at ``target``."""
-        if self.keys is None:
-            b, (_, h, _, dk), dv = len(self.pads), like.keys.shape, like.values.shape[3]
-            return (mx.zeros((b, h, target, dk), like.keys.dtype),
-                    mx.zeros((b, h, target, dv), like.values.dtype))
-        keys = self.keys[..., :self._idx, :]
-        if delta:
-            keys = rotate(self.rope, keys, delta)
-        shift = target - self._idx
-        return _left_pad(keys, shift), _left_pad(self.values[..., :self._idx, :], shift)
 
     def row(self, i: int, length: int, copy: bool = True) -> tuple[mx.array, mx.array]:
         """Row ``i``'s first ``length`` tokens in the canonical frame (positions from 0);
