@@ -142,3 +142,14 @@ def test_aligned_prefill_columns_give_the_same_tokens(path):
     assert widths and all(w % 16 == 0 for w in widths)
     assert [s.tokens for s in sinks] == expected
     assert [s.events[-1].usage.cached_tokens for s in sinks] == [19, 26, 0]
+
+
+def test_cuda_step_order_gives_the_same_tokens(path):
+    """``emit_first`` (CUDA: step n's tokens go out before step n+1 is queued) changes
+    when tokens are handed out, not which."""
+    expected = solo_outputs(path)
+    worker = worker_for(path, cache=True)
+    worker.emit_first = True
+    sinks = [submit(worker, p) for p in PROMPTS]
+    run_until_done(worker, sinks)
+    assert [s.tokens for s in sinks] == expected

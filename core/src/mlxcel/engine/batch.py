@@ -143,11 +143,13 @@ class DecodeBatch:
 
     def rows_kv(self, seqs: list[Sequence]) -> list[tuple[list[mx.array], list[mx.array]]]:
         """Each row's cached keys/values for all of its context but the last (sampled,
-        never fed) token, per layer, in the canonical frame; evaluated together.
+        never fed) token, per layer, in the canonical frame; queued together
+        (``mx.async_eval``: the engine does not wait for the copies, and whatever reads
+        them later waits for them as MLX arrays do).
 
         A row's keys for all layers are copied into one array (and its values into
         another), whose per-layer slices are returned: two allocations per row rather than
-        two per row and layer (fresh device allocations dominated the store on CUDA)."""
+        two per row and layer."""
         idx = [self.rows.index(s) for s in seqs]
         per_layer = [c.rows(idx, [len(s.context) - 1 for s in seqs], copy=False)
                      for c in self.cache]
@@ -158,7 +160,7 @@ class DecodeBatch:
             stacks += [keys, values]
             out.append(([keys[i:i + 1] for i in range(len(per_layer))],
                         [values[i:i + 1] for i in range(len(per_layer))]))
-        mx.eval(stacks)
+        mx.async_eval(stacks)
         return out
 
     def drop_finished(self) -> None:

@@ -42,8 +42,8 @@ class EngineWorker(threading.Thread):
 
     Waiting requests are admitted by priority lane (then arrival) while slots are free;
     rows that finish or whose client left are dropped before the next step. Step n+1 is
-    built before step n's tokens are read back and queued right after, so the device
-    computes step n while Python builds step n+1 (see ``_decode_step``).
+    built before step n's tokens are read back, so the device computes step n while
+    Python builds step n+1 (see ``_decode_step``).
     """
 
     def __init__(self, load: Callable[[], Any], parallel: int, prefill_chunk: int = 512,
@@ -66,6 +66,7 @@ class EngineWorker(threading.Thread):
         self.checkpoint: Any = None
         self.rope: Any = None  # shared-position RoPE (mlxcel.engine.kvcache)
         self.align = 1  # prefill column multiple (mlxcel.engine.batch.prefill_align)
+        self.emit_first = False  # hand out step n's tokens before queuing n+1 (CUDA)
         self._order = itertools.count()
         self._stopping = threading.Event()
         self.ready = threading.Event()
@@ -97,6 +98,7 @@ class EngineWorker(threading.Thread):
                 self.prompt_cache.disable("the model's cache is not a plain KV cache "
                                           "(hybrid/recurrent or sliding window): no prefix reuse")
             self.align = prefill_align() if self.batchable else 1
+            self.emit_first = on_cuda()
             self.batch = DecodeBatch(self.checkpoint.model, self.checkpoint.tokenizer.vocab_size)
             if self.batchable and on_cuda():
                 warm_up(self.checkpoint.model, self.rope, self.parallel, self.prefill_chunk,
@@ -281,31 +283,36 @@ class EngineWorker(threading.Thread):
             self.batch.join(job)
 
     def _decode_step(self) -> None:
-        """Build step n+1, hand out step n's tokens, then queue step n+1.
+        """Build step n+1, then queue it and hand out step n's tokens.
 
-        Queuing a step (``mx.async_eval``) is where CUDA encodes its kernels, with the GIL
-        released; handing out tokens just before it lets the HTTP side write those tokens
-        while the engine encodes, rather than while it builds the next graph in Python.
+        The order of the last two depends on the backend (``emit_first``). On CUDA,
+        queuing a step (``mx.async_eval``) encodes its kernels on this thread with the GIL
+        released, for several ms: handing out step n's tokens just before it lets the HTTP
+        side write them during the encoding rather than while this thread builds the next
+        graph in Python. Elsewhere queuing is quick and the device computes the step, so
+        it is queued first and nothing waits on Python.
         """
         if self.batch.needs_sync:  # penalties need the previous token before the next step
             self._read_back()
             self.batch.drop_finished()
             if not self.batch:
                 return
+        tr = self.trace
         t = time.perf_counter()
         step = self.batch.launch()
         self.stats.decode_steps_processed += 1
-        if self.trace is not None:
-            self.trace.note(decode_rows=len(step.rows))
-            self.trace.add_ms("build_ms", t)
+        if tr is not None:
+            tr.note(decode_rows=len(step.rows))
+            tr.add_ms("build_ms", t)
+        for phase in (("read_back_ms", "queue_ms") if self.emit_first
+                      else ("queue_ms", "read_back_ms")):
             t = time.perf_counter()
-        self._read_back()
-        if self.trace is not None:
-            self.trace.add_ms("read_back_ms", t)
-            t = time.perf_counter()
-        step.start()
-        if self.trace is not None:
-            self.trace.add_ms("queue_ms", t)
+            if phase == "queue_ms":
+                step.start()
+            else:
+                self._read_back()
+            if tr is not None:
+                tr.add_ms(phase, t)
         self.inflight = step
 
     def _read_back(self) -> None:
