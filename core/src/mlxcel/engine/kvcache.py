@@ -240,8 +240,9 @@ class BatchCache:
         if len(idx) == 1:
             return [self.row(idx[0], lengths[0], copy)]
         take = mx.array(idx)
-        keys = self.keys[..., :self._idx, :][take]
-        values = self.values[..., :self._idx, :][take]
+        # gather from the whole (contiguous) buffer: a slice of it first would be copied
+        # whole before the gather; the slots past the write index are never read below
+        keys, values = self.keys[take], self.values[take]
         if self.rope is not None:
             keys = rotate(self.rope, keys, [-(self.pads[i] + self.base) for i in idx])
         out = []
