@@ -153,3 +153,33 @@ def test_cuda_step_order_gives_the_same_tokens(path):
     sinks = [submit(worker, p) for p in PROMPTS]
     run_until_done(worker, sinks)
     assert [s.tokens for s in sinks] == expected
+
+
+def test_a_failing_queue_still_sends_held_finish_events(path, monkeypatch):
+    """Finished rows' events are held until the prompt-cache store; if queuing the next
+    step fails in between, they still go out (no stream hangs)."""
+    from mlxcel.engine import batch
+
+    worker = worker_for(path, cache=True)
+    worker.emit_first = True  # hand out, then queue: the queue fails after rows finished
+    short, long = submit(worker, BASE[:20], max_tokens=2), submit(worker, BASE[:24], 50)
+    calls = []
+    real = batch.Step.start
+
+    def start(self):
+        calls.append(1)
+        if len(calls) == 3:  # the step queued right after the short request's last token
+            raise RuntimeError("injected queue failure")
+        real(self)
+
+    monkeypatch.setattr(batch.Step, "start", start)
+    for _ in range(100):
+        if short.done and long.done:
+            break
+        try:
+            worker._iteration()
+        except RuntimeError:
+            worker._fail_running("engine error: injected")
+    assert short.done and short.events[-1].finish_reason == "length"
+    assert long.done and long.events[-1].finish_reason == "error"
+    assert worker.prompt_cache.stats()["inserts"] >= 1  # the short one was still stored

@@ -162,7 +162,7 @@ class EngineWorker(threading.Thread):
         if self.batch:
             self._decode_step()
         elif self.inflight is not None:
-            self._read_back()
+            self._settle(self._read_back())
         if tr is not None:
             tr.end()
 
@@ -293,7 +293,7 @@ class EngineWorker(threading.Thread):
         it is queued first and nothing waits on Python.
         """
         if self.batch.needs_sync:  # penalties need the previous token before the next step
-            self._read_back()
+            self._settle(self._read_back())
             self.batch.drop_finished()
             if not self.batch:
                 return
@@ -304,21 +304,28 @@ class EngineWorker(threading.Thread):
         if tr is not None:
             tr.note(decode_rows=len(step.rows))
             tr.add_ms("build_ms", t)
-        for phase in (("read_back_ms", "queue_ms") if self.emit_first
-                      else ("queue_ms", "read_back_ms")):
-            t = time.perf_counter()
-            if phase == "queue_ms":
-                step.start()
-            else:
-                self._read_back()
-            if tr is not None:
-                tr.add_ms(phase, t)
+        done: list[Sequence] = []
+        try:
+            for phase in (("read_back_ms", "queue_ms") if self.emit_first
+                          else ("queue_ms", "read_back_ms")):
+                t = time.perf_counter()
+                if phase == "queue_ms":
+                    step.start()
+                else:
+                    done = self._read_back()
+                if tr is not None:
+                    tr.add_ms(phase, t)
+        finally:
+            # after step n+1 is queued (its arrays are what the store copies from), and
+            # even if queuing failed: held finish events must go out
+            self._settle(done)
         self.inflight = step
 
-    def _read_back(self) -> None:
-        """Hand the previous step's tokens to their sequences (one bad row fails alone)."""
+    def _read_back(self) -> list[Sequence]:
+        """Hand the previous step's tokens to their sequences (one bad row fails alone);
+        the sequences that finished, whose finish events wait for ``_settle``."""
         if self.inflight is None:
-            return
+            return []
         step, self.inflight = self.inflight, None
         tokens = step.sampled.tolist()
         logprobs = row_logprobs(step, len(tokens))
@@ -338,9 +345,15 @@ class EngineWorker(threading.Thread):
                 done.append(seq)
             else:
                 seq.release_finish()
-        # Finish events wait for the counters and the prompt-cache store: a client that reads
-        # /metrics or /v1/cache/stats, resets the cache or sends its next turn on the finish
-        # event sees this request fully accounted for.
+        return done
+
+    def _settle(self, done: list[Sequence]) -> None:
+        """Store finished sequences in the prompt cache, then send their finish events.
+
+        Finish events wait for the counters and the prompt-cache store: a client that reads
+        /metrics or /v1/cache/stats, resets the cache or sends its next turn on the finish
+        event sees this request fully accounted for.
+        """
         self._remember(done)
         for seq in done:
             seq.release_finish()
