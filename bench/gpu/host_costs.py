@@ -19,7 +19,6 @@ import time
 
 def main() -> int:
     import mlx.core as mx
-
     from mlxcel.engine import varlen_attention as va
     from mlxcel.engine.attention import grouped_decode_attention
 

@@ -30,7 +30,6 @@ def main() -> int:
     args = ap.parse_args()
     import mlx.core as mx
     import mlx.nn as nn
-
     from mlxcel.engine.kvcache import BatchCache
 
     rope = nn.RoPE(128, base=500000.0)
@@ -71,10 +70,10 @@ def main() -> int:
         timed(f"[{trial}] gather from a slice (old)", sliced_gather)
         timed(f"[{trial}] gather from the buffer", lambda caches=caches: [
             c.keys[mx.array(idx)] for c in caches] + [c.values[mx.array(idx)] for c in caches])
-        timed(f"[{trial}] rows() x layers (views)", lambda caches=caches: [
+        timed(f"[{trial}] rows() x layers (views)", lambda caches=caches, lengths=lengths: [
             a for c in caches for r in c.rows(idx, lengths, copy=False) for a in r])
 
-        def stacked(caches=caches) -> list:
+        def stacked(caches=caches, lengths=lengths) -> list:
             per_layer = [c.rows(idx, lengths, copy=False) for c in caches]
             return [mx.concatenate([layer[j][s] for layer in per_layer])
                     for j in range(len(idx)) for s in (0, 1)]
@@ -88,8 +87,9 @@ def main() -> int:
             return [a for c in caches for a in c.state]
 
         timed(f"[{trial}] extend by 8 rows", join)
-        timed(f"[{trial}] zeros of the joined size x 64", lambda: [
-            mx.zeros((b + 8, 8, length + 256 + trial, 128), mx.bfloat16) for _ in range(64)])
+        size = (b + 8, 8, length + 256 + trial, 128)
+        timed(f"[{trial}] zeros of the joined size x 64", lambda size=size: [
+            mx.zeros(size, mx.bfloat16) for _ in range(64)])
         del caches, group
     return 0
 

@@ -27,7 +27,6 @@ def main() -> int:
     ap.add_argument("--out")
     args = ap.parse_args()
     import mlx.core as mx
-
     from mlxcel.engine import varlen_attention as va
     from mlxcel.engine.attention import grouped_decode_attention
 

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import json
 
-from test_admission_groups import path, run_until_done, submit, worker_for  # noqa: F401
+import pytest
+from test_admission_groups import run_until_done, submit, worker_for
+
+
+@pytest.fixture(scope="module")
+def path(mlxcel_checkpoint_cache):
+    from mlxcel.testing.checkpoint import cached_checkpoint
+
+    return cached_checkpoint("qwen3", cache_dir=mlxcel_checkpoint_cache, dtype="float32")
 
 
 def test_trace_records_prefill_decode_and_store(path, tmp_path, monkeypatch):

@@ -46,7 +46,7 @@ __device__ __forceinline__ void mlxcel_store(__nv_bfloat16* p, float x) {
 # starts[b] .. L - C + t (causal, the queries being the last C slots).
 NW = 8
 _SOURCE = """
-  constexpr int NW = %d;
+  constexpr int NW = @NW@;
   constexpr int P = D / 32;
   constexpr int SPLIT = G / GT;
   __shared__ float part_max[NW][GT];
@@ -56,11 +56,11 @@ _SOURCE = """
   const int lane = threadIdx.x;
   const int warp = threadIdx.y;
   const int kvh = blockIdx.x / SPLIT;
-  const int h0 = kvh * G + (blockIdx.x %% SPLIT) * GT;
+  const int h0 = kvh * G + (blockIdx.x % SPLIT) * GT;
   const int hq = gridDim.x / SPLIT * G;
   const int queries = q_shape[2];          // C: queries per row (1 when decoding)
   const int b = blockIdx.z / queries;
-  const int t = blockIdx.z %% queries;      // query t sits at slot L - C + t (causal)
+  const int t = blockIdx.z % queries;      // query t sits at slot L - C + t (causal)
   const int length = k_shape[2] - queries + t + 1;
   const float neg_inf = -__int_as_float(0x7f800000);
   const float qscale = scale[0] * 1.44269504089f;
@@ -143,7 +143,7 @@ _SOURCE = """
     mlxcel_store(out + ((static_cast<long>(b) * hq + h0 + g) * queries + t) * D + (e - g * D),
                  total > 0.f ? sum / total : 0.f);
   }
-""" % NW
+""".replace("@NW@", str(NW))
 
 
 @functools.cache

@@ -17,12 +17,12 @@ import structlog
 from mlxcel.backend import CUDA_SWITCH_INTERVAL, on_cuda, switch_interval
 from mlxcel.engine import attention
 from mlxcel.engine.batch import DecodeBatch, PrefillJob, aligned, is_batchable, prefill_align
-from mlxcel.engine.warmup import warm_up
 from mlxcel.engine.kvcache import shared_position_rope
 from mlxcel.engine.memory import compute_dtype_bytes, request_budget
 from mlxcel.engine.prompt_cache import PromptCache
 from mlxcel.engine.sequence import Sequence, Sink
 from mlxcel.engine.trace import Trace
+from mlxcel.engine.warmup import warm_up
 from mlxcel.types import GenerationRequest, TokenLogprob
 
 log = structlog.get_logger("mlxcel.engine")
