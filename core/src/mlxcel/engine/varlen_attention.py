@@ -178,6 +178,7 @@ def supports(queries: mx.array, keys: mx.array, values: mx.array) -> bool:
     return length <= LONG_CONTEXT or blocks >= MANY_BLOCKS
 
 
+@functools.cache
 def _heads_per_block(group: int, d: int) -> int:
     """The largest divisor of ``group`` with at most 8 heads and 1024 values per block."""
     return max(t for t in range(1, min(group, 8, 1024 // d) + 1) if group % t == 0)
