@@ -101,8 +101,11 @@ class EngineWorker(threading.Thread):
             self.emit_first = on_cuda()
             self.batch = DecodeBatch(self.checkpoint.model, self.checkpoint.tokenizer.vocab_size)
             if self.batchable and on_cuda():
-                warm_up(self.checkpoint.model, self.rope, self.parallel, self.prefill_chunk,
-                        self.align)
+                try:
+                    warm_up(self.checkpoint.model, self.rope, self.parallel,
+                            self.prefill_chunk, self.align)
+                except Exception as exc:  # only a speed-up: serve without it
+                    log.warning("engine_warmup_failed", error=f"{type(exc).__name__}: {exc}")
             self.memory_budget = request_budget()
             self.dtype_bytes = compute_dtype_bytes(self.checkpoint.model.model)
             self.trace = Trace.from_env()
