@@ -39,3 +39,24 @@ def test_warm_up_runs_each_shape_on_the_model(mlxcel_checkpoint_cache):
     assert seconds > 0
     assert seen == [(1, 1), (2, 1), (3, 1), (1, 32), (2, 32), (1, 64)]
     assert mx.array(1).item() == 1  # the device is still usable afterwards
+
+
+def test_a_failing_warm_up_does_not_stop_the_engine(mlxcel_checkpoint_cache, monkeypatch):
+    from mlxcel.engine import worker as worker_module
+    from mlxcel.engine.loader import load_checkpoint
+    from mlxcel.plugins import load_plugins
+    from mlxcel.testing.checkpoint import cached_checkpoint
+
+    path = cached_checkpoint("qwen3", cache_dir=mlxcel_checkpoint_cache, dtype="float32")
+    calls = []
+
+    def failing(*args):
+        calls.append(args)
+        raise MemoryError("no room for the warm-up")
+
+    monkeypatch.setattr(worker_module, "on_cuda", lambda: True)  # where warm-up runs
+    monkeypatch.setattr(worker_module, "warm_up", failing)
+    families = load_plugins().families
+    worker = worker_module.EngineWorker(lambda: load_checkpoint(str(path), families),
+                                        parallel=2)
+    assert worker.setup() and worker.state == "ready" and calls
