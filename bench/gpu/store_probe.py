@@ -71,10 +71,10 @@ def main() -> int:
         timed(f"[{trial}] gather from the buffer", lambda caches=caches: [
             c.keys[mx.array(idx)] for c in caches] + [c.values[mx.array(idx)] for c in caches])
         timed(f"[{trial}] rows() x layers (views)", lambda caches=caches, lengths=lengths: [
-            a for c in caches for r in c.rows(idx, lengths, copy=False) for a in r])
+            a for c in caches for r in c.rows(idx, lengths) for a in r])
 
         def stacked(caches=caches, lengths=lengths) -> list:
-            per_layer = [c.rows(idx, lengths, copy=False) for c in caches]
+            per_layer = [c.rows(idx, lengths) for c in caches]
             return [mx.concatenate([layer[j][s] for layer in per_layer])
                     for j in range(len(idx)) for s in (0, 1)]
 

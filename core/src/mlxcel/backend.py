@@ -297,9 +297,6 @@ def model_dtype(module: Any) -> str:
     return max(sizes, key=lambda k: sizes[k]) if sizes else "unknown"
 
 
-if __name__ == "__main__":  # `python -m mlxcel.backend`: the BLAS to preload, or nothing
-    _off = os.environ.get("MLXCEL_NO_FAST_BLAS", "").strip().lower() in ("1", "true", "yes", "on")
-    print("" if _off or not sys.platform.startswith("linux") else find_fast_blas() or "")
 
 
 def on_cuda() -> bool:
@@ -332,3 +329,8 @@ def switch_interval() -> float | None:
         raise StartupError(f"{SWITCH_INTERVAL_ENV} must be a number of seconds in (0, 1], "
                            f"got {raw!r}")
     return value
+
+
+if __name__ == "__main__":  # `python -m mlxcel.backend`: the BLAS to preload, or nothing
+    _off = os.environ.get("MLXCEL_NO_FAST_BLAS", "").strip().lower() in ("1", "true", "yes", "on")
+    print("" if _off or not sys.platform.startswith("linux") else find_fast_blas() or "")

@@ -83,8 +83,8 @@ def _module(model: Any) -> Any:
 
 
 def install(model: Any, enable: bool | None = None, choice: str | None = None) -> str | None:
-    """Route masked one-token steps of ``model``'s attention through the ``mode()`` path
-    (see the module docstring); returns that path's name, or None when MLX's own kernel
+    """Route ``model``'s masked attention on the engine's caches (decode steps; prefill
+    chunks too for ``varlen``) through the ``mode()`` path (see the module docstring); returns that path's name, or None when MLX's own kernel
     stays (``enable=False``, or ``fused``). ``enable=True`` forces a path (``grouped``
     unless ``choice`` names one) on any device."""
     if enable is False:

@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
+from mlxcel.backend import on_cuda
 from mlxcel.engine.kvcache import BatchCache
 from mlxcel.engine.penalties import Penalties
 from mlxcel.engine.sampling import BatchSampler, logprob_arrays
@@ -41,8 +42,6 @@ def prefill_align() -> int:
     """Prefill column multiple: 32 on CUDA, where every new matmul shape costs a cuBLASLt
     plan (~4 ms) and every new attention shape a cuDNN plan (~50 ms) the first time, so a
     few repeated chunk shapes beat exact ones; 1 elsewhere, where padding is only cost."""
-    from mlxcel.backend import on_cuda
-
     return 32 if on_cuda() else 1
 
 
@@ -151,7 +150,7 @@ class DecodeBatch:
         another), whose per-layer slices are returned: two allocations per row rather than
         two per row and layer."""
         idx = [self.rows.index(s) for s in seqs]
-        per_layer = [c.rows(idx, [len(s.context) - 1 for s in seqs], copy=False)
+        per_layer = [c.rows(idx, [len(s.context) - 1 for s in seqs])
                      for c in self.cache]
         out, stacks = [], []
         for j in range(len(seqs)):

@@ -223,22 +223,21 @@ class BatchCache:
                        + [p + target - other._idx for p in other.pads])
         self._idx = target
 
-    def row(self, i: int, length: int, copy: bool = True) -> tuple[mx.array, mx.array]:
-        """Row ``i``'s first ``length`` tokens in the canonical frame (positions from 0);
-        ``copy=False``: views of a temporary that the caller copies as it likes."""
+    def row(self, i: int, length: int) -> tuple[mx.array, mx.array]:
+        """Row ``i``'s first ``length`` tokens in the canonical frame (positions from 0), as
+        views (of the cache or of a temporary): the caller copies what it keeps."""
         p = self.pads[i]
         keys = self.keys[i:i + 1, :, p:p + length]
         values = self.values[i:i + 1, :, p:p + length]
         if self.rope is not None:
             keys = rotate(self.rope, keys, -(p + self.base))
-        return (mx.contiguous(keys), mx.contiguous(values)) if copy else (keys, values)
+        return keys, values
 
-    def rows(self, idx: list[int], lengths: list[int],
-             copy: bool = True) -> list[tuple[mx.array, mx.array]]:
+    def rows(self, idx: list[int], lengths: list[int]) -> list[tuple[mx.array, mx.array]]:
         """``row`` for several rows at once: one gather and one rotation per layer instead of
         one of each per row (rows that finish in the same step are stored together)."""
         if len(idx) == 1:
-            return [self.row(idx[0], lengths[0], copy)]
+            return [self.row(idx[0], lengths[0])]
         take = mx.array(idx)
         # gather from the whole (contiguous) buffer: a slice of it first would be copied
         # whole before the gather; the slots past the write index are never read below
@@ -248,6 +247,5 @@ class BatchCache:
         out = []
         for j, (i, n) in enumerate(zip(idx, lengths, strict=True)):
             p = self.pads[i]
-            k, v = keys[j:j + 1, :, p:p + n], values[j:j + 1, :, p:p + n]
-            out.append((mx.contiguous(k), mx.contiguous(v)) if copy else (k, v))
+            out.append((keys[j:j + 1, :, p:p + n], values[j:j + 1, :, p:p + n]))
         return out

@@ -166,11 +166,16 @@ def supports(queries: mx.array, keys: mx.array, values: mx.array) -> bool:
     fine for decoding and for short prefill chunks (where it also spares CUDA a per-shape
     cuDNN plan, ~50 ms each), not for long prompts. A long context spread over few blocks
     is slow too."""
-    b, hq, n, d = queries.shape
-    hkv, length = keys.shape[1], keys.shape[2]
-    if not (d in HEAD_DIMS and keys.shape[-1] == d and values.shape[-1] == d
-            and hq % hkv == 0 and length >= n
-            and queries.dtype in (mx.float32, mx.float16, mx.bfloat16)):
+    return _supports(queries.shape, keys.shape, values.shape[-1], queries.dtype)
+
+
+@functools.lru_cache(maxsize=64)  # asked per layer per step with the same shapes
+def _supports(q_shape: tuple[int, ...], k_shape: tuple[int, ...], dv: int,
+              dtype: mx.Dtype) -> bool:
+    b, hq, n, d = q_shape
+    hkv, length = k_shape[1], k_shape[2]
+    if not (d in HEAD_DIMS and k_shape[-1] == d and dv == d and hq % hkv == 0
+            and length >= n and dtype in (mx.float32, mx.float16, mx.bfloat16)):
         return False
     if n > 1:
         return n * length <= PREFILL_WORK

@@ -250,16 +250,27 @@ class EngineWorker(threading.Thread):
                 and s in self.batch.rows]
         if not keep:
             return
-        t = time.perf_counter()
+        if self.trace is not None:
+            self.trace.note(stored=len(keep))
+        self._timed("store_ms", lambda: self._store(keep))
+
+    def _store(self, keep: list[Sequence]) -> None:
         try:
             for seq, (keys, values) in zip(keep, self.batch.rows_kv(keep), strict=True):
                 self.prompt_cache.insert(seq.context[:-1], keys, values)
         except Exception:
             log.exception("prompt_cache_insert_failed",
                           request_ids=[s.req.request_id for s in keep])
-        if self.trace is not None:
-            self.trace.note(stored=len(keep))
-            self.trace.add_ms("store_ms", t)
+
+    def _timed(self, key: str, fn: Callable[[], Any]) -> Any:
+        """``fn()``; with a trace, its wall time is noted as ``key`` (ms)."""
+        if self.trace is None:
+            return fn()
+        t = time.perf_counter()
+        try:
+            return fn()
+        finally:
+            self.trace.add_ms(key, t)
 
     def _prefill_step(self) -> None:
         if self.prefilling is None:
@@ -267,9 +278,8 @@ class EngineWorker(threading.Thread):
             if self.prefilling is None:
                 return
         job = self.prefilling
-        t = time.perf_counter()
         try:
-            done = job.step(self.prefill_chunk)
+            done = self._timed("prefill_ms", lambda: job.step(self.prefill_chunk))
         except Exception as exc:
             log.exception("prefill_failed", request_ids=[s.req.request_id for s in job.seqs])
             for seq in job.seqs:
@@ -279,7 +289,6 @@ class EngineWorker(threading.Thread):
         self.stats.prefill_chunks_processed += 1
         if self.trace is not None:
             self.trace.note(prefill_rows=len(job.seqs), prefill_cols=job.last_cols)
-            self.trace.add_ms("prefill_ms", t)
         if done:
             self.prefilling = None
             self.stats.total_prefill_tokens += job.tokens_total
@@ -300,24 +309,18 @@ class EngineWorker(threading.Thread):
             self.batch.drop_finished()
             if not self.batch:
                 return
-        tr = self.trace
-        t = time.perf_counter()
-        step = self.batch.launch()
+        step = self._timed("build_ms", self.batch.launch)
         self.stats.decode_steps_processed += 1
-        if tr is not None:
-            tr.note(decode_rows=len(step.rows))
-            tr.add_ms("build_ms", t)
+        if self.trace is not None:
+            self.trace.note(decode_rows=len(step.rows))
         done: list[Sequence] = []
         try:
-            for phase in (("read_back_ms", "queue_ms") if self.emit_first
-                          else ("queue_ms", "read_back_ms")):
-                t = time.perf_counter()
-                if phase == "queue_ms":
-                    step.start()
-                else:
-                    done = self._read_back()
-                if tr is not None:
-                    tr.add_ms(phase, t)
+            if self.emit_first:
+                done = self._timed("read_back_ms", self._read_back)
+                self._timed("queue_ms", step.start)
+            else:
+                self._timed("queue_ms", step.start)
+                done = self._timed("read_back_ms", self._read_back)
         finally:
             # after step n+1 is queued (its arrays are what the store copies from), and
             # even if queuing failed: held finish events must go out
