@@ -183,3 +183,65 @@ def test_a_failing_queue_still_sends_held_finish_events(path, monkeypatch):
     assert short.done and short.events[-1].finish_reason == "length"
     assert long.done and long.events[-1].finish_reason == "error"
     assert worker.prompt_cache.stats()["inserts"] >= 1  # the short one was still stored
+
+
+def _record_joins(worker) -> list[int]:
+    """Groups per ``DecodeBatch.join`` call (the real join runs)."""
+    joins: list[int] = []
+    real = worker.batch.join
+
+    def join(jobs):
+        joins.append(len(jobs))
+        real(jobs)
+
+    worker.batch.join = join
+    return joins
+
+
+def test_a_burst_joins_the_idle_batch_in_one_merge(path):
+    """Nothing decodes: groups prefill back to back and become rows together (one cache
+    merge, one first step), with the same greedy tokens."""
+    expected = solo_outputs(path)
+    worker = worker_for(path, cache=False, chunk=45)  # 42 + 35 > 45: one prompt per group
+    joins = _record_joins(worker)
+    sinks = [submit(worker, p) for p in PROMPTS]
+    worker._iteration()
+    assert len(worker.prefilled) == 1 and not worker.batch  # held: the next can start now
+    run_until_done(worker, sinks)
+    assert joins == [3]
+    assert [s.tokens for s in sinks] == expected
+
+
+def test_groups_held_while_rows_decode_are_bounded(path):
+    """While rows decode, at most MAX_DEFERRED groups wait for one merge; a group joins at
+    once when nothing else can start prefilling in one chunk."""
+    from mlxcel.engine.worker import MAX_DEFERRED
+
+    worker = worker_for(path, cache=False, chunk=16)
+    running = submit(worker, BASE[:10], max_tokens=60)
+    for _ in range(3):
+        worker._iteration()
+    assert len(worker.batch) == 1
+    joins = _record_joins(worker)
+    before = len(running.tokens)
+    burst = [submit(worker, [20 + i] * 12) for i in range(MAX_DEFERRED + 2)]  # 11 each
+    long = submit(worker, list(range(3, 40)))  # 36 to prefill: three chunks
+    run_until_done(worker, [*burst, long])
+    assert joins == [MAX_DEFERRED, 2, 1]
+    assert all(len(s.tokens) == 6 for s in burst)
+    # the running row kept decoding: a step with each of the 6 + 3 prefill chunks
+    assert len(running.tokens) >= before + MAX_DEFERRED + 2 + 3
+
+
+def test_a_cancelled_row_in_a_held_group_frees_its_slot(path):
+    worker = worker_for(path, cache=False, chunk=45)
+    worker.parallel = 2
+    sinks = [submit(worker, p) for p in PROMPTS]
+    worker._iteration()
+    assert [len(j.seqs) for j in worker.prefilled] == [1] and worker._free() == 1
+    sinks[0].cancelled = True
+    worker._iteration()  # the held row leaves: its group is gone, the slot is free again
+    assert sinks[0].events[-1].finish_reason == "cancelled"
+    assert worker._free() >= 0 and all(not s.finished for j in worker.prefilled for s in j.seqs)
+    run_until_done(worker, sinks[1:])
+    assert all(len(s.tokens) == 6 for s in sinks[1:])

@@ -75,15 +75,17 @@ class Rows:
             self.model(rows[:, col:col + 5], cache=cache)
         return cache, [p[:-1] for p in prompts], [p[-1] for p in prompts]
 
-    def join(self, job):
-        cache, seqs, last = job
+    def join(self, *jobs):
+        """Like DecodeBatch.join: several groups merge into the batch at once."""
+        caches = [job[0] for job in jobs]
         if self.cache is None:
-            self.cache = cache
-        else:
-            for mine, theirs in zip(self.cache, cache, strict=True):
-                mine.extend(theirs)
-        self.seqs += seqs
-        self.pending += last
+            self.cache, caches = caches[0], caches[1:]
+        if caches:
+            for mine, *theirs in zip(self.cache, *caches, strict=True):
+                mine.extend(*theirs)
+        for _, seqs, last in jobs:
+            self.seqs += seqs
+            self.pending += last
 
     def step(self, seed: int) -> list[float]:
         """One decode step (next inputs drawn from ``seed``); max |logits - solo| per row."""
@@ -109,14 +111,22 @@ def _tokens(seed: int, n: int) -> list[int]:
 
 def _scenario(model, rope) -> list[float]:
     rows, errs = Rows(model, rope), []
-    rows.join(rows.group([_tokens(1, 6), _tokens(2, 11)]))
+    # two groups prefilled apart join an empty batch together
+    rows.join(rows.group([_tokens(1, 6), _tokens(2, 11)]), rows.group([_tokens(9, 4)]))
     for s in range(3):
         errs += rows.step(10 + s)
+    rows.drop(2)
     rows.join(rows.group([_tokens(3, 23), _tokens(4, 3)]))  # longer than the batch so far
     for s in range(3):
         errs += rows.step(20 + s)
-    assert rows.cache[0].pads[2] == 0 and min(rows.cache[0].pads[:2] + rows.cache[0].pads[3:]) > 0
-    rows.drop(2)  # the only row with no padding leaves: common padding is trimmed
+    # two groups join a running batch at once: one shorter, one longer than the batch
+    rows.join(rows.group([_tokens(11, 5)]), rows.group([_tokens(12, 40), _tokens(13, 9)]))
+    for s in range(2):
+        errs += rows.step(25 + s)
+    assert rows.cache[0].pads[5] == 0 and min(rows.cache[0].pads[:5] + rows.cache[0].pads[6:]) > 0
+    rows.drop(5)  # the only row with no padding leaves: common padding is trimmed
+    rows.drop(4)
+    rows.drop(3)
     assert min(rows.cache[0].pads) == 0
     for s in range(2):
         errs += rows.step(30 + s)

@@ -129,15 +129,20 @@ class DecodeBatch:
     def __len__(self) -> int:
         return len(self.rows)
 
-    def join(self, job: PrefillJob) -> None:
-        last = mx.array([s.req.prompt_tokens[-1] for s in job.seqs], dtype=mx.uint32)
+    def join(self, jobs: list[PrefillJob]) -> None:
+        """Prefilled groups become rows: one cache merge per layer for all of them."""
+        seqs = [s for job in jobs for s in job.seqs]
+        last = mx.array([s.req.prompt_tokens[-1] for s in seqs], dtype=mx.uint32)
+        caches = [job.cache for job in jobs]
         if self.cache is None:
-            self.cache, self.inputs = job.cache, last
+            self.cache, self.inputs = caches[0], last
+            caches = caches[1:]
         else:
-            for mine, theirs in zip(self.cache, job.cache, strict=True):
-                mine.extend(theirs)
             self.inputs = mx.concatenate([self.inputs, last])
-        self.rows.extend(job.seqs)
+        if caches:
+            for mine, *theirs in zip(self.cache, *caches, strict=True):
+                mine.extend(*theirs)
+        self.rows.extend(seqs)
         self.sampler = self.penalties = None
 
     def rows_kv(self, seqs: list[Sequence]) -> list[tuple[list[mx.array], list[mx.array]]]:

@@ -188,30 +188,31 @@ class BatchCache:
             self.values = self.values[..., :self._idx, :]
             self.base = 0
 
-    def extend(self, other: BatchCache) -> None:
-        """Append ``other``'s rows, right-aligned at the longer write index.
+    def extend(self, *others: BatchCache) -> None:
+        """Append ``others``' rows (in order), right-aligned at the longest write index.
 
-        Shared mode: ``other``'s keys are re-rotated so that its next position equals ours.
-        Both sides are written into one new buffer that already has room for the next
-        ``step`` tokens (one allocation and one copy per side, where padding, concatenating
-        and then growing would copy the whole batch three times).
+        Shared mode: each part's keys are re-rotated so that its next position equals ours.
+        Every part is written into one new buffer that already has room for the next
+        ``step`` tokens: one allocation and one copy per side however many groups join
+        (padding, concatenating and then growing would copy the whole batch three times,
+        and once more per group).
         """
-        target = max(self._idx, other._idx)
-        delta = self.offset - other.offset if self.rope is not None else 0
-        like = self if self.keys is not None else other
-        if like.keys is not None:
-            rows = len(self.pads) + len(other.pads)
+        parts = (self, *others)
+        target = max(p._idx for p in parts)
+        like = next((p for p in parts if p.keys is not None), None)
+        if like is not None:
+            rows = sum(len(p.pads) for p in parts)
             _, h, _, dk = like.keys.shape
             keys = mx.zeros((rows, h, target + self.step, dk), like.keys.dtype)
             values = mx.zeros((rows, h, target + self.step, like.values.shape[3]),
                               like.values.dtype)
             first = 0
-            for part, shift in ((self, 0), (other, delta)):
+            for part in parts:
                 end = first + len(part.pads)
                 if part.keys is not None:
                     part_keys = part.keys[..., :part._idx, :]
-                    if shift:
-                        part_keys = rotate(self.rope, part_keys, shift)
+                    if self.rope is not None and part is not self:
+                        part_keys = rotate(self.rope, part_keys, self.offset - part.offset)
                     keys[first:end, :, target - part._idx:target, :] = part_keys
                     values[first:end, :, target - part._idx:target, :] = \
                         part.values[..., :part._idx, :]
@@ -219,8 +220,7 @@ class BatchCache:
             self.keys, self.values = keys, values
         if self.rope is not None:
             self.base += self._idx - target
-        self._set_pads([p + target - self._idx for p in self.pads]
-                       + [p + target - other._idx for p in other.pads])
+        self._set_pads([q + target - p._idx for p in parts for q in p.pads])
         self._idx = target
 
     def row(self, i: int, length: int) -> tuple[mx.array, mx.array]:

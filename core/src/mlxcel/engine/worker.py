@@ -27,6 +27,8 @@ from mlxcel.types import GenerationRequest, TokenLogprob
 
 log = structlog.get_logger("mlxcel.engine")
 
+MAX_DEFERRED = 4  # prefilled groups held back to join together while rows decode
+
 
 class EngineStats(msgspec.Struct, kw_only=True):
     sequences_started: int = 0
@@ -56,6 +58,7 @@ class EngineWorker(threading.Thread):
         self.inbox: queue.Queue[tuple[GenerationRequest, Sink] | None] = queue.Queue()
         self.waiting: list[Sequence] = []  # heap
         self.prefilling: PrefillJob | None = None
+        self.prefilled: list[PrefillJob] = []  # prefilled, waiting to join together
         self.batch: DecodeBatch | None = None
         self.inflight: tuple[list[Sequence], Any] | None = None
         self.stats = EngineStats()
@@ -76,6 +79,7 @@ class EngineWorker(threading.Thread):
     @property
     def active(self) -> list[Sequence]:
         rows = list(self.batch.rows) if self.batch else []
+        rows += [s for job in self.prefilled for s in job.seqs]
         return rows + (list(self.prefilling.seqs) if self.prefilling else [])
 
     # -- thread ---------------------------------------------------------------------------
@@ -153,7 +157,7 @@ class EngineWorker(threading.Thread):
         self.inbox.put_nowait(None)
 
     def _iteration(self) -> None:
-        busy = bool(self.batch or self.prefilling or self.waiting)
+        busy = bool(self.batch or self.prefilling or self.prefilled or self.waiting)
         arrived = self._drain(block=not busy)
         tr = self.trace
         if tr is not None:
@@ -172,7 +176,7 @@ class EngineWorker(threading.Thread):
     def _fail_running(self, message: str) -> None:
         for seq in self.active:
             seq.finish("error", error=message)
-        self.prefilling, self.inflight = None, None
+        self.prefilling, self.inflight, self.prefilled = None, None, []
         self.batch.drop_finished()
 
     # -- scheduling -----------------------------------------------------------------------
@@ -203,6 +207,7 @@ class EngineWorker(threading.Thread):
             heapq.heapify(self.waiting)
         if self.prefilling and all(s.finished for s in self.prefilling.seqs):
             self.prefilling = None
+        self.prefilled = [job for job in self.prefilled if not all(s.finished for s in job.seqs)]
 
     def _lookup(self, seq: Sequence) -> tuple | None:
         if seq.cache_hit is None:
@@ -221,7 +226,7 @@ class EngineWorker(threading.Thread):
         """Start prefilling the next waiting request(s), grouped (right-aligned) while
         rows x the longest uncached tail fit in the prefill chunk; a prompt-cache hit
         reuses its cached prefix (see PrefillJob)."""
-        free = self.parallel - len(self.batch)
+        free = self._free()
         if not self.waiting or free <= 0:
             return None
         group = [heapq.heappop(self.waiting)]
@@ -233,6 +238,11 @@ class EngineWorker(threading.Thread):
             group.append(heapq.heappop(self.waiting))
             widest = tail
         return self._start(group)
+
+    def _free(self) -> int:
+        """Slots neither decoding nor taken by a prefilled group waiting to join."""
+        return self.parallel - len(self.batch) - sum(
+            not s.finished for job in self.prefilled for s in job.seqs)
 
     def _start(self, group: list[Sequence]) -> PrefillJob:
         self.stats.sequences_started += len(group)
@@ -276,6 +286,7 @@ class EngineWorker(threading.Thread):
         if self.prefilling is None:
             self.prefilling = self._admit()
             if self.prefilling is None:
+                self._join_prefilled()
                 return
         job = self.prefilling
         try:
@@ -292,7 +303,34 @@ class EngineWorker(threading.Thread):
         if done:
             self.prefilling = None
             self.stats.total_prefill_tokens += job.tokens_total
-            self.batch.join(job)
+            self.prefilled.append(job)
+            if not self._defer_join():
+                self._join_prefilled()
+
+    def _defer_join(self) -> bool:
+        """Hold prefilled groups back so that several join in one merge while the next
+        waiting request can start prefilling at once and fits one chunk.
+
+        Every join copies the whole batch cache into a new buffer and the next step runs
+        new shapes (tens of ms on CUDA), so a burst of arrivals joining group by group
+        slows every running stream once per group. While nothing decodes, groups are
+        prefilled back to back and join together; while rows decode (and wait for the
+        join's copy), at most ``MAX_DEFERRED`` groups are held, since each one held costs
+        the held rows a step.
+        """
+        if not self.waiting or not self.batchable or self._free() <= 0:
+            return False
+        if self.batch and len(self.prefilled) >= MAX_DEFERRED:
+            return False
+        return aligned(self._tail(self.waiting[0]), self.align) <= self.prefill_chunk
+
+    def _join_prefilled(self) -> None:
+        if self.prefilled:
+            jobs, self.prefilled = self.prefilled, []
+            self._timed("join_ms", lambda: self.batch.join(jobs))
+            self.batch.drop_finished()  # rows whose client left while they were held
+            if self.trace is not None:
+                self.trace.note(joined=sum(len(job.seqs) for job in jobs))
 
     def _decode_step(self) -> None:
         """Build step n+1, then queue it and hand out step n's tokens.
