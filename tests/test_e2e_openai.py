@@ -7,14 +7,15 @@ import time
 import httpx
 import openai
 import pytest
-from serverproc import Server
+from serverproc import ENGINE_MODES, Server
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def server(tiny_checkpoint):
-    srv = Server(["--model", str(tiny_checkpoint), "--parallel", "2", "--api-key", "k-e2e"])
+@pytest.fixture(scope="module", params=ENGINE_MODES)
+def server(tiny_checkpoint, request):
+    srv = Server(["--model", str(tiny_checkpoint), "--parallel", "2", "--api-key", "k-e2e",
+                  "--engine-process", request.param])
     yield srv
     srv.stop()
 
