@@ -39,9 +39,9 @@ def path(mlxcel_checkpoint_cache):
     return cached_checkpoint("qwen3", cache_dir=mlxcel_checkpoint_cache, dtype="float32")
 
 
-def worker_for(path, cache: bool, chunk: int = 512) -> EngineWorker:
+def worker_for(path, cache: bool, chunk: int = 512, parallel: int = 8) -> EngineWorker:
     families = load_plugins().families
-    worker = EngineWorker(lambda: load_checkpoint(str(path), families), parallel=8,
+    worker = EngineWorker(lambda: load_checkpoint(str(path), families), parallel=parallel,
                           prefill_chunk=chunk,
                           prompt_cache=PromptCache(1 << 30) if cache else None)
     assert worker.setup()
@@ -217,7 +217,7 @@ def test_groups_held_while_rows_decode_are_bounded(path):
     once when nothing else can start prefilling in one chunk."""
     from mlxcel.engine.worker import MAX_DEFERRED
 
-    worker = worker_for(path, cache=False, chunk=16)
+    worker = worker_for(path, cache=False, chunk=16, parallel=MAX_DEFERRED + 4)
     running = submit(worker, BASE[:10], max_tokens=60)
     for _ in range(3):
         worker._iteration()
