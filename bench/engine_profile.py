@@ -118,9 +118,9 @@ def main() -> int:
                     help="turn the prompt cache off (the server's default has it on)")
     args = ap.parse_args()
 
+    from mlxcel.app import prompt_cache_from
     from mlxcel.engine.client import EngineClient
     from mlxcel.engine.loader import load_checkpoint
-    from mlxcel.engine.prompt_cache import prompt_cache_from
     from mlxcel.engine.worker import EngineWorker
     from mlxcel.plugins import load_plugins
     from mlxcel.settings import Settings

@@ -13,10 +13,6 @@ from pathlib import Path
 
 import httpx
 
-# --engine-process values the end-to-end suites run under: the engine thread in the server
-# process, and the engine in a process of its own (the default on GPUs)
-ENGINE_MODES = ["off", "on"]
-
 
 def free_port() -> int:
     with socket.socket() as s:

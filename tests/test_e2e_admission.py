@@ -6,17 +6,16 @@ import asyncio
 
 import httpx
 import pytest
-from serverproc import ENGINE_MODES, Server
+from serverproc import Server
 
 pytestmark = pytest.mark.slow
 MSG = [{"role": "user", "content": "hello"}]
 
 
-@pytest.fixture(scope="module", params=ENGINE_MODES)
-def server(tiny_checkpoint, request):
+@pytest.fixture(scope="module")
+def server(tiny_checkpoint):
     srv = Server(["--model", str(tiny_checkpoint), "--parallel", "1", "--max-queue-depth", "1",
-                  "--slots", "--engine-process", request.param],
-                 env={"MLXCEL_REQUEST_MEMORY_BUDGET": "300K"})
+                  "--slots"], env={"MLXCEL_REQUEST_MEMORY_BUDGET": "300K"})
     yield srv
     srv.stop()
 

@@ -7,7 +7,7 @@ import time
 
 import httpx
 import pytest
-from serverproc import ENGINE_MODES, Server, free_port
+from serverproc import Server, free_port
 
 pytestmark = pytest.mark.slow
 KEY = {"Authorization": "Bearer k-metrics"}
@@ -16,12 +16,11 @@ CHAT = {"messages": [{"role": "user", "content": "Say something."}], "temperatur
 LONG = {**CHAT, "max_tokens": 3000, "stream": True}  # far from done when the client leaves
 
 
-@pytest.fixture(scope="module", params=ENGINE_MODES)
-def server(tiny_checkpoint, request):
+@pytest.fixture(scope="module")
+def server(tiny_checkpoint):
     metrics_port = free_port()
     srv = Server(["--model", str(tiny_checkpoint), "--parallel", "2", "--api-key", "k-metrics",
-                  "--metrics", "--slots", "--metrics-port", str(metrics_port),
-                  "--engine-process", request.param])
+                  "--metrics", "--slots", "--metrics-port", str(metrics_port)])
     srv.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
     yield srv
     srv.stop()

@@ -7,15 +7,14 @@ import time
 import httpx
 import openai
 import pytest
-from serverproc import ENGINE_MODES, Server
+from serverproc import Server
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module", params=ENGINE_MODES)
-def server(tiny_checkpoint, request):
-    srv = Server(["--model", str(tiny_checkpoint), "--parallel", "2", "--api-key", "k-e2e",
-                  "--engine-process", request.param])
+@pytest.fixture(scope="module")
+def server(tiny_checkpoint):
+    srv = Server(["--model", str(tiny_checkpoint), "--parallel", "2", "--api-key", "k-e2e"])
     yield srv
     srv.stop()
 

@@ -12,8 +12,7 @@
 # PROBE (1: also run bench/gpu/varlen_check.py, bench/gpu/cache_probe.py and
 # bench/gpu/step_split.py at the largest C, into $OUT/varlen.json, cache_probe.json,
 # step_split.txt), TRACE (1: mlxcel writes its engine timeline to $OUT/engine_trace.jsonl,
-# see MLXCEL_ENGINE_TRACE), AB_THREAD (1: also run mlxcel at the largest C with
-# --engine-process off, into $OUT/serving_gpu_thread.json).
+# see MLXCEL_ENGINE_TRACE).
 #   SHAPE=tiny OUT=/tmp/gpu-test PY=.venv/bin/python bash bench/gpu/run.sh   # CPU dry run
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -29,7 +28,6 @@ LEVEL_DEADLINE=${LEVEL_DEADLINE:-150}
 REQ_CAP=${REQ_CAP:-64}
 PROBE=${PROBE:-0}
 TRACE=${TRACE:-0}
-AB_THREAD=${AB_THREAD:-0}
 MLXCEL_SPAWN=${MLXCEL_SPAWN:-1}   # 1: --mlxcel-spawn (Granian fork after CUDA init fails)
 export SERVING_STARTUP_TIMEOUT_S=${SERVING_STARTUP_TIMEOUT_S:-300}
 SPAWN=(); [ "$MLXCEL_SPAWN" = 1 ] && SPAWN=(--mlxcel-spawn)
@@ -89,17 +87,7 @@ PY
     --servers "$SERVERS" --concurrency "$CONC" --max-tokens "$MAXTOK" --parallel "$PARALLEL" \
     --level-deadline "$LEVEL_DEADLINE" --requests-cap "$REQ_CAP" "${SPAWN[@]}" "${RAW[@]}" --targets gpu --log-dir "$OUT/logs" \
     --out "$OUT/serving_gpu.json" --fresh || log "serving FAILED"
-  if [ "$AB_THREAD" = 1 ]; then
-    log "A/B: mlxcel with the engine thread in the server process (--engine-process off)"
-    unset MLXCEL_ENGINE_TRACE
-    "$PY" bench/serving.py --model "$CKPT" --label "$SHAPE-engine-thread" --modes defaults \
-      --servers mlxcel --concurrency "$PARALLEL" --max-tokens "$MAXTOK" --parallel "$PARALLEL" \
-      --level-deadline "$LEVEL_DEADLINE" --requests-cap "$REQ_CAP" "${SPAWN[@]}" "${RAW[@]}" \
-      --mlxcel-args "--engine-process off" --targets gpu --log-dir "$OUT/logs-thread" \
-      --out "$OUT/serving_gpu_thread.json" --fresh || log "A/B serving FAILED"
-  fi
   log "done"
 } 2>&1 | tee "$OUT/run.log"
-tar czf "$OUT/logs.tgz" -C "$OUT" logs $([ -d "$OUT/logs-thread" ] && echo logs-thread) \
-  2>/dev/null && rm -rf "$OUT/logs" "$OUT/logs-thread"
+tar czf "$OUT/logs.tgz" -C "$OUT" logs 2>/dev/null && rm -rf "$OUT/logs"
 ls -la "$OUT"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +14,7 @@ from litestar.middleware import DefineMiddleware
 
 from mlxcel.context import AppContext
 from mlxcel.engine.client import EngineClient
-from mlxcel.engine.process import EngineProcess, use_process
-from mlxcel.engine.prompt_cache import prompt_cache_from
+from mlxcel.engine.prompt_cache import PromptCache
 from mlxcel.errors import MlxcelError
 from mlxcel.lazy import resolve
 from mlxcel.logging import configure
@@ -65,14 +63,16 @@ def model_display_name(settings: Settings) -> str:
     return "mlxcel"
 
 
+def prompt_cache_from(settings: Settings) -> PromptCache:
+    capacity = settings.prompt_cache_capacity_bytes or settings.cache_ram * (1 << 20)
+    return PromptCache(capacity, settings.prompt_cache_max_entries, settings.prompt_cache_ttl,
+                       enabled=not settings.no_cache_prompt)
+
+
 def create_app(settings: Settings, plugins: Plugins | None = None,
                engine: EngineClient | None = None) -> Litestar:
     plugins = plugins or load_plugins(settings.plugins, settings.disable_plugins)
-    if engine is None and use_process(settings.engine_process):
-        engine = EngineClient(None, settings.parallel, ctx_size=settings.ctx_size,
-                              max_queue_depth=settings.max_queue_depth,
-                              worker=EngineProcess(settings))
-    elif engine is None:
+    if engine is None:
         from mlxcel.engine.loader import load_checkpoint
 
         model = settings.model
@@ -109,27 +109,19 @@ def create_app(settings: Settings, plugins: Plugins | None = None,
     return app
 
 
-def _exit_on_engine_failure(engine: EngineClient) -> None:
-    """In the Granian worker: a model that fails to load, or an engine process that dies
-    while serving, stops the whole server, with the reason handed to the CLI (which prints
-    it and exits non-zero)."""
+def _exit_on_load_failure(engine: EngineClient) -> None:
+    """In the Granian worker: a model that fails to load stops the whole server, with the
+    reason handed to the CLI (which prints it and exits non-zero)."""
     import threading
 
     def watch() -> None:
         engine.worker.ready.wait()
-        message = f"the model failed to load: {engine.worker.error}"
         if engine.state != "failed":
-            lost = getattr(engine.worker, "lost", None)  # the engine process (process.py)
-            if lost is None:
-                return
-            lost.wait()
-            time.sleep(1.0)  # the streams' error events go out first
-            message = f"the engine stopped: {engine.worker.error}"
-        log.error("server_exiting", reason=message)
+            return
         path = os.environ.get(FAILURE_ENV)
         if path:
             with open(path, "w", encoding="utf-8") as fh:
-                fh.write(message)
+                fh.write(f"the model failed to load: {engine.worker.error}")
         os.kill(os.getppid(), signal.SIGTERM)  # Granian's main process shuts down
         os._exit(3)
 
@@ -141,5 +133,5 @@ def app_from_env() -> Litestar:
     settings = Settings.from_env()
     configure(settings.log_format)
     app = create_app(settings)
-    _exit_on_engine_failure(app.state["ctx"].engine)
+    _exit_on_load_failure(app.state["ctx"].engine)
     return app

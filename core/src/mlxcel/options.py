@@ -57,9 +57,6 @@ OPTIONS: list[tuple[tuple[str, ...], str, Any, Any, str, str]] = [
      "model, else the checkpoint's own), float32, float16 or bfloat16"),
     (("--no-fast-blas",), "no_fast_blas", _bool, False, "MLXCEL_NO_FAST_BLAS",
      "on Linux CPU, do not preload an optimized BLAS (OpenBLAS) even when installed"),
-    (("--engine-process",), "engine_process", str, "auto", "MLXCEL_ENGINE_PROCESS",
-     "run the engine in a process of its own, off the HTTP side's GIL: auto (on when MLX "
-     "computes on a GPU), on or off"),
     (("--no-cache-prompt",), "no_cache_prompt", _bool, False, "LLAMA_ARG_NO_CACHE_PROMPT",
      "turn the prompt (prefix) cache off server-wide"),
     (("--cache-ram",), "cache_ram", int, 2048, "LLAMA_ARG_CACHE_RAM",
@@ -100,8 +97,7 @@ OPTIONS: list[tuple[tuple[str, ...], str, Any, Any, str, str]] = [
      "serve a tiny random-weight checkpoint built offline; its output is random text"),
 ]
 CHOICES = {"log_format": ["json", "console"],
-           "dtype": ["auto", "float32", "float16", "bfloat16"],
-           "engine_process": ["auto", "on", "off"]}
+           "dtype": ["auto", "float32", "float16", "bfloat16"]}
 
 
 def _env_default(env: str, type_: Any, default: Any) -> Any:

@@ -31,7 +31,6 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     metrics_port: int = 0
     dtype: str = "auto"
     no_fast_blas: bool = False
-    engine_process: str = "auto"  # auto | on | off (mlxcel.engine.process)
     no_cache_prompt: bool = False
     cache_ram: int = 2048
     prompt_cache_capacity_bytes: int = 0

@@ -145,7 +145,7 @@ class EventStream:
         """Stop the generation (no-op once the finish event was read)."""
         if not self.done:
             self.done = self.cancelled = True
-            self._client.worker.cancel(self)
+            self._client.worker.wake()
 
 
 class EngineClient:
@@ -153,10 +153,8 @@ class EngineClient:
 
     def __init__(self, load: Callable[[], Any], parallel: int, ctx_size: int = 0,
                  prefill_chunk: int = 512, max_queue_depth: int = 32,
-                 prompt_cache: PromptCache | None = None, worker: Any = None) -> None:
-        """``worker``: the engine itself when it is not an in-process ``EngineWorker``
-        built from ``load`` (mlxcel.engine.process.EngineProcess)."""
-        self.worker = worker or EngineWorker(load, parallel, prefill_chunk, prompt_cache)
+                 prompt_cache: PromptCache | None = None) -> None:
+        self.worker = EngineWorker(load, parallel, prefill_chunk, prompt_cache)
         self.prompt_cache = self.worker.prompt_cache
         self.requested_ctx = ctx_size
         self.max_queue_depth = max_queue_depth
@@ -224,7 +222,7 @@ class EngineClient:
     @property
     def active_count(self) -> int:
         """Sequences holding a slot (decoding or prefilling)."""
-        return self.worker.active_count
+        return len(self.worker.active)
 
     @property
     def queue_depth(self) -> int:

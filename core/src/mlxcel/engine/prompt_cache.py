@@ -174,10 +174,3 @@ class PromptCache:
                 del self._holders[h]
         if reason is not None:
             self.counters[reason] += 1
-
-
-def prompt_cache_from(settings: Any) -> PromptCache:
-    """The server's prompt cache as its settings (``mlxcel.settings.Settings``) ask."""
-    capacity = settings.prompt_cache_capacity_bytes or settings.cache_ram * (1 << 20)
-    return PromptCache(capacity, settings.prompt_cache_max_entries, settings.prompt_cache_ttl,
-                       enabled=not settings.no_cache_prompt)

@@ -74,9 +74,6 @@ class EngineWorker(threading.Thread):
         self._stopping = threading.Event()
         self.ready = threading.Event()
         self.trace: Trace | None = None  # MLXCEL_ENGINE_TRACE (mlxcel.engine.trace)
-        # called once events were emitted (after a read-back, at the end of a loop turn):
-        # the engine process (mlxcel.engine.process) sends them then, one message per burst
-        self.flush: Callable[[], None] | None = None
 
     # -- views for the event loop --------------------------------------------------------
     @property
@@ -84,11 +81,6 @@ class EngineWorker(threading.Thread):
         rows = list(self.batch.rows) if self.batch else []
         rows += [s for job in self.prefilled for s in job.seqs]
         return rows + (list(self.prefilling.seqs) if self.prefilling else [])
-
-    @property
-    def active_count(self) -> int:
-        """Sequences holding a slot (decoding, prefilled or prefilling)."""
-        return len(self.active)
 
     # -- thread ---------------------------------------------------------------------------
     def setup(self) -> bool:
@@ -144,12 +136,8 @@ class EngineWorker(threading.Thread):
             except Exception as exc:  # never let the engine thread die: fail the batch
                 log.exception("engine_step_failed")
                 self._fail_running(f"engine error: {exc}")
-                if self.flush is not None:
-                    self.flush()
         for seq in [*self.active, *self.waiting]:
             seq.finish("error", error="server shutting down")
-        if self.flush is not None:
-            self.flush()
         if self.trace is not None:
             self.trace.flush()
 
@@ -168,10 +156,6 @@ class EngineWorker(threading.Thread):
         """Unblock the thread (a ``None`` item carries no request)."""
         self.inbox.put_nowait(None)
 
-    def cancel(self, sink: Sink) -> None:
-        """``sink.cancelled`` was set: drop its sequence at the next turn."""
-        self.wake()
-
     def _iteration(self) -> None:
         busy = bool(self.batch or self.prefilling or self.prefilled or self.waiting)
         arrived = self._drain(block=not busy)
@@ -186,8 +170,6 @@ class EngineWorker(threading.Thread):
             self._decode_step()
         elif self.inflight is not None:
             self._settle(self._read_back())
-        if self.flush is not None:
-            self.flush()
         if tr is not None:
             tr.end()
 
@@ -373,8 +355,6 @@ class EngineWorker(threading.Thread):
         try:
             if self.emit_first:
                 done = self._timed("read_back_ms", self._read_back)
-                if self.flush is not None:
-                    self.flush()
                 self._timed("queue_ms", step.start)
             else:
                 self._timed("queue_ms", step.start)
