@@ -74,7 +74,6 @@ def main() -> int:
     args = ap.parse_args()
     import mlx.core as mx
     from mlx_lm import load
-
     from mlxcel.engine import attention
 
     ncpu = os.cpu_count() or 1
