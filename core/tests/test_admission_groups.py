@@ -245,3 +245,20 @@ def test_a_cancelled_row_in_a_held_group_frees_its_slot(path):
     assert worker._free() >= 0 and all(not s.finished for j in worker.prefilled for s in j.seqs)
     run_until_done(worker, sinks[1:])
     assert all(len(s.tokens) == 6 for s in sinks[1:])
+
+
+def test_a_prefill_group_allocates_its_width_only(path):
+    """A group's cache holds its own columns (prompt-cache prefix included), not a whole
+    256-slot growth step: it is copied into the batch on joining anyway."""
+    worker = worker_for(path, cache=True, chunk=512)
+    first = submit(worker, BASE)
+    run_until_done(worker, [first])
+    sinks = [submit(worker, p) for p in PROMPTS]  # two prompt-cache hits and a miss
+    worker._drain(block=False)
+    job = worker._admit()
+    assert job.done_cols > 0  # the hits' prefix columns are already in the cache
+    assert job.step(512)
+    assert {c.keys.shape[2] for c in job.cache} == {job.width}
+    worker.prefilling = job
+    run_until_done(worker, sinks)
+    assert all(len(s.tokens) == 6 for s in sinks)

@@ -90,6 +90,12 @@ class PrefillJob:
                                                    start, rope) for i in range(layers)]
         else:
             self.cache = [BatchCache(pads, rope) for _ in model.make_cache()]
+        if batchable:
+            # the group's cache holds its prompts only: joining copies it into the batch's
+            # buffer anyway, and on CUDA every fresh buffer costs page faults (MLX takes
+            # managed memory), so 256 slots for a 64-token group would be mostly waste
+            for c in self.cache:
+                c.reserve = width
         rows = [[0] * pad + list(s.req.prompt_tokens[:-1]) for s, pad in zip(seqs, pads,
                                                                              strict=True)]
         self.tokens = mx.array(rows, dtype=mx.uint32)

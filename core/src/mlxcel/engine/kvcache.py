@@ -94,6 +94,7 @@ class BatchCache:
         self.rope = rope  # None: absolute positions
         self.base = 0  # shared mode: position of slot 0
         self._idx = 0  # next slot to write (the same for every row)
+        self.reserve = 0  # slots the next allocation takes when they suffice (a prefill job)
         self._pad_array: mx.array | None = None
         self._offsets: tuple[int, mx.array] | None = None
 
@@ -131,7 +132,11 @@ class BatchCache:
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         prev, n = self._idx, keys.shape[2]
         if self.keys is None or prev + n > self.keys.shape[2]:
-            grow = (self.step + n - 1) // self.step * self.step
+            if prev + n <= self.reserve:
+                grow = self.reserve - prev  # exactly what is known to come
+            else:
+                grow = (self.step + n - 1) // self.step * self.step
+            self.reserve = 0
             b, h, _, dk = keys.shape
             new_k = mx.zeros((b, h, grow, dk), keys.dtype)
             new_v = mx.zeros((b, h, grow, values.shape[3]), values.dtype)

@@ -27,7 +27,7 @@ from mlxcel.types import GenerationRequest, TokenLogprob
 
 log = structlog.get_logger("mlxcel.engine")
 
-MAX_DEFERRED = 8  # prefilled groups held back to join together while rows decode
+MAX_DEFERRED = 16  # prefilled groups held back to join together while rows decode
 
 
 class EngineStats(msgspec.Struct, kw_only=True):
