@@ -60,3 +60,48 @@ def test_a_failing_warm_up_does_not_stop_the_engine(mlxcel_checkpoint_cache, mon
     worker = worker_module.EngineWorker(lambda: load_checkpoint(str(path), families),
                                         parallel=2)
     assert worker.setup() and worker.state == "ready" and calls
+
+
+def test_lifecycle_warm_up_runs_every_batch_operation_once(mlxcel_checkpoint_cache,
+                                                           monkeypatch):
+    """Each op variant the engine meets while serving runs in the warm-up (MLX's CUDA
+    backend JIT-compiles them on first use: a 2.5-3.2 s stall in a served step)."""
+    from mlxcel.engine import batch, kvcache, penalties, sampling
+    from mlxcel.engine.loader import load_checkpoint
+    from mlxcel.engine.warmup import warm_lifecycle
+    from mlxcel.plugins import load_plugins
+    from mlxcel.testing.checkpoint import cached_checkpoint
+
+    path = cached_checkpoint("qwen3", cache_dir=mlxcel_checkpoint_cache, dtype="float32")
+    ck = load_checkpoint(str(path), load_plugins().families)
+    seen: set[str] = set()
+
+    def spy(owner, name, label=None):
+        real = getattr(owner, name)
+
+        def wrapper(*args, **kwargs):
+            seen.add(label or name)
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(owner, name, wrapper)
+
+    for name in ("extend", "filter", "rows", "row"):
+        spy(kvcache.BatchCache, name)
+    spy(kvcache.BatchCache, "from_prefixes")
+    spy(batch, "logprob_arrays")
+    spy(penalties.Penalties, "__call__", "penalties")
+    spy(sampling.BatchSampler, "_choose", "sampled")
+    real_update = kvcache.BatchCache.update_and_fetch
+
+    def update(self, keys, values):
+        if self.keys is not None and self._idx + keys.shape[2] > self.keys.shape[2]:
+            seen.add("grow")
+        return real_update(self, keys, values)
+
+    monkeypatch.setattr(kvcache.BatchCache, "update_and_fetch", update)
+    for rope in (shared_position_rope(ck.model, True), None):
+        seen.clear()
+        warm_lifecycle(ck.model, rope, ck.tokenizer.vocab_size, align=32)
+        assert seen == {"extend", "filter", "rows", "row", "from_prefixes", "logprob_arrays",
+                        "penalties", "sampled", "grow"}
+    assert mx.array(1).item() == 1

@@ -92,8 +92,8 @@ class PrefillJob:
             self.cache = [BatchCache(pads, rope) for _ in model.make_cache()]
         if batchable:
             # the group's cache holds its prompts only: joining copies it into the batch's
-            # buffer anyway, and on CUDA every fresh buffer costs page faults (MLX takes
-            # managed memory), so 256 slots for a 64-token group would be mostly waste
+            # buffer anyway, so a 256-slot growth step would only hold memory while a burst
+            # prefills (64 rows of 64 tokens on a Llama-3-8B shape: ~2.1 GB, not ~0.5 GB)
             for c in self.cache:
                 c.reserve = width
         rows = [[0] * pad + list(s.req.prompt_tokens[:-1]) for s, pad in zip(seqs, pads,

@@ -9,18 +9,30 @@ shapes are few: a decode step has one row per running sequence (1 .. ``parallel`
 prefill chunk has rows x columns with columns a multiple of ``align`` (``prefill_align``)
 and rows x columns <= the chunk size (a single row may take a whole chunk), so all of them
 are run here, on empty caches, and thrown away.
+
+Sizes are not all: MLX's CUDA backend JIT-compiles a kernel per op variant (dtype, rank,
+index kind) the first time it runs, 1-3 s each. The serving traces of the c=64 benchmark
+showed a decode step stalled 2.5-3.2 s the first time a row left a batch (the gathers that
+drop it). So ``warm_lifecycle`` also plays one batch's life on a few short rows, through
+the engine's own classes: groups prefilled and joined, sampled and seeded rows, penalties
+and logprobs, the cache growing, a row leaving, rows copied out for the prompt cache and
+a prompt reusing them.
 """
 
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 from typing import Any
 
 import mlx.core as mx
 import structlog
 from mlx_lm.models.cache import make_prompt_cache
 
+from mlxcel.engine.batch import DecodeBatch, PrefillJob
 from mlxcel.engine.kvcache import BatchCache
+from mlxcel.engine.sampling import RowRandom
+from mlxcel.types import SamplingParams
 
 log = structlog.get_logger("mlxcel.engine")
 
@@ -33,8 +45,10 @@ def prefill_shapes(chunk: int, align: int) -> list[tuple[int, int]]:
     return shapes
 
 
-def warm_up(model: Any, rope: Any | None, parallel: int, chunk: int, align: int) -> float:
-    """Run each decode batch size and prefill chunk shape once; seconds spent."""
+def warm_up(model: Any, rope: Any | None, parallel: int, chunk: int, align: int,
+            vocab: int | None = None) -> float:
+    """Run each decode batch size and prefill chunk shape once, then (``vocab`` given)
+    ``warm_lifecycle``; seconds spent."""
     t = time.perf_counter()
     layers = len(make_prompt_cache(model))
     for rows in range(1, parallel + 1):
@@ -49,7 +63,70 @@ def warm_up(model: Any, rope: Any | None, parallel: int, chunk: int, align: int)
         cache = [BatchCache([0] * (rows - 1) + [1], rope) for _ in range(layers)]
         model(mx.zeros((rows, cols), mx.uint32), cache)
         mx.eval([c.state for c in cache])
+    if vocab is not None:
+        warm_lifecycle(model, rope, vocab, align)
     seconds = time.perf_counter() - t
     log.info("engine_warmup", decode_batches=parallel, prefill_shapes=len(shapes),
              seconds=round(seconds, 2))
     return seconds
+
+
+class _Row:
+    """What the batch classes read of a ``Sequence``."""
+
+    def __init__(self, prompt: list[int], sampling: SamplingParams) -> None:
+        self.req = SimpleNamespace(prompt_tokens=tuple(prompt), sampling=sampling)
+        self.random = RowRandom(sampling.seed)
+        self.context = list(prompt)
+        self.cached = 0
+        self.finished = False
+
+    @property
+    def generated_ids(self) -> list[int]:
+        return self.context[len(self.req.prompt_tokens):]
+
+
+def _prefilled(model: Any, rows: list[_Row], rope: Any | None, align: int,
+               prefixes: list | None = None) -> PrefillJob:
+    job = PrefillJob(model, rows, True, prefixes, rope, align)
+    while not job.step(4 * align * len(rows)):
+        pass
+    return job
+
+
+def _step(batch: DecodeBatch) -> None:
+    step = batch.launch()
+    step.start()
+    mx.eval(step.sampled, *step.logprobs)
+    for row, token in zip(step.rows, step.sampled.tolist(), strict=True):
+        row.context.append(token)
+
+
+def warm_lifecycle(model: Any, rope: Any | None, vocab: int, align: int = 1) -> None:
+    """One batch's life on four short rows (see the module docstring)."""
+    greedy = SamplingParams(temperature=0.0)
+    rows = [_Row(list(range(3, 43)), greedy),  # long enough to be reused past ``align``
+            _Row(list(range(3, 12)), SamplingParams(temperature=0.8, top_p=0.9, top_k=40,
+                                                    min_p=0.05)),
+            _Row(list(range(5, 17)), SamplingParams(temperature=0.7, seed=1, logprobs=True,
+                                                    top_logprobs=2)),
+            _Row([8, 9, 10], SamplingParams(temperature=0.0, repetition_penalty=1.1))]
+    batch = DecodeBatch(model, vocab)
+    batch.join([_prefilled(model, rows[:2], rope, align)])  # into an empty batch
+    batch.join([_prefilled(model, rows[2:], rope, align)])  # merged into a running one
+    _step(batch)
+    for c in batch.cache:  # past the buffer's room: it grows
+        b, h, size, d = c.keys.shape
+        room = size - c._idx + 1
+        c.update_and_fetch(mx.zeros((b, h, room, d), c.keys.dtype),
+                           mx.zeros((b, h, room, c.values.shape[3]), c.values.dtype))
+    _step(batch)
+    rows[1].finished = True
+    batch.drop_finished()  # a row leaves: gathers of the cache and the next inputs
+    _step(batch)
+    stored = batch.rows_kv([rows[0], rows[2]]) + batch.rows_kv([rows[3]])
+    mx.eval([a for keys, values in stored for a in (*keys, *values)])
+    hit = _Row(rows[0].context[:36] + [20, 21], greedy)
+    hit.cached = 36  # a prompt-cache hit: its first tokens come from the stored copy
+    batch.join([_prefilled(model, [hit], rope, align, prefixes=[stored[0]])])
+    _step(batch)

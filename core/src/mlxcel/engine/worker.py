@@ -27,7 +27,7 @@ from mlxcel.types import GenerationRequest, TokenLogprob
 
 log = structlog.get_logger("mlxcel.engine")
 
-MAX_DEFERRED = 16  # prefilled groups held back to join together while rows decode
+MAX_DEFERRED = 8  # prefilled groups held back to join together while rows decode
 
 
 class EngineStats(msgspec.Struct, kw_only=True):
@@ -107,7 +107,8 @@ class EngineWorker(threading.Thread):
             if self.batchable and on_cuda():
                 try:
                     warm_up(self.checkpoint.model, self.rope, self.parallel,
-                            self.prefill_chunk, self.align)
+                            self.prefill_chunk, self.align,
+                            self.checkpoint.tokenizer.vocab_size)
                 except Exception as exc:  # only a speed-up: serve without it
                     log.warning("engine_warmup_failed", error=f"{type(exc).__name__}: {exc}")
             self.memory_budget = request_budget()
