@@ -203,6 +203,7 @@ def test_a_burst_joins_the_idle_batch_in_one_merge(path):
     merge, one first step), with the same greedy tokens."""
     expected = solo_outputs(path)
     worker = worker_for(path, cache=False, chunk=45)  # 42 + 35 > 45: one prompt per group
+    worker.hold_groups = True  # as on CUDA
     joins = _record_joins(worker)
     sinks = [submit(worker, p) for p in PROMPTS]
     worker._iteration()
@@ -218,6 +219,7 @@ def test_groups_held_while_rows_decode_are_bounded(path):
     from mlxcel.engine.worker import MAX_DEFERRED
 
     worker = worker_for(path, cache=False, chunk=16, parallel=MAX_DEFERRED + 4)
+    worker.hold_groups = True  # as on CUDA
     running = submit(worker, BASE[:10], max_tokens=60)
     for _ in range(3):
         worker._iteration()
@@ -235,7 +237,7 @@ def test_groups_held_while_rows_decode_are_bounded(path):
 
 def test_a_cancelled_row_in_a_held_group_frees_its_slot(path):
     worker = worker_for(path, cache=False, chunk=45)
-    worker.parallel = 2
+    worker.parallel, worker.hold_groups = 2, True
     sinks = [submit(worker, p) for p in PROMPTS]
     worker._iteration()
     assert [len(j.seqs) for j in worker.prefilled] == [1] and worker._free() == 1
@@ -262,3 +264,18 @@ def test_a_prefill_group_allocates_its_width_only(path):
     worker.prefilling = job
     run_until_done(worker, sinks)
     assert all(len(s.tokens) == 6 for s in sinks)
+
+
+def test_off_cuda_each_group_joins_as_soon_as_it_is_prefilled(path):
+    """Without ``hold_groups`` (CPU) a burst's first group decodes while the next ones
+    prefill: its rows get their first token one group in, not after the whole burst."""
+    worker = worker_for(path, cache=False, chunk=45)
+    assert not worker.hold_groups
+    joins = _record_joins(worker)
+    sinks = [submit(worker, p) for p in PROMPTS]
+    worker._iteration()
+    assert len(worker.batch) == 1 and not worker.prefilled
+    worker._iteration()  # the second group joins; the first one's first token is out
+    assert len(worker.batch) == 2 and sinks[0].tokens and not sinks[2].tokens
+    run_until_done(worker, sinks)
+    assert joins == [1, 1, 1]
