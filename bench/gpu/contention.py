@@ -20,6 +20,7 @@ import sys
 import time
 
 from raw_loop import make_cache
+from step_split import timed_steps
 
 
 def burn(cpus: list[int] | None) -> None:
@@ -44,25 +45,11 @@ def siblings(cpu: int) -> list[int]:
 
 
 def steps(model, cache, y, n: int) -> tuple[float, float, float, float]:
-    import mlx.core as mx
-
-    times, builds, queues = [], [], []
-    prev = None
-    for _ in range(n):
-        t0 = time.perf_counter()
-        nxt = mx.argmax(model(y[:, None], cache=cache)[:, -1, :], axis=-1)
-        t1 = time.perf_counter()
-        mx.async_eval(nxt)
-        t2 = time.perf_counter()
-        if prev is not None:
-            prev.tolist()
-        times.append(time.perf_counter() - t0)
-        builds.append(t1 - t0)
-        queues.append(t2 - t1)
-        prev, y = nxt, nxt
-    times.sort()
+    """Step p50 / p90, build p50, queue p50 (ms) of ``n`` steps (``step_split``'s loop)."""
+    build, queue, wait = timed_steps(model, cache, y, n)
+    times = sorted(b + q + w for b, q, w in zip(build, queue, wait, strict=True))
     return (statistics.median(times) * 1e3, times[int(0.9 * len(times))] * 1e3,
-            statistics.median(builds) * 1e3, statistics.median(queues) * 1e3)
+            statistics.median(build) * 1e3, statistics.median(queue) * 1e3)
 
 
 def main() -> int:

@@ -15,6 +15,30 @@ import time
 from raw_loop import make_cache
 
 
+def timed_steps(model, cache, y, n: int, skip: int = 0) -> tuple[list, list, list]:
+    """``n`` pipelined greedy decode steps after ``skip`` untimed ones: per step, seconds
+    to build the graph, to ``mx.async_eval`` it and to wait for the previous step."""
+    import mlx.core as mx
+
+    build, encode, wait = [], [], []
+    prev = None
+    for i in range(n + skip):
+        t0 = time.perf_counter()
+        nxt = mx.argmax(model(y[:, None], cache=cache)[:, -1, :], axis=-1)
+        t1 = time.perf_counter()
+        mx.async_eval(nxt)
+        t2 = time.perf_counter()
+        if prev is not None:
+            prev.tolist()
+        t3 = time.perf_counter()
+        if i >= skip:
+            build.append(t1 - t0)
+            encode.append(t2 - t1)
+            wait.append(t3 - t2)
+        prev, y = nxt, nxt
+    return build, encode, wait
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
@@ -37,22 +61,7 @@ def main() -> int:
     y = mx.argmax(model(mx.random.randint(300, 400, (args.batch, 48)), cache=cache)[:, -1],
                   axis=-1)
     mx.eval(y)
-    build, encode, wait = [], [], []
-    prev = None
-    for i in range(args.steps + 8):
-        t0 = time.perf_counter()
-        nxt = mx.argmax(model(y[:, None], cache=cache)[:, -1, :], axis=-1)
-        t1 = time.perf_counter()
-        mx.async_eval(nxt)
-        t2 = time.perf_counter()
-        if prev is not None:
-            prev.tolist()
-        t3 = time.perf_counter()
-        if i >= 8:
-            build.append(t1 - t0)
-            encode.append(t2 - t1)
-            wait.append(t3 - t2)
-        prev, y = nxt, nxt
+    build, encode, wait = timed_steps(model, cache, y, args.steps, skip=8)
     med = {k: statistics.median(v) * 1e3 for k, v in
            (("build", build), ("async_eval", encode), ("wait", wait))}
     print(f"{args.cache} B={args.batch} ragged={args.ragged} attention={args.attention}: " +
