@@ -287,7 +287,8 @@ def test_decode_attention_mode_follows_the_env_and_the_device(monkeypatch):
     from mlxcel.engine import attention, varlen_attention
 
     assert not varlen_attention.available()  # CPU: no CUDA kernel
-    for env, want in (("auto", "fused"), ("fused", "fused"), ("grouped", "grouped"),
+    for env, want in (("auto", "composed"), ("composed", "composed"), ("fused", "fused"),
+                      ("grouped", "grouped"),
                       ("varlen", "grouped")):  # varlen falls back where it cannot run
         monkeypatch.setenv("MLXCEL_DECODE_ATTENTION", env)
         assert attention.mode() == want
@@ -321,3 +322,46 @@ def test_varlen_kernel_reference_and_where_the_kernel_is_used():
     assert va.supports(mx.zeros((1, 8, 32, 64)), mx.zeros((1, 2, 96, 64)),
                        mx.zeros((1, 2, 96, 64)))
     assert va._heads_per_block(16, 256) == 4 and va._heads_per_block(7, 128) == 7
+
+
+@pytest.mark.parametrize("shape,kind", [
+    ((3, 4, 9, 16, 2, 9), "causal"),  # B, Hq, N, D, Hkv, L: a prefill chunk
+    ((3, 4, 9, 16, 2, 14), "padded"),  # chunk after cached slots, rows left-padded
+    ((5, 8, 1, 64, 2, 30), "padded"),  # a decode step of padded rows
+    ((5, 8, 1, 64, 8, 30), None),  # no mask, no grouping
+    ((2, 4, 6, 16, 4, 6), "per-head"),  # a [B, Hq, N, L] additive mask
+])
+def test_cpu_attention_matches_mlx(shape, kind):
+    """The CPU path (composed softmax) against MLX's own attention, every mask form."""
+    from mlx_lm.models.base import create_causal_mask
+    from mlxcel.engine import cpu_attention
+
+    b, hq, n, d, hkv, length = shape
+    q = mx.random.normal((b, hq, n, d))
+    k, v = mx.random.normal((b, hkv, length, d)), mx.random.normal((b, hkv, length, d))
+    if kind == "causal":
+        mask = "causal"
+    elif kind == "padded":  # row r starts at slot 2r: its padded queries see no key
+        mask = create_causal_mask(n, length - n, left_padding=mx.arange(b) * 2)
+    elif kind == "per-head":
+        mask = mx.random.normal((b, hq, n, length))
+    else:
+        mask = None
+    want = mx.fast.scaled_dot_product_attention(q, k, v, scale=d ** -0.5, mask=mask)
+    got = cpu_attention.attention(q, k, v, d ** -0.5, mask)
+    assert got.shape == want.shape
+    assert bool(mx.all(mx.isfinite(got)))
+    assert float(mx.abs(got - want).max()) < 1e-5
+
+
+def test_cpu_softmax_precision_and_what_it_leaves_to_mlx():
+    from mlxcel.engine import cpu_attention
+
+    y = mx.linspace(cpu_attention.FLOOR, 0, 100001)
+    assert float((mx.abs(cpu_attention.exp2(y) - mx.power(2.0, y)) / mx.power(2.0, y)).max()) \
+        < 2e-6
+    x = mx.random.normal((4, 300)) * 8
+    x = mx.where(mx.random.uniform(shape=x.shape) < 0.3, -mx.inf, x)
+    assert float(mx.abs(cpu_attention.softmax(x) - mx.softmax(x, axis=-1)).max()) < 1e-6
+    q = mx.zeros((1, 2, 1, 16), mx.float16)  # half precision stays with MLX
+    assert cpu_attention.attention(q, q, q, 0.25, None) is None
