@@ -31,7 +31,7 @@ def test_longest_prefix_hit_leaves_one_token_to_compute():
     assert cache.insert(tokens, *kv(50))
     entry, n = cache.lookup(tokens + [1, 2, 3])
     assert n == 48 and entry.length == 48
-    keys, values = entry.prefix(n)
+    keys, values = entry.keys, entry.values  # PrefillJob slices the part a row reuses
     assert keys[0].shape == (1, 2, 48, 4) and values[1].shape == (1, 2, 48, 4)
     assert cache.lookup(tokens[:48])[1] == 32  # 48 tokens: at most 47 may come from cache
     assert cache.lookup(tokens[:20] + [999] * 30)[1] == 16

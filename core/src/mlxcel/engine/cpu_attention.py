@@ -17,6 +17,7 @@ weights instead of NaNs that would reach the cache.
 from __future__ import annotations
 
 import mlx.core as mx
+from mlx_lm.models.base import create_causal_mask
 
 LOG2E = 1.4426950408889634
 FLOOR = -60.0  # 2^-60 against a row maximum of 1: nothing at float32 precision
@@ -70,7 +71,7 @@ def attention(queries: mx.array, keys: mx.array, values: mx.array, scale: float,
     if isinstance(mask, str):
         if mask != "causal":
             return None
-        mask = mx.arange(length - n, length)[:, None] >= mx.arange(length)[None]
+        mask = create_causal_mask(n, offset=length - n)
     if mask is not None:
         mask = _mask_5d(mask, hq, hkv)
         if mask is None:

@@ -47,10 +47,6 @@ class CacheEntry:
                                                                          strict=True))
         self.created = time.monotonic()
 
-    def prefix(self, n: int) -> tuple[list[Any], list[Any]]:
-        """The first ``n`` tokens' keys and values."""
-        return [k[:, :, :n] for k in self.keys], [v[:, :, :n] for v in self.values]
-
 
 class PromptCache:
     def __init__(self, capacity_bytes: int, max_entries: int = 1024, ttl_s: float = 3600.0,
