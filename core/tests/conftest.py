@@ -7,6 +7,14 @@ from apphelpers import make_client, wait_ready
 
 
 @pytest.fixture(scope="module")
+def path(mlxcel_checkpoint_cache):
+    """A float32 qwen3 test checkpoint (the engine-level tests drive a worker on it)."""
+    from mlxcel.testing.checkpoint import cached_checkpoint
+
+    return cached_checkpoint("qwen3", cache_dir=mlxcel_checkpoint_cache, dtype="float32")
+
+
+@pytest.fixture(scope="module")
 def client(tiny_checkpoint):
     with make_client(tiny_checkpoint, parallel=2) as c:
         wait_ready(c)

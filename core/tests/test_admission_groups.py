@@ -6,7 +6,6 @@ which requests form one prefill group is deterministic.
 
 from __future__ import annotations
 
-import pytest
 from mlxcel.engine.loader import load_checkpoint
 from mlxcel.engine.prompt_cache import PromptCache
 from mlxcel.engine.worker import EngineWorker
@@ -30,13 +29,6 @@ class ListSink:
     @property
     def done(self) -> bool:
         return bool(self.events) and self.events[-1].finish_reason is not None
-
-
-@pytest.fixture(scope="module")
-def path(mlxcel_checkpoint_cache):
-    from mlxcel.testing.checkpoint import cached_checkpoint
-
-    return cached_checkpoint("qwen3", cache_dir=mlxcel_checkpoint_cache, dtype="float32")
 
 
 def worker_for(path, cache: bool, chunk: int = 512, parallel: int = 8) -> EngineWorker:
@@ -130,9 +122,9 @@ def test_aligned_prefill_columns_give_the_same_tokens(path):
     widths = []
     step = job.step
 
-    def recording_step(chunk):
+    def recording_step(chunk, max_cols=None):
         before = job.done_cols
-        done = step(chunk)
+        done = step(chunk, max_cols)
         widths.append(job.done_cols - before)
         return done
 

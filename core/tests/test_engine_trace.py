@@ -4,15 +4,7 @@ from __future__ import annotations
 
 import json
 
-import pytest
 from test_admission_groups import run_until_done, submit, worker_for
-
-
-@pytest.fixture(scope="module")
-def path(mlxcel_checkpoint_cache):
-    from mlxcel.testing.checkpoint import cached_checkpoint
-
-    return cached_checkpoint("qwen3", cache_dir=mlxcel_checkpoint_cache, dtype="float32")
 
 
 def test_trace_records_prefill_decode_and_store(path, tmp_path, monkeypatch):

@@ -109,3 +109,49 @@ def test_an_entry_extending_an_older_one_replaces_it():
     assert s["entries"] == 1 and s["total_blocks_stored"] == s["unique_block_hashes"] == 5
     assert s["evictions_lru"] == 0
     assert cache.lookup(turn1 + [7])[1] == 32
+
+
+def test_stats_and_reset_wait_for_an_announced_insert():
+    """The engine sends finish events before it stores their rows (``begin_inserts``):
+    a reader of the stats waits for that store."""
+    import threading
+
+    cache = PromptCache(capacity_bytes=1 << 20)
+    cache.begin_inserts()
+    seen = []
+    reader = threading.Thread(target=lambda: seen.append(cache.stats()["entries"]))
+    reader.start()
+    reader.join(0.3)
+    assert reader.is_alive() and not seen  # still waiting for the store
+    cache.insert(list(range(32)), *kv(32))
+    cache.end_inserts()
+    reader.join(5)
+    assert seen == [1]
+    cache.begin_inserts()
+    resetter = threading.Thread(target=lambda: seen.append(cache.reset()["freed_entries"]))
+    resetter.start()
+    resetter.join(0.3)
+    assert resetter.is_alive()
+    cache.insert(list(range(100, 132)), *kv(32))
+    cache.end_inserts()
+    resetter.join(5)
+    assert seen == [1, 2] and cache.stats()["entries"] == 0
+
+
+def test_finish_events_go_out_before_the_store(path):
+    from test_admission_groups import BASE, run_until_done, submit, worker_for
+
+    worker = worker_for(path, cache=True)
+    sinks = [submit(worker, BASE), submit(worker, BASE[:20] + [3, 4])]
+    at_store = []
+    store = worker._store
+
+    def spy(keep):
+        at_store.append(([s.done for s in sinks], worker.prompt_cache._inserting))
+        store(keep)
+
+    worker._store = spy
+    run_until_done(worker, sinks)
+    assert at_store == [([True, True], 1)]  # both finished in one step, events already out
+    assert worker.prompt_cache._inserting == 0
+    assert worker.prompt_cache.stats()["entries"] == 2

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import mlx.core as mx
-from mlxcel.engine.kvcache import shared_position_rope
+from mlxcel.engine.kvcache import BatchCache, shared_position_rope
 from mlxcel.engine.warmup import prefill_shapes, warm_up
 
 
@@ -105,3 +105,46 @@ def test_lifecycle_warm_up_runs_every_batch_operation_once(mlxcel_checkpoint_cac
         assert seen == {"extend", "filter", "rows", "row", "from_prefixes", "logprob_arrays",
                         "penalties", "sampled", "grow"}
     assert mx.array(1).item() == 1
+
+
+def test_burst_shapes_cover_every_group_the_budget_allows():
+    from mlxcel.engine.batch import aligned
+
+    chunk, align, parallel, burst = 128, 32, 6, 4
+    shapes = set(prefill_shapes(chunk, align, parallel, burst))
+    assert max(r for r, _ in shapes) == parallel and max(c for _, c in shapes) == chunk
+    assert all(r * c <= burst * chunk for r, c in shapes)
+    # what the worker cuts: budget f chunks, rows <= parallel, <= one chunk of columns
+    # per row per step, and a last step of any aligned width up to that
+    for f in range(1, burst + 1):
+        for rows in range(1, parallel + 1):
+            cols = max(align, min(chunk, f * chunk // rows) // align * align)
+            if rows * cols <= f * chunk:
+                for last in range(align, cols + 1, align):
+                    assert (rows, aligned(last, align)) in shapes
+
+
+def test_one_layer_runs_the_first_layer_and_restores_the_rest(mlxcel_checkpoint_cache):
+    from mlxcel.engine.loader import load_checkpoint
+    from mlxcel.engine.warmup import one_layer
+    from mlxcel.plugins import load_plugins
+    from mlxcel.testing.checkpoint import cached_checkpoint
+
+    path = cached_checkpoint("qwen3", cache_dir=mlxcel_checkpoint_cache, dtype="float32")
+    model = load_checkpoint(str(path), load_plugins().families).model
+    layers = list(model.model.model.layers)
+    calls = []
+    for i, layer in enumerate(layers):
+        layer.__class__ = type("Spied", (type(layer),), {
+            "__call__": lambda self, *a, i=i, **k: (calls.append(i),
+                                                    super(type(self), self).__call__(*a, **k))[1]})
+    with one_layer(model) as running:
+        assert running == 1
+        model(mx.zeros((1, 4), mx.uint32), [BatchCache([0]) for _ in range(running)])
+    assert calls == [0] and model.model.model.layers == layers
+    try:
+        with one_layer(model):
+            raise RuntimeError("a shape failed")
+    except RuntimeError:
+        pass
+    assert model.model.model.layers == layers

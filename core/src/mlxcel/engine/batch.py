@@ -107,10 +107,13 @@ class PrefillJob:
     def tokens_total(self) -> int:
         return sum(len(s.req.prompt_tokens) - s.cached for s in self.seqs)
 
-    def step(self, chunk: int) -> bool:
-        """Run one chunk (``chunk`` tokens in all); True when the prompts are in the cache."""
+    def step(self, chunk: int, max_cols: int | None = None) -> bool:
+        """Run one chunk (``chunk`` tokens in all, at most ``max_cols`` per row); True when
+        the prompts are in the cache."""
         if self.done_cols < self.width:
-            cols = max(self.align, chunk // len(self.seqs) // self.align * self.align)
+            per_row = chunk // len(self.seqs) if max_cols is None else \
+                min(max_cols, chunk // len(self.seqs))
+            cols = max(self.align, per_row // self.align * self.align)
             end = min(self.width, self.done_cols + cols)
             self.model(self.tokens[:, self.done_cols:end], self.cache)
             _eval_cache(self.cache)

@@ -5,7 +5,8 @@ Prompts are cut into blocks of 16 tokens; block ``i``'s hash is
 one sequence's per-layer keys/values (block-aligned length) and indexes every block hash of
 its tokens, so a later prompt that shares any block-aligned prefix finds it. Capacity is in
 bytes and entries; eviction is LRU, plus TTL; an entry larger than the capacity is refused.
-Thread-safe: the engine thread looks up and inserts, HTTP handlers read stats and reset.
+Thread-safe: the engine thread looks up and inserts, HTTP handlers read stats and reset
+(after any store the engine has announced, see ``begin_inserts``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 BLOCK_SIZE = 16
+INSERT_WAIT_S = 10.0  # stats/reset wait at most this long for the engine's inserts
 
 
 def block_hashes(tokens: Sequence[int], limit: int | None = None) -> list[bytes]:
@@ -60,6 +62,8 @@ class PromptCache:
         self._holders: dict[bytes, list[int]] = {}  # block hash -> live entries holding it
         self._ids = itertools.count()
         self._lock = threading.Lock()
+        self._inserting = 0  # stores the engine announced (begin_inserts) and has not ended
+        self._settled = threading.Condition(self._lock)
         self.bytes = 0
         self.counters = dict.fromkeys(("hits", "lookups", "inserts", "evictions_lru",
                                        "evictions_ttl", "rejections_oversized"), 0)
@@ -113,6 +117,23 @@ class PromptCache:
             self.counters["inserts"] += 1
             return True
 
+    def begin_inserts(self) -> None:
+        """The engine is about to store sequences whose finish events go out first:
+        ``stats`` and ``reset`` wait for ``end_inserts``, so a client that read its finish
+        event sees its request stored."""
+        with self._lock:
+            self._inserting += 1
+
+    def end_inserts(self) -> None:
+        with self._lock:
+            self._inserting -= 1
+            if not self._inserting:
+                self._settled.notify_all()
+
+    def _wait_inserts(self) -> None:
+        """(lock held) until no announced store is running (at most ``INSERT_WAIT_S``)."""
+        self._settled.wait_for(lambda: not self._inserting, timeout=INSERT_WAIT_S)
+
     def disable(self, reason: str) -> None:
         self.enabled, self.disabled_reason = False, reason
         self.reset()
@@ -120,6 +141,7 @@ class PromptCache:
     # -- any thread --------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
         with self._lock:
+            self._wait_inserts()
             self._expire()
             lookups, hits = self.counters["lookups"], self.counters["hits"]
             return {
@@ -140,6 +162,7 @@ class PromptCache:
 
     def reset(self) -> dict[str, Any]:
         with self._lock:
+            self._wait_inserts()
             freed_bytes, freed_entries = self.bytes, len(self._entries)
             self._entries.clear()
             self._holders.clear()

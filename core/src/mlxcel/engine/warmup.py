@@ -7,8 +7,10 @@ requests arriving together took ~0.9 s, most of it plans for the batch sizes and
 chunks it met for the first time (`bench/results/serving_gpu.md`, session 3). The engine's
 shapes are few: a decode step has one row per running sequence (1 .. ``parallel``) and a
 prefill chunk has rows x columns with columns a multiple of ``align`` (``prefill_align``)
-and rows x columns <= the chunk size (a single row may take a whole chunk), so all of them
-are run here, on empty caches, and thrown away.
+and rows x columns <= the chunk size (a single row may take a whole chunk; a burst's group
+up to ``burst`` chunks, see ``worker._budget``), so all of them are run here, on empty
+caches, and thrown away; prefill shapes on the first decoder layer only, which meets every
+plan a layer needs at 1/layers of the compute.
 
 Sizes are not all: MLX's CUDA backend JIT-compiles a kernel per op variant (dtype, rank,
 index kind) the first time it runs, 1-3 s each. The serving traces of the c=64 benchmark
@@ -21,12 +23,16 @@ a prompt reusing them.
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
 import mlx.core as mx
+import mlx.nn as nn
 import structlog
+from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
 
 from mlxcel.engine.batch import DecodeBatch, PrefillJob
@@ -37,18 +43,50 @@ from mlxcel.types import SamplingParams
 log = structlog.get_logger("mlxcel.engine")
 
 
-def prefill_shapes(chunk: int, align: int) -> list[tuple[int, int]]:
-    """(rows, columns) of every prefill chunk the engine can run with these settings."""
+def prefill_shapes(chunk: int, align: int, parallel: int | None = None,
+                   burst: int = 1) -> list[tuple[int, int]]:
+    """(rows, columns) of every prefill chunk the engine can run with these settings:
+    columns a multiple of ``align`` up to ``chunk``, rows x columns up to ``burst`` chunks
+    (the engine's burst budget, ``worker._budget``) and rows up to ``parallel``."""
     shapes = []
     for cols in range(align, chunk + 1, align):
-        shapes += [(rows, cols) for rows in range(1, chunk // cols + 1)]
+        most = burst * chunk // cols if parallel is None else \
+            min(parallel, burst * chunk // cols)
+        shapes += [(rows, cols) for rows in range(1, most + 1)]
     return shapes
 
 
+@contextlib.contextmanager
+def one_layer(model: Any) -> Iterator[int]:
+    """While inside, ``model`` runs its first decoder layer only, when all of its layers
+    have the same parameter shapes (a prefill shape then costs its plans and 1/layers of
+    its compute); yields the number of layers the model runs."""
+    inner, layers = model, None
+    for _ in range(4):  # engine wrapper -> mlx-lm Model -> the module that holds the layers
+        if isinstance(inner, nn.Module) and isinstance(inner.get("layers"), list):
+            layers = inner["layers"]
+            break
+        inner = getattr(inner, "model", None)
+    if layers is None or len(layers) < 2 or \
+            len({_signature(layer) for layer in layers}) != 1:
+        yield len(make_prompt_cache(model))
+        return
+    inner.layers = layers[:1]
+    try:
+        yield 1
+    finally:
+        inner.layers = layers
+
+
+def _signature(layer: Any) -> tuple:
+    return tuple((name, tuple(p.shape), p.dtype)
+                 for name, p in tree_flatten(layer.parameters()))
+
+
 def warm_up(model: Any, rope: Any | None, parallel: int, chunk: int, align: int,
-            vocab: int | None = None) -> float:
-    """Run each decode batch size and prefill chunk shape once, then (``vocab`` given)
-    ``warm_lifecycle``; seconds spent."""
+            burst: int = 1, vocab: int | None = None) -> float:
+    """Run each decode batch size and prefill chunk shape once (``prefill_shapes``; on one
+    layer, see ``one_layer``), then (``vocab`` given) ``warm_lifecycle``; seconds spent."""
     t = time.perf_counter()
     layers = len(make_prompt_cache(model))
     for rows in range(1, parallel + 1):
@@ -58,11 +96,12 @@ def warm_up(model: Any, rope: Any | None, parallel: int, chunk: int, align: int,
         mx.eval(mx.argmax(logits, axis=-1))
     if parallel > 1:  # copying rows out for the prompt cache (a JIT-compiled gather)
         mx.eval(cache[0].rows([0, 1], [1, 1]))
-    shapes = prefill_shapes(chunk, align)
-    for rows, cols in shapes:
-        cache = [BatchCache([0] * (rows - 1) + [1], rope) for _ in range(layers)]
-        model(mx.zeros((rows, cols), mx.uint32), cache)
-        mx.eval([c.state for c in cache])
+    shapes = prefill_shapes(chunk, align, parallel, burst)
+    with one_layer(model) as running:
+        for rows, cols in shapes:
+            cache = [BatchCache([0] * (rows - 1) + [1], rope) for _ in range(running)]
+            model(mx.zeros((rows, cols), mx.uint32), cache)
+            mx.eval([c.state for c in cache])
     if vocab is not None:
         warm_lifecycle(model, rope, vocab, align)
     seconds = time.perf_counter() - t

@@ -94,12 +94,13 @@ def build(ctx: AppContext) -> list[Any]:
             "n_ctx": engine.context_size,
         }
 
-    @get("/v1/cache/stats")
-    async def cache_stats() -> dict[str, Any]:
+    # in a worker thread: both wait for a prompt-cache store the engine has announced
+    @get("/v1/cache/stats", sync_to_thread=True)
+    def cache_stats() -> dict[str, Any]:
         return engine.prompt_cache.stats()
 
-    @post("/v1/cache/reset", status_code=200)
-    async def cache_reset() -> dict[str, Any]:
+    @post("/v1/cache/reset", status_code=200, sync_to_thread=True)
+    def cache_reset() -> dict[str, Any]:
         return engine.prompt_cache.reset()
 
     handlers: list[Any] = [health, tokenize, detokenize, props, cache_stats, cache_reset]

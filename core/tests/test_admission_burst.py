@@ -1,0 +1,101 @@
+"""Burst admission (CUDA's ``burst_chunks``, forced here on the CPU): when many requests
+arrive at few decoding rows, one prefill group takes several chunks' tokens per step,
+every row still at most one chunk's columns per step."""
+
+from __future__ import annotations
+
+from test_admission_groups import run_until_done, submit, worker_for
+
+BURST = [[20 + i] * 12 for i in range(10)]  # 11 tokens to prefill each
+
+
+def solo(path, prompts, chunk=16) -> list[list[int]]:
+    worker = worker_for(path, cache=False, chunk=chunk, parallel=12)
+    out = []
+    for prompt in prompts:
+        sink = submit(worker, prompt)
+        run_until_done(worker, [sink])
+        out.append(sink.tokens)
+    return out
+
+
+def record_steps(worker, job) -> list[int]:
+    cols, step = [], job.step
+
+    def recording(chunk, max_cols=None):
+        done = step(chunk, max_cols)
+        cols.append(job.last_cols)
+        return done
+
+    job.step = recording
+    return cols
+
+
+def test_without_burst_chunks_the_budget_is_one_chunk(path):
+    worker = worker_for(path, cache=False, chunk=16, parallel=12)
+    assert worker.burst_chunks == 1  # CPU default
+    for prompt in BURST:
+        submit(worker, prompt)
+    worker._drain(block=False)
+    assert worker._budget(worker._free()) == 16
+    assert len(worker._admit().seqs) == 1  # 2 x 11 > 16
+
+
+def test_a_burst_at_one_decoding_row_prefills_in_one_group(path):
+    expected = solo(path, BURST[:3])
+    worker = worker_for(path, cache=False, chunk=16, parallel=12)
+    worker.burst_chunks = 8
+    running = submit(worker, list(range(3, 13)), max_tokens=40)
+    for _ in range(3):
+        worker._iteration()
+    assert len(worker.batch) == 1
+    sinks = [submit(worker, p) for p in BURST]
+    worker._drain(block=False)
+    # 10 arriving at 1 decoding row: 8 chunks (capped), 128 tokens, 11 rows of 11 fit
+    assert worker._budget(worker._free()) == 128
+    job = worker._admit()
+    assert len(job.seqs) == 10
+    cols = record_steps(worker, job)
+    worker.prefilling = job
+    before = len(running.tokens)
+    run_until_done(worker, sinks)
+    assert cols == [11]  # one step for the whole burst
+    assert [s.tokens for s in sinks[:3]] == expected
+    assert all(len(s.tokens) == 6 for s in sinks)
+    assert len(running.tokens) > before
+
+
+def test_burst_rows_take_at_most_one_chunk_of_columns_per_step(path):
+    prompts = [[30 + i] + list(range(3, 42)) for i in range(4)]  # 39 tokens to prefill each
+    expected = solo(path, prompts)
+    worker = worker_for(path, cache=False, chunk=16, parallel=12)
+    worker.burst_chunks = 8
+    sinks = [submit(worker, p) for p in prompts]
+    worker._drain(block=False)
+    assert worker._budget(worker._free()) == 64  # 4 arriving, nothing decoding
+    job = worker._admit()
+    assert len(job.seqs) == 4
+    cols = record_steps(worker, job)
+    worker.prefilling = job
+    run_until_done(worker, sinks)
+    assert cols == [16, 16, 7]
+    assert [s.tokens for s in sinks] == expected
+
+
+def test_a_long_prompt_arriving_alone_still_prefills_a_chunk_per_step(path):
+    worker = worker_for(path, cache=False, chunk=16, parallel=12)
+    worker.burst_chunks = 8
+    running = submit(worker, list(range(3, 13)), max_tokens=40)
+    for _ in range(3):
+        worker._iteration()
+    long = submit(worker, list(range(3, 60)))  # 56 tokens to prefill
+    worker._drain(block=False)
+    assert worker._budget(worker._free()) == 16  # 1 arriving at 1 decoding row
+    job = worker._admit()
+    cols = record_steps(worker, job)
+    worker.prefilling = job
+    before = len(running.tokens)
+    run_until_done(worker, [long])
+    assert cols == [16, 16, 16, 8]
+    # the running row got a token with every chunk
+    assert len(running.tokens) >= before + len(cols)
