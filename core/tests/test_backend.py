@@ -113,6 +113,17 @@ def test_mlx_library_lookup_does_not_import_mlx_core():
     assert out == ("False" if sys.platform.startswith("linux") else out)
 
 
+def test_startup_checks_do_not_import_mlx_core():
+    """The CLI checks its settings before Granian forks its worker; MLX imported there
+    would initialise CUDA in the parent and the forked worker's cudaSetDevice fails. A bad
+    MLXCEL_DTYPE is refused by the last of those checks."""
+    code = ("import sys; from mlxcel.cli import main; rc = main(['--model', 'x']); "
+            "print(rc, 'mlx.core' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, env={**os.environ, "MLXCEL_DTYPE": "bogus"})
+    assert out.stdout.strip().splitlines()[-1] == "2 False"
+
+
 def test_links_blas_and_gpu_libraries():
     assert backend.links_blas(["libblas-bd8a282c.so.3.10.0", "libc.so.6"])
     assert backend.links_blas(["libopenblas.so.0"])

@@ -8,6 +8,7 @@ import mlx.nn as nn
 import pytest
 from mlx.utils import tree_flatten
 from mlx_lm.models import llama, qwen2
+from mlxcel.backend import FUSE_ENV, fuse_projections
 from mlxcel.engine import fused_proj
 from mlxcel.errors import StartupError
 
@@ -99,15 +100,15 @@ def test_mixed_or_unsupported_groups_are_left_alone():
 
 
 def test_the_setting(monkeypatch):
-    monkeypatch.delenv(fused_proj.FUSE_ENV, raising=False)
-    assert fused_proj.enabled(True) and not fused_proj.enabled(False)
-    monkeypatch.setenv(fused_proj.FUSE_ENV, "0")
-    assert not fused_proj.enabled(True)
-    monkeypatch.setenv(fused_proj.FUSE_ENV, "1")
-    assert fused_proj.enabled(False)
-    monkeypatch.setenv(fused_proj.FUSE_ENV, "sometimes")
+    monkeypatch.delenv(FUSE_ENV, raising=False)
+    assert fuse_projections(True) and not fuse_projections(False)
+    monkeypatch.setenv(FUSE_ENV, "0")
+    assert not fuse_projections(True)
+    monkeypatch.setenv(FUSE_ENV, "1")
+    assert fuse_projections(False)
+    monkeypatch.setenv(FUSE_ENV, "sometimes")
     with pytest.raises(StartupError, match="MLXCEL_FUSE_PROJECTIONS"):
-        fused_proj.enabled(True)
+        fuse_projections(True)
 
 
 def test_engine_with_fused_projections_gives_the_same_tokens(path, monkeypatch):
@@ -115,7 +116,7 @@ def test_engine_with_fused_projections_gives_the_same_tokens(path, monkeypatch):
 
     outputs = {}
     for value in ("0", "1"):
-        monkeypatch.setenv(fused_proj.FUSE_ENV, value)
+        monkeypatch.setenv(FUSE_ENV, value)
         worker = worker_for(path, cache=False)
         stacked = [k for k in worker.checkpoint.model.model.model.layers[0].self_attn
                    if k.startswith("mlxcel_")]

@@ -304,6 +304,22 @@ def on_cuda() -> bool:
     return sys.platform != "darwin" and mlx_device() == "gpu"
 
 
+FUSE_ENV = "MLXCEL_FUSE_PROJECTIONS"
+
+
+def fuse_projections(device_default: bool) -> bool:
+    """``MLXCEL_FUSE_PROJECTIONS`` (``mlxcel.engine.fused_proj``): ``1`` / ``0``, or
+    ``auto`` (the default) = ``device_default``; raises StartupError for anything else."""
+    value = os.environ.get(FUSE_ENV, "auto").strip().lower()
+    if value in ("", "auto"):
+        return device_default
+    if value in ("1", "on", "true", "yes"):
+        return True
+    if value in ("0", "off", "false", "no"):
+        return False
+    raise StartupError(f"{FUSE_ENV} must be auto, 1 or 0, got {value!r}")
+
+
 SWITCH_INTERVAL_ENV = "MLXCEL_SWITCH_INTERVAL"
 CUDA_SWITCH_INTERVAL = 0.0005
 

@@ -117,15 +117,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name in ("parallel", "prefill_chunk_size", "max_queue_depth"):
             if getattr(settings, name) < 1:
                 raise StartupError(f"--{name.replace('_', '-')} must be >= 1")
-        from mlxcel.backend import maybe_reexec, resolve_dtype, switch_interval
-        from mlxcel.engine import fused_proj
+        from mlxcel.backend import fuse_projections, maybe_reexec, resolve_dtype, switch_interval
         from mlxcel.engine.memory import env_budget
         from mlxcel.generation import check_server_settings
 
         check_server_settings(settings)
         env_budget()  # a bad MLXCEL_REQUEST_MEMORY_BUDGET refuses to start
         switch_interval()  # a bad MLXCEL_SWITCH_INTERVAL refuses to start
-        fused_proj.enabled(False)  # so does a bad MLXCEL_FUSE_PROJECTIONS
+        fuse_projections(False)  # so does a bad MLXCEL_FUSE_PROJECTIONS (mlx not imported)
 
         resolve_dtype(settings.dtype, "cpu")  # MLXCEL_DTYPE bypasses argparse's choices
         if as_program:  # on Linux CPU, restart once with OpenBLAS preloaded (mlxcel.backend)

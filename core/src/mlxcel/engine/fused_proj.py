@@ -14,22 +14,18 @@ different inputs (cross-attention) computes each part on its own from then on.
 Groups: ``q_proj``/``k_proj``/``v_proj`` of one module and ``gate_proj``/``up_proj`` of
 one module, when they are all ``nn.Linear`` (bias on all or none) or all
 ``nn.QuantizedLinear`` of one quantization. On by default on CUDA only
-(``MLXCEL_FUSE_PROJECTIONS``): on an H200 an 8B-shaped step at batch 64 encoded in ~3.7
+(``MLXCEL_FUSE_PROJECTIONS``, ``mlxcel.backend.fuse_projections``): on an H200 an 8B-shaped step at batch 64 encoded in ~3.7
 instead of ~5.3 ms (``bench/gpu/fuse_probe.py``); on the 2-core CPU a tiny model's step
 did not get faster.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
 
-from mlxcel.errors import StartupError
-
-FUSE_ENV = "MLXCEL_FUSE_PROJECTIONS"
 GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
 
@@ -115,19 +111,6 @@ def _compatible(parts: list[Any]) -> bool:
         return len({(p.group_size, p.bits, getattr(p, "mode", "affine"), "bias" in p,
                      p.get("biases") is None, p.weight.shape[1]) for p in parts}) == 1
     return False
-
-
-def enabled(device_default: bool) -> bool:
-    """``MLXCEL_FUSE_PROJECTIONS``: ``1`` / ``0``, or ``auto`` (the default) =
-    ``device_default``; raises StartupError for anything else."""
-    value = os.environ.get(FUSE_ENV, "auto").strip().lower()
-    if value in ("", "auto"):
-        return device_default
-    if value in ("1", "on", "true", "yes"):
-        return True
-    if value in ("0", "off", "false", "no"):
-        return False
-    raise StartupError(f"{FUSE_ENV} must be auto, 1 or 0, got {value!r}")
 
 
 def fuse(model: Any) -> int:

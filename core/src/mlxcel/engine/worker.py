@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 import structlog
 
-from mlxcel.backend import CUDA_SWITCH_INTERVAL, on_cuda, switch_interval
+from mlxcel.backend import CUDA_SWITCH_INTERVAL, fuse_projections, on_cuda, switch_interval
 from mlxcel.engine import attention, fused_proj
 from mlxcel.engine.batch import DecodeBatch, PrefillJob, aligned, is_batchable, prefill_align
 from mlxcel.engine.kvcache import shared_position_rope
@@ -99,7 +99,7 @@ class EngineWorker(threading.Thread):
                 if self.batchable else None
             path = attention.install(self.checkpoint.model) if self.batchable else None
             fused = fused_proj.fuse(self.checkpoint.model) \
-                if fused_proj.enabled(on_cuda()) else 0
+                if fuse_projections(on_cuda()) else 0
             log.info("engine_batch", positions="shared" if self.rope is not None else "absolute",
                      masked_decode_attention=path or "mlx", fused_projections=fused)
             if not self.batchable:
