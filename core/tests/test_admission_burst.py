@@ -99,3 +99,27 @@ def test_a_long_prompt_arriving_alone_still_prefills_a_chunk_per_step(path):
     assert cols == [16, 16, 16, 8]
     # the running row got a token with every chunk
     assert len(running.tokens) >= before + len(cols)
+
+
+def test_held_rows_do_not_shrink_the_next_burst_group(path):
+    """A burst larger than one group: the rest forms one group too, since the first
+    group's rows (held back to join, as on CUDA) decode nothing yet."""
+    worker = worker_for(path, cache=False, chunk=16, parallel=16)
+    worker.burst_chunks, worker.hold_groups = 8, True
+    running = submit(worker, list(range(3, 13)), max_tokens=40)
+    for _ in range(3):
+        worker._iteration()
+    groups = []
+    admit = worker._admit
+
+    def recording():
+        job = admit()
+        if job is not None:
+            groups.append(len(job.seqs))
+        return job
+
+    worker._admit = recording
+    sinks = [submit(worker, [20 + i] * 12) for i in range(14)]  # 11 tokens each
+    run_until_done(worker, sinks)
+    assert groups == [11, 3]  # 128 tokens: 11 rows; then 3 arriving at 1 decoding row
+    assert all(len(s.tokens) == 6 for s in sinks) and not running.done

@@ -250,9 +250,10 @@ class EngineWorker(threading.Thread):
 
     def _budget(self, free: int) -> int:
         """Prefill tokens per step: the prefill chunk, or on CUDA, where a burst of
-        requests arrives at rows that are few (W waiting that fit, R decoding or held),
-        up to ``BURST_CHUNKS`` chunks (W // R of them), each row still at most one chunk's
-        columns per step.
+        requests arrives at rows that are few (W waiting that fit, R decoding), up to
+        ``BURST_CHUNKS`` chunks (W // R of them), each row still at most one chunk's
+        columns per step. Rows of prefilled groups held back to join (``_defer_join``) do
+        not count: they decode nothing yet, and wait for the next groups either way.
 
         A prefill group of 8 rows x 64 tokens costs 2.5 ms per row on an H200 (8B shape),
         one of 64 rows 1.7 ms (``bench/gpu/fuse_probe.py``), and every group costs the
@@ -263,10 +264,9 @@ class EngineWorker(threading.Thread):
         """
         if self.burst_chunks <= 1:
             return self.prefill_chunk
-        running = len(self.batch) + sum(len(job.seqs) for job in self.prefilled)
         arriving = min(free, len(self.waiting))
         return self.prefill_chunk * max(1, min(self.burst_chunks,
-                                               arriving // max(1, running)))
+                                               arriving // max(1, len(self.batch))))
 
     def _free(self) -> int:
         """Slots neither decoding nor taken by a prefilled group waiting to join."""
