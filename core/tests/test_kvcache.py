@@ -75,14 +75,20 @@ class Rows:
             self.model(rows[:, col:col + 5], cache=cache)
         return cache, [p[:-1] for p in prompts], [p[-1] for p in prompts]
 
-    def join(self, *jobs):
-        """Like DecodeBatch.join: several groups merge into the batch at once."""
+    def join(self, *jobs, drop: tuple[int, ...] = ()):
+        """Like DecodeBatch.join: several groups merge into the batch at once; rows
+        ``drop`` (finished rows a lazy batch kept) leave in the same merge."""
         caches = [job[0] for job in jobs]
+        keep = None
+        if drop:
+            keep = [i for i in range(len(self.seqs)) if i not in drop]
+            self.seqs = [self.seqs[i] for i in keep]
+            self.pending = [self.pending[i] for i in keep]
         if self.cache is None:
             self.cache, caches = caches[0], caches[1:]
-        if caches:
+        if caches or keep:
             for mine, *theirs in zip(self.cache, *caches, strict=True):
-                mine.extend(*theirs)
+                mine.extend(*theirs, keep=keep)
         for _, seqs, last in jobs:
             self.seqs += seqs
             self.pending += last
@@ -130,6 +136,16 @@ def _scenario(model, rope) -> list[float]:
     assert min(rows.cache[0].pads) == 0
     for s in range(2):
         errs += rows.step(30 + s)
+    # a lazily kept row leaves in a join's merge: the only unpadded one, so the merge
+    # also trims the padding every remaining row has
+    pads = rows.cache[0].pads
+    lone = pads.index(0)
+    assert pads.count(0) == 1, pads
+    before = rows.cache[0]._idx
+    rows.join(rows.group([_tokens(14, 3)]), drop=(lone,))
+    assert min(rows.cache[0].pads) == 0 and rows.cache[0]._idx < before
+    for s in range(2):
+        errs += rows.step(35 + s)
     # prompt cache: copy rows out, restore them as new rows' prefixes
     n = 8
     keys, values = zip(*(c.row(0, n) for c in rows.cache), strict=True)

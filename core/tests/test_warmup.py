@@ -85,8 +85,15 @@ def test_lifecycle_warm_up_runs_every_batch_operation_once(mlxcel_checkpoint_cac
 
         monkeypatch.setattr(owner, name, wrapper)
 
-    for name in ("extend", "filter", "rows", "row"):
+    for name in ("filter", "rows", "row"):
         spy(kvcache.BatchCache, name)
+    real_extend = kvcache.BatchCache.extend
+
+    def extend(self, *others, keep=None):
+        seen.add("extend" if keep is None else "extend keeping rows")
+        return real_extend(self, *others, keep=keep)
+
+    monkeypatch.setattr(kvcache.BatchCache, "extend", extend)
     spy(kvcache.BatchCache, "from_prefixes")
     spy(batch, "logprob_arrays")
     spy(penalties.Penalties, "__call__", "penalties")
@@ -102,7 +109,8 @@ def test_lifecycle_warm_up_runs_every_batch_operation_once(mlxcel_checkpoint_cac
     for rope in (shared_position_rope(ck.model, True), None):
         seen.clear()
         warm_lifecycle(ck.model, rope, ck.tokenizer.vocab_size, align=32)
-        assert seen == {"extend", "filter", "rows", "row", "from_prefixes", "logprob_arrays",
+        assert seen == {"extend", "extend keeping rows", "filter", "rows", "row",
+                        "from_prefixes", "logprob_arrays",
                         "penalties", "sampled", "grow"}
     assert mx.array(1).item() == 1
 

@@ -125,10 +125,16 @@ class PrefillJob:
 class DecodeBatch:
     """Rows decoding together: one forward per step over [B, 1] inputs."""
 
-    def __init__(self, model: Any, vocab_size: int) -> None:
+    def __init__(self, model: Any, vocab_size: int, lazy_leave: bool = False) -> None:
+        """``lazy_leave`` (CUDA): a finished row stays in the batch, decoding tokens nobody
+        reads, until finished rows outnumber the others or a group joins (whose merge
+        copies the batch anyway). Dropping a row copies every other row's cache: on an
+        H200 a step after 7 of 64 rows left took 58 ms to queue instead of ~5, while a
+        decode step's cost hardly depends on its row count there."""
         self.model = model
         self.vocab = vocab_size
-        self.rows: list[Sequence] = []
+        self.lazy_leave = lazy_leave
+        self.rows: list[Sequence] = []  # finished ones included until they are dropped
         self.cache: list[Any] | None = None
         self.inputs: mx.array | None = None  # [B] next input token per row (lazy)
         self.sampler: BatchSampler | None = None
@@ -136,21 +142,31 @@ class DecodeBatch:
         self.top_logprobs = -1  # -1: no row wants logprobs
 
     def __len__(self) -> int:
-        return len(self.rows)
+        """Rows still decoding for a request."""
+        return sum(not s.finished for s in self.rows)
 
     def join(self, jobs: list[PrefillJob]) -> None:
-        """Prefilled groups become rows: one cache merge per layer for all of them."""
+        """Prefilled groups become rows: one cache merge per layer for all of them (which
+        also drops the finished rows ``lazy_leave`` kept)."""
         seqs = [s for job in jobs for s in job.seqs]
         last = mx.array([s.req.prompt_tokens[-1] for s in seqs], dtype=mx.uint32)
         caches = [job.cache for job in jobs]
+        keep = [i for i, s in enumerate(self.rows) if not s.finished]
+        if self.cache is not None and not keep:
+            self.rows, self.cache, self.inputs = [], None, None
         if self.cache is None:
             self.cache, self.inputs = caches[0], last
-            caches = caches[1:]
+            caches, keep = caches[1:], None
         else:
+            if len(keep) == len(self.rows):
+                keep = None
+            else:
+                self.inputs = self.inputs[mx.array(keep)]
+                self.rows = [self.rows[i] for i in keep]
             self.inputs = mx.concatenate([self.inputs, last])
-        if caches:
+        if caches or keep is not None:
             for mine, *theirs in zip(self.cache, *caches, strict=True):
-                mine.extend(*theirs)
+                mine.extend(*theirs, keep=keep)
         self.rows.extend(seqs)
         self.sampler = self.penalties = None
 
@@ -180,6 +196,8 @@ class DecodeBatch:
         keep = [i for i, s in enumerate(self.rows) if not s.finished]
         if len(keep) == len(self.rows):
             return
+        if self.lazy_leave and keep and 2 * len(keep) >= len(self.rows):
+            return  # they leave with the next join, or once they are the majority
         if not keep:
             self.rows, self.cache, self.inputs = [], None, None
             self.sampler = self.penalties = None

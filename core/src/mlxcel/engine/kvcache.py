@@ -193,8 +193,10 @@ class BatchCache:
             self.values = self.values[..., :self._idx, :]
             self.base = 0
 
-    def extend(self, *others: BatchCache) -> None:
-        """Append ``others``' rows (in order), right-aligned at the longest write index.
+    def extend(self, *others: BatchCache, keep: list[int] | None = None) -> None:
+        """Append ``others``' rows (in order), right-aligned at the longest write index;
+        ``keep``: only these of our rows stay (rows that left without a copy of their own,
+        see ``DecodeBatch.lazy_leave``). Padding every row then has is trimmed.
 
         Shared mode: each part's keys are re-rotated so that its next position equals ours.
         Every part is written into one new buffer that already has room for the next
@@ -202,31 +204,39 @@ class BatchCache:
         (padding, concatenating and then growing would copy the whole batch three times,
         and once more per group).
         """
-        parts = (self, *others)
-        target = max(p._idx for p in parts)
-        like = next((p for p in parts if p.keys is not None), None)
+        mine = self.pads if keep is None else [self.pads[i] for i in keep]
+        parts = [(self, mine), *((o, o.pads) for o in others)]
+        target = max(p._idx for p, _ in parts)
+        pads = [q + target - p._idx for p, ps in parts for q in ps]
+        trim = min(pads)
+        width = target - trim
+        like = next((p for p, _ in parts if p.keys is not None), None)
         if like is not None:
-            rows = sum(len(p.pads) for p in parts)
             _, h, _, dk = like.keys.shape
-            keys = mx.zeros((rows, h, target + self.step, dk), like.keys.dtype)
-            values = mx.zeros((rows, h, target + self.step, like.values.shape[3]),
+            keys = mx.zeros((len(pads), h, width + self.step, dk), like.keys.dtype)
+            values = mx.zeros((len(pads), h, width + self.step, like.values.shape[3]),
                               like.values.dtype)
             first = 0
-            for part in parts:
-                end = first + len(part.pads)
-                if part.keys is not None:
-                    part_keys = part.keys[..., :part._idx, :]
+            for part, ps in parts:
+                end = first + len(ps)
+                if part.keys is not None and ps:
+                    part_keys, part_values = part.keys, part.values
+                    if part is self and keep is not None:
+                        index = mx.array(keep)  # from the whole (contiguous) buffer
+                        part_keys, part_values = part_keys[index], part_values[index]
+                    lo = max(0, trim - (target - part._idx))  # slots every row pads
+                    part_keys = part_keys[..., lo:part._idx, :]
                     if self.rope is not None and part is not self:
                         part_keys = rotate(self.rope, part_keys, self.offset - part.offset)
-                    keys[first:end, :, target - part._idx:target, :] = part_keys
-                    values[first:end, :, target - part._idx:target, :] = \
-                        part.values[..., :part._idx, :]
+                    at = target - part._idx + lo - trim
+                    keys[first:end, :, at:width, :] = part_keys
+                    values[first:end, :, at:width, :] = part_values[..., lo:part._idx, :]
                 first = end
             self.keys, self.values = keys, values
         if self.rope is not None:
-            self.base += self._idx - target
-        self._set_pads([q + target - p._idx for p in parts for q in p.pads])
-        self._idx = target
+            self.base += self._idx - width
+        self._set_pads([q - trim for q in pads])
+        self._idx = width
 
     def row(self, i: int, length: int) -> tuple[mx.array, mx.array]:
         """Row ``i``'s first ``length`` tokens in the canonical frame (positions from 0), as

@@ -150,7 +150,7 @@ def warm_lifecycle(model: Any, rope: Any | None, vocab: int, align: int = 1) -> 
             _Row(list(range(5, 17)), SamplingParams(temperature=0.7, seed=1, logprobs=True,
                                                     top_logprobs=2)),
             _Row([8, 9, 10], SamplingParams(temperature=0.0, repetition_penalty=1.1))]
-    batch = DecodeBatch(model, vocab)
+    batch = DecodeBatch(model, vocab, lazy_leave=True)
     batch.join([_prefilled(model, rows[:2], rope, align)])  # into an empty batch
     batch.join([_prefilled(model, rows[2:], rope, align)])  # merged into a running one
     _step(batch)
@@ -161,11 +161,15 @@ def warm_lifecycle(model: Any, rope: Any | None, vocab: int, align: int = 1) -> 
                            mx.zeros((b, h, room, c.values.shape[3]), c.values.dtype))
     _step(batch)
     rows[1].finished = True
-    batch.drop_finished()  # a row leaves: gathers of the cache and the next inputs
+    batch.drop_finished()  # a row leaves lazily: it stays in the batch
     _step(batch)
     stored = batch.rows_kv([rows[0], rows[2]]) + batch.rows_kv([rows[3]])
     mx.eval([a for keys, values in stored for a in (*keys, *values)])
     hit = _Row(rows[0].context[:36] + [20, 21], greedy)
     hit.cached = 36  # a prompt-cache hit: its first tokens come from the stored copy
+    # the join drops the finished row in its copy (a gather of the kept rows)
     batch.join([_prefilled(model, [hit], rope, align, prefixes=[stored[0]])])
+    _step(batch)
+    rows[0].finished = rows[2].finished = rows[3].finished = True
+    batch.drop_finished()  # finished rows are the majority: gathers of the cache
     _step(batch)

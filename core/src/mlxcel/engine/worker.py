@@ -82,7 +82,7 @@ class EngineWorker(threading.Thread):
     # -- views for the event loop --------------------------------------------------------
     @property
     def active(self) -> list[Sequence]:
-        rows = list(self.batch.rows) if self.batch else []
+        rows = [s for s in self.batch.rows if not s.finished] if self.batch else []
         rows += [s for job in self.prefilled for s in job.seqs]
         return rows + (list(self.prefilling.seqs) if self.prefilling else [])
 
@@ -110,7 +110,8 @@ class EngineWorker(threading.Thread):
             self.align = prefill_align() if self.batchable else 1
             self.emit_first = self.hold_groups = on_cuda()
             self.burst_chunks = BURST_CHUNKS if on_cuda() and self.batchable else 1
-            self.batch = DecodeBatch(self.checkpoint.model, self.checkpoint.tokenizer.vocab_size)
+            self.batch = DecodeBatch(self.checkpoint.model, self.checkpoint.tokenizer.vocab_size,
+                                     lazy_leave=on_cuda())
             if self.batchable and on_cuda():
                 try:
                     warm_up(self.checkpoint.model, self.rope, self.parallel,
