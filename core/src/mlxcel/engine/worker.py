@@ -14,8 +14,14 @@ from typing import Any
 import msgspec
 import structlog
 
-from mlxcel.backend import CUDA_SWITCH_INTERVAL, fuse_projections, on_cuda, switch_interval
-from mlxcel.engine import attention, fused_proj
+from mlxcel.backend import (
+    CUDA_SWITCH_INTERVAL,
+    fuse_projections,
+    mlx_device,
+    on_cuda,
+    switch_interval,
+)
+from mlxcel.engine import attention, cpu_blas, fused_proj
 from mlxcel.engine.batch import DecodeBatch, PrefillJob, aligned, is_batchable, prefill_align
 from mlxcel.engine.kvcache import shared_position_rope
 from mlxcel.engine.memory import compute_dtype_bytes, request_budget
@@ -107,6 +113,10 @@ class EngineWorker(threading.Thread):
                 self.parallel = 1
                 self.prompt_cache.disable("the model's cache is not a plain KV cache "
                                           "(hybrid/recurrent or sliding window): no prefix reuse")
+            if mlx_device() == "cpu":
+                threads = cpu_blas.limit_threads(self.checkpoint.config, self.prefill_chunk)
+                if threads is not None:
+                    log.info("engine_blas_threads", threads=threads, reason="small matmuls")
             self.align = prefill_align() if self.batchable else 1
             self.emit_first = self.hold_groups = on_cuda()
             self.burst_chunks = BURST_CHUNKS if on_cuda() and self.batchable else 1
