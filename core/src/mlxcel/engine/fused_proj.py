@@ -5,18 +5,19 @@ to build in Python and to encode, whatever its size, and a layer issues three in
 projections (q, k, v) and two MLP projections (gate, up) of the same activations.
 ``fuse(model)`` stacks each such group's weights into one matrix, so a layer issues two
 matmuls where it issued five, without touching the mlx-lm code that calls them: the first
-projection of a group computes the stacked product and every projection of the group
-returns its columns of it. A projection called on a different input (or out of order)
-computes its own product from its rows of the stacked weight, so the result is the same in
-every case; only the number of kernels changes. A group whose parts turn out to take
-different inputs (cross-attention) computes each part on its own from then on.
+projection of a group called on an input computes the stacked product (split once), and
+the other projections of the group return their part of it. A projection called on the
+same input twice computes its own product from its rows of the stacked weight, so the
+result is the same in every case; only the number of kernels changes. A group whose parts
+turn out to take different inputs (cross-attention) computes each part on its own from then
+on.
 
 Groups: ``q_proj``/``k_proj``/``v_proj`` of one module and ``gate_proj``/``up_proj`` of
 one module, when they are all ``nn.Linear`` (bias on all or none) or all
 ``nn.QuantizedLinear`` of one quantization. On by default on CUDA only
-(``MLXCEL_FUSE_PROJECTIONS``, ``mlxcel.backend.fuse_projections``): on an H200 an 8B-shaped step at batch 64 encoded in ~3.7
-instead of ~5.3 ms (``bench/gpu/fuse_probe.py``); on the 2-core CPU a tiny model's step
-did not get faster.
+(``MLXCEL_FUSE_PROJECTIONS``, ``mlxcel.backend.fuse_projections``): on an H200 an
+8B-shaped step at batch 64 encoded in ~3.7 instead of ~5.3 ms (``bench/gpu/fuse_probe.py``);
+on the 2-core CPU a tiny model's step did not get faster.
 """
 
 from __future__ import annotations
