@@ -170,26 +170,22 @@ class DecodeBatch:
         self.rows.extend(seqs)
         self.sampler = self.penalties = None
 
-    def rows_kv(self, seqs: list[Sequence]) -> list[tuple[list[mx.array], list[mx.array]]]:
+    def rows_kv(self, seqs: list[Sequence]) -> list[tuple[mx.array, mx.array]]:
         """Each row's cached keys/values for all of its context but the last (sampled,
-        never fed) token, per layer, in the canonical frame; queued together
-        (``mx.async_eval``: the engine does not wait for the copies, and whatever reads
-        them later waits for them as MLX arrays do).
+        never fed) token, all layers stacked ([layers, 1, H, n, D]; iterating one gives
+        the layers), in the canonical frame; queued together (``mx.async_eval``: the
+        engine does not wait for the copies, and whatever reads them later waits for them
+        as MLX arrays do).
 
-        A row's keys for all layers are copied into one array (and its values into
-        another), whose per-layer slices are returned: two allocations per row rather than
-        two per row and layer."""
+        One array per row and side: two allocations per row rather than two per row and
+        layer, and no per-layer slices to build (a store of 60 rows of a 32-layer model
+        built ~200 ops per row before)."""
         idx = [self.rows.index(s) for s in seqs]
         per_layer = [c.rows(idx, [len(s.context) - 1 for s in seqs])
                      for c in self.cache]
-        out, stacks = [], []
-        for j in range(len(seqs)):
-            keys = mx.concatenate([layer[j][0] for layer in per_layer])  # [layers, H, n, D]
-            values = mx.concatenate([layer[j][1] for layer in per_layer])
-            stacks += [keys, values]
-            out.append(([keys[i:i + 1] for i in range(len(per_layer))],
-                        [values[i:i + 1] for i in range(len(per_layer))]))
-        mx.async_eval(stacks)
+        out = [(mx.stack([layer[j][0] for layer in per_layer]),
+                mx.stack([layer[j][1] for layer in per_layer])) for j in range(len(seqs))]
+        mx.async_eval([a for pair in out for a in pair])
         return out
 
     def drop_finished(self) -> None:

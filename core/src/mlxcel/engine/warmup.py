@@ -164,7 +164,7 @@ def warm_lifecycle(model: Any, rope: Any | None, vocab: int, align: int = 1) -> 
     batch.drop_finished()  # a row leaves lazily: it stays in the batch
     _step(batch)
     stored = batch.rows_kv([rows[0], rows[2]]) + batch.rows_kv([rows[3]])
-    mx.eval([a for keys, values in stored for a in (*keys, *values)])
+    mx.eval([a for pair in stored for a in pair])
     hit = _Row(rows[0].context[:36] + [20, 21], greedy)
     hit.cached = 36  # a prompt-cache hit: its first tokens come from the stored copy
     # the join drops the finished row in its copy (a gather of the kept rows)
