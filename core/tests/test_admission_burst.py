@@ -4,19 +4,9 @@ every row still at most one chunk's columns per step."""
 
 from __future__ import annotations
 
-from test_admission_groups import run_until_done, submit, worker_for
+from test_admission_groups import run_until_done, solo_outputs, submit, worker_for
 
 BURST = [[20 + i] * 12 for i in range(10)]  # 11 tokens to prefill each
-
-
-def solo(path, prompts, chunk=16) -> list[list[int]]:
-    worker = worker_for(path, cache=False, chunk=chunk, parallel=12)
-    out = []
-    for prompt in prompts:
-        sink = submit(worker, prompt)
-        run_until_done(worker, [sink])
-        out.append(sink.tokens)
-    return out
 
 
 def record_steps(worker, job) -> list[int]:
@@ -42,7 +32,7 @@ def test_without_burst_chunks_the_budget_is_one_chunk(path):
 
 
 def test_a_burst_at_one_decoding_row_prefills_in_one_group(path):
-    expected = solo(path, BURST[:3])
+    expected = solo_outputs(path, BURST[:3], chunk=16)
     worker = worker_for(path, cache=False, chunk=16, parallel=12)
     worker.burst_chunks = 8
     running = submit(worker, list(range(3, 13)), max_tokens=40)
@@ -67,7 +57,7 @@ def test_a_burst_at_one_decoding_row_prefills_in_one_group(path):
 
 def test_burst_rows_take_at_most_one_chunk_of_columns_per_step(path):
     prompts = [[30 + i] + list(range(3, 42)) for i in range(4)]  # 39 tokens to prefill each
-    expected = solo(path, prompts)
+    expected = solo_outputs(path, prompts, chunk=16)
     worker = worker_for(path, cache=False, chunk=16, parallel=12)
     worker.burst_chunks = 8
     sinks = [submit(worker, p) for p in prompts]

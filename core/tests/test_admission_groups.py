@@ -62,11 +62,14 @@ BASE = [(7 * i) % 200 + 3 for i in range(40)]
 PROMPTS = [BASE[:33] + [5, 6, 7], BASE[:36] + [9] * 7, [11, 12, 13, 14, 15]]
 
 
-def solo_outputs(path) -> list[list[int]]:
-    worker = worker_for(path, cache=False)
+def solo_outputs(path, prompts=PROMPTS, max_tokens: int | list[int] = 6,
+                 chunk: int = 512) -> list[list[int]]:
+    """Each prompt's greedy tokens, run alone (``max_tokens``: one for all, or per prompt)."""
+    worker = worker_for(path, cache=False, chunk=chunk, parallel=12)
+    lengths = max_tokens if isinstance(max_tokens, list) else [max_tokens] * len(prompts)
     out = []
-    for prompt in PROMPTS:
-        sink = submit(worker, prompt)
+    for prompt, n in zip(prompts, lengths, strict=True):
+        sink = submit(worker, prompt, max_tokens=n)
         run_until_done(worker, [sink])
         out.append(sink.tokens)
     return out

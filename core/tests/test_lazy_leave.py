@@ -4,22 +4,12 @@ are what they would be without."""
 
 from __future__ import annotations
 
-from test_admission_groups import PROMPTS, run_until_done, submit, worker_for
-
-
-def solo(path, prompts, max_tokens):
-    worker = worker_for(path, cache=False)
-    out = []
-    for prompt, n in zip(prompts, max_tokens, strict=True):
-        sink = submit(worker, prompt, max_tokens=n)
-        run_until_done(worker, [sink])
-        out.append(sink.tokens)
-    return out
+from test_admission_groups import PROMPTS, run_until_done, solo_outputs, submit, worker_for
 
 
 def test_finished_rows_stay_until_they_are_the_majority(path):
     lengths = [3, 6, 12]
-    expected = solo(path, PROMPTS, lengths)
+    expected = solo_outputs(path, PROMPTS, lengths)
     worker = worker_for(path, cache=True)
     worker.batch.lazy_leave = True
     sinks = [submit(worker, p, max_tokens=n) for p, n in zip(PROMPTS, lengths, strict=True)]
@@ -41,7 +31,7 @@ def test_finished_rows_stay_until_they_are_the_majority(path):
 
 def test_a_join_drops_the_finished_rows_in_its_merge(path):
     lengths = [3, 12]
-    expected = solo(path, PROMPTS[:2], lengths) + solo(path, PROMPTS[2:], [4])
+    expected = solo_outputs(path, PROMPTS[:2], lengths) + solo_outputs(path, PROMPTS[2:], 4)
     worker = worker_for(path, cache=False)
     worker.batch.lazy_leave = True
     sinks = [submit(worker, p, max_tokens=n) for p, n in zip(PROMPTS[:2], lengths,
