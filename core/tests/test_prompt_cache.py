@@ -11,9 +11,9 @@ LAYERS = 2
 
 
 def kv(n: int, fill: float = 1.0):
-    """Per-layer keys/values for n tokens: [1, 2 heads, n, 4] float32 (32 bytes/token)."""
-    return ([mx.full((1, 2, n, 4), fill) for _ in range(LAYERS)],
-            [mx.full((1, 2, n, 4), -fill) for _ in range(LAYERS)])
+    """Keys/values for n tokens as the engine stores them, layers stacked: [LAYERS, 1,
+    2 heads, n, 4] float32 (32 bytes/token per layer)."""
+    return (mx.full((LAYERS, 1, 2, n, 4), fill), mx.full((LAYERS, 1, 2, n, 4), -fill))
 
 
 def test_block_hashes_chain_and_only_full_blocks():

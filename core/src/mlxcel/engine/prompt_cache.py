@@ -35,21 +35,9 @@ def block_hashes(tokens: Sequence[int], limit: int | None = None) -> list[bytes]
     return out
 
 
-def _cut(kv: Any, n: int) -> Any:
-    """The first ``n`` tokens of per-layer arrays: a list of [1, H, L, D] arrays, or one
-    array of all layers stacked ([layers, 1, H, L, D], what the engine stores)."""
-    if isinstance(kv, (list, tuple)):
-        return [a[:, :, :n] for a in kv]
-    return kv[..., :n, :]
-
-
-def _nbytes(kv: Any) -> int:
-    return sum(int(a.nbytes) for a in kv) if isinstance(kv, (list, tuple)) else int(kv.nbytes)
-
-
 class CacheEntry:
-    """Keys/values for the first ``length`` tokens, per layer: iterating ``keys`` (a list
-    of [1, H, L, D] arrays, or one [layers, 1, H, L, D] array) gives each layer's."""
+    """Keys/values for the first ``length`` tokens, all layers stacked ([layers, 1, H, L,
+    D], as ``DecodeBatch.rows_kv`` copies them out): iterating ``keys`` gives each layer's."""
 
     def __init__(self, entry_id: int, hashes: list[bytes], keys: Any, values: Any) -> None:
         self.id = entry_id
@@ -57,7 +45,7 @@ class CacheEntry:
         self.length = len(hashes) * BLOCK_SIZE
         self.keys = keys
         self.values = values
-        self.nbytes = _nbytes(keys) + _nbytes(values)
+        self.nbytes = int(keys.nbytes) + int(values.nbytes)
         self.created = time.monotonic()
 
 
@@ -99,8 +87,8 @@ class PromptCache:
         return None
 
     def insert(self, tokens: Sequence[int], keys: Any, values: Any) -> bool:
-        """Store KV for ``tokens`` (cut to whole blocks; per layer, as ``CacheEntry``
-        holds them); False when refused."""
+        """Store KV for ``tokens`` (cut to whole blocks; stacked as ``CacheEntry`` holds
+        them); False when refused."""
         if not self.enabled:
             return False
         hashes = block_hashes(tokens)
@@ -112,7 +100,7 @@ class PromptCache:
                 if self._entries[holder].length == n:
                     self._entries.move_to_end(holder)  # already cached
                     return True
-            entry = CacheEntry(next(self._ids), hashes, _cut(keys, n), _cut(values, n))
+            entry = CacheEntry(next(self._ids), hashes, keys[..., :n, :], values[..., :n, :])
             if entry.nbytes > self.capacity_bytes:
                 self.counters["rejections_oversized"] += 1
                 return False
