@@ -17,6 +17,13 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     host: str = "127.0.0.1"
     port: int = 8080
     api_key: str | None = None
+    api_key_file: str | None = None
+    allowed_hosts: str | None = None
+    max_connections: int = 2048
+    idle_timeout: float = 30.0
+    body_timeout: float = 60.0
+    timeout: float = 600.0
+    shutdown_timeout: float = 30.0
     ctx_size: int = 0
     parallel: int = 4
     n_predict: int = -1
