@@ -4,28 +4,32 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import structlog
 from litestar import Litestar, Request, Response
 from litestar.exceptions import HTTPException, ValidationException
-from litestar.middleware import DefineMiddleware
 
 from mlxcel.context import AppContext
 from mlxcel.engine.client import EngineClient
 from mlxcel.engine.prompt_cache import PromptCache
 from mlxcel.errors import MlxcelError
+from mlxcel.http_guard import HostPolicy
 from mlxcel.lazy import resolve
 from mlxcel.logging import configure
 from mlxcel.metrics import Metrics, metrics_route
-from mlxcel.middleware import ServerMiddleware
+from mlxcel.middleware import GuardConfig, ServerMiddleware
 from mlxcel.plugins import Plugins, load_plugins
 from mlxcel.settings import FAILURE_ENV, Settings
 
 log = structlog.get_logger("mlxcel.app")
 _HTTP_TYPES = {400: "invalid_request_error", 401: "invalid_api_key", 404: "not_found_error",
-               405: "invalid_request_error", 413: "invalid_request_error"}
+               405: "invalid_request_error", 408: "invalid_request_error",
+               413: "invalid_request_error", 415: "invalid_request_error"}
+STREAM_FLUSH_S = 0.5  # how long open streams get to send their error frame before exit
 
 
 def openai_error(status: int, message: str, type_: str, code: str | None = None,
@@ -51,8 +55,28 @@ def _http_error(request: Request, exc: HTTPException) -> Response:
 
 
 def _unexpected(request: Request, exc: Exception) -> Response:
+    """Any other exception: logged once with its plain traceback, answered with a generic
+    500 ``server_error`` (the message never carries internals)."""
     log.exception("unhandled_error", route=request.url.path)
     return openai_error(500, "Internal server error", "server_error")
+
+
+EXCEPTION_HANDLERS: dict[Any, Any] = {MlxcelError: _mlxcel_error, HTTPException: _http_error,
+                                      Exception: _unexpected}
+
+
+def guard_config(settings: Settings, listening: bool) -> GuardConfig:
+    hosts = HostPolicy.from_settings(settings.host, settings.allowed_hosts, listening)
+    return GuardConfig(api_key=settings.api_key, hosts=hosts,
+                       body_timeout=settings.body_timeout, write_timeout=settings.timeout)
+
+
+def guard_app(app: Litestar, settings: Settings, listening: bool = False) -> Litestar:
+    """Put ``ServerMiddleware`` around Litestar's whole request handler (router and exception
+    handling), not around matched routes only, so 404s and 405s pass the same checks.
+    ``listening``: the app serves ``settings.host`` (the loopback Host check applies)."""
+    app.asgi_handler = ServerMiddleware(app.asgi_handler, guard_config(settings, listening))
+    return app
 
 
 def model_display_name(settings: Settings) -> str:
@@ -70,7 +94,9 @@ def prompt_cache_from(settings: Settings) -> PromptCache:
 
 
 def create_app(settings: Settings, plugins: Plugins | None = None,
-               engine: EngineClient | None = None) -> Litestar:
+               engine: EngineClient | None = None, listening: bool = False) -> Litestar:
+    """The app; ``listening`` when Granian serves it on ``settings.host`` (an in-process app
+    has no bind, so only ``--allowed-hosts`` restricts its Host names)."""
     plugins = plugins or load_plugins(settings.plugins, settings.disable_plugins)
     if engine is None:
         from mlxcel.engine.loader import load_checkpoint
@@ -97,41 +123,54 @@ def create_app(settings: Settings, plugins: Plugins | None = None,
         shutdown.append(metrics.stop_serving)
     app = Litestar(
         route_handlers=handlers,
-        middleware=[DefineMiddleware(ServerMiddleware, api_key=settings.api_key)],
-        exception_handlers={MlxcelError: _mlxcel_error, HTTPException: _http_error,
-                            Exception: _unexpected},
+        exception_handlers=EXCEPTION_HANDLERS,
         on_startup=startup,
         on_shutdown=shutdown,
         state={"ctx": ctx},
         openapi_config=None,
         debug=False,
     )
-    return app
+    return guard_app(app, settings, listening)
 
 
-def _exit_on_load_failure(engine: EngineClient) -> None:
-    """In the Granian worker: a model that fails to load stops the whole server, with the
-    reason handed to the CLI (which prints it and exits non-zero)."""
-    import threading
+def engine_failure(engine: EngineClient) -> str | None:
+    """Wait for the engine thread to end; the fatal message when it failed, else None
+    (a requested shutdown)."""
+    engine.worker.ready.wait()
+    loaded = engine.state == "ready"
+    engine.worker.join()
+    if engine.state != "failed":
+        return None
+    if loaded:
+        return f"the engine stopped: {engine.worker.error}"
+    return f"the model failed to load: {engine.worker.error}"
+
+
+def _exit_on_engine_failure(engine: EngineClient) -> None:
+    """In the Granian worker: an engine that fails (at load or later) stops the whole server,
+    with the reason handed to the CLI (which prints it and exits non-zero)."""
 
     def watch() -> None:
-        engine.worker.ready.wait()
-        if engine.state != "failed":
+        message = engine_failure(engine)
+        if message is None:
             return
+        log.error("engine_failed", error=message)
+        if message.startswith("the engine stopped"):
+            time.sleep(STREAM_FLUSH_S)  # let open streams send their error frames
         path = os.environ.get(FAILURE_ENV)
         if path:
             with open(path, "w", encoding="utf-8") as fh:
-                fh.write(f"the model failed to load: {engine.worker.error}")
+                fh.write(message)
         os.kill(os.getppid(), signal.SIGTERM)  # Granian's main process shuts down
         os._exit(3)
 
-    threading.Thread(target=watch, name="mlxcel-load-watch", daemon=True).start()
+    threading.Thread(target=watch, name="mlxcel-engine-watch", daemon=True).start()
 
 
 def app_from_env() -> Litestar:
     """Granian factory: settings arrive from the CLI through the environment."""
     settings = Settings.from_env()
-    configure(settings.log_format)
-    app = create_app(settings)
-    _exit_on_load_failure(app.state["ctx"].engine)
+    configure(settings.log_format, secrets=[settings.api_key])
+    app = create_app(settings, listening=True)
+    _exit_on_engine_failure(app.state["ctx"].engine)
     return app

@@ -25,6 +25,12 @@ class InvalidRequest(MlxcelError):
     type = "invalid_request_error"
 
 
+class BodyTimeout(InvalidRequest):
+    """The request body did not arrive within ``--body-timeout`` (a slow or stalled client)."""
+
+    status = 408
+
+
 class ContextLengthExceeded(InvalidRequest):
     code = "context_length_exceeded"
 

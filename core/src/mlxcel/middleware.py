@@ -1,7 +1,9 @@
-"""ASGI middleware: request id, API-key auth, and one log line per request."""
+"""ASGI middleware around the whole app: request id, Host/Origin, API key, Content-Type,
+body-read and write timeouts, and one log line per request."""
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import time
 import uuid
@@ -10,16 +12,39 @@ from typing import Any
 import msgspec
 import structlog
 
+from mlxcel.errors import BodyTimeout
+from mlxcel.http_guard import HostPolicy, content_type_denial, request_id
+
 log = structlog.get_logger("mlxcel.http")
 OPEN_PATHS = frozenset({"/health", "/"})
 _encode = msgspec.json.Encoder().encode
+_BROWSER_HEADERS = (b"origin", b"sec-fetch-site", b"sec-fetch-mode")
 
 
-def _header(scope: dict, name: bytes) -> str | None:
+class WriteTimeout(Exception):
+    """The client did not read the response within the write timeout."""
+
+
+class GuardConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """What the middleware enforces (built from ``Settings`` by the app)."""
+
+    api_key: str | None = None
+    hosts: HostPolicy = HostPolicy(None)
+    body_timeout: float = 60.0
+    write_timeout: float = 600.0
+
+
+def _headers(scope: dict) -> dict[bytes, bytes]:
+    """Lower-cased header names -> the first raw value (bytes, never re-encoded)."""
+    out: dict[bytes, bytes] = {}
     for key, value in scope.get("headers", ()):
-        if key.lower() == name:
-            return value.decode("latin-1")
-    return None
+        out.setdefault(key.lower(), value)
+    return out
+
+
+def _text(headers: dict[bytes, bytes], name: bytes) -> str | None:
+    value = headers.get(name)
+    return None if value is None else value.decode("latin-1")
 
 
 def _auth_error(api_key: str, header: str | None) -> tuple[str, str] | None:
@@ -34,49 +59,124 @@ def _auth_error(api_key: str, header: str | None) -> tuple[str, str] | None:
     return "invalid_api_key", "Invalid API key"
 
 
-class ServerMiddleware:
-    """Binds a request id, enforces ``--api-key``, logs status/ms/tokens per request."""
+def _error_body(message: str, type_: str, code: str | None) -> bytes:
+    return _encode({"error": {"message": message, "type": type_, "code": code}})
 
-    def __init__(self, app: Any, api_key: str | None) -> None:
+
+class _Exchange:
+    """One request's wrapped ``receive``/``send`` and what they observed."""
+
+    def __init__(self, cfg: GuardConfig, receive: Any, send: Any, rid: str, head: bool) -> None:
+        self.cfg, self._receive, self._send, self.rid, self.head = cfg, receive, send, rid, head
+        self.deadline = time.monotonic() + cfg.body_timeout
+        self.body_done = False
+        self.status = 500
+        self.started = self.body_timed_out = self.write_timed_out = False
+
+    async def receive(self) -> dict:
+        """Until the body is complete each call waits at most until the body deadline (408);
+        after that (waiting for a disconnect) it waits as long as it must."""
+        if self.body_done:
+            return await self._receive()
+        try:
+            async with asyncio.timeout(max(self.deadline - time.monotonic(), 0.0)):
+                message = await self._receive()
+        except TimeoutError:
+            self.body_timed_out = True
+            raise BodyTimeout("request body not received in time") from None
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            self.body_done = True
+        return message
+
+    async def send(self, message: dict) -> None:
+        """Adds ``x-request-id``; drops HEAD bodies; a send that waits longer than the write
+        timeout raises, which ends the response and cancels its generation."""
+        if message["type"] == "http.response.start":
+            self.started, self.status = True, message["status"]
+            extra = [(b"x-request-id", self.rid.encode())]
+            if self.body_timed_out:
+                extra.append((b"connection", b"close"))
+            message = {**message, "headers": [*message.get("headers", ()), *extra]}
+        elif message["type"] == "http.response.body" and self.head:
+            message = {**message, "body": b""}
+        try:
+            async with asyncio.timeout(self.cfg.write_timeout):
+                await self._send(message)
+        except TimeoutError:
+            self.write_timed_out = True
+            raise WriteTimeout from None
+
+    async def reject(self, status: int, type_: str, message: str, code: str | None) -> None:
+        body = _error_body(message, type_, code)
+        await self.send({"type": "http.response.start", "status": status,
+                         "headers": [(b"content-type", b"application/json"),
+                                     (b"content-length", str(len(body)).encode())]})
+        await self.send({"type": "http.response.body", "body": body})
+
+
+class ServerMiddleware:
+    """Wraps the whole ASGI app (unknown routes and 405s included), so every response gets
+    a request id, the edge checks and an access-log line."""
+
+    def __init__(self, app: Any, cfg: GuardConfig) -> None:
         self.app = app
-        self.api_key = api_key
+        self.cfg = cfg
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        request_id = _header(scope, b"x-request-id") or uuid.uuid4().hex
+        headers = _headers(scope)
+        rid = request_id(headers.get(b"x-request-id")) or uuid.uuid4().hex
+        head = scope.get("method") == "HEAD"
+        if head:  # answered as GET without the body
+            scope = {**scope, "method": "GET"}
         state = scope.setdefault("state", {})
-        state["request_id"] = request_id
-        started, status = time.perf_counter(), [500]
+        state["request_id"] = rid
+        ex = _Exchange(self.cfg, receive, send, rid, head)
+        started = time.perf_counter()
+        with structlog.contextvars.bound_contextvars(request_id=rid):
+            try:
+                denied = self._denial(scope, headers)
+                if denied:
+                    await ex.reject(*denied)
+                else:
+                    await self.app(scope, ex.receive, ex.send)
+            except Exception:
+                await self._failed(ex)
+            finally:
+                usage = state.get("usage") or (None, None)
+                log.info("request", method=scope.get("method"), route=scope["path"],
+                         status=ex.status, ms=round((time.perf_counter() - started) * 1000, 1),
+                         prompt_tokens=usage[0], completion_tokens=usage[1])
 
-        async def send_wrapper(message: dict) -> None:
-            if message["type"] == "http.response.start":
-                status[0] = message["status"]
-                message.setdefault("headers", [])
-                message["headers"] = [*message["headers"],
-                                      (b"x-request-id", request_id.encode())]
-            await send(message)
-
-        try:
-            denied = None
-            if self.api_key and scope["path"] not in OPEN_PATHS:
-                denied = _auth_error(self.api_key, _header(scope, b"authorization"))
-            if denied:
-                await self._reject(send_wrapper, 401, *denied)
-            else:
-                await self.app(scope, receive, send_wrapper)
-        finally:
-            usage = state.get("usage") or (None, None)
-            log.info("request", request_id=request_id, method=scope.get("method"),
-                     route=scope["path"], status=status[0],
-                     ms=round((time.perf_counter() - started) * 1000, 1),
-                     prompt_tokens=usage[0], completion_tokens=usage[1])
+    def _denial(self, scope: dict, headers: dict[bytes, bytes]
+                ) -> tuple[int, str, str, str | None] | None:
+        """The first edge rule the request breaks: Host/Origin (403), key (401), type (415)."""
+        reason = self.cfg.hosts.denial(_text(headers, b"host"), _text(headers, b"origin"))
+        if reason:
+            return 403, "invalid_request_error", reason, None
+        if self.cfg.api_key and scope["path"] not in OPEN_PATHS:
+            auth = _auth_error(self.cfg.api_key, _text(headers, b"authorization"))
+            if auth:
+                return 401, auth[0], auth[1], auth[0]
+        if scope.get("method") == "POST":
+            browser = any(name in headers for name in _BROWSER_HEADERS)
+            reason = content_type_denial(_text(headers, b"content-type"), browser)
+            if reason:
+                return 415, "invalid_request_error", reason, None
+        return None
 
     @staticmethod
-    async def _reject(send: Any, status: int, type_: str, message: str) -> None:
-        body = _encode({"error": {"message": message, "type": type_, "code": type_}})
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", b"application/json"),
-                                (b"content-length", str(len(body)).encode())]})
-        await send({"type": "http.response.body", "body": body})
+    async def _failed(ex: _Exchange) -> None:
+        """An exception the app did not turn into a response: a write timeout ends the
+        response quietly; anything else is logged once and, if nothing was sent, a 500."""
+        if ex.write_timed_out:
+            log.warning("write_timeout")
+            return
+        log.exception("unhandled_error")
+        if not ex.started:
+            try:
+                await ex.reject(500, "server_error", "Internal server error", None)
+            except Exception:  # the client is gone; nothing more to tell it
+                return
