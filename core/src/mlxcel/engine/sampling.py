@@ -10,10 +10,11 @@ other rows in the batch.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import mlx.core as mx
 
+from mlxcel.engine.penalties import FLT_MAX, FLT_TINY
 from mlxcel.types import SamplingParams
 
 NEG_INF = float("-inf")
@@ -34,35 +35,76 @@ def _col(values: list[float | int | bool]) -> mx.array:
     return mx.array(values)[:, None]
 
 
+class RowSampling(NamedTuple):
+    """One row's sampler settings, read from its SamplingParams once per composition."""
+
+    greedy: bool = True
+    inv_temp: float = 1.0
+    top_k: int = 0  # 0: off (k >= the vocabulary is off too)
+    top_p: float = 1.0
+    min_p: float = 0.0
+    xtc_prob: float = 0.0
+    xtc_threshold: float = 0.1
+    p_less: bool = False
+    top_logprobs: int = -1  # -1: no logprobs
+
+
+NEUTRAL = RowSampling()
+
+
+def _unit(value: Any) -> float:
+    """A probability-like setting; anything outside [0, 1] (NaN included) reads as 0."""
+    v = float(value)
+    return v if 0 <= v <= 1 else 0.0
+
+
+def row_sampling(p: SamplingParams, vocab_size: int) -> RowSampling:
+    """``p``'s sampler settings, clamped so that float32 holds every derived value: a
+    temperature so small or large that ``1/t`` leaves float32's normal range is taken at
+    that range's edge."""
+    t = float(p.temperature)
+    greedy = not t > 0
+    inv_temp = 1.0 if greedy else min(max(1.0 / max(t, 1.0 / FLT_MAX), FLT_TINY), FLT_MAX)
+    k = int(p.top_k)
+    top_p = float(p.top_p)
+    logprobs = min(max(0, int(p.top_logprobs)), vocab_size) if p.logprobs else -1
+    return RowSampling(
+        greedy=greedy, inv_temp=inv_temp, top_k=k if 0 < k < vocab_size else 0,
+        top_p=top_p if 0 < top_p < 1 else 1.0, min_p=_unit(p.min_p),
+        xtc_prob=_unit(p.xtc_probability) if not greedy else 0.0,
+        xtc_threshold=_unit(p.xtc_threshold), p_less=bool(p.p_less) and not greedy,
+        top_logprobs=logprobs)
+
+
 class BatchSampler:
     """Samples one token per row; built once per batch composition."""
 
-    def __init__(self, params: list[SamplingParams], randoms: list[RowRandom],
+    def __init__(self, params: list[SamplingParams | RowSampling], randoms: list[RowRandom],
                  vocab_size: int) -> None:
+        rows = [p if isinstance(p, RowSampling) else row_sampling(p, vocab_size)
+                for p in params]
         self.randoms = randoms
         self.vocab = vocab_size
-        temps = [p.temperature for p in params]
-        self.all_greedy = all(t <= 0 for t in temps)
-        self.any_greedy = any(t <= 0 for t in temps)
-        self.greedy = mx.array([t <= 0 for t in temps])
-        self.inv_temp = _col([1.0 / t if t > 0 else 1.0 for t in temps])
-        ks = [p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params]
-        self.use_top_k = any(k < vocab_size for k in ks)
+        self.all_greedy = all(r.greedy for r in rows)
+        self.any_greedy = any(r.greedy for r in rows)
+        self.greedy = mx.array([r.greedy for r in rows])
+        self.inv_temp = _col([r.inv_temp for r in rows])
+        ks = [r.top_k or vocab_size for r in rows]
+        self.use_top_k = any(r.top_k for r in rows)
         self.k_index = _col([k - 1 for k in ks])
-        self.use_top_p = any(0 < p.top_p < 1 for p in params)
-        self.top_p = _col([p.top_p if 0 < p.top_p < 1 else 1.0 for p in params])
-        self.use_min_p = any(p.min_p > 0 for p in params)
-        self.min_p = _col([p.min_p for p in params])
-        self.use_xtc = any(p.xtc_probability > 0 and p.temperature > 0 for p in params)
-        self.xtc_prob = _col([p.xtc_probability for p in params])
-        self.xtc_threshold = _col([p.xtc_threshold for p in params])
-        self.use_p_less = any(p.p_less and p.temperature > 0 for p in params)
-        self.p_less = _col([p.p_less for p in params])
+        self.use_top_p = any(r.top_p < 1 for r in rows)
+        self.top_p = _col([r.top_p for r in rows])
+        self.use_min_p = any(r.min_p > 0 for r in rows)
+        self.min_p = _col([r.min_p for r in rows])
+        self.use_xtc = any(r.xtc_prob > 0 for r in rows)
+        self.xtc_prob = _col([r.xtc_prob for r in rows])
+        self.xtc_threshold = _col([r.xtc_threshold for r in rows])
+        self.use_p_less = any(r.p_less for r in rows)
+        self.p_less = _col([r.p_less for r in rows])
         self.any_seeded = any(r.key is not None for r in randoms)
         self.seeded = mx.array([r.key is not None for r in randoms])
-        sampled_ks = [p.top_k for p in params if p.temperature > 0]
-        self.candidate_k = max(sampled_ks) if sampled_ks and all(
-            0 < k < vocab_size for k in sampled_ks) else vocab_size
+        sampled_ks = [r.top_k for r in rows if not r.greedy]
+        self.candidate_k = max(sampled_ks) if sampled_ks and all(sampled_ks) else vocab_size
 
     def __call__(self, logits: mx.array) -> mx.array:
         """(penalised) ``logits`` [B, V] -> token ids [B] (lazy)."""
@@ -125,7 +167,7 @@ class BatchSampler:
 
     def _p_less(self, v: mx.array) -> mx.array:
         """Keep entries with p >= sum(p^2) of the tempered distribution (argmax always)."""
-        probs = mx.softmax(v * self.inv_temp, axis=-1)
+        probs = mx.softmax(self._tempered(v), axis=-1)
         floor = mx.sum(probs * probs, axis=-1, keepdims=True)
         return mx.where(self.p_less & (probs < floor), NEG_INF, v)
 
@@ -133,7 +175,7 @@ class BatchSampler:
         """Temperature, then one uniform draw per row through the cumulative distribution.
         Seeded rows use Gumbel-max with noise keyed by token id instead, so their draw does
         not depend on the order or number of candidates the batch happens to use."""
-        scaled = v * self.inv_temp
+        scaled = self._tempered(v)
         cdf = mx.cumsum(mx.softmax(scaled, axis=-1), axis=-1)
         u = mx.random.uniform(shape=(len(self.randoms), 1)) * cdf[:, -1:]
         position = mx.minimum(mx.sum(cdf < u, axis=-1), v.shape[-1] - 1)
@@ -148,6 +190,12 @@ class BatchSampler:
             noise.append(g if ids is None else g[ids[i]])
         gumbel = mx.argmax(scaled + mx.stack(noise), axis=-1)
         return mx.where(self.seeded, gumbel, position)
+
+    def _tempered(self, v: mx.array) -> mx.array:
+        """``v / t`` shifted so that each row's best entry is 0: the scaling then cannot
+        overflow into inf - inf (NaN) however small ``t`` is, and softmax and argmax do not
+        change under the shift."""
+        return (v - mx.max(v, axis=-1, keepdims=True)) * self.inv_temp
 
     def _uniform(self) -> mx.array:
         shared = mx.random.uniform(shape=(len(self.randoms), 1))
