@@ -71,6 +71,9 @@ class ChatTemplate:
             return self._template.render(**context)
         except jinja2.TemplateError as exc:
             raise InvalidRequest(f"chat template error: {exc}", param="messages") from exc
+        except RecursionError:
+            raise InvalidRequest("chat template could not render these messages: they are "
+                                 "nested too deeply", param="messages") from None
         except (TypeError, ValueError, KeyError, AttributeError) as exc:
             raise InvalidRequest(f"chat template could not render these messages: {exc}",
                                  param="messages") from exc

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
+from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 import msgspec
-from litestar import Request
+from litestar import Request, Response
 from litestar.response import Stream
 
+from mlxcel.dialects.jsondepth import MAX_JSON_DEPTH, deep_path, too_deep
+from mlxcel.dialects.prepare import prepare
 from mlxcel.errors import InvalidRequest
 
 T = TypeVar("T")
@@ -29,13 +33,36 @@ def _flatten_extra_body(data: Any) -> Any:
     return data
 
 
+def _too_deep(path: str | None) -> InvalidRequest:
+    where = f" (field '{path}')" if path else ""
+    return InvalidRequest(f"JSON nested more than {MAX_JSON_DEPTH} levels deep{where}",
+                          param=path)
+
+
+def _decode_json(body: bytes) -> Any:
+    """Parsed JSON no deeper than ``MAX_JSON_DEPTH`` (else a 400 naming where)."""
+    try:
+        data = msgspec.json.decode(body)
+    except RecursionError:
+        raise _too_deep(deep_path(body)) from None
+    deep, path = too_deep(data)
+    if deep:
+        raise _too_deep(path)
+    return data
+
+
 async def decode_body(request: Request, type_: type[T]) -> T:
-    """Decode the request body; any problem is a 400 that names the field."""
+    """Decode the request body (off the event loop when large); any problem is a 400 that
+    names the field."""
     body = await request.body()
     if not body.strip():
         raise InvalidRequest("request body is empty; send a JSON object")
+    return await prepare(len(body), lambda: _parse(body, type_))
+
+
+def _parse(body: bytes, type_: type[T]) -> T:
     try:
-        data = _flatten_extra_body(msgspec.json.decode(body))
+        data = _flatten_extra_body(_decode_json(body))
         return msgspec.convert(data, type=type_)
     except msgspec.ValidationError as exc:
         text = str(exc)
@@ -44,6 +71,42 @@ async def decode_body(request: Request, type_: type[T]) -> T:
         raise InvalidRequest(f"invalid request{where}: {text}", param=field) from None
     except msgspec.DecodeError as exc:
         raise InvalidRequest(f"malformed JSON body: {exc}") from None
+
+
+CLIENT_CLOSED = 499  # nginx's "client closed request": logged, never seen by the client
+
+
+async def _disconnect(request: Request) -> None:
+    """Return when the client goes away (the body was read: only ``http.disconnect`` is
+    left to arrive on the ASGI receive channel)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def unless_disconnected(request: Request, work: Awaitable[T], cancel: Any) -> T | None:
+    """``await work`` while watching for the client to leave; if it leaves first,
+    ``cancel()`` and None, so that a non-streaming request stops generating for nobody."""
+    job = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(_disconnect(request))
+    try:
+        await asyncio.wait((job, watch), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        left = not job.done()
+        if left:  # the client went away (or this handler was cancelled)
+            job.cancel()
+            cancel()
+    return None if left else job.result()
+
+
+def client_closed() -> Response:
+    """What a handler returns for a client that left (nothing reaches it)."""
+    return Response(b"", status_code=CLIENT_CLOSED)
+
+
+def error_frame(message: str, type_: str = "server_error") -> bytes:
+    """An SSE frame in the OpenAI error shape (the SDK raises ``APIError`` on it)."""
+    return sse({"error": {"message": message, "type": type_, "code": None}})
 
 
 def sse(payload: Any) -> bytes:

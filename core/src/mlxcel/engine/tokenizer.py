@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -10,11 +11,26 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from mlxcel.errors import StartupError
 
+# Texts at least this long are encoded through ``encode_batch``, which releases the GIL.
+GIL_FREE_CHARS = 4096
+# Normalizers that can delete input text: with one, no byte bound on the token count holds.
+_DELETING_NORMALIZERS = frozenset({"BertNormalizer", "Strip", "StripAccents", "Precompiled"})
+
 
 def _token_text(value: Any) -> str | None:
     if isinstance(value, dict):
         return value.get("content")
     return value if isinstance(value, str) else None
+
+
+def _may_delete(node: Any) -> bool:
+    """Whether a ``tokenizer.json`` normalizer (or one in its sequence) can remove text."""
+    if not isinstance(node, dict):
+        return False
+    kind = node.get("type")
+    if kind in _DELETING_NORMALIZERS or (kind == "Replace" and not node.get("content")):
+        return True
+    return any(_may_delete(child) for child in node.get("normalizers") or ())
 
 
 def _read_json(path: Path) -> dict:
@@ -48,7 +64,28 @@ class Tokenizer:
         return cls(hf, _read_json(path / "tokenizer_config.json"), eos_ids or set())
 
     def encode(self, text: str, add_special: bool = False) -> list[int]:
+        """Long texts go through ``encode_batch`` so that other threads (the event loop)
+        keep running while the Rust side works."""
+        if len(text) >= GIL_FREE_CHARS:
+            return self.hf.encode_batch([text], add_special_tokens=add_special)[0].ids
         return self.hf.encode(text, add_special_tokens=add_special).ids
+
+    @cached_property
+    def max_token_bytes(self) -> int | None:
+        """An upper bound on the input bytes one token can stand for, or None when the
+        normalizer may delete text (then no such bound exists).
+
+        A text of N UTF-8 bytes encodes to at least ``N / max_token_bytes`` tokens, so a text
+        too long for the context can be refused without tokenizing it. Each vocabulary entry
+        counts as the longer of its stored form (byte-level or metaspace characters are at
+        least as long as the bytes they encode) and its decoded text.
+        """
+        if _may_delete(json.loads(self.hf.to_str()).get("normalizer")):
+            return None
+        vocab = self.hf.get_vocab(with_added_tokens=True)
+        decoded = self.hf.decode_batch([[i] for i in vocab.values()], skip_special_tokens=False)
+        longest = max((len(t.encode("utf-8")) for t in (*vocab, *decoded)), default=1)
+        return max(1, longest)
 
     def decode(self, ids: list[int], skip_special: bool = True) -> str:
         return self.hf.decode(ids, skip_special_tokens=skip_special)

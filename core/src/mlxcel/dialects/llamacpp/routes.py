@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from litestar import Request, Response, get, post
 
 from mlxcel.context import AppContext
+from mlxcel.dialects.prepare import check_fits, check_token_ids, prepare_for
 from mlxcel.dialects.wire import decode_body
-from mlxcel.errors import GenerationFailed
+from mlxcel.errors import MlxcelError
 from mlxcel.generation import SEED_UNSET, server_sampling_defaults
 
 from .schemas import DetokenizeRequest, TokenizeRequest
@@ -17,11 +19,22 @@ OBSERVABILITY = ("sequences_started", "sequences_completed", "total_prefill_toke
                  "total_decode_tokens", "decode_steps_processed", "prefill_chunks_processed")
 
 
+def _engine_error(message: str) -> tuple[int, dict[str, Any]]:
+    return 503, {"status": "error", "error": message}
+
+
 def health_payload(ctx: AppContext) -> tuple[int, dict[str, Any]]:
+    """llama-server's shapes; an engine that failed (or whose checkpoint cannot be read)
+    is a 503 ``error`` with its message, so that a supervisor can restart the server."""
     engine = ctx.engine
     if engine.state == "loading":
         return 503, {"status": "loading model", "tool_call_parser": None}
-    ckpt = engine.checkpoint
+    if engine.state == "failed":
+        return _engine_error(str(getattr(engine.worker, "error", None) or "engine failed"))
+    try:
+        ckpt = engine.checkpoint
+    except MlxcelError as exc:
+        return _engine_error(exc.message)
     parallel, active, queued = engine.parallel, engine.active_count, engine.queue_depth
     full = active >= parallel
     stats = engine.stats
@@ -54,20 +67,23 @@ def build(ctx: AppContext) -> list[Any]:
         status, payload = health_payload(ctx)
         return Response(payload, status_code=status)
 
+    def encode(body: TokenizeRequest) -> list[int]:
+        """A text too long for any prompt is refused (the same bound as prompts)."""
+        check_fits(engine, body.content, "content")
+        return engine.checkpoint.tokenizer.encode(body.content, body.add_special)
+
     @post("/tokenize", status_code=200)
     async def tokenize(request: Request) -> dict[str, Any]:
         body = await decode_body(request, TokenizeRequest)
-        return {"tokens": engine.checkpoint.tokenizer.encode(body.content, body.add_special)}
+        return {"tokens": await prepare_for(request, lambda: encode(body))}
 
     @post("/detokenize", status_code=200)
     async def detokenize(request: Request) -> dict[str, Any]:
         body = await decode_body(request, DetokenizeRequest)
         tok = engine.checkpoint.tokenizer
-        bad = tok.first_invalid_id(body.tokens)
-        if bad is not None:
-            raise GenerationFailed(
-                f"token id {bad} is out of vocabulary range (vocab_size {tok.vocab_size})")
-        return {"content": tok.decode(body.tokens, skip_special=False)}
+        check_token_ids(tok, body.tokens, "tokens")
+        content = await prepare_for(request, lambda: tok.decode(body.tokens, skip_special=False))
+        return {"content": content}
 
     @get("/props")
     async def props() -> dict[str, Any]:
@@ -89,7 +105,7 @@ def build(ctx: AppContext) -> list[Any]:
             },
             "total_slots": engine.parallel,
             "model_alias": ctx.model_name,
-            "model_path": str(ckpt.path),
+            "model_path": Path(str(ckpt.path)).name,  # never the server's directory layout
             "chat_template": ckpt.template.source,
             "n_ctx": engine.context_size,
         }

@@ -10,15 +10,33 @@ from typing import Any
 from litestar import Request, Response, get, post
 
 from mlxcel.context import AppContext
-from mlxcel.dialects.wire import SSE_DONE, SSEResponse, decode_body, request_priority, sse
+from mlxcel.dialects.prepare import prepare_for
+from mlxcel.dialects.wire import (
+    SSE_DONE,
+    SSEResponse,
+    client_closed,
+    decode_body,
+    error_frame,
+    request_priority,
+    sse,
+    unless_disconnected,
+)
 from mlxcel.engine.client import EventStream
+from mlxcel.errors import GenerationFailed
 from mlxcel.types import GenerationEvent, TokenLogprob
 
 from . import schemas as s
 from .logprobs import chat_logprobs, completion_logprobs
-from .translate import chat_prompt, completion_prompt, generation_request
+from .translate import (
+    chat_prompt,
+    check_completion_options,
+    completion_prompt,
+    echo_text,
+    generation_request,
+)
 
-FINISH = {"stop": "stop", "length": "length", "error": "error", "cancelled": "stop"}
+# engine finish reasons -> OpenAI's; "error" and "cancelled" never reach a client as a finish
+FINISH = {"stop": "stop", "length": "length"}
 # frame(text, finish_reason, logprobs of the tokens behind this text)
 Frame = Callable[[str, str | None, tuple[TokenLogprob, ...]], Any]
 
@@ -30,15 +48,24 @@ def _usage(event: GenerationEvent) -> s.Usage:
                    {"cached_tokens": u.cached_tokens})
 
 
+def _failure(event: GenerationEvent) -> str:
+    if event.finish_reason == "cancelled":
+        return "the generation was cancelled"
+    return event.error or "the generation failed"
+
+
 async def _collect(stream: EventStream) -> tuple[str, list[TokenLogprob], GenerationEvent]:
+    """The whole generation; an engine failure is a 500 carrying the engine's message."""
     parts: list[str] = []
     logprobs: list[TokenLogprob] = []
     async for event in stream:
         parts.append(event.text)
         logprobs.extend(event.logprobs)
-        if event.finish_reason is not None:
+        if event.finish_reason in FINISH:
             return "".join(parts), logprobs, event
-    raise RuntimeError("engine stream ended without a finish event")
+        if event.finish_reason is not None:
+            raise GenerationFailed(_failure(event))
+    raise GenerationFailed("the engine stream ended without a finish event")
 
 
 def _record(request: Request, event: GenerationEvent) -> None:
@@ -52,7 +79,8 @@ async def _sse(request: Request, stream: EventStream, frame: Frame,
                on_finish: Callable[[GenerationEvent], None] | None = None
                ) -> AsyncIterator[bytes]:
     """Content frames (also empty ones that carry logprobs), a finish frame, the usage frame
-    when asked, then ``[DONE]``. ``on_finish`` never runs when the client left before it."""
+    when asked, then ``[DONE]``; an engine failure ends it with an error frame and
+    ``[DONE]``. ``on_finish`` never runs when the client left before it."""
     try:
         if first is not None:
             yield sse(first)
@@ -62,19 +90,28 @@ async def _sse(request: Request, stream: EventStream, frame: Frame,
             for event in [first_event, *stream.take_ready()]:
                 if event.text or event.logprobs:
                     out.append(sse(frame(event.text, None, event.logprobs)))
-                if event.finish_reason is None:
-                    continue
-                _record(request, event)
-                if on_finish is not None:
-                    on_finish(event)
-                out.append(sse(frame("", FINISH[event.finish_reason], ())))
-                if usage_frame is not None:
-                    out.append(sse(usage_frame(_usage(event))))
-                out.append(SSE_DONE)
+                if event.finish_reason is not None:
+                    out.extend(_closing(request, event, frame, usage_frame, on_finish))
             if out:
                 yield b"".join(out)
     finally:
         stream.cancel()  # no-op when finished; frees the slot when the client went away
+
+
+def _closing(request: Request, event: GenerationEvent, frame: Frame,
+             usage_frame: Callable[[s.Usage], Any] | None,
+             on_finish: Callable[[GenerationEvent], None] | None) -> list[bytes]:
+    """The frames after the last content: finish (+ usage) and ``[DONE]``, or an error
+    frame and ``[DONE]`` when the engine failed the row."""
+    if event.finish_reason not in FINISH:
+        return [error_frame(_failure(event)), SSE_DONE]
+    _record(request, event)
+    if on_finish is not None:
+        on_finish(event)
+    out = [sse(frame("", FINISH[event.finish_reason], ()))]
+    if usage_frame is not None:
+        out.append(sse(usage_frame(_usage(event))))
+    return [*out, SSE_DONE]
 
 
 class _Run:
@@ -87,12 +124,14 @@ class _Run:
         self.created, self.model = int(time.time()), body.model or ctx.model_name
 
     async def whole(self, ctx: AppContext, request: Request
-                    ) -> tuple[str, list[TokenLogprob], GenerationEvent]:
-        """Collect a non-streaming response (recorded in logs and metrics)."""
-        text, lps, last = await _collect(self.stream)
-        _record(request, last)
-        ctx.metrics.record(last, self.started)
-        return text, lps, last
+                    ) -> tuple[str, list[TokenLogprob], GenerationEvent] | None:
+        """Collect a non-streaming response (recorded in logs and metrics); None when the
+        client left first (the generation is cancelled)."""
+        result = await unless_disconnected(request, _collect(self.stream), self.stream.cancel)
+        if result is not None:
+            _record(request, result[2])
+            ctx.metrics.record(result[2], self.started)
+        return result
 
 
 def _include_usage(body: s.SamplingFields) -> bool:
@@ -107,13 +146,17 @@ def build(ctx: AppContext) -> list[Any]:
                         if body.max_completion_tokens is not None else (body.max_tokens,
                                                                         "max_tokens"))
         rid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
-        req = generation_request(ctx, body, chat_prompt(ctx, body), rid, limit, field,
+        prompt = await prepare_for(request, lambda: chat_prompt(ctx, body))
+        req = generation_request(ctx, body, prompt, rid, limit, field,
                                  priority=request_priority(request), logprobs=body.logprobs,
                                  top_logprobs=body.top_logprobs or 0)
         run = _Run(ctx, body, req)
         created, model, tok = run.created, run.model, run.tok
         if not body.stream:
-            text, lps, last = await run.whole(ctx, request)
+            result = await run.whole(ctx, request)
+            if result is None:
+                return client_closed()
+            text, lps, last = result
             choice = s.ChatChoice(0, s.AssistantMessage(content=text), FINISH[last.finish_reason],
                                   chat_logprobs(tok, lps) if body.logprobs else None)
             return s.ChatCompletion(rid, created, model, [choice], _usage(last))
@@ -136,20 +179,25 @@ def build(ctx: AppContext) -> list[Any]:
     @post(["/v1/completions", "/completions"], status_code=200)
     async def completions(request: Request) -> Any:
         body = await decode_body(request, s.CompletionRequest)
+        check_completion_options(body)
         rid = f"cmpl-{uuid.uuid4().hex[:24]}"
         want = body.logprobs is not None
-        req = generation_request(ctx, body, completion_prompt(ctx, body), rid,
-                                 body.max_tokens, "max_tokens",
+        prompt = await prepare_for(request, lambda: completion_prompt(ctx, body))
+        req = generation_request(ctx, body, prompt, rid, body.max_tokens, "max_tokens",
                                  priority=request_priority(request), logprobs=want,
                                  top_logprobs=body.logprobs or 0)
         run = _Run(ctx, body, req)  # streamed completions are not recorded in metrics
         created, model, tok = run.created, run.model, run.tok
+        echoed = echo_text(ctx, body, prompt) if body.echo else ""
         if not body.stream:
-            text, lps, last = await run.whole(ctx, request)
-            choice = s.CompletionChoice(0, text, FINISH[last.finish_reason],
+            result = await run.whole(ctx, request)
+            if result is None:
+                return client_closed()
+            text, lps, last = result
+            choice = s.CompletionChoice(0, echoed + text, FINISH[last.finish_reason],
                                         completion_logprobs(tok, lps) if want else None)
             return s.Completion(rid, created, model, [choice], usage=_usage(last))
-        offset = [0]
+        offset = [len(echoed)]
 
         def frame(text: str, finish: str | None, lps: tuple) -> s.Completion:
             logprobs = completion_logprobs(tok, lps, offset[0]) if lps else None
@@ -160,8 +208,10 @@ def build(ctx: AppContext) -> list[Any]:
         def usage_frame(usage: s.Usage) -> s.Completion:
             return s.Completion(rid, created, model, [], usage=usage)
 
+        first = s.Completion(rid, created, model, [s.CompletionChoice(0, echoed, None)]) \
+            if echoed else None
         return SSEResponse(_sse(request, run.stream, frame,
-                                usage_frame if _include_usage(body) else None))
+                                usage_frame if _include_usage(body) else None, first))
 
     @get(["/v1/models", "/models"])
     async def models() -> Response:

@@ -71,6 +71,8 @@ class CompletionRequest(SamplingFields, kw_only=True):
     prompt: str | list[str | int]
     echo: bool = False
     logprobs: int | None = None  # number of alternatives per token (0-20)
+    best_of: int | None = None  # only 1 (one candidate per choice)
+    suffix: str | None = None  # fill-in-the-middle: refused
 
 
 class Usage(msgspec.Struct):

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import msgspec
 
 from mlxcel.context import AppContext
+from mlxcel.dialects.jsondepth import MAX_JSON_DEPTH, too_deep
+from mlxcel.dialects.prepare import check_fits, check_token_ids
 from mlxcel.errors import CapabilityNotSupported, InvalidRequest
 from mlxcel.generation import (
     max_tokens,
@@ -22,39 +23,66 @@ from mlxcel.types import GenerationRequest
 from .schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields
 
 LOOP_FIELDS = ("min_pattern_size", "max_pattern_size", "min_count")
+RESERVED_TEMPLATE_KEYS = frozenset({"add_generation_prompt", "messages", "tools"})
+
+
+def _text_part(part: Any, where: str) -> str:
+    if not isinstance(part, dict):
+        raise InvalidRequest(f"{where} must be an object with a 'type'", param=where)
+    kind = part.get("type")
+    if kind in ("text", "input_text"):
+        if not isinstance(part.get("text"), str):
+            raise InvalidRequest(f"{where}.text must be a string", param=f"{where}.text")
+        return part["text"]
+    index = where.split(".", 1)[0]
+    if kind in ("image_url", "input_image", "video_url", "input_audio", "audio_url"):
+        raise CapabilityNotSupported(
+            f"the loaded model accepts text only; {where} is '{kind}'",
+            param=f"{index}.content")
+    raise InvalidRequest(f"{where} has an unknown type", param=f"{where}.type")
 
 
 def _text_content(msg: ChatMessage, index: int) -> str | None:
     if msg.content is None or isinstance(msg.content, str):
         return msg.content
-    parts = []
-    for j, part in enumerate(msg.content):
-        kind = part.get("type")
-        if kind in ("text", "input_text") and isinstance(part.get("text"), str):
-            parts.append(part["text"])
-        elif kind in ("image_url", "input_image", "video_url", "input_audio", "audio_url"):
-            raise CapabilityNotSupported(
-                f"the loaded model accepts text only; messages[{index}].content[{j}] is "
-                f"'{kind}'", param=f"messages[{index}].content")
-        else:
-            raise InvalidRequest(f"messages[{index}].content[{j}] has unknown type '{kind}'",
-                                 param=f"messages[{index}].content")
-    return "".join(parts)
+    return "".join(_text_part(part, f"messages[{index}].content[{j}]")
+                   for j, part in enumerate(msg.content))
 
 
-def _tool_calls(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _arguments(value: Any, where: str) -> Any:
+    """Arguments given as a JSON string are parsed into an object for the template (other
+    strings stay as they are); nesting is bounded because templates recurse through it."""
+    too_deep_error = InvalidRequest(f"{where} is nested more than {MAX_JSON_DEPTH} levels "
+                                    "deep", param=where)
+    if value is not None and not isinstance(value, (str, dict)):
+        raise InvalidRequest(f"{where} must be a JSON string or an object", param=where)
+    if not isinstance(value, str):
+        return value
+    try:
+        parsed = msgspec.json.decode(value)
+    except RecursionError:
+        raise too_deep_error from None
+    except msgspec.DecodeError:
+        return value
+    if too_deep(parsed)[0]:
+        raise too_deep_error
+    return parsed if isinstance(parsed, dict) else value
+
+
+def _tool_calls(calls: list[dict[str, Any]], index: int) -> list[dict[str, Any]]:
     out = []
-    for call in calls:
-        call = dict(call)
-        fn = dict(call.get("function") or {})
-        if isinstance(fn.get("arguments"), str):
-            try:
-                parsed = json.loads(fn["arguments"])
-                fn["arguments"] = parsed if isinstance(parsed, dict) else fn["arguments"]
-            except ValueError:
-                pass
-        call["function"] = fn
-        out.append(call)
+    for j, call in enumerate(calls):
+        where = f"messages[{index}].tool_calls[{j}]"
+        if not isinstance(call, dict):
+            raise InvalidRequest(f"{where} must be an object", param=where)
+        fn = call.get("function")
+        if not isinstance(fn, dict):
+            raise InvalidRequest(f"{where}.function must be an object with 'name' and "
+                                 "'arguments'", param=f"{where}.function")
+        fn = dict(fn)
+        if "arguments" in fn:
+            fn["arguments"] = _arguments(fn["arguments"], f"{where}.function.arguments")
+        out.append({**call, "function": fn})
     return out
 
 
@@ -67,50 +95,87 @@ def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
                 if v is not msgspec.UNSET}
         item["content"] = _text_content(msg, i)
         if msg.tool_calls is not msgspec.UNSET:
-            item["tool_calls"] = _tool_calls(msg.tool_calls)
+            item["tool_calls"] = _tool_calls(msg.tool_calls, i)
         out.append(item)
     return out
 
 
 def _template_kwargs(body: ChatCompletionRequest) -> dict[str, Any]:
     if body.chat_template_kwargs is not None:
-        return dict(body.chat_template_kwargs)
-    extra = body.extra_body or {}
-    if isinstance(extra.get("chat_template_kwargs"), dict):
-        return dict(extra["chat_template_kwargs"])
-    return {"preserve_thinking": extra["preserve_thinking"]} if "preserve_thinking" in extra \
-        else {}
+        kwargs = dict(body.chat_template_kwargs)
+    else:
+        extra = body.extra_body or {}
+        if isinstance(extra.get("chat_template_kwargs"), dict):
+            kwargs = dict(extra["chat_template_kwargs"])
+        else:
+            kwargs = {"preserve_thinking": extra["preserve_thinking"]} \
+                if "preserve_thinking" in extra else {}
+    for key in sorted(RESERVED_TEMPLATE_KEYS & kwargs.keys()):
+        raise InvalidRequest(f"chat_template_kwargs.{key} is set by the server and cannot be "
+                             "overridden", param=f"chat_template_kwargs.{key}")
+    return kwargs
 
 
 def chat_prompt(ctx: AppContext, body: ChatCompletionRequest) -> list[int]:
+    """Render and tokenize; a rendered text too long for the context is refused before
+    tokenizing (blocking work: run it through ``prepare``)."""
     ckpt = ctx.engine.checkpoint
     tools = body.tools if body.tool_choice != "none" else None
     text = ckpt.template.render(template_messages(body.messages), tools=tools or None,
                                 add_generation_prompt=True, **_template_kwargs(body))
+    check_fits(ctx.engine, text, "messages")
     return ckpt.tokenizer.encode(text, add_special=False)
 
 
 def completion_prompt(ctx: AppContext, body: CompletionRequest) -> list[int]:
-    """A string, a one-string list, or a list of token ids."""
+    """A string, a one-string list, or a list of token ids (blocking work: run it through
+    ``prepare``)."""
     tok = ctx.engine.checkpoint.tokenizer
     prompt = body.prompt
     if isinstance(prompt, list) and prompt and all(type(p) is int for p in prompt):
-        bad = tok.first_invalid_id(prompt)  # type: ignore[arg-type]
-        if bad is not None:
-            raise InvalidRequest(f"prompt token id {bad} is out of vocabulary range",
-                                 param="prompt")
+        check_token_ids(tok, prompt, "prompt")  # type: ignore[arg-type]
         return list(prompt)  # type: ignore[arg-type]
-    if isinstance(prompt, list):
-        if len(prompt) != 1 or not isinstance(prompt[0], str):
-            raise InvalidRequest("'prompt' must be a string, a list holding one string, or a "
-                                 "list of token ids", param="prompt")
-        prompt = prompt[0]
-    ids = tok.encode(prompt, add_special=True) if prompt else []
+    text = prompt_text(ctx, body)
+    ids = tok.encode(text, add_special=True) if text else []
     if not ids:
         if tok.bos_token is None:
             raise InvalidRequest("'prompt' is empty", param="prompt")
         ids = [tok.hf.token_to_id(tok.bos_token)]
     return ids
+
+
+def prompt_text(ctx: AppContext, body: CompletionRequest) -> str:
+    """The prompt as text: a string or a one-string list, checked against the context."""
+    prompt = body.prompt
+    if isinstance(prompt, list):
+        if len(prompt) != 1 or not isinstance(prompt[0], str):
+            raise InvalidRequest("'prompt' must be a string, a list holding one string, or a "
+                                 "list of token ids", param="prompt")
+        prompt = prompt[0]
+    check_fits(ctx.engine, prompt, "prompt")
+    return prompt
+
+
+def check_completion_options(body: CompletionRequest) -> None:
+    """Refuse the legacy completion fields this server cannot honour, instead of ignoring
+    them: a client that asks for them would get something other than it asked for."""
+    if body.suffix:
+        raise InvalidRequest("'suffix' (fill-in-the-middle) is not supported; send the whole "
+                             "text as 'prompt'", param="suffix")
+    if body.best_of is not None and body.best_of != 1:
+        raise InvalidRequest("only 'best_of': 1 is supported", param="best_of")
+    if body.echo and body.logprobs is not None:
+        raise InvalidRequest("'echo' with 'logprobs' is not supported: the prompt tokens' "
+                             "logprobs are not computed", param="echo")
+
+
+def echo_text(ctx: AppContext, body: CompletionRequest, prompt: list[int]) -> str:
+    """The prompt as the client sent it (token ids are decoded), for ``echo``."""
+    if isinstance(body.prompt, str):
+        return body.prompt
+    if body.prompt and isinstance(body.prompt[0], str):
+        return body.prompt[0]
+    return ctx.engine.checkpoint.tokenizer.decode(list(prompt), skip_special=False)
 
 
 def generation_request(ctx: AppContext, body: SamplingFields, prompt: list[int],
