@@ -29,7 +29,7 @@ class Server:
     """A running mlxcel-server; ``stop()`` terminates the whole process group."""
 
     def __init__(self, args: list[str], env: dict[str, str] | None = None,
-                 timeout: float = 90) -> None:
+                 timeout: float = 90, preexec_fn=None) -> None:
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"mlxcel-e2e-{self.port}.log"
@@ -37,7 +37,7 @@ class Server:
         self.proc = subprocess.Popen(
             [server_exe(), "--port", str(self.port), *args],
             env={**os.environ, **(env or {})}, stdout=self._log, stderr=subprocess.STDOUT,
-            start_new_session=True)
+            start_new_session=True, preexec_fn=preexec_fn)
         self._wait(timeout)
 
     def _wait(self, timeout: float) -> None:
@@ -55,7 +55,8 @@ class Server:
         raise RuntimeError(f"server not ready in {timeout}s:\n{self.log()}")
 
     def log(self) -> str:
-        self._log.flush()
+        if not self._log.closed:
+            self._log.flush()
         return self.log_path.read_text(errors="replace")
 
     def stop(self) -> None:

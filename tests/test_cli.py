@@ -9,7 +9,7 @@ import sys
 import httpx
 import pytest
 from mlxcel.cli import OPTIONS
-from serverproc import Server, server_exe
+from serverproc import Server, free_port, server_exe
 
 
 def run_cli(*args, env=None, timeout=60):
@@ -110,7 +110,7 @@ def test_a_model_that_fails_to_load_stops_the_server_with_a_clear_error(tiny_che
     broken = tmp_path / "broken"
     shutil.copytree(tiny_checkpoint, broken)
     (broken / "model.safetensors").write_bytes(b"not a safetensors file")
-    proc = run_cli("--model", str(broken), "--port", "0", timeout=120)
+    proc = run_cli("--model", str(broken), "--port", str(free_port()), timeout=120)
     assert proc.returncode != 0
     assert "the model failed to load" in proc.stderr
 
@@ -123,8 +123,131 @@ def test_a_model_that_fails_to_load_stops_the_server_with_a_clear_error(tiny_che
     ({"MLXCEL_SWITCH_INTERVAL": "fast"}, [], "MLXCEL_SWITCH_INTERVAL"),
     ({}, ["--top-p", "3"], "--top-p"),
     ({}, ["--max-queue-depth", "0"], "--max-queue-depth"),
+    ({}, ["--max-connections", "0"], "--max-connections"),
+    ({}, ["--idle-timeout", "0"], "--idle-timeout"),
+    ({}, ["--body-timeout", "-1"], "--body-timeout"),
+    ({}, ["--timeout", "0"], "--timeout"),
+    ({"MLXCEL_SHUTDOWN_TIMEOUT": "-5"}, [], "--shutdown-timeout"),
+    ({}, ["--port", "99999"], "--port"),
+    ({}, ["--port", "0"], "--port"),
+    ({}, ["--port=-1"], "--port"),
+    ({}, ["--metrics-port", "70000"], "--metrics-port"),
+    ({}, ["--host", "203.0.113.7"], "cannot listen on 203.0.113.7"),
 ])
 def test_bad_startup_configuration_refuses_to_start(tiny_checkpoint, env, args, needle):
     proc = run_cli("--model", str(tiny_checkpoint), *args, env=env)
     assert proc.returncode != 0 and needle in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def one_line_error(proc) -> str:
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith("mlxcel-server: error: ")
+    return lines[0]
+
+
+def test_a_port_in_use_is_one_line_and_status_2():
+    import socket
+
+    with socket.socket() as sock:  # a plain listener: no SO_REUSEPORT to share it with
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(1)
+        port = sock.getsockname()[1]
+        proc = run_cli("--model", "/unused", "--port", str(port))
+    assert one_line_error(proc) == f"mlxcel-server: error: port {port} is in use"
+
+
+def test_a_host_that_does_not_resolve_is_one_line():
+    proc = run_cli("--model", "/unused", "--host", "no-such-host.invalid",
+                   "--port", str(free_port()))
+    assert "cannot listen on no-such-host.invalid" in one_line_error(proc)
+
+
+@pytest.mark.parametrize("content", ["[1, 2]", '"qwen3"', "3"])
+def test_a_config_json_that_is_not_an_object_is_one_line(tmp_path, content):
+    (tmp_path / "config.json").write_text(content)
+    proc = run_cli("--model", str(tmp_path), "--port", str(free_port()))
+    assert "config.json is not a JSON object" in one_line_error(proc)
+    assert "Traceback" not in proc.stderr
+
+
+def test_api_key_file_missing_empty_or_doubled_is_one_line(tmp_path):
+    missing = run_cli("--api-key-file", str(tmp_path / "nope"), "--port", str(free_port()))
+    assert "cannot read --api-key-file" in one_line_error(missing)
+    empty = tmp_path / "empty"
+    empty.write_text("\n  \nsecond-line-key\n")
+    assert "first line is empty" in one_line_error(run_cli("--api-key-file", str(empty)))
+    keyfile = tmp_path / "key"
+    keyfile.write_text("file-secret-123\n")
+    for args, env in ((["--api-key", "flag-secret-456"], {}), ([], {"LLAMA_API_KEY": "x"})):
+        proc = run_cli("--api-key-file", str(keyfile), *args, env=env)
+        assert "not both" in one_line_error(proc)
+        assert "file-secret-123" not in proc.stderr and "flag-secret-456" not in proc.stderr
+
+
+def test_help_never_prints_the_key_of_an_api_key_file(tmp_path):
+    keyfile = tmp_path / "key"
+    keyfile.write_text("file-secret-123\n")
+    out = run_cli("-h", env={"MLXCEL_API_KEY_FILE": str(keyfile)}).stdout
+    assert "--api-key-file" in out and "file-secret-123" not in out
+
+
+@pytest.mark.slow
+def test_api_key_file_protects_the_server_and_stays_out_of_the_log(tiny_checkpoint, tmp_path):
+    keyfile = tmp_path / "key"
+    keyfile.write_text("  file-secret-123  \nignored second line\n")
+    srv = Server(["--model", str(tiny_checkpoint), "--api-key-file", str(keyfile)])
+    try:
+        assert httpx.get(srv.base_url + "/v1/models").status_code == 401
+        wrong = {"Authorization": "Bearer ignored second line"}
+        assert httpx.get(srv.base_url + "/v1/models", headers=wrong).status_code == 401
+        good = {"Authorization": "Bearer file-secret-123"}
+        assert httpx.get(srv.base_url + "/v1/models", headers=good).status_code == 200
+        assert "file-secret-123" not in srv.log()
+    finally:
+        srv.stop()
+
+
+def _nofile_limits(pid: int) -> tuple[int, int]:
+    from pathlib import Path
+
+    for line in Path(f"/proc/{pid}/limits").read_text().splitlines():
+        if line.startswith("Max open files"):
+            soft, hard = line.split()[3:5]
+            return int(soft), int(hard)
+    raise AssertionError("no Max open files line")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("max_connections", [2048, 8000])
+def test_the_open_file_limit_is_raised_for_max_connections(tiny_checkpoint, max_connections):
+    import resource
+    from pathlib import Path
+
+    def low_limits():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 4096))
+
+    srv = Server(["--model", str(tiny_checkpoint), "--max-connections", str(max_connections)],
+                 preexec_fn=low_limits)
+    try:
+        worker = int(Path(f"/proc/{srv.proc.pid}/task/{srv.proc.pid}/children")
+                     .read_text().split()[0])  # Granian's worker holds the connections
+        soft, hard = _nofile_limits(worker)
+        needed = max_connections + 256
+        assert hard == 4096 and soft == min(hard, needed)
+        assert ("fd_limit_low" in srv.log()) == (hard < needed)
+    finally:
+        srv.stop()
+
+
+def test_a_hard_open_file_limit_below_mlx_lms_is_one_line(tiny_checkpoint):
+    import resource
+
+    def low_limits():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 1024))
+
+    proc = subprocess.run([server_exe(), "--model", str(tiny_checkpoint), "--port",
+                           str(free_port())], capture_output=True, text=True, timeout=60,
+                          preexec_fn=low_limits)
+    assert "open-file hard limit is 1024" in one_line_error(proc)

@@ -11,7 +11,7 @@ import msgspec
 
 from mlxcel.errors import PluginError, StartupError, UnknownModelType
 from mlxcel.options import OPTIONS, build_parser  # noqa: F401  (OPTIONS re-exported)
-from mlxcel.settings import FAILURE_ENV, SETTINGS_ENV, Settings
+from mlxcel.settings import Settings
 
 
 def _fail(message: str) -> int:
@@ -86,23 +86,41 @@ def _prepare_model(settings: Settings) -> Settings:
     return msgspec.structs.replace(settings, model=str(path), alias=alias)
 
 
-def serve(settings: Settings) -> int:
-    import tempfile
+POSITIVE = ("parallel", "prefill_chunk_size", "max_queue_depth", "max_connections",
+            "idle_timeout", "body_timeout", "timeout", "shutdown_timeout")
 
-    from granian import Granian
-    from granian.constants import Interfaces
 
-    os.environ[SETTINGS_ENV] = settings.to_env()
-    with tempfile.TemporaryDirectory(prefix="mlxcel-") as tmp:
-        failure = os.path.join(tmp, "failure")
-        os.environ[FAILURE_ENV] = failure
-        Granian("mlxcel.app:app_from_env", address=settings.host, port=settings.port,
-                interface=Interfaces.ASGI, workers=1, factory=True, log_access=False,
-                log_level="warning").serve()
-        if os.path.exists(failure):  # the worker could not load the model
-            with open(failure, encoding="utf-8") as fh:
-                raise StartupError(fh.read().strip())
-    return 0
+def check_limits(settings: Settings) -> None:
+    """Counts and timeouts must be positive and ports valid: a zero timeout would close
+    every connection (or none), so it refuses to start instead."""
+    for name in POSITIVE:
+        if not getattr(settings, name) > 0:
+            raise StartupError(f"--{name.replace('_', '-')} must be > 0")
+    if not 1 <= settings.port <= 65535:
+        raise StartupError(f"--port must be between 1 and 65535, not {settings.port}")
+    if not 0 <= settings.metrics_port <= 65535:
+        raise StartupError(f"--metrics-port must be between 0 and 65535, not "
+                           f"{settings.metrics_port}")
+
+
+def read_api_key(settings: Settings) -> Settings:
+    """--api-key-file: the key is the file's first line, stripped; it may not be combined
+    with --api-key (LLAMA_API_KEY), since one of them would be silently ignored."""
+    if not settings.api_key_file:
+        return settings
+    if settings.api_key is not None:
+        raise StartupError("give either --api-key (LLAMA_API_KEY) or --api-key-file "
+                           "(MLXCEL_API_KEY_FILE), not both")
+    try:
+        with open(settings.api_key_file, encoding="utf-8") as fh:
+            key = fh.readline().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = getattr(exc, "strerror", None) or type(exc).__name__
+        raise StartupError(f"cannot read --api-key-file {settings.api_key_file}: "
+                           f"{reason}") from None
+    if not key:
+        raise StartupError(f"--api-key-file {settings.api_key_file}: its first line is empty")
+    return msgspec.structs.replace(settings, api_key=key)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -113,10 +131,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if argv[:1] == ["plugins"]:
             return list_plugins(argv[1:])
         args = build_parser().parse_args(argv)
-        settings = Settings(**vars(args))
-        for name in ("parallel", "prefill_chunk_size", "max_queue_depth"):
-            if getattr(settings, name) < 1:
-                raise StartupError(f"--{name.replace('_', '-')} must be >= 1")
+        settings = read_api_key(Settings(**vars(args)))
+        check_limits(settings)
         from mlxcel.backend import fuse_projections, maybe_reexec, resolve_dtype, switch_interval
         from mlxcel.engine.memory import env_budget
         from mlxcel.generation import check_server_settings
@@ -130,8 +146,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if as_program:  # on Linux CPU, restart once with OpenBLAS preloaded (mlxcel.backend)
             maybe_reexec(argv, no_fast_blas=settings.no_fast_blas)
         from mlxcel.logging import configure
+        from mlxcel.serving import check_fd_hard_limit, check_listen, serve
 
         configure(settings.log_format)
+        check_fd_hard_limit()
+        check_listen(settings.host, settings.port)
         return serve(_prepare_model(settings))
     except (StartupError, PluginError) as exc:
         return _fail(str(exc))

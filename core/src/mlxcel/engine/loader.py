@@ -75,10 +75,15 @@ def resolve_model_path(model: str) -> Path:
 
 
 def _read_json(path: Path) -> dict:
+    """A checkpoint's JSON file as a dict ({} when absent); anything else is a StartupError,
+    so a malformed checkpoint is one line at startup rather than a traceback."""
     try:
-        return json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+        data = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
     except (OSError, ValueError) as exc:
         raise StartupError(f"cannot read {path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise StartupError(f"{path} is not a JSON object (found a {type(data).__name__})")
+    return data
 
 
 def _ids(value: Any) -> tuple[int, ...]:

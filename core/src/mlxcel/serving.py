@@ -1,0 +1,160 @@
+"""Granian launch: the listen probe, the open-file limit, HTTP/1.1 settings and shutdown."""
+
+from __future__ import annotations
+
+import errno
+import multiprocessing
+import os
+import signal
+import socket
+import tempfile
+from typing import Any
+
+import structlog
+
+from mlxcel.errors import StartupError
+from mlxcel.settings import FAILURE_ENV, SETTINGS_ENV, Settings
+
+log = structlog.get_logger("mlxcel.serving")
+FD_HEADROOM = 256  # descriptors beyond the connections: listen sockets, pipes, files, metrics
+MLX_LM_HARD_NOFILE = 4096  # the hard limit mlx_lm.utils sets on import (it fails below it)
+
+
+def check_listen(host: str, port: int) -> None:
+    """Bind ``host:port`` once without SO_REUSEPORT, so that a port another server listens
+    on is refused here: Granian binds with SO_REUSEPORT and would share it silently."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise StartupError(f"cannot listen on {host}: {exc.strerror}") from None
+    family, type_, proto, _, addr = infos[0]
+    with socket.socket(family, type_, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT is no conflict
+        try:
+            sock.bind(addr)
+            sock.listen(1)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise StartupError(f"port {port} is in use") from None
+            raise StartupError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+
+
+def raise_fd_limit(max_connections: int, hard_before: int | None = None) -> int:
+    """Raise the soft RLIMIT_NOFILE so that every permitted connection has a descriptor,
+    and put back a hard limit a library lowered (``hard_before``) where that is allowed;
+    a hard limit too low for --max-connections is logged, not fatal."""
+    import resource
+
+    inf = resource.RLIM_INFINITY
+    needed = max_connections + FD_HEADROOM
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want_hard = hard if hard_before is None else hard_before
+
+    def soft_for(limit: int) -> int:
+        if soft == inf:
+            return limit
+        return max(soft, needed) if limit == inf else min(max(soft, needed), limit)
+
+    for target_hard in dict.fromkeys((want_hard, hard)):  # the second try: unprivileged
+        target = (soft_for(target_hard), target_hard)
+        if target == (soft, hard):
+            break
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, target)
+            soft, hard = target
+            break
+        except (ValueError, OSError):
+            continue
+    if soft != inf and soft < needed:
+        log.warning("fd_limit_low", soft=soft, hard=hard, needed=needed,
+                    hint="lower --max-connections or raise the hard limit (ulimit -Hn)")
+    return soft
+
+
+def check_fd_hard_limit() -> None:
+    """The hard RLIMIT_NOFILE must reach mlx-lm's, whose import sets it and fails when it
+    cannot: raise it where allowed, else refuse to start with one line (not a traceback)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard >= MLX_LM_HARD_NOFILE:
+        return
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, MLX_LM_HARD_NOFILE))
+    except (ValueError, OSError):
+        raise StartupError(f"the open-file hard limit is {hard}; mlx-lm needs at least "
+                           f"{MLX_LM_HARD_NOFILE} (ulimit -Hn {MLX_LM_HARD_NOFILE})") from None
+
+
+def worker_app() -> Any:
+    """Granian's factory in the worker. mlx-lm's utils module sets RLIMIT_NOFILE to its own
+    pair when imported, so it is imported first and the limit raised after it."""
+    import resource
+
+    from mlxcel.app import app_from_env
+    from mlxcel.logging import configure
+
+    settings = Settings.from_env()
+    configure(settings.log_format)
+    hard_before = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    import mlx_lm.utils  # noqa: F401  (check_fd_hard_limit made its setrlimit possible)
+
+    raise_fd_limit(settings.max_connections, hard_before)
+    return app_from_env()
+
+
+def _force_exit_on_second_signal() -> None:
+    """Granian's main process: the first SIGINT/SIGTERM starts its graceful shutdown; a
+    second one kills the worker and exits at once, as an operator who asks twice expects."""
+    granian_handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    seen: list[int] = []
+
+    def handler(signum: int, frame: Any) -> None:
+        if seen:
+            log.warning("shutdown_forced", signal=signal.Signals(signum).name)
+            for child in multiprocessing.active_children():
+                child.kill()
+            os._exit(128 + signum)
+        seen.append(signum)
+        log.info("shutdown_started", signal=signal.Signals(signum).name)
+        previous = granian_handlers[signum]
+        if callable(previous):
+            previous(signum, frame)
+
+    for sig in granian_handlers:
+        signal.signal(sig, handler)
+
+
+def granian_options(settings: Settings) -> dict[str, Any]:
+    """HTTP/1.1 only, so the idle timeout also closes connections that never send a byte
+    (the HTTP/2 sniffing of the auto mode waits for one); one permit per connection."""
+    from granian.constants import HTTPModes, Interfaces
+    from granian.http import HTTP1Settings
+
+    return {
+        "address": settings.host, "port": settings.port, "interface": Interfaces.ASGI,
+        "workers": 1, "factory": True, "log_access": False, "log_level": "warning",
+        "http": HTTPModes.http1,
+        "http1_settings": HTTP1Settings(header_read_timeout=int(settings.idle_timeout * 1000)),
+        "backpressure": settings.max_connections,
+        "workers_kill_timeout": settings.shutdown_timeout,
+    }
+
+
+def serve(settings: Settings) -> int:
+    """Run Granian (one worker) until it stops; a worker that could not load the model
+    leaves its reason in a file, raised here as a StartupError."""
+    from granian import Granian
+
+    os.environ[SETTINGS_ENV] = settings.to_env()
+    with tempfile.TemporaryDirectory(prefix="mlxcel-") as tmp:
+        failure = os.path.join(tmp, "failure")
+        os.environ[FAILURE_ENV] = failure
+        server = Granian("mlxcel.serving:worker_app", **granian_options(settings))
+        server.on_startup(_force_exit_on_second_signal)
+        server.serve()
+        if os.path.exists(failure):  # the worker could not load the model
+            with open(failure, encoding="utf-8") as fh:
+                raise StartupError(fh.read().strip())
+    return 0
