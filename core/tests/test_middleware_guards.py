@@ -197,8 +197,14 @@ def _scope(method: str, path: str, headers: list[tuple[bytes, bytes]]) -> dict:
             "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 8080)}
 
 
-def _drive(app, scope, receive, send, limit: float):
-    asyncio.run(asyncio.wait_for(app(scope, receive, send), limit))
+def _drive(app, scope, receive, send, limit: float) -> list[str]:
+    """Run one request; returns ``closed`` as it was when the app returned (before the loop
+    shuts down and closes any generator left open)."""
+    async def run() -> list[str]:
+        await asyncio.wait_for(app(scope, receive, send), limit)
+        return list(closed)
+
+    return asyncio.run(run())
 
 
 def test_body_timeout_answers_408():
@@ -244,8 +250,13 @@ def test_write_timeout_ends_stream_and_closes_generator(capsys):
     closed.clear()
     sent: list[dict] = []
 
+    calls = iter([{"type": "http.request", "body": b"", "more_body": False}])
+
     async def receive():
-        await asyncio.sleep(3600)  # the client neither reads nor disconnects
+        try:
+            return next(calls)
+        except StopIteration:
+            await asyncio.sleep(3600)  # the client neither reads nor disconnects
 
     async def send(message):
         sent.append(message)
@@ -253,8 +264,10 @@ def test_write_timeout_ends_stream_and_closes_generator(capsys):
             await asyncio.Event().wait()  # the socket buffer is full: send blocks
 
     started = time.monotonic()
-    _drive(app, _scope("GET", "/stream", []), receive, send, 5)
+    closed_at_return = _drive(app, _scope("GET", "/stream", []), receive, send, 5)
     assert time.monotonic() - started < 3
     assert sent[0]["status"] == 200
-    assert closed == ["stream"]  # the generator's finally ran (a real stream cancels there)
+    # the generator's finally ran before the app returned (a real stream cancels there)
+    assert closed_at_return == ["stream"]
+    assert len(sent) == 4  # nothing more reached the stalled client
     assert "write_timeout" in capsys.readouterr().err

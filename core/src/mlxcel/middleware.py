@@ -21,10 +21,6 @@ _encode = msgspec.json.Encoder().encode
 _BROWSER_HEADERS = (b"origin", b"sec-fetch-site", b"sec-fetch-mode")
 
 
-class WriteTimeout(Exception):
-    """The client did not read the response within the write timeout."""
-
-
 class GuardConfig(msgspec.Struct, frozen=True, kw_only=True):
     """What the middleware enforces (built from ``Settings`` by the app)."""
 
@@ -72,12 +68,13 @@ class _Exchange:
         self.body_done = False
         self.status = 500
         self.started = self.body_timed_out = self.write_timed_out = False
+        self._gone: asyncio.Future | None = None  # resolved on a write timeout
 
     async def receive(self) -> dict:
         """Until the body is complete each call waits at most until the body deadline (408);
         after that (waiting for a disconnect) it waits as long as it must."""
-        if self.body_done:
-            return await self._receive()
+        if self.body_done or self.write_timed_out:
+            return await self._until_gone()
         try:
             async with asyncio.timeout(max(self.deadline - time.monotonic(), 0.0)):
                 message = await self._receive()
@@ -88,9 +85,30 @@ class _Exchange:
             self.body_done = True
         return message
 
+    def _gone_future(self) -> asyncio.Future:
+        if self._gone is None:
+            self._gone = asyncio.get_running_loop().create_future()
+        return self._gone
+
+    async def _until_gone(self) -> dict:
+        """The next message, or ``http.disconnect`` once a write timed out: the app then
+        stops its response the way it does for a client that left (generation cancelled)."""
+        gone = self._gone_future()
+        if gone.done():
+            return {"type": "http.disconnect"}
+        recv = asyncio.ensure_future(self._receive())
+        await asyncio.wait((recv, gone), return_when=asyncio.FIRST_COMPLETED)
+        if recv.done():
+            return recv.result()
+        recv.cancel()
+        return {"type": "http.disconnect"}
+
     async def send(self, message: dict) -> None:
-        """Adds ``x-request-id``; drops HEAD bodies; a send that waits longer than the write
-        timeout raises, which ends the response and cancels its generation."""
+        """Adds ``x-request-id``; drops HEAD bodies. A send that waits longer than the write
+        timeout abandons the response: later sends are dropped and the app is told the
+        client disconnected, so a stream ends and its generation is cancelled."""
+        if self.write_timed_out:
+            return
         if message["type"] == "http.response.start":
             self.started, self.status = True, message["status"]
             extra = [(b"x-request-id", self.rid.encode())]
@@ -104,7 +122,8 @@ class _Exchange:
                 await self._send(message)
         except TimeoutError:
             self.write_timed_out = True
-            raise WriteTimeout from None
+            self._gone_future().set_result(None)
+            log.warning("write_timeout", timeout_s=self.cfg.write_timeout)
 
     async def reject(self, status: int, type_: str, message: str, code: str | None) -> None:
         body = _error_body(message, type_, code)
@@ -169,10 +188,10 @@ class ServerMiddleware:
 
     @staticmethod
     async def _failed(ex: _Exchange) -> None:
-        """An exception the app did not turn into a response: a write timeout ends the
-        response quietly; anything else is logged once and, if nothing was sent, a 500."""
+        """An exception the app did not turn into a response: after a write timeout it is
+        the abandoned response ending; anything else is logged once and, if nothing was
+        sent, answered with a 500."""
         if ex.write_timed_out:
-            log.warning("write_timeout")
             return
         log.exception("unhandled_error")
         if not ex.started:
