@@ -15,18 +15,23 @@ import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
 from mlxcel.backend import on_cuda
+from mlxcel.engine import penalties as pen
+from mlxcel.engine import sampling as samp
 from mlxcel.engine.kvcache import BatchCache
 from mlxcel.engine.penalties import Penalties
 from mlxcel.engine.sampling import BatchSampler, logprob_arrays
-from mlxcel.engine.sequence import Sequence
+from mlxcel.engine.sequence import Sequence, fail_alone
+from mlxcel.types import TokenLogprob
 
 
 class Step(NamedTuple):
-    """One decode step: its rows, sampled tokens and logprob arrays (lazy until ``start``)."""
+    """One decode step: its rows, sampled tokens and logprob arrays (lazy until ``start``);
+    ``top`` is each row's number of top logprobs wanted (-1: none)."""
 
     rows: list[Sequence]
     sampled: mx.array
     logprobs: tuple[mx.array, ...]
+    top: tuple[int, ...] = ()
 
     def start(self) -> None:
         """Queue the step on the device (on CUDA this encodes its kernels, GIL released)."""
@@ -140,6 +145,7 @@ class DecodeBatch:
         self.sampler: BatchSampler | None = None
         self.penalties: Penalties | None = None
         self.top_logprobs = -1  # -1: no row wants logprobs
+        self.top: tuple[int, ...] = ()  # per row (Step.top)
 
     def __len__(self) -> int:
         """Rows still decoding for a request."""
@@ -210,23 +216,59 @@ class DecodeBatch:
         return self.penalties is not None
 
     def _compose(self) -> None:
-        params = [s.req.sampling for s in self.rows]
-        self.sampler = BatchSampler(params, [s.random for s in self.rows], self.vocab)
-        self.penalties = Penalties(params) if any(p.uses_history for p in params) else None
-        wanted = [p.top_logprobs for p in params if p.logprobs]
-        self.top_logprobs = max(wanted) if wanted else -1
+        """Per-row settings first, each row guarded (``fail_alone``): a row whose params
+        cannot be read fails alone and decodes with neutral settings until it is dropped."""
+        rows = []
+        for seq in self.rows:
+            got = fail_alone(seq, _row_settings, seq.req.sampling, self.vocab)
+            rows.append(got or (samp.NEUTRAL, pen.NEUTRAL))
+        self.sampler = BatchSampler([r[0] for r in rows], [s.random for s in self.rows],
+                                    self.vocab)
+        self.penalties = Penalties([r[1] for r in rows]) if any(r[1].active for r in rows) \
+            else None
+        self.top = tuple(r[0].top_logprobs for r in rows)
+        self.top_logprobs = max(self.top, default=-1)
+
+    def _guard(self, i: int, fn: Any, *args: Any) -> Any:
+        return fail_alone(self.rows[i], fn, *args)
 
     def launch(self) -> Step:
-        """Build one decode step for every row; the caller queues it (``Step.start``)."""
+        """Build one decode step for every row; the caller queues it (``Step.start``).
+
+        All per-row host work (composition, penalty walks) runs before the forward, each row
+        guarded: the forward advances every row's KV cache, so a row failing after it could
+        not be retried without decoding the others twice. A failed row gets neutral values
+        for this step and leaves with the finished rows."""
         if self.sampler is None:
             self._compose()
-        logits = self.model(self.inputs[:, None], self.cache)[:, -1, :]
-        scored = logits
+        plan = None
         if self.penalties is not None:
-            scored = self.penalties(logits, [s.context for s in self.rows],
-                                    [s.generated_ids for s in self.rows])
+            plan = self.penalties.prepare([None if s.finished else s.context for s in self.rows],
+                                          [s.generated_ids for s in self.rows], self._guard)
+        logits = self.model(self.inputs[:, None], self.cache)[:, -1, :]
+        scored = logits if plan is None else self.penalties.apply(logits, plan)
         sampled = self.sampler(scored).astype(mx.uint32)
         extras = logprob_arrays(logits, sampled, self.top_logprobs) \
             if self.top_logprobs >= 0 else ()
         self.inputs = sampled
-        return Step(list(self.rows), sampled, extras)
+        return Step(list(self.rows), sampled, extras, self.top)
+
+
+def _row_settings(p: Any, vocab: int) -> tuple[samp.RowSampling, pen.PenaltyRow]:
+    return samp.row_sampling(p, vocab), pen.penalty_row(p)
+
+
+def row_logprobs(step: Any, n: int) -> list[TokenLogprob | None]:
+    """Per-row TokenLogprob from a step's logprob arrays (None when none were computed)."""
+    if not step.logprobs:
+        return [None] * n
+    chosen = step.logprobs[0].tolist()
+    if len(step.logprobs) == 1:
+        return [TokenLogprob(t, c) for t, c in zip(step.sampled.tolist(), chosen, strict=True)]
+    ids, vals = step.logprobs[1].tolist(), step.logprobs[2].tolist()
+    out = []
+    for i, token in enumerate(step.sampled.tolist()):
+        k = step.top[i]
+        out.append(TokenLogprob(token, chosen[i], tuple(zip(ids[i][:k], vals[i][:k],
+                                                             strict=True))))
+    return out

@@ -173,8 +173,10 @@ class EngineClient:
     def checkpoint(self) -> Any:
         if self.worker.state == "loading":
             raise ModelLoading("Loading model")
-        if self.worker.state == "failed":
+        if self.worker.state == "failed" and self.worker.checkpoint is None:
             raise GenerationFailed(f"model failed to load: {self.worker.error}")
+        if self.worker.state in ("failed", "stopped"):
+            raise GenerationFailed(f"engine stopped: {self.worker.error or 'shut down'}")
         return self.worker.checkpoint
 
     @property
@@ -205,8 +207,7 @@ class EngineClient:
         if estimated > self.worker.memory_budget:
             raise MemoryBudgetExceeded(estimated, self.worker.memory_budget)
         stream = EventStream(self, req, asyncio.get_running_loop())
-        self.worker.count_queued(1)
-        self.worker.inbox.put((req, stream))
+        self.worker.enqueue(req, stream)  # GenerationFailed once the engine thread ended
         return stream
 
     def estimate_bytes(self, req: GenerationRequest) -> int:

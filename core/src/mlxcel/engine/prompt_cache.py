@@ -16,7 +16,7 @@ import itertools
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 BLOCK_SIZE = 16
@@ -61,6 +61,7 @@ class PromptCache:
         self._holders: dict[bytes, list[int]] = {}  # block hash -> live entries holding it
         self._ids = itertools.count()
         self._lock = threading.Lock()
+        self.on_reset: Callable[[], None] | None = None  # set by the engine (EngineWorker)
         self._inserting = 0  # stores the engine announced (begin_inserts) and has not ended
         self._settled = threading.Condition(self._lock)
         self.bytes = 0
@@ -160,13 +161,17 @@ class PromptCache:
             }
 
     def reset(self) -> dict[str, Any]:
+        """Drop every entry, then ask the engine (``on_reset``) to free the buffers they
+        held: MLX's buffer cache is cleared on the engine thread only."""
         with self._lock:
             self._wait_inserts()
             freed_bytes, freed_entries = self.bytes, len(self._entries)
             self._entries.clear()
             self._holders.clear()
             self.bytes = 0
-            return {"cleared": True, "freed_bytes": freed_bytes, "freed_entries": freed_entries}
+        if self.on_reset is not None:
+            self.on_reset()
+        return {"cleared": True, "freed_bytes": freed_bytes, "freed_entries": freed_entries}
 
     # -- internals (lock held) ------------------------------------------------------------
     def _expire(self) -> None:

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import time
-from typing import Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import structlog
 
 from mlxcel.engine.detokenizer import IncrementalDetokenizer
 from mlxcel.engine.sampling import RowRandom
 from mlxcel.engine.stops import StopMatcher
 from mlxcel.engine.tokenizer import Tokenizer
 from mlxcel.types import FinishReason, GenerationEvent, GenerationRequest, TokenLogprob, Usage
+
+log = structlog.get_logger("mlxcel.engine")
 
 
 class Sink(Protocol):
@@ -25,6 +30,9 @@ class Sequence:
 
     def __init__(self, req: GenerationRequest, sink: Sink, tokenizer: Tokenizer,
                  eos_ids: set[int], order: int) -> None:
+        prompt = req.prompt_tokens
+        if not prompt or min(prompt) < 0 or max(prompt) >= tokenizer.vocab_size:
+            raise ValueError("the prompt is empty or holds a token id outside the vocabulary")
         self.req = req
         self.sink = sink
         self.order = order  # FIFO tie-break within a priority lane
@@ -38,6 +46,7 @@ class Sequence:
         self.cached = 0  # prompt tokens taken from the prompt cache
         self.cache_hit: tuple | None = None  # (entry, tokens) found at admission
         self.finished = False
+        self.solo = False  # admitted alone (its group could not be set up with it)
         self.defer_finish = False  # hold the finish event until release_finish()
         self._final: GenerationEvent | None = None
         self.submitted_at = time.perf_counter()
@@ -107,3 +116,15 @@ class Sequence:
         if self._final is not None:
             event, self._final = self._final, None
             self.emit(event)
+
+
+def fail_alone(seq: Sequence, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``, work done for ``seq`` alone; if it raises, ``seq`` finishes with an
+    error and None is returned. Every per-row step of the engine runs through this, so one
+    request's inputs can fail only that request, never the batch around it."""
+    try:
+        return fn(*args)
+    except Exception as exc:
+        log.exception("row_failed", request_id=seq.req.request_id)
+        seq.finish("error", error=f"generation failed: {type(exc).__name__}: {exc}")
+        return None

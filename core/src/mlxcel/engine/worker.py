@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import mlx.core as mx
 import msgspec
 import structlog
 
@@ -22,14 +23,22 @@ from mlxcel.backend import (
     switch_interval,
 )
 from mlxcel.engine import attention, cpu_blas, fused_proj
-from mlxcel.engine.batch import DecodeBatch, PrefillJob, aligned, is_batchable, prefill_align
+from mlxcel.engine.batch import (
+    DecodeBatch,
+    PrefillJob,
+    aligned,
+    is_batchable,
+    prefill_align,
+    row_logprobs,
+)
 from mlxcel.engine.kvcache import shared_position_rope
 from mlxcel.engine.memory import compute_dtype_bytes, request_budget
 from mlxcel.engine.prompt_cache import PromptCache
-from mlxcel.engine.sequence import Sequence, Sink
+from mlxcel.engine.sequence import Sequence, Sink, fail_alone
 from mlxcel.engine.trace import Trace
 from mlxcel.engine.warmup import warm_up
-from mlxcel.types import GenerationRequest, TokenLogprob
+from mlxcel.errors import GenerationFailed
+from mlxcel.types import GenerationEvent, GenerationRequest, Usage
 
 log = structlog.get_logger("mlxcel.engine")
 
@@ -84,13 +93,24 @@ class EngineWorker(threading.Thread):
         self._stopping = threading.Event()
         self.ready = threading.Event()
         self.trace: Trace | None = None  # MLXCEL_ENGINE_TRACE (mlxcel.engine.trace)
+        self.closed = False  # the thread ended: submits are refused (guarded by _queue_lock)
+        self._dirty = False  # work ran since MLX's buffer cache was last cleared
+        self._clear_requested = False  # set from other threads (prompt-cache reset)
+        self.prompt_cache.on_reset = self.request_clear
 
     # -- views for the event loop --------------------------------------------------------
     @property
     def active(self) -> list[Sequence]:
         rows = [s for s in self.batch.rows if not s.finished] if self.batch else []
-        rows += [s for job in self.prefilled for s in job.seqs]
-        return rows + (list(self.prefilling.seqs) if self.prefilling else [])
+        jobs = [*self.prefilled, *([self.prefilling] if self.prefilling else [])]
+        return rows + [s for job in jobs for s in job.seqs if not s.finished]
+
+    def held(self) -> list[Sequence]:
+        """Every sequence the engine holds, finished ones whose event may be held included."""
+        rows = list(self.batch.rows) if self.batch else []
+        rows += self.inflight.rows if self.inflight is not None else []
+        jobs = [*self.prefilled, *([self.prefilling] if self.prefilling else [])]
+        return rows + [s for job in jobs for s in job.seqs] + list(self.waiting)
 
     # -- thread ---------------------------------------------------------------------------
     def setup(self) -> bool:
@@ -142,6 +162,10 @@ class EngineWorker(threading.Thread):
         return True
 
     def run(self) -> None:
+        """Serve until shutdown. However the loop ends, every open request gets a finish
+        event and later submits are refused (``close``): a dead engine thread must never
+        leave a client waiting. ``state`` ends "stopped" on a requested shutdown, otherwise
+        "failed" with ``error`` set."""
         if not self.setup():
             return
         interval = switch_interval()
@@ -149,16 +173,58 @@ class EngineWorker(threading.Thread):
             interval = CUDA_SWITCH_INTERVAL
         if interval is not None:
             sys.setswitchinterval(interval)
+        try:
+            self._serve()
+        except BaseException as exc:  # the thread is ending: tell every client, then end
+            self.error = f"{type(exc).__name__}: {exc}"
+            log.critical("engine_thread_died", error=self.error, exc_info=True)
+        finally:
+            self.close()
+        if self.trace is not None:
+            self.trace.flush()
+
+    def _serve(self) -> None:
         while not self._stopping.is_set():
             try:
                 self._iteration()
-            except Exception as exc:  # never let the engine thread die: fail the batch
+            except Exception as exc:  # not attributable to a row: fail the running batch
                 log.exception("engine_step_failed")
-                self._fail_running(f"engine error: {exc}")
-        for seq in [*self.active, *self.waiting]:
-            seq.finish("error", error="server shutting down")
-        if self.trace is not None:
-            self.trace.flush()
+                self._fail_running(f"engine error: {type(exc).__name__}: {exc}")
+
+    def close(self) -> None:
+        """Refuse new submits, then end every held and queued request with an error."""
+        with self._queue_lock:
+            self.closed = True
+            if self._stopping.is_set() and self.error is None:
+                self.state, message = "stopped", "server shutting down"
+            else:
+                self.error = self.error or "the engine thread ended"
+                self.state, message = "failed", f"engine stopped: {self.error}"
+        for seq in self.held():
+            seq.finish("error", error=message)
+            seq.release_finish()
+        self.waiting, self.prefilling, self.prefilled, self.inflight = [], None, [], None
+        while True:
+            try:
+                item = self.inbox.get_nowait()
+            except queue.Empty:
+                break
+            if item is not None:
+                item[1].emit(GenerationEvent(finish_reason="error", error=message,
+                                             usage=Usage(prompt_tokens=0, completion_tokens=0)))
+
+    def enqueue(self, req: GenerationRequest, sink: Sink) -> None:
+        """Queue a request for the engine thread; GenerationFailed once it has ended."""
+        with self._queue_lock:
+            if self.closed:
+                raise GenerationFailed(f"engine stopped: {self.error or 'shut down'}")
+            self.queued += 1
+            self.inbox.put((req, sink))
+
+    def request_clear(self) -> None:
+        """Ask the engine thread to free MLX's buffer cache (from any thread)."""
+        self._clear_requested = True
+        self.wake()
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Stop after the current step; running requests end with an error event."""
@@ -189,14 +255,33 @@ class EngineWorker(threading.Thread):
             self._decode_step()
         elif self.inflight is not None:
             self._settle(self._read_back())
+        self._release_memory()
         if tr is not None:
             tr.end()
 
+    def _busy(self) -> bool:
+        return bool(self.batch or self.prefilling or self.prefilled or self.waiting
+                    or self.inflight is not None)
+
+    def _release_memory(self) -> None:
+        """Free MLX's buffer cache when the engine turns idle after work, and after a
+        prompt-cache reset: buffers a burst or a long prompt left behind return to the
+        system instead of staying held by an idle server. Only this thread calls MLX."""
+        if self._clear_requested or (self._dirty and not self._busy()):
+            self._clear_requested = self._dirty = False
+            mx.clear_cache()
+
     def _fail_running(self, message: str) -> None:
-        for seq in self.active:
-            seq.finish("error", error=message)
+        """Fail every running row (waiting requests stay queued) and start from an empty
+        batch, so the engine keeps serving."""
+        for seq in self.held():
+            if seq not in self.waiting:
+                seq.finish("error", error=message)
+                seq.release_finish()
         self.prefilling, self.inflight, self.prefilled = None, None, []
-        self.batch.drop_finished()
+        self.batch = DecodeBatch(self.checkpoint.model, self.checkpoint.tokenizer.vocab_size,
+                                 lazy_leave=self.batch.lazy_leave)
+        self._dirty = True
 
     # -- scheduling -----------------------------------------------------------------------
     def _drain(self, block: bool) -> int:
@@ -206,13 +291,26 @@ class EngineWorker(threading.Thread):
             item = self.inbox.get(timeout=0.5) if block else self.inbox.get_nowait()
             while True:
                 if item is not None:
-                    req, sink = item
-                    heapq.heappush(self.waiting, Sequence(
-                        req, sink, self.checkpoint.tokenizer, self.eos_ids, next(self._order)))
-                    arrived += 1
+                    seq = self._sequence(*item)
+                    if seq is not None:
+                        heapq.heappush(self.waiting, seq)
+                        arrived += 1
                 item = self.inbox.get_nowait()
         except queue.Empty:
             return arrived
+
+    def _sequence(self, req: GenerationRequest, sink: Sink) -> Sequence | None:
+        """A submitted request as a Sequence; one that cannot be built fails alone."""
+        try:
+            return Sequence(req, sink, self.checkpoint.tokenizer, self.eos_ids,
+                            next(self._order))
+        except Exception as exc:
+            log.exception("request_failed", request_id=getattr(req, "request_id", None))
+            self.count_queued(-1)
+            sink.emit(GenerationEvent(finish_reason="error",
+                                      error=f"generation failed: {type(exc).__name__}: {exc}",
+                                      usage=Usage(prompt_tokens=0, completion_tokens=0)))
+            return None
 
     def _drop_cancelled(self) -> None:
         """Sequences whose consumer went away leave at once (waiting, prefilling, decoding)."""
@@ -230,8 +328,12 @@ class EngineWorker(threading.Thread):
 
     def _lookup(self, seq: Sequence) -> tuple | None:
         if seq.cache_hit is None:
-            found = self.prompt_cache.lookup(seq.req.prompt_tokens) \
-                if seq.req.cache_prompt else None
+            found = None
+            try:
+                found = self.prompt_cache.lookup(seq.req.prompt_tokens) \
+                    if seq.req.cache_prompt else None
+            except Exception:  # the cache's problem, not the request's: a miss
+                log.exception("prompt_cache_lookup_failed", request_id=seq.req.request_id)
             seq.cache_hit = found or ()
         return seq.cache_hit or None
 
@@ -251,7 +353,8 @@ class EngineWorker(threading.Thread):
         self.budget = budget = self._budget(free)
         group = [heapq.heappop(self.waiting)]
         widest = aligned(self._tail(group[0]), self.align)
-        while self.waiting and len(group) < free and self.batchable:
+        while self.waiting and len(group) < free and self.batchable \
+                and not group[0].solo and not self.waiting[0].solo:
             tail = max(widest, aligned(self._tail(self.waiting[0]), self.align))
             if (len(group) + 1) * min(tail, self.prefill_chunk) > budget:
                 break
@@ -284,15 +387,31 @@ class EngineWorker(threading.Thread):
         return self.parallel - len(self.batch) - sum(
             not s.finished for job in self.prefilled for s in job.seqs)
 
-    def _start(self, group: list[Sequence]) -> PrefillJob:
+    def _start(self, group: list[Sequence]) -> PrefillJob | None:
+        """The group's PrefillJob. If it cannot be built, each row is tried alone: the rows
+        that fail alone finish with an error, the others wait again to be admitted alone
+        (``solo``), so one request cannot fail its group."""
+        try:
+            job = self._new_job(group)
+        except Exception:
+            log.exception("prefill_setup_failed", request_ids=[s.req.request_id for s in group])
+            for seq in group:
+                if fail_alone(seq, self._new_job, [seq]) is None:
+                    self.count_queued(-1)
+                else:
+                    seq.solo = True
+                    heapq.heappush(self.waiting, seq)
+            return None
         self.stats.sequences_started += len(group)
-        prefixes = [(s.cache_hit[0].keys, s.cache_hit[0].values) if s.cache_hit else None
-                    for s in group]
-        job = PrefillJob(self.checkpoint.model, group, self.batchable, prefixes, self.rope,
-                         self.align)
         self.prefilling = job
         self.count_queued(-len(group))
         return job
+
+    def _new_job(self, group: list[Sequence]) -> PrefillJob:
+        prefixes = [(s.cache_hit[0].keys, s.cache_hit[0].values) if s.cache_hit else None
+                    for s in group]
+        return PrefillJob(self.checkpoint.model, group, self.batchable, prefixes, self.rope,
+                          self.align)
 
     def _remember(self, keep: list[Sequence]) -> None:
         """Keep finished sequences' KV (prompt + output) for later prompts that share it."""
@@ -334,6 +453,7 @@ class EngineWorker(threading.Thread):
             self.prefilling = None
             return
         self.stats.prefill_chunks_processed += 1
+        self._dirty = True
         if self.trace is not None:
             self.trace.note(prefill_rows=len(job.seqs), prefill_cols=job.last_cols)
         if done:
@@ -387,6 +507,7 @@ class EngineWorker(threading.Thread):
                 return
         step = self._timed("build_ms", self.batch.launch)
         self.stats.decode_steps_processed += 1
+        self._dirty = True
         if self.trace is not None:
             self.trace.note(decode_rows=len(step.rows))
         done: list[Sequence] = []
@@ -452,18 +573,3 @@ class EngineWorker(threading.Thread):
                 finally:
                     self.prompt_cache.end_inserts()
 
-
-def row_logprobs(step: Any, n: int) -> list[TokenLogprob | None]:
-    """Per-row TokenLogprob from a step's logprob arrays (None when none were computed)."""
-    if not step.logprobs:
-        return [None] * n
-    chosen = step.logprobs[0].tolist()
-    if len(step.logprobs) == 1:
-        return [TokenLogprob(t, c) for t, c in zip(step.sampled.tolist(), chosen, strict=True)]
-    ids, vals = step.logprobs[1].tolist(), step.logprobs[2].tolist()
-    out = []
-    for i, token in enumerate(step.sampled.tolist()):
-        k = step.rows[i].req.sampling.top_logprobs
-        out.append(TokenLogprob(token, chosen[i], tuple(zip(ids[i][:k], vals[i][:k],
-                                                             strict=True))))
-    return out

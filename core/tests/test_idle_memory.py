@@ -1,0 +1,52 @@
+"""MLX's buffer cache is freed on the engine thread once it turns idle after work, and after
+a prompt-cache reset; the prompt cache's own entries and the weights stay."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+from mlxcel.engine.loader import load_checkpoint
+from mlxcel.engine.prompt_cache import PromptCache
+from mlxcel.engine.worker import EngineWorker
+from mlxcel.plugins import load_plugins
+from test_row_isolation import GREEDY, run_until_done, submit
+
+
+def worker_for(path, cache: bool) -> EngineWorker:
+    families = load_plugins().families
+    worker = EngineWorker(lambda: load_checkpoint(str(path), families), parallel=4,
+                          prefill_chunk=256,
+                          prompt_cache=PromptCache(1 << 30) if cache else None)
+    assert worker.setup()
+    return worker
+
+
+def finish_and_hold(worker, sinks) -> int:
+    """Run ``sinks`` to their finish events; the buffer cache held at that moment."""
+    for _ in range(2000):
+        if all(s.done for s in sinks):
+            return mx.get_cache_memory()
+        worker._iteration()
+    raise AssertionError("requests did not finish")
+
+
+def test_a_big_request_leaves_no_buffer_cache_once_idle(tiny_checkpoint):
+    worker = worker_for(tiny_checkpoint, cache=False)
+    big = [submit(worker, [(7 * i) % 200 + 3 for i in range(1500)], GREEDY, 4)
+           for _ in range(3)]
+    held = finish_and_hold(worker, big)
+    assert held > 0  # the prefill's buffers were returned to MLX's cache, not the system
+    worker._iteration()  # drops the finished rows: the engine is idle
+    assert not worker._busy()
+    assert mx.get_cache_memory() == 0
+
+
+def test_a_prompt_cache_reset_frees_its_buffers_on_the_engine_thread(tiny_checkpoint):
+    worker = worker_for(tiny_checkpoint, cache=True)
+    sink = submit(worker, [(5 * i) % 100 + 3 for i in range(600)], GREEDY, 4)
+    run_until_done(worker, [sink])
+    assert worker.prompt_cache.bytes > 0
+    assert mx.get_cache_memory() == 0  # idle: cleared, the cache entry itself kept
+    worker.prompt_cache.reset()  # as /v1/cache/reset does, from an HTTP thread
+    assert mx.get_cache_memory() > 0  # the entry's arrays went to MLX's buffer cache
+    worker._iteration()  # woken by the reset
+    assert mx.get_cache_memory() == 0
