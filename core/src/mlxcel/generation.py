@@ -3,6 +3,7 @@ loop-detection policy."""
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Callable
@@ -34,27 +35,51 @@ MAX_STOP_STRINGS = 16
 MAX_TOP_LOGPROBS = 20
 LOOP_ENV = "MLXCEL_LOOP_DETECTION"
 
-Check = Callable[[Any], bool]
-RULES: dict[str, tuple[Check, str]] = {
-    "temperature": (lambda v: v >= 0, "must be >= 0 (0 = greedy)"),
-    "top_p": (lambda v: 0 <= v <= 1, "must be between 0 and 1"),
-    "top_k": (lambda v: v >= 0, "must be >= 0 (0 disables it)"),
-    "min_p": (lambda v: 0 <= v <= 1, "must be between 0 and 1"),
-    "p_less": (lambda v: isinstance(v, bool), "must be true or false"),
-    "repetition_penalty": (lambda v: v > 0, "must be > 0 (1.0 = no penalty)"),
-    "repetition_context_size": (lambda v: v >= -1, "must be >= -1 (-1 = whole context)"),
-    "frequency_penalty": (lambda v: -2 <= v <= 2, "must be between -2 and 2"),
-    "presence_penalty": (lambda v: -2 <= v <= 2, "must be between -2 and 2"),
-    "dry_multiplier": (lambda v: v >= 0, "must be >= 0 (0 disables DRY)"),
-    "dry_base": (lambda v: v >= 1, "must be >= 1"),
-    "dry_allowed_length": (lambda v: v >= 0, "must be >= 0"),
-    "dry_penalty_last_n": (lambda v: v >= -1, "must be >= -1 (0 or -1 = whole context)"),
-    "dry_sequence_breakers": (lambda v: all(t >= 0 for t in v), "must be token ids >= 0"),
-    "xtc_probability": (lambda v: 0 <= v <= 1, "must be between 0 and 1"),
-    "xtc_threshold": (lambda v: 0 <= v <= 1, "must be between 0 and 1"),
-    "seed": (lambda v: 0 <= v < 2**64, "must be a non-negative 64-bit integer"),
-}
+INT_LIMIT = 2**31  # int fields (top_k, window lengths): beyond it no context can reach
 
+Check = Callable[[Any], bool]
+
+
+def _real(check: Check) -> Check:
+    """``check`` on a finite number (bools are not numbers here): NaN and inf, which JSON
+    decoders may produce from literals like ``1e999``, never reach the sampler."""
+    return lambda v: isinstance(v, int | float) and not isinstance(v, bool) \
+        and math.isfinite(v) and check(v)
+
+
+def _integer(check: Check) -> Check:
+    """``check`` on an int within +-INT_LIMIT."""
+    return lambda v: isinstance(v, int) and not isinstance(v, bool) \
+        and -INT_LIMIT <= v <= INT_LIMIT and check(v)
+
+
+RULES: dict[str, tuple[Check, str]] = {
+    "temperature": (_real(lambda v: v >= 0), "must be a finite number >= 0 (0 = greedy)"),
+    "top_p": (_real(lambda v: 0 <= v <= 1), "must be between 0 and 1"),
+    "top_k": (_integer(lambda v: v >= 0), f"must be an integer from 0 (off) to {INT_LIMIT}"),
+    "min_p": (_real(lambda v: 0 <= v <= 1), "must be between 0 and 1"),
+    "p_less": (lambda v: isinstance(v, bool), "must be true or false"),
+    "repetition_penalty": (_real(lambda v: v > 0),
+                           "must be a finite number > 0 (1.0 = no penalty)"),
+    "repetition_context_size": (_integer(lambda v: v >= -1),
+                                f"must be an integer from -1 (whole context) to {INT_LIMIT}"),
+    "frequency_penalty": (_real(lambda v: -2 <= v <= 2), "must be between -2 and 2"),
+    "presence_penalty": (_real(lambda v: -2 <= v <= 2), "must be between -2 and 2"),
+    "dry_multiplier": (_real(lambda v: v >= 0), "must be a finite number >= 0 (0 disables DRY)"),
+    "dry_base": (_real(lambda v: v >= 1), "must be a finite number >= 1"),
+    "dry_allowed_length": (_integer(lambda v: v >= 0),
+                           f"must be an integer from 0 to {INT_LIMIT}"),
+    "dry_penalty_last_n": (_integer(lambda v: v >= -1),
+                           f"must be an integer from -1 (0 or -1 = whole context) to {INT_LIMIT}"),
+    "dry_sequence_breakers": (
+        lambda v: isinstance(v, list | tuple) and all(
+            isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**32 for t in v),
+        "must be a list of token ids >= 0"),
+    "xtc_probability": (_real(lambda v: 0 <= v <= 1), "must be between 0 and 1"),
+    "xtc_threshold": (_real(lambda v: 0 <= v <= 1), "must be between 0 and 1"),
+    "seed": (lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**64,
+             "must be a non-negative 64-bit integer"),
+}
 
 def server_sampling_defaults(checkpoint: Any, settings: Any = None) -> dict[str, Any]:
     """Built-in defaults < checkpoint generation_config.json < CLI flags."""
