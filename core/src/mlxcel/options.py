@@ -31,22 +31,24 @@ OPTIONS: list[tuple[tuple[str, ...], str, Any, Any, str, str]] = [
      "require this key (Authorization: Bearer <key>) on every route but /health and /; "
      "prefer the env twin or --api-key-file (a flag shows in ps)"),
     (("--api-key-file",), "api_key_file", str, None, "MLXCEL_API_KEY_FILE",
-     "read the API key from this file (its first line)"),
+     "read the API key from this file's first line (not shown in ps, unlike --api-key)"),
     (("--allowed-hosts",), "allowed_hosts", str, None, "MLXCEL_ALLOWED_HOSTS",
      "comma-separated Host/Origin names accepted; default on a loopback bind: localhost, "
      "127.0.0.1 and ::1 only (DNS-rebinding and cross-site guard); '*' accepts any"),
     (("--max-connections",), "max_connections", int, 2048, "MLXCEL_MAX_CONNECTIONS",
-     "open connections served at once; more wait in the listen backlog"),
+     "open connections served at once; more wait in the listen backlog (the open-file "
+     "limit is raised to fit)"),
     (("--idle-timeout",), "idle_timeout", float, 30.0, "MLXCEL_IDLE_TIMEOUT",
-     "seconds a connection may wait for a request's headers (new or kept alive)"),
+     "seconds a connection may wait for a request's headers (new or kept alive); then it "
+     "is closed"),
     (("--body-timeout",), "body_timeout", float, 60.0, "MLXCEL_BODY_TIMEOUT",
      "seconds a request body may take to arrive after its headers (then 408)"),
     (("-to", "--timeout"), "timeout", float, 600.0, "LLAMA_ARG_TIMEOUT",
      "write timeout: seconds a response may wait for the client to read before the "
      "request is cancelled"),
     (("--shutdown-timeout",), "shutdown_timeout", float, 30.0, "MLXCEL_SHUTDOWN_TIMEOUT",
-     "seconds SIGTERM waits for running requests before exiting; a second signal exits at "
-     "once"),
+     "seconds SIGTERM/SIGINT lets running requests finish before the worker is killed; a "
+     "second signal exits at once"),
     (("-c", "--ctx-size"), "ctx_size", int, 0, "LLAMA_ARG_CTX_SIZE",
      "context size in tokens, split over the slots; 0 = the model's own"),
     (("-np", "--parallel"), "parallel", int, 4, "LLAMA_ARG_N_PARALLEL",
