@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import queue
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -128,3 +129,24 @@ def fail_alone(seq: Sequence, fn: Callable[..., Any], *args: Any) -> Any:
         log.exception("row_failed", request_id=seq.req.request_id)
         seq.finish("error", error=f"generation failed: {type(exc).__name__}: {exc}")
         return None
+
+
+def error_event(message: str) -> GenerationEvent:
+    """The finish event of a request that ends with an error before it had a sequence."""
+    return GenerationEvent(finish_reason="error", error=message,
+                           usage=Usage(prompt_tokens=0, completion_tokens=0))
+
+
+def end_all(seqs: list[Sequence], inbox: queue.Queue | None, message: str) -> None:
+    """End every sequence with an error (held finish events go out as they are), then every
+    request still in ``inbox``: no client may be left waiting on an engine that stops."""
+    for seq in seqs:
+        seq.finish("error", error=message)
+        seq.release_finish()
+    while inbox is not None:
+        try:
+            item = inbox.get_nowait()
+        except queue.Empty:
+            return
+        if item is not None:
+            item[1].emit(error_event(message))

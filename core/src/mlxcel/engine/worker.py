@@ -34,11 +34,11 @@ from mlxcel.engine.batch import (
 from mlxcel.engine.kvcache import shared_position_rope
 from mlxcel.engine.memory import compute_dtype_bytes, request_budget
 from mlxcel.engine.prompt_cache import PromptCache
-from mlxcel.engine.sequence import Sequence, Sink, fail_alone
+from mlxcel.engine.sequence import Sequence, Sink, end_all, error_event, fail_alone
 from mlxcel.engine.trace import Trace
 from mlxcel.engine.warmup import warm_up
 from mlxcel.errors import GenerationFailed
-from mlxcel.types import GenerationEvent, GenerationRequest, Usage
+from mlxcel.types import GenerationRequest
 
 log = structlog.get_logger("mlxcel.engine")
 
@@ -200,18 +200,9 @@ class EngineWorker(threading.Thread):
             else:
                 self.error = self.error or "the engine thread ended"
                 self.state, message = "failed", f"engine stopped: {self.error}"
-        for seq in self.held():
-            seq.finish("error", error=message)
-            seq.release_finish()
+        held = self.held()
         self.waiting, self.prefilling, self.prefilled, self.inflight = [], None, [], None
-        while True:
-            try:
-                item = self.inbox.get_nowait()
-            except queue.Empty:
-                break
-            if item is not None:
-                item[1].emit(GenerationEvent(finish_reason="error", error=message,
-                                             usage=Usage(prompt_tokens=0, completion_tokens=0)))
+        end_all(held, self.inbox, message)
 
     def enqueue(self, req: GenerationRequest, sink: Sink) -> None:
         """Queue a request for the engine thread; GenerationFailed once it has ended."""
@@ -274,10 +265,8 @@ class EngineWorker(threading.Thread):
     def _fail_running(self, message: str) -> None:
         """Fail every running row (waiting requests stay queued) and start from an empty
         batch, so the engine keeps serving."""
-        for seq in self.held():
-            if seq not in self.waiting:
-                seq.finish("error", error=message)
-                seq.release_finish()
+        waiting = set(map(id, self.waiting))
+        end_all([s for s in self.held() if id(s) not in waiting], None, message)
         self.prefilling, self.inflight, self.prefilled = None, None, []
         self.batch = DecodeBatch(self.checkpoint.model, self.checkpoint.tokenizer.vocab_size,
                                  lazy_leave=self.batch.lazy_leave)
@@ -307,9 +296,7 @@ class EngineWorker(threading.Thread):
         except Exception as exc:
             log.exception("request_failed", request_id=getattr(req, "request_id", None))
             self.count_queued(-1)
-            sink.emit(GenerationEvent(finish_reason="error",
-                                      error=f"generation failed: {type(exc).__name__}: {exc}",
-                                      usage=Usage(prompt_tokens=0, completion_tokens=0)))
+            sink.emit(error_event(f"generation failed: {type(exc).__name__}: {exc}"))
             return None
 
     def _drop_cancelled(self) -> None:
