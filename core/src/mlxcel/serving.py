@@ -28,16 +28,19 @@ def check_listen(host: str, port: int) -> None:
                                    flags=socket.AI_PASSIVE)
     except socket.gaierror as exc:
         raise StartupError(f"cannot listen on {host}: {exc.strerror}") from None
-    family, type_, proto, _, addr = infos[0]
-    with socket.socket(family, type_, proto) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT is no conflict
-        try:
-            sock.bind(addr)
-            sock.listen(1)
-        except OSError as exc:
-            if exc.errno == errno.EADDRINUSE:
-                raise StartupError(f"port {port} is in use") from None
-            raise StartupError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    errors: list[OSError] = []
+    for family, type_, proto, _, addr in infos:  # "localhost" may name ::1 and 127.0.0.1
+        with socket.socket(family, type_, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT: no conflict
+            try:
+                sock.bind(addr)
+                sock.listen(1)
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    raise StartupError(f"port {port} is in use") from None
+                errors.append(exc)
+    if len(errors) == len(infos):
+        raise StartupError(f"cannot listen on {host}:{port}: {errors[0].strerror}")
 
 
 def raise_fd_limit(max_connections: int, hard_before: int | None = None) -> int:
