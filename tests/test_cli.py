@@ -158,6 +158,15 @@ def test_a_port_in_use_is_one_line_and_status_2():
     assert one_line_error(proc) == f"mlxcel-server: error: port {port} is in use"
 
 
+@pytest.mark.slow
+def test_a_host_name_is_resolved_for_granian(tiny_checkpoint):
+    srv = Server(["--model", str(tiny_checkpoint), "--host", "localhost"])
+    try:
+        assert httpx.get(srv.base_url + "/health").status_code == 200
+    finally:
+        srv.stop()
+
+
 def test_a_host_that_does_not_resolve_is_one_line():
     proc = run_cli("--model", "/unused", "--host", "no-such-host.invalid",
                    "--port", str(free_port()))

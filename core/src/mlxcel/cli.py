@@ -150,7 +150,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         configure(settings.log_format)
         check_fd_hard_limit()
-        check_listen(settings.host, settings.port)
+        address = check_listen(settings.host, settings.port)
+        settings = msgspec.structs.replace(settings, host=address)
         return serve(_prepare_model(settings))
     except (StartupError, PluginError) as exc:
         return _fail(str(exc))

@@ -20,9 +20,10 @@ FD_HEADROOM = 256  # descriptors beyond the connections: listen sockets, pipes, 
 MLX_LM_HARD_NOFILE = 4096  # the hard limit mlx_lm.utils sets on import (it fails below it)
 
 
-def check_listen(host: str, port: int) -> None:
+def check_listen(host: str, port: int) -> str:
     """Bind ``host:port`` once without SO_REUSEPORT, so that a port another server listens
-    on is refused here: Granian binds with SO_REUSEPORT and would share it silently."""
+    on is refused here: Granian binds with SO_REUSEPORT and would share it silently.
+    Returns the IP address that bound, since Granian takes an address, not a name."""
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
                                    flags=socket.AI_PASSIVE)
@@ -35,12 +36,12 @@ def check_listen(host: str, port: int) -> None:
             try:
                 sock.bind(addr)
                 sock.listen(1)
+                return str(addr[0])
             except OSError as exc:
                 if exc.errno == errno.EADDRINUSE:
                     raise StartupError(f"port {port} is in use") from None
                 errors.append(exc)
-    if len(errors) == len(infos):
-        raise StartupError(f"cannot listen on {host}:{port}: {errors[0].strerror}")
+    raise StartupError(f"cannot listen on {host}:{port}: {errors[0].strerror}")
 
 
 def raise_fd_limit(max_connections: int, hard_before: int | None = None) -> int:
