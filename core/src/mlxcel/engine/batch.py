@@ -246,7 +246,7 @@ class DecodeBatch:
             plan = self.penalties.prepare([None if s.finished else s.context for s in self.rows],
                                           [s.generated_ids for s in self.rows], self._guard)
         logits = self.model(self.inputs[:, None], self.cache)[:, -1, :]
-        scored = logits if plan is None else self.penalties.apply(logits, plan)
+        scored = logits if plan is None else self.penalties(logits, plan=plan)
         sampled = self.sampler(scored).astype(mx.uint32)
         extras = logprob_arrays(logits, sampled, self.top_logprobs) \
             if self.top_logprobs >= 0 else ()

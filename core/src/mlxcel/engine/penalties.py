@@ -231,7 +231,10 @@ class Penalties:
             logits = logits.at[r, mx.array(toks)].add(-penalty)
         return mx.clip(logits, -FLT_MAX, FLT_MAX)
 
-    def __call__(self, logits: mx.array, contexts: list[Seq[int]],
-                 generated: list[Seq[int]]) -> mx.array:
-        """``prepare`` then ``apply`` (``contexts``: prompt + generated per row)."""
-        return self.apply(logits, self.prepare(contexts, generated))
+    def __call__(self, logits: mx.array, contexts: list[Seq[int]] | None = None,
+                 generated: list[Seq[int]] | None = None, plan: Plan | None = None) -> mx.array:
+        """``apply`` with ``plan``, or with ``prepare(contexts, generated)`` when none is
+        given (``contexts``: prompt + generated per row)."""
+        if plan is None:
+            plan = self.prepare(contexts, generated)
+        return self.apply(logits, plan)
