@@ -167,6 +167,18 @@ def test_byte_bound_is_just_above_what_can_fit(client):
                "context_length_exceeded")
 
 
+def test_tokenize_caps_the_token_count(tiny_checkpoint):
+    from mlxcel.dialects.llamacpp.routes import TOKENIZE_MAX_TOKENS
+
+    with make_client(tiny_checkpoint, parallel=1, ctx_size=200_000) as c:
+        wait_ready(c)
+        text = "lorem ipsum dolor sit amet " * (1_900_000 // 27)
+        err = assert_400(c.post("/tokenize", json={"content": text}), "content")
+        assert str(TOKENIZE_MAX_TOKENS) in err["message"]
+        short = c.post("/tokenize", json={"content": text[:100_000]})
+        assert short.status_code == 200 and len(short.json()["tokens"]) > 10_000
+
+
 # -- /detokenize, /props, /health ---------------------------------------------------------
 def test_detokenize_negative_id_names_it(client):
     err = assert_400(client.post("/detokenize", json={"tokens": [3, -7, -8]}), "tokens")

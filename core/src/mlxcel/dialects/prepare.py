@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 from litestar import Request
 
+from mlxcel.engine.tokenizer import TooManyTokens
 from mlxcel.errors import ContextLengthExceeded, InvalidRequest
 
 T = TypeVar("T")
@@ -51,6 +52,21 @@ def check_fits(engine: Any, text: str, param: str) -> None:
     raise ContextLengthExceeded(
         f"'{param}' is too long: no tokenization of it fits the context window of "
         f"{engine.context_size} tokens", param=param)
+
+
+def encode_prompt(engine: Any, text: str, param: str, add_special: bool) -> list[int]:
+    """Tokenize a prompt that must leave room for one generated token in the context; the
+    byte bound is checked first, and a prompt over the limit is refused before its ids
+    become a Python list."""
+    check_fits(engine, text, param)
+    ctx = engine.context_size
+    try:
+        return engine.checkpoint.tokenizer.encode(text, add_special, max_tokens=ctx - 1)
+    except TooManyTokens as exc:
+        raise ContextLengthExceeded(
+            f"the prompt has {exc.count} tokens, more than the context window of {ctx} "
+            "tokens allows (leave room for at least one generated token)", param=param
+        ) from None
 
 
 def check_token_ids(tokenizer: Any, ids: list[int], param: str) -> None:

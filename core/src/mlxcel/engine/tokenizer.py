@@ -17,6 +17,14 @@ GIL_FREE_CHARS = 4096
 _DELETING_NORMALIZERS = frozenset({"BertNormalizer", "Strip", "StripAccents", "Precompiled"})
 
 
+class TooManyTokens(Exception):
+    """A text encodes to more tokens than the caller's limit (``count`` says how many)."""
+
+    def __init__(self, count: int, limit: int) -> None:
+        super().__init__(f"{count} tokens, more than {limit}")
+        self.count, self.limit = count, limit
+
+
 def _token_text(value: Any) -> str | None:
     if isinstance(value, dict):
         return value.get("content")
@@ -63,12 +71,19 @@ class Tokenizer:
         hf = HFTokenizer.from_file(str(file))
         return cls(hf, _read_json(path / "tokenizer_config.json"), eos_ids or set())
 
-    def encode(self, text: str, add_special: bool = False) -> list[int]:
+    def encode(self, text: str, add_special: bool = False,
+               max_tokens: int | None = None) -> list[int]:
         """Long texts go through ``encode_batch`` so that other threads (the event loop)
-        keep running while the Rust side works."""
+        keep running while the Rust side works. Past ``max_tokens`` it raises
+        ``TooManyTokens`` before building the Python list, whose creation and release hold
+        the GIL for as long as the list is long."""
         if len(text) >= GIL_FREE_CHARS:
-            return self.hf.encode_batch([text], add_special_tokens=add_special)[0].ids
-        return self.hf.encode(text, add_special_tokens=add_special).ids
+            encoding = self.hf.encode_batch([text], add_special_tokens=add_special)[0]
+        else:
+            encoding = self.hf.encode(text, add_special_tokens=add_special)
+        if max_tokens is not None and len(encoding) > max_tokens:
+            raise TooManyTokens(len(encoding), max_tokens)
+        return encoding.ids
 
     @cached_property
     def max_token_bytes(self) -> int | None:

@@ -10,11 +10,13 @@ from litestar import Request, Response, get, post
 from mlxcel.context import AppContext
 from mlxcel.dialects.prepare import check_fits, check_token_ids, prepare_for
 from mlxcel.dialects.wire import decode_body
-from mlxcel.errors import MlxcelError
+from mlxcel.engine.tokenizer import TooManyTokens
+from mlxcel.errors import InvalidRequest, MlxcelError
 from mlxcel.generation import SEED_UNSET, server_sampling_defaults
 
 from .schemas import DetokenizeRequest, TokenizeRequest
 
+TOKENIZE_MAX_TOKENS = 1 << 20
 OBSERVABILITY = ("sequences_started", "sequences_completed", "total_prefill_tokens",
                  "total_decode_tokens", "decode_steps_processed", "prefill_chunks_processed")
 
@@ -68,9 +70,17 @@ def build(ctx: AppContext) -> list[Any]:
         return Response(payload, status_code=status)
 
     def encode(body: TokenizeRequest) -> list[int]:
-        """A text too long for any prompt is refused (the same bound as prompts)."""
+        """A text too long for any prompt is refused (the same byte bound as prompts), and
+        so is one of more than ``TOKENIZE_MAX_TOKENS`` tokens (or the context size, when
+        larger): building and sending a longer list stalls every other request."""
         check_fits(engine, body.content, "content")
-        return engine.checkpoint.tokenizer.encode(body.content, body.add_special)
+        limit = max(engine.context_size, TOKENIZE_MAX_TOKENS)
+        try:
+            return engine.checkpoint.tokenizer.encode(body.content, body.add_special,
+                                                      max_tokens=limit)
+        except TooManyTokens as exc:
+            raise InvalidRequest(f"'content' has {exc.count} tokens; /tokenize returns at "
+                                 f"most {limit}", param="content") from None
 
     @post("/tokenize", status_code=200)
     async def tokenize(request: Request) -> dict[str, Any]:

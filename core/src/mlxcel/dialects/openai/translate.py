@@ -8,7 +8,7 @@ import msgspec
 
 from mlxcel.context import AppContext
 from mlxcel.dialects.jsondepth import MAX_JSON_DEPTH, too_deep
-from mlxcel.dialects.prepare import check_fits, check_token_ids
+from mlxcel.dialects.prepare import check_token_ids, encode_prompt
 from mlxcel.errors import CapabilityNotSupported, InvalidRequest
 from mlxcel.generation import (
     max_tokens,
@@ -123,8 +123,7 @@ def chat_prompt(ctx: AppContext, body: ChatCompletionRequest) -> list[int]:
     tools = body.tools if body.tool_choice != "none" else None
     text = ckpt.template.render(template_messages(body.messages), tools=tools or None,
                                 add_generation_prompt=True, **_template_kwargs(body))
-    check_fits(ctx.engine, text, "messages")
-    return ckpt.tokenizer.encode(text, add_special=False)
+    return encode_prompt(ctx.engine, text, "messages", add_special=False)
 
 
 def completion_prompt(ctx: AppContext, body: CompletionRequest) -> list[int]:
@@ -135,8 +134,8 @@ def completion_prompt(ctx: AppContext, body: CompletionRequest) -> list[int]:
     if isinstance(prompt, list) and prompt and all(type(p) is int for p in prompt):
         check_token_ids(tok, prompt, "prompt")  # type: ignore[arg-type]
         return list(prompt)  # type: ignore[arg-type]
-    text = prompt_text(ctx, body)
-    ids = tok.encode(text, add_special=True) if text else []
+    text = prompt_text(body)
+    ids = encode_prompt(ctx.engine, text, "prompt", add_special=True) if text else []
     if not ids:
         if tok.bos_token is None:
             raise InvalidRequest("'prompt' is empty", param="prompt")
@@ -144,15 +143,14 @@ def completion_prompt(ctx: AppContext, body: CompletionRequest) -> list[int]:
     return ids
 
 
-def prompt_text(ctx: AppContext, body: CompletionRequest) -> str:
-    """The prompt as text: a string or a one-string list, checked against the context."""
+def prompt_text(body: CompletionRequest) -> str:
+    """The prompt as text: a string or a one-string list."""
     prompt = body.prompt
     if isinstance(prompt, list):
         if len(prompt) != 1 or not isinstance(prompt[0], str):
             raise InvalidRequest("'prompt' must be a string, a list holding one string, or a "
                                  "list of token ids", param="prompt")
         prompt = prompt[0]
-    check_fits(ctx.engine, prompt, "prompt")
     return prompt
 
 
