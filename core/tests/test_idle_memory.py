@@ -1,7 +1,10 @@
-"""MLX's buffer cache is freed on the engine thread once it turns idle after work, and after
-a prompt-cache reset; the prompt cache's own entries and the weights stay."""
+"""MLX's buffer cache is freed on the engine thread once it has been idle for a while after
+work, and at once after a prompt-cache reset; the prompt cache's entries and the weights
+stay."""
 
 from __future__ import annotations
+
+import time
 
 import mlx.core as mx
 from mlxcel.engine.loader import load_checkpoint
@@ -17,7 +20,15 @@ def worker_for(path, cache: bool) -> EngineWorker:
                           prefill_chunk=256,
                           prompt_cache=PromptCache(1 << 30) if cache else None)
     assert worker.setup()
+    worker.idle_release = 0.3
     return worker
+
+
+def idle_out(worker) -> None:
+    """Iterate past the idle delay (the loop wakes at least every 0.5 s when idle)."""
+    worker._iteration()
+    time.sleep(worker.idle_release + 0.05)
+    worker._iteration()
 
 
 def finish_and_hold(worker, sinks) -> int:
@@ -37,6 +48,8 @@ def test_a_big_request_leaves_no_buffer_cache_once_idle(tiny_checkpoint):
     assert held > 0  # the prefill's buffers were returned to MLX's cache, not the system
     worker._iteration()  # drops the finished rows: the engine is idle
     assert not worker._busy()
+    assert mx.get_cache_memory() > 0  # kept for a request that follows at once
+    idle_out(worker)
     assert mx.get_cache_memory() == 0
 
 
@@ -44,6 +57,7 @@ def test_a_prompt_cache_reset_frees_its_buffers_on_the_engine_thread(tiny_checkp
     worker = worker_for(tiny_checkpoint, cache=True)
     sink = submit(worker, [(5 * i) % 100 + 3 for i in range(600)], GREEDY, 4)
     run_until_done(worker, [sink])
+    idle_out(worker)
     assert worker.prompt_cache.bytes > 0
     assert mx.get_cache_memory() == 0  # idle: cleared, the cache entry itself kept
     worker.prompt_cache.reset()  # as /v1/cache/reset does, from an HTTP thread

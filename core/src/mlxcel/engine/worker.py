@@ -44,6 +44,7 @@ log = structlog.get_logger("mlxcel.engine")
 
 MAX_DEFERRED = 8  # prefilled groups held back to join together while rows decode
 BURST_CHUNKS = 8  # a burst's prefill group may take this many chunks' tokens per step
+IDLE_RELEASE_S = 2.0  # idle this long after work: MLX's buffer cache goes back (see below)
 
 
 class EngineStats(msgspec.Struct, kw_only=True):
@@ -96,6 +97,8 @@ class EngineWorker(threading.Thread):
         self.closed = False  # the thread ended: submits are refused (guarded by _queue_lock)
         self._dirty = False  # work ran since MLX's buffer cache was last cleared
         self._clear_requested = False  # set from other threads (prompt-cache reset)
+        self.idle_release = IDLE_RELEASE_S
+        self._idle_since: float | None = None
         self.prompt_cache.on_reset = self.request_clear
 
     # -- views for the event loop --------------------------------------------------------
@@ -255,11 +258,20 @@ class EngineWorker(threading.Thread):
                     or self.inflight is not None)
 
     def _release_memory(self) -> None:
-        """Free MLX's buffer cache when the engine turns idle after work, and after a
-        prompt-cache reset: buffers a burst or a long prompt left behind return to the
-        system instead of staying held by an idle server. Only this thread calls MLX."""
-        if self._clear_requested or (self._dirty and not self._busy()):
+        """Free MLX's buffer cache once the engine has been idle for ``idle_release``
+        seconds after work, and at once after a prompt-cache reset: buffers a burst or a
+        long prompt left behind go back to the system instead of staying held by an idle
+        server, while back-to-back requests keep reusing them (fresh device memory costs a
+        fault-in on first touch). Only this thread calls MLX."""
+        if self._busy():
+            self._idle_since = None
+        elif self._dirty and self._idle_since is None:
+            self._idle_since = time.monotonic()
+        idle_long = self._idle_since is not None \
+            and time.monotonic() - self._idle_since >= self.idle_release
+        if self._clear_requested or (self._dirty and idle_long):
             self._clear_requested = self._dirty = False
+            self._idle_since = None
             mx.clear_cache()
 
     def _fail_running(self, message: str) -> None:
