@@ -133,17 +133,17 @@ def create_app(settings: Settings, plugins: Plugins | None = None,
     return guard_app(app, settings, listening)
 
 
-def engine_failure(engine: EngineClient) -> str | None:
-    """Wait for the engine thread to end; the fatal message when it failed, else None
-    (a requested shutdown)."""
+def engine_failure(engine: EngineClient) -> tuple[str, bool] | None:
+    """Wait for the engine thread to end: (the fatal message, whether it had been serving)
+    when it failed, else None (a requested shutdown)."""
     engine.worker.ready.wait()
     loaded = engine.state == "ready"
     engine.worker.join()
     if engine.state != "failed":
         return None
     if loaded:
-        return f"the engine stopped: {engine.worker.error}"
-    return f"the model failed to load: {engine.worker.error}"
+        return f"the engine stopped: {engine.worker.error}", True
+    return f"the model failed to load: {engine.worker.error}", False
 
 
 def _exit_on_engine_failure(engine: EngineClient) -> None:
@@ -151,11 +151,12 @@ def _exit_on_engine_failure(engine: EngineClient) -> None:
     with the reason handed to the CLI (which prints it and exits non-zero)."""
 
     def watch() -> None:
-        message = engine_failure(engine)
-        if message is None:
+        failure = engine_failure(engine)
+        if failure is None:
             return
+        message, was_serving = failure
         log.error("engine_failed", error=message)
-        if message.startswith("the engine stopped"):
+        if was_serving:
             time.sleep(STREAM_FLUSH_S)  # let open streams send their error frames
         path = os.environ.get(FAILURE_ENV)
         if path:

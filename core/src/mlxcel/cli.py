@@ -148,7 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from mlxcel.logging import configure
         from mlxcel.serving import check_fd_hard_limit, check_listen, serve
 
-        configure(settings.log_format)
+        configure(settings.log_format, secrets=[settings.api_key])
         check_fd_hard_limit()
         address = check_listen(settings.host, settings.port)
         settings = msgspec.structs.replace(settings, host=address)

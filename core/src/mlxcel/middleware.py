@@ -55,6 +55,34 @@ def _auth_error(api_key: str, header: str | None) -> tuple[str, str] | None:
     return "invalid_api_key", "Invalid API key"
 
 
+class _Deadline:
+    """``async with _Deadline(seconds):`` raises TimeoutError when the block runs longer
+    (``asyncio.timeout`` needs Python 3.11; this is one timer handle per block, cheap
+    enough for every SSE write)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.fired = False
+
+    async def __aenter__(self) -> _Deadline:
+        task = asyncio.current_task()
+        self._handle = asyncio.get_running_loop().call_later(self.seconds, self._fire, task)
+        return self
+
+    def _fire(self, task: asyncio.Task) -> None:
+        self.fired = True
+        task.cancel()
+
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        self._handle.cancel()
+        if self.fired and exc_type is asyncio.CancelledError:
+            uncancel = getattr(asyncio.current_task(), "uncancel", None)
+            if uncancel is not None:
+                uncancel()
+            raise TimeoutError from None
+        return False
+
+
 def _error_body(message: str, type_: str, code: str | None) -> bytes:
     return _encode({"error": {"message": message, "type": type_, "code": code}})
 
@@ -76,7 +104,7 @@ class _Exchange:
         if self.body_done or self.write_timed_out:
             return await self._until_gone()
         try:
-            async with asyncio.timeout(max(self.deadline - time.monotonic(), 0.0)):
+            async with _Deadline(max(self.deadline - time.monotonic(), 0.0)):
                 message = await self._receive()
         except TimeoutError:
             self.body_timed_out = True
@@ -118,7 +146,7 @@ class _Exchange:
         elif message["type"] == "http.response.body" and self.head:
             message = {**message, "body": b""}
         try:
-            async with asyncio.timeout(self.cfg.write_timeout):
+            async with _Deadline(self.cfg.write_timeout):
                 await self._send(message)
         except TimeoutError:
             self.write_timed_out = True

@@ -100,7 +100,7 @@ def worker_app() -> Any:
     from mlxcel.logging import configure
 
     settings = Settings.from_env()
-    configure(settings.log_format)
+    configure(settings.log_format, secrets=[settings.api_key])
     hard_before = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     import mlx_lm.utils  # noqa: F401  (check_fd_hard_limit made its setrlimit possible)
 
