@@ -30,6 +30,10 @@ class ListSink:
     def done(self) -> bool:
         return bool(self.events) and self.events[-1].finish_reason is not None
 
+    @property
+    def last(self):
+        return self.events[-1]
+
 
 def worker_for(path, cache: bool, chunk: int = 512, parallel: int = 8) -> EngineWorker:
     families = load_plugins().families

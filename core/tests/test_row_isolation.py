@@ -12,31 +12,10 @@ from mlxcel.engine.loader import load_checkpoint
 from mlxcel.engine.worker import EngineWorker
 from mlxcel.plugins import load_plugins
 from mlxcel.types import GenerationRequest, SamplingParams
+from test_admission_groups import ListSink
 
 GREEDY = SamplingParams(temperature=0.0)
 VICTIMS = [[3, 4, 5, 6, 7], [11, 12, 13], [21, 22, 23, 24, 25, 26, 27]]
-
-
-class ListSink:
-    cancelled = False
-
-    def __init__(self) -> None:
-        self.events = []
-
-    def emit(self, event) -> None:
-        self.events.append(event)
-
-    @property
-    def tokens(self) -> list[int]:
-        return [t for e in self.events for t in e.token_ids]
-
-    @property
-    def done(self) -> bool:
-        return bool(self.events) and self.events[-1].finish_reason is not None
-
-    @property
-    def last(self):
-        return self.events[-1]
 
 
 @pytest.fixture(scope="module")
