@@ -121,6 +121,11 @@ def test_a_model_that_fails_to_load_stops_the_server_with_a_clear_error(tiny_che
     ({"MLXCEL_LOOP_DETECTION": "sometimes"}, [], "MLXCEL_LOOP_DETECTION"),
     ({"MLXCEL_SWITCH_INTERVAL": "0"}, [], "MLXCEL_SWITCH_INTERVAL"),
     ({"MLXCEL_SWITCH_INTERVAL": "fast"}, [], "MLXCEL_SWITCH_INTERVAL"),
+    ({"MLXCEL_SWITCH_INTERVAL": "2"}, [], "MLXCEL_SWITCH_INTERVAL"),
+    ({"MLXCEL_FUSE_PROJECTIONS": "sometimes"}, [], "MLXCEL_FUSE_PROJECTIONS"),
+    ({"MLXCEL_DECODE_ATTENTION": "fast"}, [], "MLXCEL_DECODE_ATTENTION"),
+    ({"MLXCEL_SHARED_POSITIONS": "maybe"}, [], "MLXCEL_SHARED_POSITIONS"),
+    ({"MLXCEL_DTYPE": "float64"}, [], "MLXCEL_DTYPE"),
     ({}, ["--top-p", "3"], "--top-p"),
     ({}, ["--max-queue-depth", "0"], "--max-queue-depth"),
     ({}, ["--max-connections", "0"], "--max-connections"),
@@ -138,6 +143,20 @@ def test_bad_startup_configuration_refuses_to_start(tiny_checkpoint, env, args, 
     proc = run_cli("--model", str(tiny_checkpoint), *args, env=env)
     assert proc.returncode != 0 and needle in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--request-memory-budget", "none"], "not a positive byte size"),
+    (["--loop-detection", "sometimes"], "MIN:MAX:COUNT"),
+    (["--switch-interval", "0"], "(0, 1]"),
+    (["--fuse-projections", "sometimes"], "auto, 1 or 0"),
+    (["--decode-attention", "fast"], "expected one of auto, varlen"),
+    (["--shared-positions", "maybe"], "expected on or off"),
+])
+def test_a_bad_engine_flag_is_refused_by_its_parser(args, needle):
+    proc = run_cli("--model", "/unused", *args)
+    assert proc.returncode == 2 and f"argument {args[0]}: " in proc.stderr
+    assert needle in proc.stderr and "Traceback" not in proc.stderr
 
 
 def one_line_error(proc) -> str:

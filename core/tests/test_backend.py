@@ -116,7 +116,7 @@ def test_mlx_library_lookup_does_not_import_mlx_core():
 def test_startup_checks_do_not_import_mlx_core():
     """The CLI checks its settings before Granian forks its worker; MLX imported there
     would initialise CUDA in the parent and the forked worker's cudaSetDevice fails. A bad
-    MLXCEL_DTYPE is refused by the last of those checks."""
+    MLXCEL_DTYPE is refused by the options table, before any of them."""
     code = ("import sys; from mlxcel.cli import main; rc = main(['--model', 'x']); "
             "print(rc, 'mlx.core' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -175,23 +175,15 @@ def test_take_ready_returns_what_arrived_and_ends_with_the_finish(engine):
     assert sum(len(e.token_ids) for e in events) == 6
 
 
-def test_switch_interval_from_the_environment_is_applied_by_the_engine(tiny_checkpoint,
-                                                                       monkeypatch):
+def test_the_switch_interval_setting_is_applied_by_the_engine(tiny_checkpoint):
     import sys
 
-    from mlxcel.backend import switch_interval
-    from mlxcel.errors import StartupError
+    from mlxcel.settings import EngineConfig
 
-    monkeypatch.delenv("MLXCEL_SWITCH_INTERVAL", raising=False)
-    assert switch_interval() is None
-    for bad in ("0", "-1", "2", "soon"):
-        monkeypatch.setenv("MLXCEL_SWITCH_INTERVAL", bad)
-        with pytest.raises(StartupError):
-            switch_interval()
-    monkeypatch.setenv("MLXCEL_SWITCH_INTERVAL", "0.0007")
     before = sys.getswitchinterval()
     families = load_plugins().families
-    client = EngineClient(lambda: load_checkpoint(str(tiny_checkpoint), families), parallel=1)
+    client = EngineClient(lambda: load_checkpoint(str(tiny_checkpoint), families), parallel=1,
+                          config=EngineConfig(switch_interval=0.0007))
     try:
         client.start()
         client.worker.ready.wait(60)

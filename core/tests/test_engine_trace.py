@@ -1,16 +1,29 @@
-"""MLXCEL_ENGINE_TRACE: one JSON line per engine iteration that did work."""
+"""--engine-trace (MLXCEL_ENGINE_TRACE): one JSON line per engine iteration that did work."""
 
 from __future__ import annotations
 
 import json
 
-from test_admission_groups import run_until_done, submit, worker_for
+from mlxcel.engine.loader import load_checkpoint
+from mlxcel.engine.prompt_cache import PromptCache
+from mlxcel.engine.worker import EngineWorker
+from mlxcel.plugins import load_plugins
+from mlxcel.settings import EngineConfig
+from test_admission_groups import run_until_done, submit
 
 
-def test_trace_records_prefill_decode_and_store(path, tmp_path, monkeypatch):
+def traced_worker(path, trace: str | None) -> EngineWorker:
+    families = load_plugins().families
+    worker = EngineWorker(lambda: load_checkpoint(str(path), families), parallel=8,
+                          prompt_cache=PromptCache(1 << 30),
+                          config=EngineConfig(engine_trace=trace))
+    assert worker.setup()
+    return worker
+
+
+def test_trace_records_prefill_decode_and_store(path, tmp_path):
     out = tmp_path / "trace.jsonl"
-    monkeypatch.setenv("MLXCEL_ENGINE_TRACE", str(out))
-    worker = worker_for(path, cache=True)
+    worker = traced_worker(path, str(out))
     sinks = [submit(worker, [5 + i] * 20, max_tokens=4) for i in range(2)]
     run_until_done(worker, sinks)
     worker.trace.flush()
@@ -25,6 +38,5 @@ def test_trace_records_prefill_decode_and_store(path, tmp_path, monkeypatch):
     assert [r["t"] for r in rows] == sorted(r["t"] for r in rows)
 
 
-def test_no_trace_without_the_variable(path, monkeypatch):
-    monkeypatch.delenv("MLXCEL_ENGINE_TRACE", raising=False)
-    assert worker_for(path, cache=False).trace is None
+def test_no_trace_without_a_path(path):
+    assert traced_worker(path, None).trace is None

@@ -8,9 +8,10 @@ import mlx.nn as nn
 import pytest
 from mlx.utils import tree_flatten
 from mlx_lm.models import llama, qwen2
-from mlxcel.backend import FUSE_ENV, fuse_projections
 from mlxcel.engine import fused_proj
 from mlxcel.errors import StartupError
+from mlxcel.options import build_parser
+from mlxcel.settings import EngineConfig
 
 SHAPE = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=96, num_attention_heads=4,
              num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=300, rope_theta=10000.0,
@@ -100,28 +101,37 @@ def test_mixed_or_unsupported_groups_are_left_alone():
 
 
 def test_the_setting(monkeypatch):
-    monkeypatch.delenv(FUSE_ENV, raising=False)
-    assert fuse_projections(True) and not fuse_projections(False)
-    monkeypatch.setenv(FUSE_ENV, "0")
-    assert not fuse_projections(True)
-    monkeypatch.setenv(FUSE_ENV, "1")
-    assert fuse_projections(False)
-    monkeypatch.setenv(FUSE_ENV, "sometimes")
-    with pytest.raises(StartupError, match="MLXCEL_FUSE_PROJECTIONS"):
-        fuse_projections(True)
+    env = "MLXCEL_FUSE_PROJECTIONS"
+
+    def parsed(*argv):
+        return build_parser().parse_args(list(argv)).fuse_projections
+
+    monkeypatch.delenv(env, raising=False)
+    assert parsed() is None  # auto: the engine fuses on CUDA only
+    assert parsed("--fuse-projections", "1") is True
+    monkeypatch.setenv(env, "0")
+    assert parsed() is False and parsed("--fuse-projections", "auto") is None
+    monkeypatch.setenv(env, "sometimes")
+    with pytest.raises(StartupError, match=env):
+        build_parser()
 
 
-def test_engine_with_fused_projections_gives_the_same_tokens(path, monkeypatch):
-    from test_admission_groups import PROMPTS, run_until_done, submit, worker_for
+def test_engine_with_fused_projections_gives_the_same_tokens(path):
+    from mlxcel.engine.loader import load_checkpoint
+    from mlxcel.engine.worker import EngineWorker
+    from mlxcel.plugins import load_plugins
+    from test_admission_groups import PROMPTS, run_until_done, submit
 
+    families = load_plugins().families
     outputs = {}
-    for value in ("0", "1"):
-        monkeypatch.setenv(FUSE_ENV, value)
-        worker = worker_for(path, cache=False)
+    for fuse in (None, False, True):  # None: auto, off on MLX's CPU device
+        worker = EngineWorker(lambda: load_checkpoint(str(path), families), parallel=8,
+                              config=EngineConfig(fuse_projections=fuse))
+        assert worker.setup()
         stacked = [k for k in worker.checkpoint.model.model.model.layers[0].self_attn
                    if k.startswith("mlxcel_")]
-        assert bool(stacked) == (value == "1")
+        assert bool(stacked) == bool(fuse)
         sinks = [submit(worker, p, max_tokens=8) for p in PROMPTS]
         run_until_done(worker, sinks)
-        outputs[value] = [s.tokens for s in sinks]
-    assert outputs["0"] == outputs["1"]
+        outputs[fuse] = [s.tokens for s in sinks]
+    assert outputs[None] == outputs[False] == outputs[True]

@@ -136,9 +136,10 @@ def test_loop_detection_unit():
     assert run(None, [5] * 20) == (20, None)
 
 
-def test_loop_env_override_and_request_precedence(tiny_checkpoint, monkeypatch):
-    monkeypatch.setenv("MLXCEL_LOOP_DETECTION", "1:8:2")
-    with make_client(tiny_checkpoint, parallel=2) as c:
+def test_loop_detection_setting_and_request_precedence(tiny_checkpoint):
+    from mlxcel.options import loop_policy
+
+    with make_client(tiny_checkpoint, parallel=2, loop_detection=loop_policy("1:8:2")) as c:
         wait_ready(c)
         body = {"prompt": "a", "max_tokens": 300, "temperature": 0, "ignore_eos": True}
         looped = c.post("/v1/completions", json=body).json()
@@ -183,20 +184,18 @@ def test_server_defaults_from_flags_reach_props_and_requests(tiny_checkpoint):
         assert a["choices"] == b["choices"]
 
 
-def test_loop_policy_precedence(monkeypatch):
+def test_loop_policy_precedence():
     from mlxcel.families.api import LoopPolicy as FamilyLoop
     from mlxcel.generation import request_loop_policy, server_loop_policy
+    from mlxcel.options import loop_policy
 
     gemma_like = FamilyLoop(min_pattern_size=1, max_pattern_size=20, min_count=4)
-    monkeypatch.delenv("MLXCEL_LOOP_DETECTION", raising=False)
     family = server_loop_policy(gemma_like)
     assert (family.min_pattern_size, family.max_pattern_size, family.min_count) == (1, 20, 4)
     assert server_loop_policy(None) is None
-    monkeypatch.setenv("MLXCEL_LOOP_DETECTION", "2:6:3")
-    env = server_loop_policy(gemma_like)
-    assert (env.min_pattern_size, env.max_pattern_size, env.min_count) == (2, 6, 3)
-    monkeypatch.setenv("MLXCEL_LOOP_DETECTION", "off")
-    assert not server_loop_policy(gemma_like).enabled
+    server = server_loop_policy(gemma_like, loop_policy("2:6:3"))
+    assert (server.min_pattern_size, server.max_pattern_size, server.min_count) == (2, 6, 3)
+    assert not server_loop_policy(gemma_like, loop_policy("off")).enabled
     none = {"min_pattern_size": None, "max_pattern_size": None, "min_count": None}
     assert request_loop_policy(none, family) is family
     assert request_loop_policy({**none, "max_pattern_size": 0}, family) is None

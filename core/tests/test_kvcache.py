@@ -299,15 +299,15 @@ def test_rows_copies_several_rows_like_row_does():
             assert np.array_equal(np.array(v), np.array(v1))
 
 
-def test_decode_attention_mode_follows_the_env_and_the_device(monkeypatch):
+def test_decode_attention_mode_follows_the_setting_and_the_device():
     from mlxcel.engine import attention, varlen_attention
 
     assert not varlen_attention.available()  # CPU: no CUDA kernel
-    for env, want in (("auto", "composed"), ("composed", "composed"), ("fused", "fused"),
-                      ("grouped", "grouped"),
-                      ("varlen", "grouped")):  # varlen falls back where it cannot run
-        monkeypatch.setenv("MLXCEL_DECODE_ATTENTION", env)
-        assert attention.mode() == want
+    assert attention.mode() == "composed"  # auto
+    for choice, want in (("auto", "composed"), ("composed", "composed"), ("fused", "fused"),
+                         ("grouped", "grouped"),
+                         ("varlen", "grouped")):  # varlen falls back where it cannot run
+        assert attention.mode(choice) == want
     model = _model("qwen3")
     try:
         assert attention.install(model, enable=True, choice="varlen") == "grouped"

@@ -7,15 +7,11 @@ import asyncio
 import pytest
 from mlxcel.engine.client import EngineClient
 from mlxcel.engine.loader import load_checkpoint
-from mlxcel.engine.memory import (
-    device_budget,
-    env_budget,
-    estimate_request_bytes,
-    parse_size,
-    request_budget,
-)
+from mlxcel.engine.memory import device_budget, estimate_request_bytes, request_budget
 from mlxcel.errors import MemoryBudgetExceeded, StartupError
+from mlxcel.options import build_parser, parse_size
 from mlxcel.plugins import load_plugins
+from mlxcel.settings import EngineConfig
 from mlxcel.types import GenerationRequest, SamplingParams
 
 CONFIG = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
@@ -31,18 +27,26 @@ def test_parse_size(text, value):
 
 
 @pytest.mark.parametrize("bad", ["0", "none", "", "12X", "-5G", "garbage", "0M"])
+def test_bad_sizes_are_refused(bad):
+    with pytest.raises(ValueError):
+        parse_size(bad)
+
+
+@pytest.mark.parametrize("bad", ["0", "none", "12X", "-5G", "garbage", "0M"])
 def test_bad_budget_values_refuse_to_start(monkeypatch, bad):
     monkeypatch.setenv("MLXCEL_REQUEST_MEMORY_BUDGET", bad)
     with pytest.raises(StartupError, match="MLXCEL_REQUEST_MEMORY_BUDGET"):
-        env_budget()
+        build_parser()
+    monkeypatch.delenv("MLXCEL_REQUEST_MEMORY_BUDGET")
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--request-memory-budget", bad])
 
 
-def test_env_can_only_lower_the_device_budget(monkeypatch):
+def test_the_setting_can_only_lower_the_device_budget():
     device = device_budget()
-    monkeypatch.setenv("MLXCEL_REQUEST_MEMORY_BUDGET", "1M")
-    assert request_budget() == 1 << 20
-    monkeypatch.setenv("MLXCEL_REQUEST_MEMORY_BUDGET", str(device * 4))
     assert request_budget() == device
+    assert request_budget(1 << 20) == 1 << 20
+    assert request_budget(device * 4) == device
 
 
 def test_estimate_counts_kv_in_cache_steps():
@@ -53,10 +57,10 @@ def test_estimate_counts_kv_in_cache_steps():
     assert estimate_request_bytes(CONFIG, 10, 10, 512, 4) > small  # float32 costs more
 
 
-def test_over_budget_request_is_refused_before_it_runs(monkeypatch, tiny_checkpoint):
-    monkeypatch.setenv("MLXCEL_REQUEST_MEMORY_BUDGET", "200K")
+def test_over_budget_request_is_refused_before_it_runs(tiny_checkpoint):
     families = load_plugins().families
-    engine = EngineClient(lambda: load_checkpoint(str(tiny_checkpoint), families), parallel=2)
+    engine = EngineClient(lambda: load_checkpoint(str(tiny_checkpoint), families), parallel=2,
+                          config=EngineConfig(request_memory_budget=200 << 10))
     engine.start()
     engine.worker.ready.wait(60)
     try:

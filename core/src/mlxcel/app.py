@@ -23,7 +23,7 @@ from mlxcel.logging import configure
 from mlxcel.metrics import Metrics, metrics_route
 from mlxcel.middleware import GuardConfig, ServerMiddleware
 from mlxcel.plugins import Plugins, load_plugins
-from mlxcel.settings import FAILURE_ENV, Settings
+from mlxcel.settings import EngineConfig, Settings, failure_file
 
 log = structlog.get_logger("mlxcel.app")
 _HTTP_TYPES = {400: "invalid_request_error", 401: "invalid_api_key", 404: "not_found_error",
@@ -107,7 +107,7 @@ def create_app(settings: Settings, plugins: Plugins | None = None,
                                     chat_template_file=settings.chat_template_file),
             parallel=settings.parallel, ctx_size=settings.ctx_size,
             prefill_chunk=settings.prefill_chunk_size, max_queue_depth=settings.max_queue_depth,
-            prompt_cache=prompt_cache_from(settings))
+            prompt_cache=prompt_cache_from(settings), config=EngineConfig.from_settings(settings))
     metrics = Metrics(engine)
     ctx = AppContext(settings=settings, plugins=plugins, engine=engine,
                      model_name=model_display_name(settings), metrics=metrics)
@@ -146,9 +146,10 @@ def engine_failure(engine: EngineClient) -> tuple[str, bool] | None:
     return f"the model failed to load: {engine.worker.error}", False
 
 
-def _exit_on_engine_failure(engine: EngineClient) -> None:
+def _exit_on_engine_failure(engine: EngineClient, failure_path: str | None) -> None:
     """In the Granian worker: an engine that fails (at load or later) stops the whole server,
-    with the reason handed to the CLI (which prints it and exits non-zero)."""
+    with the reason handed to the CLI (which prints it and exits non-zero) in the file
+    ``failure_path``."""
 
     def watch() -> None:
         failure = engine_failure(engine)
@@ -158,9 +159,8 @@ def _exit_on_engine_failure(engine: EngineClient) -> None:
         log.error("engine_failed", error=message)
         if was_serving:
             time.sleep(STREAM_FLUSH_S)  # let open streams send their error frames
-        path = os.environ.get(FAILURE_ENV)
-        if path:
-            with open(path, "w", encoding="utf-8") as fh:
+        if failure_path:
+            with open(failure_path, "w", encoding="utf-8") as fh:
                 fh.write(message)
         os.kill(os.getppid(), signal.SIGTERM)  # Granian's main process shuts down
         os._exit(3)
@@ -173,5 +173,5 @@ def app_from_env() -> Litestar:
     settings = Settings.from_env()
     configure(settings.log_format, secrets=[settings.api_key])
     app = create_app(settings, listening=True)
-    _exit_on_engine_failure(app.state["ctx"].engine)
+    _exit_on_engine_failure(app.state["ctx"].engine, failure_file())
     return app

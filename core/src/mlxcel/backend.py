@@ -189,7 +189,7 @@ def maybe_reexec(argv: Sequence[str], *, no_fast_blas: bool) -> None:
 
     Returns (doing nothing) when the decision is no; otherwise does not return.
     """
-    env = os.environ
+    env = library_env()
     if not sys.platform.startswith("linux") or env.get(REEXEC_MARKER) or no_fast_blas:
         return  # the cheap no's: skip the library look-ups
     lib = mlx_library()
@@ -232,7 +232,7 @@ def blas_in_use(env: Mapping[str, str] | None = None, maps_path: str = "/proc/se
     lookup, so it wins; otherwise MLX's own ``libblas`` (the wheel bundles netlib's).
     Other BLAS copies in the process (numpy's prefixed OpenBLAS) do not count.
     """
-    env = os.environ if env is None else env
+    env = library_env() if env is None else env
     if sys.platform == "darwin":
         return "accelerate"
     mapped = _mapped_files(maps_path)
@@ -297,56 +297,49 @@ def model_dtype(module: Any) -> str:
     return max(sizes, key=lambda k: sizes[k]) if sizes else "unknown"
 
 
-
-
 def on_cuda() -> bool:
     """MLX runs on an NVIDIA GPU: the GPU device anywhere but macOS (whose GPU is Metal)."""
     return sys.platform != "darwin" and mlx_device() == "gpu"
 
 
-FUSE_ENV = "MLXCEL_FUSE_PROJECTIONS"
-
-
-def fuse_projections(device_default: bool) -> bool:
-    """``MLXCEL_FUSE_PROJECTIONS`` (``mlxcel.engine.fused_proj``): ``1`` / ``0``, or
-    ``auto`` (the default) = ``device_default``; raises StartupError for anything else."""
-    value = os.environ.get(FUSE_ENV, "auto").strip().lower()
-    if value in ("", "auto"):
-        return device_default
-    if value in ("1", "on", "true", "yes"):
-        return True
-    if value in ("0", "off", "false", "no"):
-        return False
-    raise StartupError(f"{FUSE_ENV} must be auto, 1 or 0, got {value!r}")
-
-
-SWITCH_INTERVAL_ENV = "MLXCEL_SWITCH_INTERVAL"
+# ``sys.setswitchinterval`` on CUDA unless --switch-interval sets one. The engine thread
+# spends most of a decode step in MLX calls that release the GIL; when it needs the GIL back
+# while the event loop runs Python (SSE frames of many streams), it waits until the loop's
+# thread is made to drop it, after at most this interval. On a GPU a short one keeps the
+# device fed; on a small CPU machine the extra switches cost more than they save
+# (bench/results/serving_gpu.md), so elsewhere Python's own interval stays.
 CUDA_SWITCH_INTERVAL = 0.0005
 
 
-def switch_interval() -> float | None:
-    """``MLXCEL_SWITCH_INTERVAL`` in seconds for ``sys.setswitchinterval``; None when unset
-    (the engine then uses ``CUDA_SWITCH_INTERVAL`` on CUDA and Python's own 5 ms elsewhere).
+# ---------------------------------------------------------------- the process environment
 
-    The engine thread spends most of a decode step in MLX calls that release the GIL; when
-    it needs the GIL back while the event loop runs Python (SSE frames of many streams), it
-    waits until the loop's thread is made to drop it, after at most this interval. On an
-    H200 at 64 streams 0.5 ms measured 8% faster than 5 ms; on a 2-core CPU it measured
-    slower (bench/results/serving_gpu.md). Raises StartupError for anything but a positive
-    number of seconds up to 1."""
-    raw = os.environ.get(SWITCH_INTERVAL_ENV, "").strip()
-    if not raw:
-        return None
+def library_env() -> Mapping[str, str]:
+    """The process environment, for the variables that belong to other programs.
+
+    mlxcel's own settings come from the options table (``mlxcel.options``), resolved once
+    into ``Settings``. These are not settings of mlxcel's: ``LD_PRELOAD`` is the dynamic
+    loader's (the re-exec above prepends OpenBLAS to it, and ``REEXEC_MARKER`` keeps it
+    from looping), and ``OPENBLAS_NUM_THREADS`` / ``OMP_NUM_THREADS`` are OpenBLAS's own,
+    which ``mlxcel.engine.cpu_blas`` leaves alone when a user set them. They are read where
+    those libraries read them, the process environment, so this is the one place outside
+    the options and settings code that reads ``os.environ``.
+    """
+    return os.environ
+
+
+def _main() -> int:
+    """``python -m mlxcel.backend``: the BLAS the server would preload, or nothing (off
+    with ``MLXCEL_NO_FAST_BLAS``, read through the options table like the server does)."""
+    from mlxcel.options import env_default
+
     try:
-        value = float(raw)
-    except ValueError:
-        value = 0.0
-    if not 0 < value <= 1:
-        raise StartupError(f"{SWITCH_INTERVAL_ENV} must be a number of seconds in (0, 1], "
-                           f"got {raw!r}")
-    return value
+        off = env_default("no_fast_blas")
+    except StartupError as exc:
+        print(f"mlxcel.backend: error: {exc}", file=sys.stderr)
+        return 2
+    print("" if off or not sys.platform.startswith("linux") else find_fast_blas() or "")
+    return 0
 
 
-if __name__ == "__main__":  # `python -m mlxcel.backend`: the BLAS to preload, or nothing
-    _off = os.environ.get("MLXCEL_NO_FAST_BLAS", "").strip().lower() in ("1", "true", "yes", "on")
-    print("" if _off or not sys.platform.startswith("linux") else find_fast_blas() or "")
+if __name__ == "__main__":
+    sys.exit(_main())

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Sequence
 
 import msgspec
 
 from mlxcel.errors import PluginError, StartupError, UnknownModelType
-from mlxcel.options import OPTIONS, build_parser  # noqa: F401  (OPTIONS re-exported)
+from mlxcel.options import OPTIONS, build_parser, env_default  # noqa: F401 (re-exported)
 from mlxcel.settings import Settings
 
 
@@ -23,9 +22,8 @@ def list_plugins(argv: Sequence[str]) -> int:
     from mlxcel.plugins import load_plugins
 
     parser = argparse.ArgumentParser(prog="mlxcel-server plugins")
-    parser.add_argument("--plugins", default=os.environ.get("MLXCEL_PLUGINS") or None)
-    parser.add_argument("--disable-plugins",
-                        default=os.environ.get("MLXCEL_DISABLE_PLUGINS") or None)
+    parser.add_argument("--plugins", default=env_default("plugins"))
+    parser.add_argument("--disable-plugins", default=env_default("disable_plugins"))
     parser.add_argument("--json", action="store_true", help="print JSON")
     args = parser.parse_args(argv)
     from mlxcel.logging import configure
@@ -133,16 +131,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         settings = read_api_key(Settings(**vars(args)))
         check_limits(settings)
-        from mlxcel.backend import fuse_projections, maybe_reexec, resolve_dtype, switch_interval
-        from mlxcel.engine.memory import env_budget
+        from mlxcel.backend import maybe_reexec
         from mlxcel.generation import check_server_settings
 
-        check_server_settings(settings)
-        env_budget()  # a bad MLXCEL_REQUEST_MEMORY_BUDGET refuses to start
-        switch_interval()  # a bad MLXCEL_SWITCH_INTERVAL refuses to start
-        fuse_projections(False)  # so does a bad MLXCEL_FUSE_PROJECTIONS (mlx not imported)
-
-        resolve_dtype(settings.dtype, "cpu")  # MLXCEL_DTYPE bypasses argparse's choices
+        check_server_settings(settings)  # the sampling flags follow the request rules
         if as_program:  # on Linux CPU, restart once with OpenBLAS preloaded (mlxcel.backend)
             maybe_reexec(argv, no_fast_blas=settings.no_fast_blas)
         from mlxcel.logging import configure

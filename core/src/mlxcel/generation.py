@@ -4,8 +4,6 @@ loop-detection policy."""
 from __future__ import annotations
 
 import math
-import os
-import re
 from collections.abc import Callable
 from typing import Any
 
@@ -33,7 +31,6 @@ FLAG_FIELDS = {
 SEED_UNSET = 18446744073709551615  # u64::MAX: what llama-server reports for "no seed"
 MAX_STOP_STRINGS = 16
 MAX_TOP_LOGPROBS = 20
-LOOP_ENV = "MLXCEL_LOOP_DETECTION"
 
 INT_LIMIT = 2**31  # int fields (top_k, window lengths): beyond it no context can reach
 
@@ -143,27 +140,12 @@ def max_tokens(value: int | None, field: str, n_predict: int) -> int | None:
 
 
 # -- loop detection -----------------------------------------------------------------------
-_LOOP_SPEC = re.compile(r"^\s*(\d+)\s*[:,]\s*(\d+)\s*[:,]\s*(\d+)\s*$")
-
-
-def parse_loop_env(raw: str | None) -> LoopPolicy | None:
-    """``MLXCEL_LOOP_DETECTION``: ``off`` or ``MIN:MAX:COUNT`` (e.g. ``1:20:4``)."""
-    if raw is None or not raw.strip():
-        return None
-    if raw.strip().lower() in ("off", "0", "none", "false"):
-        return LoopPolicy(max_pattern_size=0)
-    match = _LOOP_SPEC.match(raw)
-    if not match:
-        raise StartupError(f"{LOOP_ENV}={raw!r}: expected 'off' or MIN:MAX:COUNT, e.g. 1:20:4")
-    low, high, count = (int(g) for g in match.groups())
-    return LoopPolicy(min_pattern_size=max(1, low), max_pattern_size=high, min_count=count)
-
-
-def server_loop_policy(family_policy: Any) -> LoopPolicy | None:
-    """The global override if set, else the family's default (None = off)."""
-    env = parse_loop_env(os.environ.get(LOOP_ENV))
-    if env is not None:
-        return env
+def server_loop_policy(family_policy: Any, override: LoopPolicy | None = None
+                       ) -> LoopPolicy | None:
+    """``override`` (``--loop-detection``, parsed by ``mlxcel.options.loop_policy``) if set,
+    else the family's default (None = off)."""
+    if override is not None:
+        return override
     if family_policy is None:
         return None
     return LoopPolicy(min_pattern_size=family_policy.min_pattern_size,
@@ -189,7 +171,8 @@ def request_loop_policy(fields: dict[str, int | None], server: LoopPolicy | None
 
 
 def check_server_settings(settings: Any) -> None:
-    """Startup checks: sampling flags follow the request rules; env policies parse."""
+    """Startup check: the sampling flags follow the request rules (``RULES``), so that a
+    default no request could set refuses to start."""
     for flag, field in FLAG_FIELDS.items():
         value = getattr(settings, flag, None)
         if value is None or (field == "seed" and value < 0):
@@ -197,4 +180,3 @@ def check_server_settings(settings: Any) -> None:
         check, message = RULES[field]
         if not check(value):
             raise StartupError(f"--{flag.replace('_', '-')} {value}: {message}")
-    parse_loop_env(os.environ.get(LOOP_ENV))

@@ -1,13 +1,23 @@
-"""The server's flags: one table, each flag with its env twin; argparse built from it."""
+"""The server's settings: one table, each row a flag with its env twin; argparse built from it.
+
+Every value mlxcel takes from its operator is a row here, parsed and checked by the row's
+type (a function of this module, which imports no MLX), so a bad value, given as a flag or
+as its env twin, refuses to start before anything is loaded. The CLI resolves the table
+once into ``Settings``, which is passed down; no other module reads ``os.environ`` for
+mlxcel's own settings (``mlxcel.backend.library_env`` holds the variables of other
+programs).
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 from typing import Any
 
 from mlxcel import __version__
 from mlxcel.errors import StartupError
+from mlxcel.types import LoopPolicy
 
 
 def _bool(raw: str) -> bool:
@@ -17,6 +27,95 @@ def _bool(raw: str) -> bool:
     if value in ("0", "false", "no", "off", ""):
         return False
     raise ValueError(raw)
+
+
+def on_off(raw: str) -> bool:
+    """A setting that is on by default: ``on``/``1``/... or ``off``/``0``/..."""
+    try:
+        return _bool(raw) if raw.strip() else True
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected on or off, got {raw!r}") from None
+
+
+def auto_on_off(raw: str) -> bool | None:
+    """``auto`` (None: the engine decides per device), or on / off."""
+    if raw.strip().lower() in ("", "auto"):
+        return None
+    try:
+        return _bool(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected auto, 1 or 0, got {raw!r}") from None
+
+
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """``"12G"``, ``"512MiB"``, ``"1.5g"``, ``"1048576"`` -> bytes; > 0 or ValueError."""
+    match = _SIZE.match(text or "")
+    if not match:
+        raise ValueError(f"not a byte size: {text!r}")
+    value = int(float(match.group(1)) * _UNITS[match.group(2).upper()])
+    if value <= 0:
+        raise ValueError(f"byte size must be positive: {text!r}")
+    return value
+
+
+def byte_size(raw: str) -> int:
+    """A positive byte size; ``0`` or ``none`` are refused, since a budget of nothing
+    would refuse every request."""
+    try:
+        return parse_size(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            "not a positive byte size (examples: 12G, 512M, 1073741824)") from None
+
+
+_LOOP_SPEC = re.compile(r"^\s*(\d+)\s*[:,]\s*(\d+)\s*[:,]\s*(\d+)\s*$")
+
+
+def loop_policy(raw: str) -> LoopPolicy:
+    """``off`` or ``MIN:MAX:COUNT`` (e.g. ``1:20:4``): the server's loop-detection policy."""
+    if raw.strip().lower() in ("off", "0", "none", "false"):
+        return LoopPolicy(max_pattern_size=0)
+    match = _LOOP_SPEC.match(raw)
+    if not match:
+        raise argparse.ArgumentTypeError(
+            f"expected 'off' or MIN:MAX:COUNT, e.g. 1:20:4, got {raw!r}")
+    low, high, count = (int(g) for g in match.groups())
+    return LoopPolicy(min_pattern_size=max(1, low), max_pattern_size=high, min_count=count)
+
+
+def seconds_up_to_1(raw: str) -> float:
+    """A number of seconds in (0, 1]: a GIL switch interval beyond a second would stall
+    the engine thread for that long."""
+    try:
+        value = float(raw)
+    except ValueError:
+        value = 0.0
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds in (0, 1], got {raw!r}")
+    return value
+
+
+def _choice(name: str) -> Any:
+    """A parser for one of ``CHOICES[name]`` (case-insensitive), so that an env twin,
+    which argparse's ``choices`` never sees, is checked too."""
+
+    def parse(raw: str) -> str:
+        value = raw.strip().lower()
+        if value not in CHOICES[name]:
+            raise argparse.ArgumentTypeError(
+                f"expected one of {', '.join(CHOICES[name])}, got {raw!r}")
+        return value
+
+    parse.__name__ = name
+    return parse
+
+
+def _path(raw: str) -> str:
+    return raw.strip()
 
 
 # (flags, dest, type, default, env twin, help)
@@ -72,7 +171,7 @@ OPTIONS: list[tuple[tuple[str, ...], str, Any, Any, str, str]] = [
      "mount GET /metrics (Prometheus text format)"),
     (("--metrics-port",), "metrics_port", int, 0, "MLXCEL_METRICS_PORT",
      "serve metrics on this separate port instead (0 = off)"),
-    (("--dtype",), "dtype", str, "auto", "MLXCEL_DTYPE",
+    (("--dtype",), "dtype", _choice("dtype"), "auto", "MLXCEL_DTYPE",
      "compute dtype: auto (float32 on MLX's CPU device with OpenBLAS or for a quantized "
      "model, else the checkpoint's own), float32, float16 or bfloat16"),
     (("--no-fast-blas",), "no_fast_blas", _bool, False, "MLXCEL_NO_FAST_BLAS",
@@ -82,7 +181,8 @@ OPTIONS: list[tuple[tuple[str, ...], str, Any, Any, str, str]] = [
     (("--cache-ram",), "cache_ram", int, 2048, "LLAMA_ARG_CACHE_RAM",
      "prompt cache capacity in MiB"),
     (("--prompt-cache-capacity-bytes",), "prompt_cache_capacity_bytes", int, 0,
-     "MLXCEL_PROMPT_CACHE_CAPACITY_BYTES", "prompt cache capacity in bytes (overrides --cache-ram)"),
+     "MLXCEL_PROMPT_CACHE_CAPACITY_BYTES",
+     "prompt cache capacity in bytes (overrides --cache-ram)"),
     (("--prompt-cache-max-entries",), "prompt_cache_max_entries", int, 1024,
      "MLXCEL_PROMPT_CACHE_MAX_ENTRIES", "most entries the prompt cache keeps"),
     (("--prompt-cache-ttl",), "prompt_cache_ttl", float, 3600.0, "MLXCEL_PROMPT_CACHE_TTL",
@@ -115,20 +215,59 @@ OPTIONS: list[tuple[tuple[str, ...], str, Any, Any, str, str]] = [
      "default seed (-1 or unset = random)"),
     (("--demo",), "demo", _bool, False, "MLXCEL_DEMO",
      "serve a tiny random-weight checkpoint built offline; its output is random text"),
+    # engine tuning and diagnosis (docs/reference/flags.md says what each one costs)
+    (("--request-memory-budget",), "request_memory_budget", byte_size, None,
+     "MLXCEL_REQUEST_MEMORY_BUDGET",
+     "byte size (12G, 512M) that can only lower the per-request memory budget (unset: the "
+     "device's); a request estimated above it gets 503 request_memory_budget_exceeded"),
+    (("--loop-detection",), "loop_detection", loop_policy, None, "MLXCEL_LOOP_DETECTION",
+     "loop-detection policy, off or MIN:MAX:COUNT (e.g. 1:20:4), over the model family's "
+     "default; request fields override it"),
+    (("--switch-interval",), "switch_interval", seconds_up_to_1, None,
+     "MLXCEL_SWITCH_INTERVAL",
+     "seconds in (0, 1] for sys.setswitchinterval (unset: 0.0005 on CUDA, Python's own "
+     "elsewhere)"),
+    (("--fuse-projections",), "fuse_projections", auto_on_off, "auto",
+     "MLXCEL_FUSE_PROJECTIONS",
+     "auto, 1 or 0: compute each layer's q/k/v and gate/up projections as one matmul each "
+     "(auto: on with CUDA)"),
+    (("--decode-attention",), "decode_attention", _choice("decode_attention"), "auto",
+     "MLXCEL_DECODE_ATTENTION",
+     "attention for batches with padded rows (auto: varlen on CUDA, composed on MLX's CPU "
+     "device, fused on Metal)"),
+    (("--shared-positions",), "shared_positions", on_off, "on", "MLXCEL_SHARED_POSITIONS",
+     "on or off: decode a batch on one RoPE offset where the family and the model allow it"),
+    (("--engine-trace",), "engine_trace", _path, None, "MLXCEL_ENGINE_TRACE",
+     "write one JSON line per engine loop turn that did work to this file (diagnosis)"),
 ]
 CHOICES = {"log_format": ["json", "console"],
-           "dtype": ["auto", "float32", "float16", "bfloat16"]}
+           "dtype": ["auto", "float32", "float16", "bfloat16"],
+           "decode_attention": ["auto", "varlen", "grouped", "composed", "fused"]}
 
 
 def _env_default(env: str, type_: Any, default: Any) -> Any:
+    """The row's default as its env twin sets it (unset or empty: the table's default);
+    a value its type refuses is a StartupError naming the variable."""
     raw = os.environ.get(env)
     if raw is None or raw == "":
         return default
     try:
         return type_(raw)
+    except argparse.ArgumentTypeError as exc:
+        raise StartupError(f"environment variable {env}={raw!r}: {exc}") from None
     except ValueError:
-        raise StartupError(
-            f"environment variable {env}={raw!r} is not a valid {getattr(type_, '__name__', 'value').lstrip('_')}") from None
+        name = getattr(type_, "__name__", "value").lstrip("_")
+        raise StartupError(f"environment variable {env}={raw!r} is not a valid {name}") from None
+
+
+def env_default(dest: str) -> Any:
+    """What the env twin of option ``dest`` sets (else the table's default), for a
+    command that takes a few of the server's options (``mlxcel-server plugins``)."""
+    for _flags, name, type_, default, env, _help in OPTIONS:
+        if name == dest:
+            value = _env_default(env, type_, default)
+            return type_(value) if isinstance(value, str) and type_ is not str else value
+    raise KeyError(dest)
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):

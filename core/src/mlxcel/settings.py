@@ -1,10 +1,19 @@
-"""Server settings: one frozen struct, filled by the CLI (flags + env twins)."""
+"""Server settings: one frozen struct, filled by the CLI from the options table
+(``mlxcel.options``: flags and their env twins), and the engine's share of it.
+
+The CLI hands the settings to the Granian worker through ``SETTINGS_ENV`` and the worker
+hands a fatal error back through the file named by ``FAILURE_ENV``; these two variables are
+process plumbing between the CLI and its worker, not settings, so only this module and
+``mlxcel.serving`` touch them.
+"""
 
 from __future__ import annotations
 
 import os
 
 import msgspec
+
+from mlxcel.types import LoopPolicy
 
 SETTINGS_ENV = "MLXCEL_SETTINGS_JSON"  # how the CLI hands settings to the Granian worker
 FAILURE_ENV = "MLXCEL_FAILURE_FILE"  # where the worker leaves a fatal error for the CLI
@@ -59,6 +68,14 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     xtc_probability: float | None = None
     xtc_threshold: float | None = None
     seed: int | None = None
+    # engine tuning and diagnosis (None: the engine's per-device default)
+    request_memory_budget: int | None = None
+    loop_detection: LoopPolicy | None = None
+    switch_interval: float | None = None
+    fuse_projections: bool | None = None
+    decode_attention: str = "auto"
+    shared_positions: bool = True
+    engine_trace: str | None = None
 
     def to_env(self) -> str:
         return msgspec.json.encode(self).decode()
@@ -67,3 +84,24 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     def from_env(cls) -> Settings:
         raw = os.environ.get(SETTINGS_ENV)
         return msgspec.json.decode(raw, type=cls) if raw else cls()
+
+
+def failure_file() -> str | None:
+    """In the Granian worker: where to leave a fatal error for the CLI (None outside it)."""
+    return os.environ.get(FAILURE_ENV) or None
+
+
+class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """What the engine thread takes from the settings when it sets up; the defaults are
+    the engine's own (nothing configured), so an engine built in-process needs none."""
+
+    request_memory_budget: int | None = None  # bytes; can only lower the device's
+    switch_interval: float | None = None  # None: CUDA_SWITCH_INTERVAL on CUDA, else Python's
+    fuse_projections: bool | None = None  # None: on with CUDA only
+    decode_attention: str = "auto"  # mlxcel.engine.attention.mode
+    shared_positions: bool = True  # where the family and the model allow it
+    engine_trace: str | None = None  # a JSONL file path (mlxcel.engine.trace)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> EngineConfig:
+        return cls(**{name: getattr(settings, name) for name in cls.__struct_fields__})

@@ -25,7 +25,6 @@ module calls; on CUDA the wrapper takes these paths only for steps on the engine
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import Any
 
@@ -34,8 +33,6 @@ import mlx.core as mx
 from mlxcel.backend import mlx_device, on_cuda
 from mlxcel.engine import cpu_attention, varlen_attention
 from mlxcel.engine.kvcache import BatchCache
-
-DECODE_ATTENTION_ENV = "MLXCEL_DECODE_ATTENTION"
 
 
 def grouped_decode_attention(queries: mx.array, keys: mx.array, values: mx.array,
@@ -76,12 +73,12 @@ def _wrap(original: Any, mode: str) -> Any:
 
 
 def mode(choice: str | None = None) -> str:
-    """``MLXCEL_DECODE_ATTENTION`` (or ``choice``): ``varlen`` / ``grouped`` / ``composed`` /
+    """``choice`` (``--decode-attention``): ``varlen`` / ``grouped`` / ``composed`` /
     ``fused``; ``auto`` (default) = ``varlen`` on CUDA where the kernel passed its
     self-check, else ``grouped`` on CUDA (MLX has no fused masked kernel there),
     ``composed`` on MLX's CPU device and MLX's own kernel (``fused``) on Metal. ``varlen``
     where the kernel is unavailable means ``grouped``."""
-    choice = (choice or os.environ.get(DECODE_ATTENTION_ENV, "auto")).strip().lower()
+    choice = (choice or "auto").strip().lower()
     if choice == "composed" or (choice == "auto" and mlx_device() == "cpu"):
         return "composed"
     if choice == "fused" or (choice not in ("varlen", "grouped") and not on_cuda()):
@@ -98,9 +95,10 @@ def _module(model: Any) -> Any:
 
 def install(model: Any, enable: bool | None = None, choice: str | None = None) -> str | None:
     """Route ``model``'s masked attention on the engine's caches (decode steps; prefill
-    chunks too for ``varlen``) through the ``mode()`` path (see the module docstring); returns that path's name, or None when MLX's own kernel
-    stays (``enable=False``, or ``fused``). ``enable=True`` forces a path (``grouped``
-    unless ``choice`` names one) on any device."""
+    chunks too for ``varlen``) through the ``mode(choice)`` path (see the module
+    docstring); returns that path's name, or None when MLX's own kernel stays
+    (``enable=False``, or ``fused``). ``enable=True`` forces a path (``grouped`` unless
+    ``choice`` names one) on any device."""
     if enable is False:
         return None
     picked = mode(choice) if enable is None else (choice or "grouped")

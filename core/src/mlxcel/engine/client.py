@@ -20,6 +20,7 @@ from mlxcel.errors import (
     ModelLoading,
     Overloaded,
 )
+from mlxcel.settings import EngineConfig
 from mlxcel.types import GenerationEvent, GenerationRequest
 
 # A slow reader never stalls the engine: past this many unread events, text is merged
@@ -153,8 +154,11 @@ class EngineClient:
 
     def __init__(self, load: Callable[[], Any], parallel: int, ctx_size: int = 0,
                  prefill_chunk: int = 512, max_queue_depth: int = 32,
-                 prompt_cache: PromptCache | None = None) -> None:
-        self.worker = EngineWorker(load, parallel, prefill_chunk, prompt_cache)
+                 prompt_cache: PromptCache | None = None,
+                 config: EngineConfig | None = None) -> None:
+        """``config``: the engine's settings (``EngineConfig.from_settings``); None = the
+        engine's defaults, as with nothing configured."""
+        self.worker = EngineWorker(load, parallel, prefill_chunk, prompt_cache, config)
         self.prompt_cache = self.worker.prompt_cache
         self.requested_ctx = ctx_size
         self.max_queue_depth = max_queue_depth

@@ -1,44 +1,15 @@
 """Request memory admission: estimate a request's KV + activation bytes, compare to a budget.
 
 The budget is the smallest of what the device allows (Metal's recommended working set, the
-MLX allocator limit) and ``MLXCEL_REQUEST_MEMORY_BUDGET``, which can only lower it.
+MLX allocator limit) and ``--request-memory-budget`` (``MLXCEL_REQUEST_MEMORY_BUDGET``,
+parsed by ``mlxcel.options.byte_size``), which can only lower it.
 """
 
 from __future__ import annotations
 
 import math
-import os
-import re
 
-from mlxcel.errors import StartupError
-
-BUDGET_ENV = "MLXCEL_REQUEST_MEMORY_BUDGET"
 KV_STEP = 256  # mlx-lm's KV caches grow in steps of this many tokens
-_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
-
-
-def parse_size(text: str) -> int:
-    """``"12G"``, ``"512MiB"``, ``"1.5g"``, ``"1048576"`` -> bytes; > 0 or ValueError."""
-    match = _SIZE.match(text or "")
-    if not match:
-        raise ValueError(f"not a byte size: {text!r}")
-    value = int(float(match.group(1)) * _UNITS[match.group(2).upper()])
-    if value <= 0:
-        raise ValueError(f"byte size must be positive: {text!r}")
-    return value
-
-
-def env_budget() -> int | None:
-    """The operator's cap from the environment; a bad value stops the server."""
-    raw = os.environ.get(BUDGET_ENV)
-    if raw is None:
-        return None
-    try:
-        return parse_size(raw)
-    except ValueError:
-        raise StartupError(f"{BUDGET_ENV}={raw!r} is not a positive byte size "
-                           "(examples: 12G, 512M, 1073741824)") from None
 
 
 def device_budget() -> int:
@@ -53,8 +24,8 @@ def device_budget() -> int:
     return min(v for v in limits if v > 0)
 
 
-def request_budget() -> int:
-    cap = env_budget()
+def request_budget(cap: int | None = None) -> int:
+    """The device's budget, lowered to the operator's ``cap`` (bytes) when one is set."""
     device = device_budget()
     return device if cap is None else min(device, cap)
 

@@ -1,20 +1,18 @@
-"""Engine timeline for diagnosis: ``MLXCEL_ENGINE_TRACE=/path/file.jsonl``.
+"""Engine timeline for diagnosis: ``--engine-trace /path/file.jsonl`` (``MLXCEL_ENGINE_TRACE``).
 
 One JSON line per engine iteration that did any work: its start (seconds since the engine
 became ready), requests that arrived, rows waiting, the prefill group's rows x columns and
 time, the decode batch size and the time spent launching and reading back its step, and
 the prompt-cache store time. Lines are written in blocks (and at shutdown), so tracing
-costs a dictionary per iteration. Off (no file) unless the variable is set.
+costs a dictionary per iteration. Off (no file) unless a path is set.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import time
 from typing import Any
 
-TRACE_ENV = "MLXCEL_ENGINE_TRACE"
 FLUSH_EVERY = 256
 
 
@@ -27,8 +25,8 @@ class Trace:
         open(path, "w").close()  # noqa: SIM115 - truncate; fails early on a bad path
 
     @classmethod
-    def from_env(cls) -> Trace | None:
-        path = os.environ.get(TRACE_ENV, "").strip()
+    def to(cls, path: str | None) -> Trace | None:
+        """A trace writing to ``path``, or None (no tracing) when there is none."""
         return cls(path) if path else None
 
     def begin(self) -> None:

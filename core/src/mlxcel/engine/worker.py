@@ -15,13 +15,7 @@ import mlx.core as mx
 import msgspec
 import structlog
 
-from mlxcel.backend import (
-    CUDA_SWITCH_INTERVAL,
-    fuse_projections,
-    mlx_device,
-    on_cuda,
-    switch_interval,
-)
+from mlxcel.backend import CUDA_SWITCH_INTERVAL, mlx_device, on_cuda
 from mlxcel.engine import attention, cpu_blas, fused_proj
 from mlxcel.engine.batch import (
     DecodeBatch,
@@ -38,6 +32,7 @@ from mlxcel.engine.sequence import Sequence, Sink, end_all, error_event, fail_al
 from mlxcel.engine.trace import Trace
 from mlxcel.engine.warmup import warm_up
 from mlxcel.errors import GenerationFailed
+from mlxcel.settings import EngineConfig
 from mlxcel.types import GenerationRequest
 
 log = structlog.get_logger("mlxcel.engine")
@@ -66,8 +61,10 @@ class EngineWorker(threading.Thread):
     """
 
     def __init__(self, load: Callable[[], Any], parallel: int, prefill_chunk: int = 512,
-                 prompt_cache: PromptCache | None = None) -> None:
+                 prompt_cache: PromptCache | None = None,
+                 config: EngineConfig | None = None) -> None:
         super().__init__(name="mlxcel-engine", daemon=True)
+        self.config = config or EngineConfig()
         self.prompt_cache = prompt_cache or PromptCache(0, enabled=False)
         self._load = load
         self.parallel = max(1, parallel)
@@ -93,7 +90,7 @@ class EngineWorker(threading.Thread):
         self._order = itertools.count()
         self._stopping = threading.Event()
         self.ready = threading.Event()
-        self.trace: Trace | None = None  # MLXCEL_ENGINE_TRACE (mlxcel.engine.trace)
+        self.trace: Trace | None = None  # --engine-trace (mlxcel.engine.trace)
         self.closed = False  # the thread ended: submits are refused (guarded by _queue_lock)
         self._dirty = False  # work ran since MLX's buffer cache was last cleared
         self._clear_requested = False  # set from other threads (prompt-cache reset)
@@ -119,16 +116,18 @@ class EngineWorker(threading.Thread):
     def setup(self) -> bool:
         """Load the model and get ready to schedule (the thread's first act); False if the
         model failed to load."""
+        cfg = self.config
         try:
             self.checkpoint = self._load()
             self.eos_ids = set(self.checkpoint.tokenizer.eos_ids)
             self.batchable = is_batchable(self.checkpoint.model)
-            self.rope = shared_position_rope(self.checkpoint.model,
-                                             self.checkpoint.family.relative_positions) \
+            shared = cfg.shared_positions and self.checkpoint.family.relative_positions
+            self.rope = shared_position_rope(self.checkpoint.model, shared) \
                 if self.batchable else None
-            path = attention.install(self.checkpoint.model) if self.batchable else None
-            fused = fused_proj.fuse(self.checkpoint.model) \
-                if fuse_projections(on_cuda()) else 0
+            path = attention.install(self.checkpoint.model, choice=cfg.decode_attention) \
+                if self.batchable else None
+            fuse = on_cuda() if cfg.fuse_projections is None else cfg.fuse_projections
+            fused = fused_proj.fuse(self.checkpoint.model) if fuse else 0
             log.info("engine_batch", positions="shared" if self.rope is not None else "absolute",
                      masked_decode_attention=path or "mlx", fused_projections=fused)
             if not self.batchable:
@@ -152,9 +151,9 @@ class EngineWorker(threading.Thread):
                             self.checkpoint.tokenizer.vocab_size)
                 except Exception as exc:  # only a speed-up: serve without it
                     log.warning("engine_warmup_failed", error=f"{type(exc).__name__}: {exc}")
-            self.memory_budget = request_budget()
+            self.memory_budget = request_budget(cfg.request_memory_budget)
             self.dtype_bytes = compute_dtype_bytes(self.checkpoint.model.model)
-            self.trace = Trace.from_env()
+            self.trace = Trace.to(cfg.engine_trace)
             self.state = "ready"
         except Exception as exc:
             self.state, self.error = "failed", f"{type(exc).__name__}: {exc}"
@@ -171,7 +170,7 @@ class EngineWorker(threading.Thread):
         "failed" with ``error`` set."""
         if not self.setup():
             return
-        interval = switch_interval()
+        interval = self.config.switch_interval
         if interval is None and on_cuda():
             interval = CUDA_SWITCH_INTERVAL
         if interval is not None:

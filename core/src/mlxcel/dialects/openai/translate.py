@@ -187,7 +187,8 @@ def generation_request(ctx: AppContext, body: SamplingFields, prompt: list[int],
     fields = {k: getattr(body, k, None) for k in defaults}
     sampling = sampling_params(fields, defaults, logprobs=logprobs, top_logprobs=top_logprobs)
     loop_fields = {k: getattr(body, k) for k in LOOP_FIELDS}
-    loop = request_loop_policy(loop_fields, server_loop_policy(ckpt.family.loop_detection))
+    server_loop = server_loop_policy(ckpt.family.loop_detection, ctx.settings.loop_detection)
+    loop = request_loop_policy(loop_fields, server_loop)
     stops = stop_strings(body.stop)
     wanted = max_tokens(limit, limit_field, ctx.settings.n_predict)
     return GenerationRequest(request_id=request_id, prompt_tokens=tuple(prompt),
