@@ -165,11 +165,12 @@ def test_load_plugins_finds_the_builtins() -> None:
         assert info.status == "loaded" and info.error is None
         assert info.module == module
         assert info.distribution == "mlxcel" and info.version == mlxcel.__version__
-    assert infos["family-text"].registers == {"families": ["mlx-lm-text"]}
+    assert infos["family-text"].registers == {"families": ["mlx-lm-text", "mlx-lm-generic"]}
     assert infos["dialect-openai"].registers == {"dialects": ["openai"]}
     assert infos["dialect-llamacpp"].registers == {"dialects": ["llamacpp"]}
     assert plugins.families.owner("mlx-lm-text") == "family-text"
     assert plugins.families.for_model_type("llama").name == "mlx-lm-text"
+    assert plugins.families.owner("mlx-lm-generic") == "family-text"
     assert plugins.dialects.owner("openai") == "dialect-openai"
     assert plugins.dialects.get("llamacpp").routes == "mlxcel.dialects.llamacpp.routes:build"
 
@@ -191,7 +192,7 @@ def test_allow_list_loads_only_named_plugins() -> None:
     assert loaded == ["dialect-llamacpp", "family-text"]
     assert {i.status for n, i in infos.items() if n not in loaded} <= {"disabled"}
     assert list(plugins.dialects) == ["llamacpp"]
-    assert list(plugins.families) == ["mlx-lm-text"]
+    assert list(plugins.families) == ["mlx-lm-text", "mlx-lm-generic"]
 
 
 def test_deny_list_wins_over_allow_list() -> None:

@@ -1,12 +1,22 @@
-"""Builtin plugin: the generic text family, driving mlx-lm's own model classes."""
+"""Builtin plugin: the text families, driving mlx-lm's own model classes.
+
+Two families share mlx-lm's loader:
+
+* ``mlx-lm-text`` lists the model_types verified for the shared-position fast path: their
+  mlx-lm implementation uses the standard KV cache and reads ``cache.offset`` only as its
+  RoPE offset (``relative_positions``).
+* ``mlx-lm-generic`` accepts every other model_type the installed mlx-lm implements,
+  resolved through mlx-lm's own module lookup and remapping (``mlx_lm_types``), so a model
+  ``mlx_lm.server`` serves is served here too. It lists none, so a separately installed
+  family that names one of those types takes precedence over it.
+"""
 
 from __future__ import annotations
 
 from mlxcel.families.api import Family
 from mlxcel.hookspecs import hookimpl
 
-# model_types whose mlx-lm implementation uses the standard (trimmable) KV cache; each of
-# them reads cache.offset only as its RoPE offset (relative_positions).
+LOADER = "mlxcel.builtin.text_loader:load"
 TEXT_MODEL_TYPES = (
     "llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "phi3", "gemma",
     "gemma2", "starcoder2", "granite", "olmo2", "internlm3", "exaone",
@@ -17,12 +27,13 @@ TEXT_MODEL_TYPES = (
 def mlxcel_register_families(registry) -> None:
     registry.register(
         "mlx-lm-text",
-        Family(
-            name="mlx-lm-text",
-            model_types=TEXT_MODEL_TYPES,
-            loader="mlxcel.builtin.text_loader:load",
-            capabilities=frozenset({"text"}),
-            supports_batching=True,
-            relative_positions=True,
-        ),
+        Family(name="mlx-lm-text", model_types=TEXT_MODEL_TYPES, loader=LOADER,
+               capabilities=frozenset({"text"}), supports_batching=True,
+               relative_positions=True),
+    )
+    registry.register(
+        "mlx-lm-generic",
+        Family(name="mlx-lm-generic", model_types=(), loader=LOADER,
+               accepts="mlxcel.builtin.mlx_lm_types:accepts",
+               capabilities=frozenset({"text"}), supports_batching=True),
     )

@@ -30,7 +30,15 @@ class TextModel:
 
 
 def load(path: Path, options: LoadOptions) -> TextModel:
-    model, config = load_model(Path(path), trust_remote_code=options.trust_remote_code)
+    """mlx-lm's model for the checkpoint. A model module that calls ``sys.exit`` on import
+    (mlx-lm's olmo does when its optional package is missing) fails the load as an error,
+    since SystemExit would end the engine thread without a word."""
+    try:
+        model, config = load_model(Path(path), trust_remote_code=options.trust_remote_code)
+    except SystemExit as exc:
+        raise RuntimeError(f"mlx-lm's module for this checkpoint's model_type exited on import "
+                           f"(status {exc.code}); it needs a package that is not installed, "
+                           "named in the message it printed") from None
     dtype = _DTYPES.get(options.dtype)  # "auto": keep the checkpoint's dtype
     if dtype is not None:
         # Floating-point parameters only: in a quantized model that is the scales, biases

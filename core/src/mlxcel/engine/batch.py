@@ -51,9 +51,14 @@ def prefill_align() -> int:
 
 
 def is_batchable(model: Any) -> bool:
-    """Models on mlx-lm's standard KV cache can share a batch; others run one slot."""
+    """Models on mlx-lm's standard KV cache, one per layer, can share a batch; others run
+    one slot. A model with fewer caches than layers shares KV between layers (Gemma 3n/4),
+    and its shared layers read the cache in ways the batch cache does not model."""
     cache = model.make_cache()
-    return all(type(c) is KVCache for c in cache)
+    layers = getattr(getattr(model, "model", model), "layers", None)
+    if layers is not None and len(cache) != len(layers):
+        return False
+    return bool(cache) and all(type(c) is KVCache for c in cache)
 
 
 def _eval_cache(cache: list[Any]) -> None:

@@ -103,7 +103,7 @@ def generation_defaults(path: Path, config: dict) -> GenerationDefaults:
 
 def select_family(families: FamilyRegistry, config: dict, path: Path) -> Family:
     model_type = config.get("model_type")
-    family = families.for_model_type(model_type) if model_type else None
+    family = families.for_model_type(model_type, config) if isinstance(model_type, str) else None
     if family is None:
         raise UnknownModelType(
             f"no installed model family handles model_type '{model_type}' ({path}); "

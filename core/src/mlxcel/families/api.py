@@ -27,6 +27,12 @@ class Family(msgspec.Struct, frozen=True, kw_only=True):
     ``loader`` is a ``"module:attr"`` string naming ``load(path, options) -> LoadedModel``;
     it is imported only when a checkpoint of this family is loaded.
 
+    ``accepts``: a ``"module:attr"`` string naming ``accepts(model_type, config) -> bool``,
+    for a family whose types are an open set (every type a library implements). It is asked
+    only about a ``model_type`` that no family lists in ``model_types``, so a family naming
+    a type always takes precedence over one that merely accepts it. It runs in the startup
+    check before the server forks, so its module must not import MLX.
+
     ``relative_positions``: the family's models read ``cache.offset`` only as the RoPE
     offset, so the engine may give every row of a batch one shared (shifted) position and
     pass a scalar offset (faster on CUDA; see ``mlxcel.engine.kvcache``). The engine still
@@ -36,6 +42,7 @@ class Family(msgspec.Struct, frozen=True, kw_only=True):
     name: str
     model_types: tuple[str, ...]
     loader: str
+    accepts: str | None = None
     capabilities: frozenset[str] = frozenset({"text"})
     supports_batching: bool = True
     default_tool_format: str | None = None

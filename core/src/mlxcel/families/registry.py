@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from mlxcel.errors import PluginError
+from mlxcel.errors import PluginError, StartupError
 from mlxcel.families.api import CAPABILITIES, Family
+from mlxcel.lazy import resolve
 from mlxcel.registry import Registry
 
 
@@ -27,6 +28,19 @@ class FamilyRegistry(Registry[Family]):
         for mt in item.model_types:
             self._by_type[mt] = key
 
-    def for_model_type(self, model_type: str) -> Family | None:
+    def for_model_type(self, model_type: str, config: dict | None = None) -> Family | None:
+        """The family that lists ``model_type``; else the one family whose ``accepts`` takes
+        it (with the checkpoint's ``config``). A listed type never reaches ``accepts``, so
+        an installed family always takes precedence over a fallback for the types it names;
+        two fallbacks taking the same type are a StartupError naming both, since neither
+        is more specific than the other."""
         name = self._by_type.get(model_type)
-        return self.get(name) if name else None
+        if name:
+            return self.get(name)
+        taking = [key for key, family in self.items()
+                  if family.accepts and resolve(family.accepts)(model_type, config or {})]
+        if len(taking) > 1:
+            owners = " and ".join(f"'{k}' (from '{self.owner(k)}')" for k in taking)
+            raise StartupError(f"model_type '{model_type}' is accepted by families {owners}; "
+                               "disable one of their plugins with --disable-plugins")
+        return self.get(taking[0]) if taking else None

@@ -1,4 +1,4 @@
-"""Build tiny random-weight checkpoints that mlx_lm and transformers can load.
+"""Build tiny random-weight checkpoints that mlx_lm can load, of every model_type in SHAPES.
 
 mlx, mlx_lm and numpy are imported inside functions so that importing this
 module (and the pytest plugin) stays cheap.
@@ -17,81 +17,22 @@ import shutil
 import tempfile
 from typing import TYPE_CHECKING, Any
 
+from . import configs as _cfg
 from . import tokenizer as _tok
 
 if TYPE_CHECKING:
     import mlx.nn as nn
 
 BUILDER_VERSION = 1
-SHAPES = ("qwen3", "llama", "qwen2", "mistral")
+SHAPES = _cfg.SHAPES
 DTYPES = ("bfloat16", "float16", "float32")
-MAX_POSITION_EMBEDDINGS = 4096
-
-_ARCHITECTURES = {"qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM",
-                  "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
-# which tokenizer each shape gets: ChatML without BOS (Qwen) or with a BOS (Llama/Mistral)
-_TOKENIZER_STYLE = {"qwen3": "qwen3", "qwen2": "qwen3", "llama": "llama", "mistral": "llama"}
+MAX_POSITION_EMBEDDINGS = _cfg.MAX_POSITION_EMBEDDINGS
 
 
 def default_cache_dir() -> pathlib.Path:
     """``$MLXCEL_CACHE_DIR`` (or ``~/.cache/mlxcel``) + ``/checkpoints``."""
     base = os.environ.get("MLXCEL_CACHE_DIR") or os.path.join("~", ".cache", "mlxcel")
     return pathlib.Path(base).expanduser() / "checkpoints"
-
-
-def _model_config(
-    shape: str,
-    *,
-    hidden_size: int,
-    num_layers: int,
-    num_heads: int,
-    num_kv_heads: int,
-    intermediate_size: int,
-    vocab_size: int,
-    dtype: str,
-    ids: _tok.SpecialTokens,
-) -> dict[str, Any]:
-    """config.json contents (before quantization)."""
-    cfg: dict[str, Any] = {
-        "architectures": [_ARCHITECTURES[shape]],
-        "model_type": shape,
-        "hidden_size": hidden_size,
-        "intermediate_size": intermediate_size,
-        "num_hidden_layers": num_layers,
-        "num_attention_heads": num_heads,
-        "num_key_value_heads": num_kv_heads,
-        "head_dim": hidden_size // num_heads,
-        "vocab_size": vocab_size,
-        "max_position_embeddings": MAX_POSITION_EMBEDDINGS,
-        "hidden_act": "silu",
-        "attention_bias": False,
-        "attention_dropout": 0.0,
-        "initializer_range": 0.02,
-        "rope_scaling": None,
-        "torch_dtype": dtype,
-        "use_cache": True,
-        "eos_token_id": ids.im_end,
-    }
-    if _TOKENIZER_STYLE[shape] == "qwen3":
-        cfg.update(
-            rope_theta=1000000.0,
-            rms_norm_eps=1e-6,
-            tie_word_embeddings=True,
-            bos_token_id=ids.endoftext,
-            sliding_window=None,
-            use_sliding_window=False,
-            max_window_layers=num_layers,
-        )
-    else:
-        cfg.update(
-            rope_theta=500000.0,
-            rms_norm_eps=1e-5,
-            tie_word_embeddings=False,
-            bos_token_id=ids.bos,
-            mlp_bias=False,
-            pretraining_tp=1,
-        )
-    return cfg
 
 
 def _init_model(config: dict[str, Any], seed: int, dtype: str) -> nn.Module:
@@ -124,7 +65,8 @@ def _untie(model: nn.Module) -> None:
 
 
 def _group_size(config: dict[str, Any]) -> int:
-    return 64 if config["hidden_size"] % 64 == 0 else 32
+    hidden = config.get("text_config", config)["hidden_size"]
+    return 64 if hidden % 64 == 0 else 32
 
 
 def _quantize(model: nn.Module, config: dict[str, Any], bits: int) -> dict[str, Any]:
@@ -158,7 +100,7 @@ def _validate(shape: str, hidden_size: int, num_heads: int, num_kv_heads: int, d
 
 
 def _write_tokenizer(path: pathlib.Path, shape: str, vocab_size: int) -> _tok.SpecialTokens:
-    shape = _TOKENIZER_STYLE[shape]
+    shape = "llama" if shape in _cfg.LLAMA_STYLE else "qwen3"
     tok = _tok.build_tokenizer(shape, vocab_size)
     tok.save(str(path / "tokenizer.json"))
     cfg = _tok.tokenizer_config(shape, tok, MAX_POSITION_EMBEDDINGS)
@@ -185,24 +127,22 @@ def build_checkpoint(
 ) -> pathlib.Path:
     """Write a tiny random-weight ``shape`` checkpoint into ``path`` and return it.
 
-    ``suppress_eos`` zeroes the output-projection rows of every EOS id (untying
-    the embeddings if needed) so greedy decoding practically never stops early.
+    ``shape`` is a model_type (``SHAPES``): the classic four or any other type with a
+    config recipe in ``mlxcel.testing.configs``; the weights are those of mlx-lm's own
+    model class for it, seeded. ``suppress_eos`` (classic shapes) zeroes the
+    output-projection rows of every EOS id (untying the embeddings if needed) so greedy
+    decoding practically never stops early.
     """
     _validate(shape, hidden_size, num_heads, num_kv_heads, dtype)
+    if suppress_eos and shape not in _cfg.CLASSIC:
+        raise ValueError(f"suppress_eos supports the shapes {_cfg.CLASSIC}, not {shape!r}")
     out = pathlib.Path(path)
     out.mkdir(parents=True, exist_ok=True)
     ids = _write_tokenizer(out, shape, vocab_size)
-    config = _model_config(
-        shape,
-        hidden_size=hidden_size,
-        num_layers=num_layers,
-        num_heads=num_heads,
-        num_kv_heads=num_kv_heads,
-        intermediate_size=intermediate_size or 3 * hidden_size,
-        vocab_size=vocab_size,
-        dtype=dtype,
-        ids=ids,
-    )
+    dims = _cfg.Dims(hidden_size, num_layers, num_heads, num_kv_heads,
+                     intermediate_size or 3 * hidden_size, vocab_size)
+    bos = ids.endoftext if ids.bos is None else ids.bos
+    config = _cfg.model_config(shape, dims, dtype, ids.im_end, bos)
     tied = config["tie_word_embeddings"]
     if suppress_eos:
         config["tie_word_embeddings"] = False
