@@ -35,16 +35,9 @@ ENV_READERS: dict[str, set[str] | None] = {
     "settings.py": {"from_env", "failure_file"},  # CLI -> worker plumbing
     "serving.py": {"serve"},  # sets that plumbing for the worker
     "backend.py": {"library_env"},  # LD_PRELOAD, OpenBLAS's threads: other programs' own
+    "engine/loader.py": {"resolve_model_path"},  # HF_HUB_OFFLINE: huggingface_hub's own
     "testing/pytest_plugin.py": None,
     "testing/checkpoint.py": None,
-}
-# still reading the environment themselves, in modules another change owns; an entry must
-# go once its module stops (test_modules_not_yet_moved_still_need_their_entry)
-NOT_YET_MOVED = {
-    "engine/kvcache.py": "MLXCEL_SHARED_POSITIONS again, though the worker passes "
-                         "--shared-positions down (Family.relative_positions and it)",
-    "engine/loader.py": "HF_HUB_OFFLINE for an error hint; MLXCEL_DTYPE when load_checkpoint "
-                        "gets no dtype (create_app always passes --dtype)",
 }
 _NAME = re.compile(r"\b(?:MLXCEL|LLAMA_ARG)_[A-Z0-9_]*[A-Z0-9]\b")
 _BEGIN = ("<!-- env twins: generated from mlxcel.options.OPTIONS by "
@@ -91,8 +84,6 @@ def test_only_the_options_and_settings_code_reads_the_environment():
     strays = {}
     for path in _modules():
         rel = path.relative_to(SRC).as_posix()
-        if rel in NOT_YET_MOVED:
-            continue
         allowed = ENV_READERS.get(rel, set())
         bad = [f for f in _env_reads(path) if allowed is not None and f not in allowed]
         if bad:
@@ -100,10 +91,11 @@ def test_only_the_options_and_settings_code_reads_the_environment():
     assert strays == {}, "take the value from Settings (mlxcel.options), not os.environ"
 
 
-def test_modules_not_yet_moved_still_need_their_entry():
-    for rel in NOT_YET_MOVED:
-        assert _env_reads(SRC / rel), f"{rel} no longer reads the environment: drop its entry"
-    assert _env_reads(SRC / "backend.py") == ["library_env"]
+def test_every_allowed_reader_still_reads_the_environment():
+    """An allow-list entry goes once its module stops reading the environment."""
+    for rel, allowed in ENV_READERS.items():
+        if allowed is not None:
+            assert set(_env_reads(SRC / rel)) == allowed, rel
 
 
 def twin_table() -> str:

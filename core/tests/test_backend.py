@@ -256,15 +256,11 @@ def test_auto_dtype(tiny_checkpoint, mlxcel_checkpoint_cache, families):
     assert ckpt.dtype == ("float32" if ckpt.device == "cpu" else "bfloat16")
 
 
-def test_explicit_dtype_and_env_twin(tiny_checkpoint, families, monkeypatch):
+def test_explicit_dtype_is_what_the_model_computes_in(tiny_checkpoint, families, monkeypatch):
     assert load_checkpoint(str(tiny_checkpoint), families, dtype="bfloat16").dtype == "bfloat16"
-    monkeypatch.delenv("MLXCEL_SETTINGS_JSON", raising=False)
-    monkeypatch.setenv("MLXCEL_DTYPE", "float16")
-    assert load_checkpoint(str(tiny_checkpoint), families).dtype == "float16"
-    from mlxcel.settings import Settings
-
-    monkeypatch.setenv("MLXCEL_SETTINGS_JSON", Settings(dtype="bfloat16").to_env())
-    assert load_checkpoint(str(tiny_checkpoint), families).dtype == "bfloat16"
+    assert load_checkpoint(str(tiny_checkpoint), families, dtype="float16").dtype == "float16"
+    monkeypatch.setenv("MLXCEL_DTYPE", "float16")  # the env twin is the options layer's
+    assert load_checkpoint(str(tiny_checkpoint), families, dtype="bfloat16").dtype == "bfloat16"
 
 
 def _greedy(ckpt, steps=12):

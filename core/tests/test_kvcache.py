@@ -226,12 +226,9 @@ def test_rotate_composes_and_inverts():
     assert not np.allclose(np.array(rotate(rope, one, 9)), np.array(one), atol=1e-3)
 
 
-def test_shared_positions_only_when_safe(monkeypatch):
+def test_shared_positions_only_when_safe():
     qwen = _model("qwen3")
     assert shared_position_rope(qwen, family_allows=False) is None
-    monkeypatch.setenv("MLXCEL_SHARED_POSITIONS", "0")
-    assert shared_position_rope(qwen, family_allows=True) is None
-    monkeypatch.delenv("MLXCEL_SHARED_POSITIONS")
     assert shared_position_rope(qwen, family_allows=True) is not None
     # Phi-3 long-context RoPE depends on the absolute position: never shifted
     su = {"type": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8,

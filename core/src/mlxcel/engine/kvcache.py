@@ -20,7 +20,6 @@ Without padding in any row, a one-token step needs no mask at all.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import mlx.core as mx
@@ -28,7 +27,6 @@ import mlx.nn as nn
 from mlx_lm.models.base import create_causal_mask
 
 REBASE_AT = 4096  # shared mode: re-rotate the whole cache once |base| passes this
-SHARED_POSITIONS_ENV = "MLXCEL_SHARED_POSITIONS"
 
 
 def _pure_rotations() -> tuple[type, ...]:
@@ -48,11 +46,11 @@ def _rope_key(module: Any) -> tuple:
 def shared_position_rope(model: Any, family_allows: bool) -> Any | None:
     """The RoPE module to re-rotate keys with when ``model`` can decode in shared mode.
 
-    None (absolute mode) unless the family declares that its models read ``cache.offset``
-    only as the RoPE offset, every rotary module in the model is a pure rotation of one
-    configuration, and ``MLXCEL_SHARED_POSITIONS`` is not ``0``.
+    None (absolute mode) unless ``family_allows`` (the family declares that its models read
+    ``cache.offset`` only as the RoPE offset, and ``--shared-positions`` is on) and every
+    rotary module in the model is a pure rotation of one configuration.
     """
-    if not family_allows or os.environ.get(SHARED_POSITIONS_ENV, "1").strip() in ("0", "off"):
+    if not family_allows:
         return None
     module = getattr(model, "model", model)
     ropes = [m for _, m in module.named_modules() if "rope" in type(m).__name__.lower()]

@@ -112,21 +112,12 @@ def select_family(families: FamilyRegistry, config: dict, path: Path) -> Family:
     return family
 
 
-def requested_dtype() -> str:
-    """--dtype as the CLI handed it over (settings JSON), else MLXCEL_DTYPE, else auto."""
-    from mlxcel.settings import SETTINGS_ENV, Settings
-
-    if os.environ.get(SETTINGS_ENV):
-        return Settings.from_env().dtype
-    return os.environ.get("MLXCEL_DTYPE") or "auto"
-
-
 def load_checkpoint(model: str, families: FamilyRegistry, *,
                     chat_template_file: str | None = None,
                     dtype: str | None = None) -> LoadedCheckpoint:
-    """Load ``model``; ``dtype`` is --dtype (None: from the environment, see requested_dtype)."""
+    """Load ``model``; ``dtype`` is --dtype (None: auto)."""
     started = time.perf_counter()
-    requested = dtype or requested_dtype()
+    requested = dtype or "auto"
     device = backend.mlx_device()
     blas = backend.blas_in_use()
     path = resolve_model_path(model)
