@@ -23,6 +23,7 @@ from mlxcel.logging import configure
 from mlxcel.metrics import Metrics, metrics_route
 from mlxcel.middleware import GuardConfig, ServerMiddleware
 from mlxcel.plugins import Plugins, load_plugins
+from mlxcel.serving import on_end_streams
 from mlxcel.settings import EngineConfig, Settings, failure_file
 
 log = structlog.get_logger("mlxcel.app")
@@ -173,5 +174,7 @@ def app_from_env() -> Litestar:
     settings = Settings.from_env()
     configure(settings.log_format, secrets=[settings.api_key])
     app = create_app(settings, listening=True)
-    _exit_on_engine_failure(app.state["ctx"].engine, failure_file())
+    engine = app.state["ctx"].engine
+    _exit_on_engine_failure(engine, failure_file())
+    app.on_startup.append(lambda: on_end_streams(lambda: engine.worker.shutdown(timeout=0)))
     return app

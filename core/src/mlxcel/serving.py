@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import multiprocessing
 import os
 import signal
 import socket
 import tempfile
+import threading
 from typing import Any
 
 import structlog
@@ -108,9 +110,37 @@ def worker_app() -> Any:
     return app_from_env()
 
 
-def _force_exit_on_second_signal() -> None:
-    """Granian's main process: the first SIGINT/SIGTERM starts its graceful shutdown; a
-    second one kills the worker and exits at once, as an operator who asks twice expects."""
+END_STREAMS_SIGNAL = signal.SIGUSR1  # main -> worker: end the running requests now
+STREAM_END_GRACE_S = 1.0  # before the drain limit: time for the streams' last frames
+
+
+def _end_streams_before(drain_s: float) -> None:
+    """Ask the worker to end its running requests ``STREAM_END_GRACE_S`` before Granian
+    kills it at the drain limit, so a stream still running gets an error frame and
+    ``[DONE]`` rather than a reset connection."""
+    def signal_workers() -> None:
+        for child in multiprocessing.active_children():
+            with contextlib.suppress(OSError):
+                os.kill(child.pid, END_STREAMS_SIGNAL)
+
+    timer = threading.Timer(max(0.0, drain_s - min(STREAM_END_GRACE_S, drain_s / 2)),
+                            signal_workers)
+    timer.daemon = True
+    timer.start()
+
+
+def on_end_streams(callback: Any) -> None:
+    """In the worker (its event loop running): ``callback()`` when the main process asks
+    for the running requests to end (``_end_streams_before``)."""
+    import asyncio
+
+    asyncio.get_running_loop().add_signal_handler(END_STREAMS_SIGNAL, callback)
+
+
+def _force_exit_on_second_signal(drain_s: float) -> None:
+    """Granian's main process: the first SIGINT/SIGTERM starts its graceful shutdown (the
+    worker ends what still runs just before ``drain_s``); a second one kills the worker and
+    exits at once, as an operator who asks twice expects."""
     granian_handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     seen: list[int] = []
 
@@ -122,6 +152,7 @@ def _force_exit_on_second_signal() -> None:
             os._exit(128 + signum)
         seen.append(signum)
         log.info("shutdown_started", signal=signal.Signals(signum).name)
+        _end_streams_before(drain_s)
         previous = granian_handlers[signum]
         if callable(previous):
             previous(signum, frame)
@@ -156,7 +187,7 @@ def serve(settings: Settings) -> int:
         failure = os.path.join(tmp, "failure")
         os.environ[FAILURE_ENV] = failure
         server = Granian("mlxcel.serving:worker_app", **granian_options(settings))
-        server.on_startup(_force_exit_on_second_signal)
+        server.on_startup(lambda: _force_exit_on_second_signal(settings.shutdown_timeout))
         server.serve()
         if os.path.exists(failure):  # the worker could not load the model
             with open(failure, encoding="utf-8") as fh:
