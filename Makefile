@@ -40,7 +40,7 @@ lint: install
 	$(BIN)/ruff format --check .
 
 bench: install
-	$(BIN)/python bench/decode_speed.py
+	$(BIN)/python bench/serving.py --checkpoint tiny --modes defaults --concurrency 1 --max-tokens 256 --requests 7 --out bench/results/decode_speed.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .tox

@@ -6,8 +6,11 @@ on an asyncio loop without any HTTP, and reports tok/s and engine steps/s; with
 ``--profile`` the engine thread runs under cProfile and the top functions by own time are
 printed; with ``--timing`` the engine's phases (prefill chunk, join, decode launch, read-back,
 row drop, prompt-cache store) are wall-clocked and summarised; ``--repeat R`` runs the load
-R times in one process (the first run pays one-time costs such as kernel compilation). Compare with ``bench/gpu/raw_loop.py`` (model only) and ``bench/serving.py`` (full
-server) on the same checkpoint to split the gap into engine and HTTP/streaming costs.
+R times in one process (the first run pays one-time costs such as kernel compilation).
+
+Rule: compare it with ``bench/gpu/raw_loop.py`` (model only) and ``bench/serving.py`` (full
+server) on the same checkpoint and prompts (``bench_prompt``), so a gap splits into engine
+and HTTP/streaming costs.
 
     blas=$(python -m mlxcel.backend); LD_PRELOAD=$blas python bench/engine_profile.py \
         --checkpoint tiny --concurrency 16 --requests 32 --max-tokens 64 [--profile]
@@ -25,15 +28,14 @@ import sys
 import time
 import uuid
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from mlxcel.testing.servers import CHECKPOINTS, bench_checkpoint, bench_prompt
 
 
 async def drive(client, tokenizer, template_render, c: int, n: int, max_tokens: int) -> dict:
     from mlxcel.types import GenerationRequest
     from mlxcel.types.requests import SamplingParams
-    from serving import prompt_for
 
-    prompts = [tokenizer.encode(template_render(prompt_for("prof", i))) for i in range(n)]
+    prompts = [tokenizer.encode(template_render(bench_prompt("prof", i))) for i in range(n)]
     pending = list(range(n))
     ttfts: list[float] = []
     tokens = 0
@@ -124,7 +126,6 @@ def main() -> int:
     from mlxcel.engine.worker import EngineWorker
     from mlxcel.plugins import load_plugins
     from mlxcel.settings import Settings
-    from serving import CHECKPOINTS, bench_checkpoint
 
     if args.model:
         path = pathlib.Path(args.model)

@@ -1,37 +1,27 @@
 """Prompt (prefix) cache: TTFT of a growing agent conversation, mlxcel with / without its
-prompt cache vs ``mlx_lm.server`` (which has its own prompt cache).
+prompt cache vs ``mlx_lm.server`` (which has its own).
 
-One conversation of ``--turns`` turns (default 10) is built deterministically in advance:
-a system prompt, then per turn a long-ish user message (a few hundred tokens of varied
-tool-output-like text: test logs, file listings, code, prose) and a fixed assistant reply.
-Turn k (0-based) sends ``messages[: 2k + 2]`` (system + k exchanges + the next user
-message), so every server sees byte-identical prompts and turn k's prompt is a prefix of
-turn k+1's up to the end of its last user message (the assistant reply that follows is the
-fixed text, not what the model generated). The final prompt is sized to ``--target-tokens``
-(default 3900, under the checkpoint's 4096-token context). Each turn asks for a short
-completion (``--max-tokens`` 16, temperature 0, streamed).
+Rules, and why:
 
-Servers run one at a time on the same random-weight checkpoint (``serving.py``'s ``30m``
-qwen3 by default, built by ``bench_checkpoint``): ``mlxcel`` (prompt cache on, the
-default), ``mlxcel-nocache`` (``--no-cache-prompt``) and ``mlx_lm`` (its defaults). Each is
-warmed up with a shorter conversation of different content (so nothing it leaves in a
-cache is a prefix of the measured one), then runs the measured conversation ``--repeats``
-times (each repeat with its own content; per-turn numbers are medians over repeats).
-
-Per turn: TTFT (request sent -> first content chunk), prompt tokens and cached tokens
-(``usage.prompt_tokens_details.cached_tokens`` when the server reports it). mlxcel's
-``GET /v1/cache/stats`` is read after the warm-up and at the end (and ``POST
-/v1/cache/reset`` is tried last). Warm turns = turns 2..N (1-based); reported: their
-medians per server and the ratios mlxcel / mlxcel-nocache and mlxcel / mlx_lm (median of
-per-turn ratios and ratio of medians). Targets: warm-turn TTFT <= 0.2x cold (no cache) and
-<= mlx_lm.server's.
+- One conversation of ``--turns`` turns is built in advance, deterministically (system
+  prompt; per turn a tool-output-like user message and a fixed assistant reply), and turn
+  k sends ``messages[: 2k + 2]``: every server sees byte-identical prompts, each a prefix
+  of the next up to its last user message. The last prompt is sized to
+  ``--target-tokens``, under the checkpoint's context.
+- Servers (``mlxcel``, ``mlxcel-nocache`` = ``--no-cache-prompt``, ``mlx_lm``) run one at
+  a time on the same bench checkpoint (``30m`` by default), each warmed up with a shorter
+  conversation of other content: nothing a warm-up leaves in a cache is a prefix of the
+  measured conversation.
+- Each turn asks for a short streamed greedy completion, so TTFT is mostly prefill.
+- Reported: per-turn TTFT, prompt and cached tokens (medians over ``--repeats``, each
+  with its own content), mlxcel's ``/v1/cache/stats``, and warm-turn (2..N) medians with
+  the ratios mlxcel / no-cache (target <= 0.2) and mlxcel / mlx_lm (target <= 1).
 
     python bench/prompt_cache.py                       # 30m checkpoint, 10 turns, 3 servers
     python bench/prompt_cache.py --checkpoint tiny --turns 4 --repeats 1
 
 Results go to ``--out`` (JSON; one entry per checkpoint label, a re-run replaces it) and
-the markdown file next to it. Helpers (servers, SSE client, checkpoint, environment) come
-from ``serving.py``.
+the markdown file next to it.
 """
 
 from __future__ import annotations
@@ -41,6 +31,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import json
+import math
 import pathlib
 import random
 import shlex
@@ -52,27 +43,34 @@ import time
 from typing import Any
 
 import httpx
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-
-from serving import (  # noqa: E402
+from mlxcel.testing.servers import (
     CHECKPOINTS,
-    ROOT,
     Server,
     bench_checkpoint,
     checkpoint_info,
-    fmt,
     health,
     loadavg,
     machine,
-    one_request,
-    ratio,
     server_argv,
+    stream_chat,
     versions,
 )
 
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 VARIANTS = ("mlxcel", "mlxcel-nocache", "mlx_lm")
 MLXCEL_EXTRA = {"mlxcel": [], "mlxcel-nocache": ["--no-cache-prompt"]}
+
+
+
+def fmt(v: float | None, nd: int = 0) -> str:
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{nd}f}"
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or not b or math.isnan(a) or math.isnan(b):
+        return None
+    return a / b
+
 
 # -- conversation -------------------------------------------------------------------------
 NOUNS = (
@@ -231,7 +229,7 @@ async def _converse(
     out = []
     async with httpx.AsyncClient(timeout=tmo, trust_env=False) as client:
         for k in range(turns):
-            rec = await one_request(
+            rec = await stream_chat(
                 client, url, body_for(variant, msgs[: 2 * k + 2], max_tokens), max_tokens
             )
             rec["turn"] = k + 1
@@ -273,8 +271,8 @@ def run_variant(
         if name == "mlx_lm"
         else [*MLXCEL_EXTRA[variant], *shlex.split(args.mlxcel_args)]
     )
-    argv, ready = server_argv(name, path, "defaults", args.parallel, "", extra)
-    srv = Server(variant, argv, ready, logdir, label)
+    argv, ready = server_argv(name, path, args.parallel, None, extra)
+    srv = Server(variant, argv, ready, logdir, label, cwd=ROOT)
     out: dict[str, Any] = {"argv": shlex.join(srv.argv), "loadavg_before": loadavg()}
     srv.start()
     try:

@@ -3,8 +3,8 @@
     python bench/gpu/build_checkpoint.py --preset llama3-8b --cache-dir /tmp/bench-ckpts
     python bench/gpu/build_checkpoint.py --preset tiny      # same script, tiny shape (CPU test)
 
-Uses ``bench.serving.bench_checkpoint`` (mlxcel's offline builder, EOS and every special /
-partial-UTF-8 / whitespace-only token suppressed). ``llama3-8b`` is Llama-3-8B-shaped:
+Uses ``mlxcel.testing.servers.bench_checkpoint`` (mlxcel's offline builder, EOS and every
+special / partial-UTF-8 / whitespace-only token suppressed). ``llama3-8b`` is Llama-3-8B-shaped:
 hidden 4096, 32 layers, 32 heads, 8 KV heads, intermediate 14336, vocab 128256, bf16. The
 builder's BPE tokenizer learns what the bundled corpus allows and pads the vocabulary with
 ``<|reserved_N|>`` special tokens up to 128256, so every id decodes; the suppressed rows are
@@ -15,11 +15,8 @@ lm_head matmul costs what Llama-3-8B's does).
 from __future__ import annotations
 
 import argparse
-import pathlib
 import sys
 import time
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 PRESETS = {
     "llama3-8b": {
@@ -33,7 +30,7 @@ PRESETS = {
         "dtype": "bfloat16",
     },
     # Llama-3-8B's layer structure (32 layers, 32/8 heads: the same ops per step) at tiny
-    # width: a CPU proxy for the host-side cost of a decode step (bench/host_overhead.py)
+    # width: a CPU proxy for the host-side cost of a decode step
     "skeleton": {
         "shape": "llama",
         "hidden_size": 256,
@@ -63,7 +60,7 @@ def main() -> int:
     ap.add_argument("--preset", choices=sorted(PRESETS), default="llama3-8b")
     ap.add_argument("--cache-dir", default=None)
     args = ap.parse_args()
-    from serving import bench_checkpoint, checkpoint_info
+    from mlxcel.testing.servers import bench_checkpoint, checkpoint_info
 
     kw = dict(PRESETS[args.preset])
     shape = kw.pop("shape")

@@ -9,10 +9,8 @@
 # run.log. Environment knobs: SHAPE (llama3-8b | tiny), OUT, PY, CONC, MAXTOK, CKDIR,
 # SERVERS, STEPS (raw loop steps; default MAXTOK), LEVEL_DEADLINE (s), REQ_CAP (requests
 # per level at most; default 64, i.e. 2 x C up to C = 32, then C), MLXCEL_SPAWN (default 1),
-# PROBE (1: also run bench/gpu/varlen_check.py, bench/gpu/cache_probe.py and
-# bench/gpu/step_split.py at the largest C, into $OUT/varlen.json, cache_probe.json,
-# step_split.txt), TRACE (1: mlxcel writes its engine timeline to $OUT/engine_trace.jsonl,
-# see MLXCEL_ENGINE_TRACE).
+# TRACE (1: mlxcel writes its engine timeline to $OUT/engine_trace.jsonl, see
+# MLXCEL_ENGINE_TRACE). One-question GPU probes are in bench/probes/ (bench/probes/README.md).
 #   SHAPE=tiny OUT=/tmp/gpu-test PY=.venv/bin/python bash bench/gpu/run.sh   # CPU dry run
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -26,7 +24,6 @@ CKDIR=${CKDIR:-/tmp/bench-ckpts}
 SERVERS=${SERVERS:-mlxcel,mlx_lm}
 LEVEL_DEADLINE=${LEVEL_DEADLINE:-150}
 REQ_CAP=${REQ_CAP:-64}
-PROBE=${PROBE:-0}
 TRACE=${TRACE:-0}
 MLXCEL_SPAWN=${MLXCEL_SPAWN:-1}   # 1: --mlxcel-spawn (Granian fork after CUDA init fails)
 export SERVING_STARTUP_TIMEOUT_S=${SERVING_STARTUP_TIMEOUT_S:-300}
@@ -64,20 +61,6 @@ PY
   "$PY" bench/gpu/raw_loop.py --model "$CKPT" --batches "$CONC" --steps "$STEPS" \
     --out "$OUT/raw_loop.json" || log "raw loop FAILED"
 
-  if [ "$PROBE" = 1 ]; then
-    log "varlen decode attention check (B=$PARALLEL)"
-    "$PY" bench/gpu/varlen_check.py --batch "$PARALLEL" --out "$OUT/varlen.json" \
-      || log "varlen check FAILED"
-    log "cache probe (B=$PARALLEL)"
-    "$PY" bench/gpu/cache_probe.py --model "$CKPT" --batch "$PARALLEL" --steps 128 \
-      --out "$OUT/cache_probe.json" || log "cache probe FAILED"
-    log "step split (B=$PARALLEL)"
-    for variant in "--cache KVCache" "--ragged --attention grouped" \
-                   "--ragged --attention varlen"; do
-      # shellcheck disable=SC2086
-      "$PY" bench/gpu/step_split.py --model "$CKPT" --batch "$PARALLEL" $variant
-    done 2>&1 | tee "$OUT/step_split.txt"
-  fi
   [ "$TRACE" = 1 ] && export MLXCEL_ENGINE_TRACE="$OUT/engine_trace.jsonl"
 
   log "serving (servers: $SERVERS)"

@@ -1,4 +1,4 @@
-"""Test helpers: tiny random-weight checkpoints and a pytest plugin.
+"""Test helpers: tiny random-weight checkpoints, benchmark servers and a pytest plugin.
 
 Importing this package does not import mlx, mlx_lm, transformers or numpy.
 """
@@ -10,14 +10,19 @@ from .checkpoint import (
     default_cache_dir,
     demo_checkpoint,
 )
+from .servers import Server, bench_checkpoint, server_argv, stream_chat
 from .tokenizer import build_tokenizer, chat_template_text
 
 __all__ = [
     "BUILDER_VERSION",
+    "Server",
+    "bench_checkpoint",
     "build_checkpoint",
     "build_tokenizer",
     "cached_checkpoint",
     "chat_template_text",
     "default_cache_dir",
     "demo_checkpoint",
+    "server_argv",
+    "stream_chat",
 ]

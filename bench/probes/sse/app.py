@@ -1,5 +1,5 @@
 """Two SSE routes streaming the same chunk: Litestar's Stream and a raw ASGI handler
-(bench/sse/overhead.py serves this with Granian)."""
+(bench/probes/sse/overhead.py serves this with Granian)."""
 
 import asyncio
 

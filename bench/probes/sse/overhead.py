@@ -1,12 +1,12 @@
 """Server CPU per SSE chunk: Litestar's ``Stream`` response vs a raw ASGI route.
 
-Starts Granian (1 worker) on ``bench/sse/app.py``, whose two routes stream the same
+Starts Granian (1 worker) on ``bench/probes/sse/app.py``, whose two routes stream the same
 pre-encoded chunk N times (an ``await asyncio.sleep(0)`` between chunks, like a stream
 waiting for its next engine event), reads C concurrent streams of each with httpx and
 reports the Granian worker's CPU seconds per chunk. It bounds what a leaner SSE response
 class could save on the HTTP side of mlxcel's streaming routes.
 
-    python bench/sse/overhead.py [--streams 64] [--rounds 2]
+    python bench/probes/sse/overhead.py [--streams 64] [--rounds 2]
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ runs them (graph built, then ``mx.async_eval`` = encode, then wait):
 
 Each case runs on fresh sizes three times in a row, so first-time costs show.
 
-    python bench/gpu/store_probe.py [--batch 64] [--rows 8] [--length 336]
+    python bench/probes/store_probe.py [--batch 64] [--rows 8] [--length 336]
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ cache, and times (a) forward + argmax and (b) forward + the full chain (repetiti
 frequency / presence penalties, DRY, top-k, top-p, min-p, XTC, p-less, temperature, seeded
 rows) as the engine runs it. Reports medians and the sampler share of the step.
 
-    python bench/sampler_cost.py [--steps 40] [--batch 16]
+    python bench/probes/sampler_cost.py [--steps 40] [--batch 16]
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def main() -> None:
         f"| forward + all samplers (penalties, DRY, top-k/p, min-p, XTC, p-less, seeds) | "
         f"{result['all_samplers_step_ms']} |\n\n"
         f"Sampler share of the step: **{result['sampler_share_of_step'] * 100:.1f}%** "
-        "(target <= 15%).\n\nReproduce: `python bench/sampler_cost.py`\n")
+        "(target <= 15%).\n\nReproduce: `python bench/probes/sampler_cost.py`\n")
 
 
 def _fields(p: SamplingParams) -> dict:

@@ -10,7 +10,7 @@ child process measures
     4-bit quantized copy with bfloat16 vs float32 scales.
 Prints a markdown report and writes it to bench/results/blas_check.md.
 
-    .venv/bin/python bench/blas_check.py [--steps 32] [--gemm-n 1024]
+    .venv/bin/python bench/probes/blas_check.py [--steps 32] [--gemm-n 1024]
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 CKPT = {"hidden_size": 512, "num_layers": 8, "vocab_size": 8192, "suppress_eos": True}
 PROMPT_LEN = 16
 
@@ -170,7 +170,7 @@ def main() -> None:
         name, batch = key.split("|")
         lines.append(f"| {name} | {batch} | "
                      + " | ".join(f"{runs[c]['decode'][key]:.1f}" for c in cols) + " |")
-    lines += ["", f"Reproduce: `.venv/bin/python bench/blas_check.py --steps {args.steps} "
+    lines += ["", f"Reproduce: `.venv/bin/python bench/probes/blas_check.py --steps {args.steps} "
               f"--gemm-n {args.gemm_n} --max-seconds {args.max_seconds:g} --rounds {args.rounds}`", ""]
     text = "\n".join(lines)
     print(text)

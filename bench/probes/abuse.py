@@ -17,8 +17,8 @@ Per server and scenario it records what a neighbour of the abuser sees:
 ``mlx_lm.server`` ignores the DRY fields and has no context check (a 9 MB prompt is
 prefilled): its numbers show what a user switching servers gets, not the same work.
 
-    python bench/abuse.py --before 50a7539        # this tree vs that commit vs mlx_lm
-    python bench/abuse.py --servers mlxcel --scenarios big_body,dry_bomb
+    python bench/probes/abuse.py --before 50a7539        # this tree vs that commit vs mlx_lm
+    python bench/probes/abuse.py --servers mlxcel --scenarios big_body,dry_bomb
 
 Results go to ``--out`` (JSON) and the markdown file next to it.
 """
@@ -40,9 +40,9 @@ import time
 from typing import Any
 
 import httpx
+from mlxcel.testing.servers import HOST, Server, bench_checkpoint, loadavg, machine, versions
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from serving import HOST, ROOT, Server, bench_checkpoint, loadavg, machine, versions  # noqa: E402
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 SCENARIOS = ("health_idle", "big_body", "idle_sockets", "dry_bomb", "disconnect")
 BIG_BODY_CAP_S = 60.0
@@ -326,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
                                          args.idle_timeout):
         results[name] = {}
         for scen in scenarios:  # a fresh server per scenario: no scenario's backlog leaks
-            srv = Server(name, cmd, ready, logdir, f"abuse-{scen}", env=env)
+            srv = Server(name, cmd, ready, logdir, f"abuse-{scen}", env=env, cwd=ROOT)
             srv.start()
             try:
                 srv.wait_ready()
@@ -337,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     doc = {"when": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
            "machine": f"{machine()['nproc']} CPUs ({machine()['cpu']}), 1-min load {loadavg()}",
            "checkpoint": ckpt.name, "versions": versions(), "results": results,
-           "reproduce": "python bench/abuse.py " + " ".join(argv or sys.argv[1:])}
+           "reproduce": "python bench/probes/abuse.py " + " ".join(argv or sys.argv[1:])}
     out = pathlib.Path(args.out)
     if out.exists():  # a re-run replaces the scenarios it ran, keeps the others
         old = json.loads(out.read_text()).get("results", {})

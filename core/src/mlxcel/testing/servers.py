@@ -1,0 +1,388 @@
+"""Benchmark servers: ``mlxcel-server`` or ``mlx_lm.server`` as subprocesses, a streamed
+chat client that records chunk times, and the bench checkpoints.
+
+Each server runs in its own process group on a free 127.0.0.1 port with its output in a
+log file, and ``stop()`` ends the whole group: a benchmark must never leave a server (or
+its Granian workers) behind. Importing this module imports neither mlx nor numpy nor
+httpx (``mlxcel.testing``'s rule; httpx is a dev dependency), so each is imported where
+it is used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import json
+import math
+import os
+import pathlib
+import platform
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+from typing import Any
+
+HOST = "127.0.0.1"
+STARTUP_TIMEOUT_S = float(os.environ.get("SERVING_STARTUP_TIMEOUT_S", "600"))
+# Named bench checkpoints (cached_checkpoint arguments; bench_checkpoint adds suppress_eos).
+# "30m" has the untied lm_head that suppressing tokens needs.
+CHECKPOINTS: dict[str, dict[str, Any]] = {
+    "tiny": {"shape": "qwen3"},
+    "30m": {
+        "shape": "qwen3",
+        "hidden_size": 512,
+        "num_layers": 8,
+        "num_heads": 8,
+        "num_kv_heads": 4,
+        "intermediate_size": 1536,
+        "vocab_size": 8192,
+    },
+}
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+def server_argv(
+    name: str,
+    model: str | os.PathLike,
+    parallel: int = 1,
+    dtype: str | None = None,
+    extra: list[str] | tuple[str, ...] = (),
+) -> tuple[list[str], str]:
+    """(argv, readiness path) for ``mlxcel`` or ``mlx_lm``, run on this interpreter so the
+    same venv serves both; mlxcel's readiness is /health (503 while loading)."""
+    if name == "mlxcel":
+        argv = [sys.executable, "-m", "mlxcel.cli", "--model", str(model)]
+        argv += ["--parallel", str(parallel)] + (["--dtype", dtype] if dtype else [])
+        return [*argv, *extra], "/health"
+    if name == "mlx_lm":
+        argv = [sys.executable, "-m", "mlx_lm", "server", "--model", str(model), *extra]
+        return argv, "/v1/models"
+    raise ValueError(f"unknown server {name!r}")
+
+
+class Server:
+    """One server subprocess in its own process group; output goes to a log file."""
+
+    def __init__(
+        self,
+        name: str,
+        argv: list[str],
+        ready_path: str,
+        logdir: pathlib.Path,
+        tag: str,
+        env: dict[str, str] | None = None,
+        cwd: str | os.PathLike | None = None,
+    ):
+        self.name = name
+        self.env = env
+        self.cwd = cwd
+        self.port = free_port()
+        self.argv = [*argv, "--host", HOST, "--port", str(self.port)]
+        self.ready_path = ready_path
+        self.base = f"http://{HOST}:{self.port}"
+        self.log_path = pathlib.Path(logdir) / f"{tag}-{name}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                self.argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                cwd=self.cwd,
+                env=self.env,
+            )
+
+    def wait_ready(self, timeout_s: float = STARTUP_TIMEOUT_S) -> float:
+        """Seconds until the readiness path answers 200; raises if the process exits or
+        keeps answering 5xx other than 503 (the model failed to load)."""
+        import httpx
+
+        t0 = time.perf_counter()
+        errors = 0
+        with httpx.Client(trust_env=False) as client:
+            while time.perf_counter() < t0 + timeout_s:
+                assert self.proc is not None
+                if self.proc.poll() is not None:
+                    raise RuntimeError(
+                        f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}"
+                    )
+                with contextlib.suppress(httpx.HTTPError):
+                    code = client.get(self.base + self.ready_path, timeout=2.0).status_code
+                    if code == 200:
+                        return time.perf_counter() - t0
+                    errors = errors + 1 if code >= 500 and code != 503 else 0
+                    if errors >= 40:
+                        raise RuntimeError(
+                            f"{self.name}: {self.ready_path} answers {code}:\n{self.log_tail()}"
+                        )
+                time.sleep(0.25)
+        raise TimeoutError(f"{self.name} not ready after {timeout_s:.0f}s:\n{self.log_tail()}")
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        for sig, grace in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 5.0)):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, sig)
+            try:
+                self.proc.wait(timeout=grace)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_tail(self, n: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return "(no log)"
+
+    def log_grep(self, word: str) -> list[str]:
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return []
+        return [ln.strip() for ln in lines if word in ln][:3]
+
+
+def health(base: str) -> dict[str, Any] | None:
+    """mlxcel's /health JSON (engine counters), None if unavailable."""
+    import httpx
+
+    try:
+        return httpx.get(base + "/health", timeout=5.0, trust_env=False).json()
+    except (httpx.HTTPError, ValueError):
+        return None
+
+
+WORDS = ("Zebra", "Quartz", "Violet", "Jungle", "Xenon", "Kettle", "Yonder", "Marble", "Copper",
+         "Lantern", "Harbor", "Meadow", "Falcon", "Ember", "Glacier", "Orchid")
+BASE_PROMPT = (
+    "Write a long story about a lighthouse keeper who finds a message in a "
+    "bottle, and tell it slowly, with many details about the sea and the sky."
+)
+
+
+def bench_prompt(tag: str, i: int) -> str:
+    """A prompt unique to (tag, i); the unique part comes first, so no two share a cached
+    prefix longer than the chat template's."""
+    return f"{WORDS[i % len(WORDS)]} {tag}-{i}. {BASE_PROMPT}"
+
+
+# -- client -------------------------------------------------------------------------------
+def _client_error(exc: Exception) -> tuple[str, str | None]:
+    import httpx
+
+    if isinstance(exc, httpx.ConnectTimeout):
+        return "connect_timeout", None
+    if isinstance(exc, httpx.ConnectError):
+        return "connect_refused", str(exc)[:200]
+    if isinstance(exc, httpx.ReadTimeout):
+        return "read_timeout", None
+    if isinstance(exc, httpx.RemoteProtocolError | httpx.ReadError | httpx.WriteError):
+        return "dropped", f"{type(exc).__name__}: {exc}"[:200]
+    return f"client_{type(exc).__name__}", str(exc)[:200]
+
+
+async def _read_stream(r: Any, rec: dict[str, Any], times: list[float]) -> tuple[Any, bool]:
+    usage = None
+    async for line in r.aiter_lines():
+        if not line.startswith("data:"):
+            continue
+        now = time.perf_counter()
+        data = line[5:].strip()
+        if data == "[DONE]":
+            return usage, True
+        chunk = json.loads(data)
+        if chunk.get("error"):
+            rec["error"], rec["detail"] = "stream_error", str(chunk["error"])[:300]
+            return usage, False
+        usage = chunk.get("usage") or usage
+        for choice in chunk.get("choices") or ():
+            if (choice.get("delta") or {}).get("content"):
+                times.append(now)
+    return usage, False
+
+
+async def stream_chat(client: Any, url: str, body: dict[str, Any], max_tokens: int) -> dict:
+    """One streamed chat completion, timed at the client: TTFT, the gaps between content
+    chunks, usage, and a failure name (HTTP status, refused / dropped connection, timeout,
+    stream without [DONE], fewer than ``max_tokens`` tokens) rather than an exception, so a
+    load level counts failures instead of stopping."""
+    import httpx
+
+    rec: dict[str, Any] = {"error": None, "completion_tokens": 0, "prompt_tokens": None,
+                           "cached_tokens": 0, "content_chunks": 0}
+    times: list[float] = []
+    usage, done = None, False
+    rec["t_send"] = t0 = time.perf_counter()
+    try:
+        async with client.stream("POST", url, json=body) as r:
+            if r.status_code != 200:
+                rec["error"] = f"http_{r.status_code}"
+                rec["detail"] = (await r.aread())[:300].decode(errors="replace")
+            else:
+                usage, done = await _read_stream(r, rec, times)
+    except (httpx.HTTPError, ValueError, OSError) as exc:
+        rec["error"], detail = _client_error(exc)
+        if detail:
+            rec["detail"] = detail
+    rec["t_end"] = time.perf_counter()
+    _finish_record(rec, times, usage, t0)
+    if rec["error"] is None and not done:
+        rec["error"], rec["detail"] = "dropped", "stream ended without [DONE]"
+    if rec["error"] is None and rec["completion_tokens"] < max_tokens:
+        rec["error"] = "short"
+        rec["detail"] = f"{rec['completion_tokens']} < {max_tokens} tokens"
+    return rec
+
+
+def _finish_record(rec: dict[str, Any], times: list[float], usage: Any, t0: float) -> None:
+    rec["content_chunks"] = len(times)
+    if usage:
+        rec["completion_tokens"] = int(usage.get("completion_tokens") or 0)
+        rec["prompt_tokens"] = usage.get("prompt_tokens")
+        details = usage.get("prompt_tokens_details") or {}
+        rec["cached_tokens"] = int(details.get("cached_tokens") or 0)
+    elif times:
+        rec["completion_tokens"] = len(times)  # no usage chunk: count content chunks
+    if not times:
+        return
+    rec["ttft_s"] = times[0] - t0
+    rec["gaps_ms"] = [(b - a) * 1e3 for a, b in zip(times, times[1:], strict=False)]
+    span, n = times[-1] - times[0], rec["completion_tokens"]
+    if n > 1 and span > 0:
+        rec["decode_tok_s"] = (n - 1) / span
+        rec["tpot_ms"] = span * 1e3 / (n - 1)
+
+
+# -- checkpoints ---------------------------------------------------------------------------
+def safetensors_params(path: pathlib.Path) -> int:
+    """Parameter count from the safetensors headers (no tensor is loaded)."""
+    total = 0
+    for f in sorted(pathlib.Path(path).glob("*.safetensors")):
+        with open(f, "rb") as fh:
+            (size,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(size))
+        total += sum(math.prod(m["shape"]) for k, m in header.items() if k != "__metadata__")
+    return total
+
+
+def checkpoint_info(path: pathlib.Path) -> dict[str, Any]:
+    path = pathlib.Path(path)
+    cfg = json.loads((path / "config.json").read_text())
+    keys = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads",
+            "num_key_value_heads", "intermediate_size", "vocab_size", "torch_dtype",
+            "tie_word_embeddings")
+    bad = unclean_ids(path / "tokenizer.json")
+    return {
+        "path": str(path),
+        **{k: cfg.get(k) for k in keys},
+        "params": safetensors_params(path),
+        "sampleable_tokens": cfg["vocab_size"] - len(bad),
+    }
+
+
+def unclean_ids(tokenizer_json: pathlib.Path) -> list[int]:
+    """Ids whose text alone is not plain, complete text: every added (special or control)
+    token (mlxcel skips special tokens, mlx_lm prints them), every byte that is not a whole
+    UTF-8 character (both servers hold those back) and whitespace-only tokens (mlx_lm holds
+    a lone space for one token)."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(tokenizer_json))
+    added = tok.get_added_tokens_decoder()
+    bad = []
+    for i in range(tok.get_vocab_size(with_added_tokens=True)):
+        text = tok.decode([i], skip_special_tokens=False)
+        if i in added or "\ufffd" in text or not text.strip():
+            bad.append(i)
+    return bad
+
+
+def bench_checkpoint(
+    shape: str, cache_dir: str | os.PathLike | None = None, **kw: Any
+) -> pathlib.Path:
+    """``cached_checkpoint(shape, suppress_eos=True, **kw)`` with the lm_head rows of every
+    :func:`unclean_ids` token zeroed as well as EOS's, so greedy decoding on random weights
+    only picks ordinary tokens and every token is one content chunk on both servers (TTFT
+    and inter-token latency stay comparable). Cached apart
+    (``$MLXCEL_CACHE_DIR/bench-checkpoints``): it differs from the builder's only there."""
+    import mlxcel.testing.checkpoint as ckpt
+
+    root = (
+        pathlib.Path(cache_dir)
+        if cache_dir is not None
+        else ckpt.default_cache_dir().parent / "bench-checkpoints"
+    )
+    where: dict[str, pathlib.Path] = {}
+    write_tokenizer, suppress = ckpt._write_tokenizer, ckpt._suppress_eos
+
+    def _write_tokenizer(path: pathlib.Path, *a: Any, **k: Any) -> Any:
+        where["path"] = pathlib.Path(path)
+        return write_tokenizer(path, *a, **k)
+
+    def _suppress_eos(model: Any, eos_ids: list[int]) -> None:
+        bad = unclean_ids(where["path"] / "tokenizer.json")
+        suppress(model, sorted(set(eos_ids) | set(bad)))
+
+    ckpt._write_tokenizer, ckpt._suppress_eos = _write_tokenizer, _suppress_eos
+    try:
+        return ckpt.cached_checkpoint(shape, cache_dir=root, suppress_eos=True, **kw)
+    finally:
+        ckpt._write_tokenizer, ckpt._suppress_eos = write_tokenizer, suppress
+
+
+def named_checkpoint(name: str) -> pathlib.Path:
+    """The bench checkpoint of a :data:`CHECKPOINTS` name."""
+    kw = dict(CHECKPOINTS[name])
+    return bench_checkpoint(kw.pop("shape"), **kw)
+
+
+# -- environment ---------------------------------------------------------------------------
+def versions() -> dict[str, str]:
+    out = {}
+    for dist in ("mlx", "mlx-cuda-13", "mlx-cpu", "mlx-lm", "mlxcel", "httpx"):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            out[dist] = importlib.metadata.version(dist)
+    out["python"] = platform.python_version()
+    return out
+
+
+def machine() -> dict[str, Any]:
+    cpu = platform.processor() or ""
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    info: dict[str, Any] = {
+        "nproc": len(os.sched_getaffinity(0)),
+        "cpu": cpu,
+        "platform": platform.platform(),
+    }
+    if shutil.which("nvidia-smi"):
+        query = ["nvidia-smi", "--query-gpu=name,memory.total,driver_version",
+                 "--format=csv,noheader"]
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            run = subprocess.run(query, capture_output=True, text=True, timeout=20)
+            info["gpu"] = run.stdout.strip()
+    return info
+
+
+def loadavg() -> float:
+    return round(os.getloadavg()[0], 2)
