@@ -61,7 +61,6 @@ VARIANTS = ("mlxcel", "mlxcel-nocache", "mlx_lm")
 MLXCEL_EXTRA = {"mlxcel": [], "mlxcel-nocache": ["--no-cache-prompt"]}
 
 
-
 def fmt(v: float | None, nd: int = 0) -> str:
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{nd}f}"
 

@@ -375,8 +375,9 @@ def check_targets(entry: dict[str, Any], kind: str) -> list[dict[str, Any]]:
         lo, hi = str(levels[0]), str(levels[-1])
         add(f"c={lo} aggregate tok/s mlxcel/mlx_lm", entry["ratios"][lo]["agg_tok_s"], ">=", 1.0)
         if hi != lo:  # a concurrency-1 run (decode speed) has only the first target
-            add(f"c={hi} aggregate tok/s mlxcel/mlx_lm", entry["ratios"][hi]["agg_tok_s"],
-                ">=", 1.5)
+            add(
+                f"c={hi} aggregate tok/s mlxcel/mlx_lm", entry["ratios"][hi]["agg_tok_s"], ">=", 1.5
+            )
             add(f"c={hi} TTFT p50 mlxcel/mlx_lm", entry["ratios"][hi]["ttft_p50_ms"], "<=", 0.5)
     if kind == "gpu" and entry.get("vs_raw"):
         cs = sorted(int(c) for c in entry["vs_raw"])
@@ -524,14 +525,19 @@ def render_md(doc: dict[str, Any]) -> str:
                 + "."
             )
             lines.append("")
-        one = {n: v["levels"].get("1", {}).get("per_stream_decode_tok_s_p50")
-               for n, v in srv.items()}
+        one = {
+            n: v["levels"].get("1", {}).get("per_stream_decode_tok_s_p50") for n, v in srv.items()
+        }
         if any(one.values()):
             lines.append(
                 "Single-stream decode (C=1, per-stream (tokens - 1) / decode span, median): "
                 + ", ".join(f"{n} {fmt(x, 1)} tok/s" for n, x in one.items())
-                + (f"; ratio {one['mlxcel'] / one['mlx_lm']:.2f}x" if all(one.values())
-                   and len(one) == 2 else "") + "."
+                + (
+                    f"; ratio {one['mlxcel'] / one['mlx_lm']:.2f}x"
+                    if all(one.values()) and len(one) == 2
+                    else ""
+                )
+                + "."
             )
             lines.append("")
         if raw:

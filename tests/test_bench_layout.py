@@ -12,13 +12,25 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
-TOP = {"README.md", "serving.py", "prompt_cache.py", "engine_profile.py", "gpu", "probes",
-       "results"}
+TOP = {
+    "README.md",
+    "serving.py",
+    "prompt_cache.py",
+    "engine_profile.py",
+    "gpu",
+    "probes",
+    "results",
+}
 
 
 def _tracked(folder: Path) -> list[Path]:
-    out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard",
-                          str(folder)], cwd=ROOT, capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", str(folder)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return [ROOT / line for line in out.stdout.splitlines() if (ROOT / line).exists()]
 
 
@@ -43,8 +55,9 @@ def test_no_bench_file_edits_sys_path():
 
 
 def test_importing_mlxcel_testing_imports_no_mlx_numpy_or_httpx():
-    code = ("import sys, mlxcel.testing, mlxcel.testing.servers; "
-            "print(sorted(m for m in ('mlx', 'numpy', 'httpx') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True)
+    code = (
+        "import sys, mlxcel.testing, mlxcel.testing.servers; "
+        "print(sorted(m for m in ('mlx', 'numpy', 'httpx') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -169,8 +169,24 @@ def health(base: str) -> dict[str, Any] | None:
         return None
 
 
-WORDS = ("Zebra", "Quartz", "Violet", "Jungle", "Xenon", "Kettle", "Yonder", "Marble", "Copper",
-         "Lantern", "Harbor", "Meadow", "Falcon", "Ember", "Glacier", "Orchid")
+WORDS = (
+    "Zebra",
+    "Quartz",
+    "Violet",
+    "Jungle",
+    "Xenon",
+    "Kettle",
+    "Yonder",
+    "Marble",
+    "Copper",
+    "Lantern",
+    "Harbor",
+    "Meadow",
+    "Falcon",
+    "Ember",
+    "Glacier",
+    "Orchid",
+)
 BASE_PROMPT = (
     "Write a long story about a lighthouse keeper who finds a message in a "
     "bottle, and tell it slowly, with many details about the sea and the sky."
@@ -225,8 +241,13 @@ async def stream_chat(client: Any, url: str, body: dict[str, Any], max_tokens: i
     load level counts failures instead of stopping."""
     import httpx
 
-    rec: dict[str, Any] = {"error": None, "completion_tokens": 0, "prompt_tokens": None,
-                           "cached_tokens": 0, "content_chunks": 0}
+    rec: dict[str, Any] = {
+        "error": None,
+        "completion_tokens": 0,
+        "prompt_tokens": None,
+        "cached_tokens": 0,
+        "content_chunks": 0,
+    }
     times: list[float] = []
     usage, done = None, False
     rec["t_send"] = t0 = time.perf_counter()
@@ -285,9 +306,17 @@ def safetensors_params(path: pathlib.Path) -> int:
 def checkpoint_info(path: pathlib.Path) -> dict[str, Any]:
     path = pathlib.Path(path)
     cfg = json.loads((path / "config.json").read_text())
-    keys = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads",
-            "num_key_value_heads", "intermediate_size", "vocab_size", "torch_dtype",
-            "tie_word_embeddings")
+    keys = (
+        "model_type",
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "intermediate_size",
+        "vocab_size",
+        "torch_dtype",
+        "tie_word_embeddings",
+    )
     bad = unclean_ids(path / "tokenizer.json")
     return {
         "path": str(path),
@@ -376,8 +405,11 @@ def machine() -> dict[str, Any]:
         "platform": platform.platform(),
     }
     if shutil.which("nvidia-smi"):
-        query = ["nvidia-smi", "--query-gpu=name,memory.total,driver_version",
-                 "--format=csv,noheader"]
+        query = [
+            "nvidia-smi",
+            "--query-gpu=name,memory.total,driver_version",
+            "--format=csv,noheader",
+        ]
         with contextlib.suppress(OSError, subprocess.SubprocessError):
             run = subprocess.run(query, capture_output=True, text=True, timeout=20)
             info["gpu"] = run.stdout.strip()
