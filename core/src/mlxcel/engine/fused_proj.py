@@ -15,9 +15,9 @@ on.
 Groups: ``q_proj``/``k_proj``/``v_proj`` of one module and ``gate_proj``/``up_proj`` of
 one module, when they are all ``nn.Linear`` (bias on all or none) or all
 ``nn.QuantizedLinear`` of one quantization. On by default on CUDA only
-(``--fuse-projections``, ``MLXCEL_FUSE_PROJECTIONS``): on an H200 an
-8B-shaped step at batch 64 encoded in ~3.7 instead of ~5.3 ms (``bench/gpu/fuse_probe.py``);
-on the 2-core CPU a tiny model's step did not get faster.
+(``--fuse-projections``, ``MLXCEL_FUSE_PROJECTIONS``): fewer, larger matmuls shorten the
+step's kernel encoding on CUDA, while on the CPU they did not make a step faster
+(docs/explanation/batching.md, "Fused projections").
 """
 
 from __future__ import annotations

@@ -260,8 +260,8 @@ class EngineWorker(threading.Thread):
         """Free MLX's buffer cache once the engine has been idle for ``idle_release``
         seconds after work, and at once after a prompt-cache reset: buffers a burst or a
         long prompt left behind go back to the system instead of staying held by an idle
-        server, while back-to-back requests keep reusing them (fresh device memory costs a
-        fault-in on first touch). Only this thread calls MLX."""
+        server, while back-to-back requests keep reusing them instead of allocating anew.
+        Only this thread calls MLX."""
         if self._busy():
             self._idle_since = None
         elif self._dirty and self._idle_since is None:
@@ -367,11 +367,10 @@ class EngineWorker(threading.Thread):
         columns per step. Rows of prefilled groups held back to join (``_defer_join``) do
         not count: they decode nothing yet, and wait for the next groups either way.
 
-        A prefill group of 8 rows x 64 tokens costs 2.5 ms per row on an H200 (8B shape),
-        one of 64 rows 1.7 ms (``bench/gpu/fuse_probe.py``), and every group costs the
-        running rows a step's wait and the batch a join; a burst of 62 requests took 9
-        groups and 0.42 s to reach full speed. The few running rows wait longer for one
-        step instead (~0.1 s for 62 x 64 tokens). A long prompt arriving alone still
+        A wide prefill group costs less per row than a narrow one, and every group costs
+        the running rows a step's wait and the batch a join, so a burst reaches full speed
+        sooner in few wide groups; the few running rows wait longer for one step instead
+        (docs/explanation/batching.md, "Bursts"). A long prompt arriving alone still
         prefills a chunk per step between decode steps.
         """
         if self.burst_chunks <= 1:
