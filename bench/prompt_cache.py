@@ -31,7 +31,6 @@ import asyncio
 import contextlib
 import datetime as dt
 import json
-import math
 import pathlib
 import random
 import shlex
@@ -48,9 +47,11 @@ from mlxcel.testing.servers import (
     Server,
     bench_checkpoint,
     checkpoint_info,
+    fmt,
     health,
     loadavg,
     machine,
+    ratio,
     server_argv,
     stream_chat,
     versions,
@@ -59,16 +60,6 @@ from mlxcel.testing.servers import (
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 VARIANTS = ("mlxcel", "mlxcel-nocache", "mlx_lm")
 MLXCEL_EXTRA = {"mlxcel": [], "mlxcel-nocache": ["--no-cache-prompt"]}
-
-
-def fmt(v: float | None, nd: int = 0) -> str:
-    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{nd}f}"
-
-
-def ratio(a: float | None, b: float | None) -> float | None:
-    if a is None or b is None or not b or math.isnan(a) or math.isnan(b):
-        return None
-    return a / b
 
 
 # -- conversation -------------------------------------------------------------------------

@@ -59,9 +59,11 @@ from mlxcel.testing.servers import (
     bench_checkpoint,
     bench_prompt,
     checkpoint_info,
+    fmt,
     health,
     loadavg,
     machine,
+    ratio,
     server_argv,
     stream_chat,
     versions,
@@ -327,16 +329,6 @@ def run_server(
         out["log"] = str(srv.log_path)
         out["backend_log"] = srv.log_grep("backend")
     return out
-
-
-def fmt(v: float | None, nd: int = 0) -> str:
-    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{nd}f}"
-
-
-def ratio(a: float | None, b: float | None) -> float | None:
-    if a is None or b is None or not b or math.isnan(a) or math.isnan(b):
-        return None
-    return a / b
 
 
 RATIO_KEYS = ("agg_tok_s", "ttft_p50_ms", "ttft_p95_ms", "itl_p50_ms", "tpot_p50_ms")

@@ -418,3 +418,15 @@ def machine() -> dict[str, Any]:
 
 def loadavg() -> float:
     return round(os.getloadavg()[0], 2)
+
+
+def fmt(v: float | None, nd: int = 0) -> str:
+    """A number for a results table; ``-`` for a missing or NaN value."""
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{nd}f}"
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    """``a / b``, or None when either is missing, NaN or ``b`` is zero."""
+    if a is None or b is None or not b or math.isnan(a) or math.isnan(b):
+        return None
+    return a / b
