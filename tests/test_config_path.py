@@ -38,6 +38,7 @@ ENV_READERS: dict[str, set[str] | None] = {
     "engine/loader.py": {"resolve_model_path"},  # HF_HUB_OFFLINE: huggingface_hub's own
     "testing/pytest_plugin.py": None,
     "testing/checkpoint.py": None,
+    "testing/servers.py": None,  # the benchmarks' startup timeout (bench/gpu/run.sh sets it)
 }
 _NAME = re.compile(r"\b(?:MLXCEL|LLAMA_ARG)_[A-Z0-9_]*[A-Z0-9]\b")
 _BEGIN = ("<!-- env twins: generated from mlxcel.options.OPTIONS by "
