@@ -32,10 +32,9 @@ INTERNAL = {
 # module -> the functions in it that may read os.environ (None: any, for the test kit)
 ENV_READERS: dict[str, set[str] | None] = {
     "options.py": {"_env_default"},  # the env twins of the table
-    "settings.py": {"from_env", "failure_file"},  # CLI -> worker plumbing
-    "serving.py": {"serve"},  # sets that plumbing for the worker
-    "backend.py": {"library_env"},  # LD_PRELOAD, OpenBLAS's threads: other programs' own
-    "engine/loader.py": {"resolve_model_path"},  # HF_HUB_OFFLINE: huggingface_hub's own
+    # CLI -> worker plumbing, and library_env: LD_PRELOAD, OpenBLAS's threads (other
+    # programs' own variables)
+    "settings.py": {"from_env", "failure_file", "hand_to_worker", "library_env"},
     "testing/pytest_plugin.py": None,
     "testing/checkpoint.py": None,
     "testing/servers.py": None,  # the benchmarks' startup timeout (bench/gpu/run.sh sets it)

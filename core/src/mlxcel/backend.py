@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from mlxcel.errors import StartupError
+from mlxcel.settings import library_env
 
 DTYPES = ("float32", "float16", "bfloat16")
 REEXEC_MARKER = "MLXCEL_FAST_BLAS_REEXEC"  # set in the re-executed server; never loops
@@ -312,20 +313,6 @@ CUDA_SWITCH_INTERVAL = 0.0005
 
 
 # ---------------------------------------------------------------- the process environment
-
-def library_env() -> Mapping[str, str]:
-    """The process environment, for the variables that belong to other programs.
-
-    mlxcel's own settings come from the options table (``mlxcel.options``), resolved once
-    into ``Settings``. These are not settings of mlxcel's: ``LD_PRELOAD`` is the dynamic
-    loader's (the re-exec above prepends OpenBLAS to it, and ``REEXEC_MARKER`` keeps it
-    from looping), and ``OPENBLAS_NUM_THREADS`` / ``OMP_NUM_THREADS`` are OpenBLAS's own,
-    which ``mlxcel.engine.cpu_blas`` leaves alone when a user set them. They are read where
-    those libraries read them, the process environment, so this is the one place outside
-    the options and settings code that reads ``os.environ``.
-    """
-    return os.environ
-
 
 def _main() -> int:
     """``python -m mlxcel.backend``: the BLAS the server would preload, or nothing (off

@@ -4,7 +4,7 @@ Every value mlxcel takes from its operator is a row here, parsed and checked by 
 type (a function of this module, which imports no MLX), so a bad value, given as a flag or
 as its env twin, refuses to start before anything is loaded. The CLI resolves the table
 once into ``Settings``, which is passed down; no other module reads ``os.environ`` for
-mlxcel's own settings (``mlxcel.backend.library_env`` holds the variables of other
+mlxcel's own settings (``mlxcel.settings.library_env`` holds the variables of other
 programs).
 """
 

@@ -15,7 +15,7 @@ from typing import Any
 import structlog
 
 from mlxcel.errors import StartupError
-from mlxcel.settings import FAILURE_ENV, SETTINGS_ENV, Settings
+from mlxcel.settings import Settings, hand_to_worker
 
 log = structlog.get_logger("mlxcel.serving")
 FD_HEADROOM = 256  # descriptors beyond the connections: listen sockets, pipes, files, metrics
@@ -182,10 +182,9 @@ def serve(settings: Settings) -> int:
     leaves its reason in a file, raised here as a StartupError."""
     from granian import Granian
 
-    os.environ[SETTINGS_ENV] = settings.to_env()
     with tempfile.TemporaryDirectory(prefix="mlxcel-") as tmp:
         failure = os.path.join(tmp, "failure")
-        os.environ[FAILURE_ENV] = failure
+        hand_to_worker(settings, failure)
         server = Granian("mlxcel.serving:worker_app", **granian_options(settings))
         server.on_startup(lambda: _force_exit_on_second_signal(settings.shutdown_timeout))
         server.serve()

@@ -3,13 +3,15 @@
 
 The CLI hands the settings to the Granian worker through ``SETTINGS_ENV`` and the worker
 hands a fatal error back through the file named by ``FAILURE_ENV``; these two variables are
-process plumbing between the CLI and its worker, not settings, so only this module and
-``mlxcel.serving`` touch them.
+process plumbing between the CLI and its worker, not settings. This module is the one place
+besides the options table that touches the environment (``library_env`` holds other
+programs' variables).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 
 import msgspec
 
@@ -89,6 +91,25 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
 def failure_file() -> str | None:
     """In the Granian worker: where to leave a fatal error for the CLI (None outside it)."""
     return os.environ.get(FAILURE_ENV) or None
+
+
+def hand_to_worker(settings: Settings, failure: str) -> None:
+    """In the CLI, before Granian starts its worker: the settings, and the file where the
+    worker leaves a fatal error, travel through the environment the worker inherits."""
+    os.environ[SETTINGS_ENV] = settings.to_env()
+    os.environ[FAILURE_ENV] = failure
+
+
+def library_env() -> Mapping[str, str]:
+    """The process environment, for the variables that belong to other programs.
+
+    These are not settings of mlxcel's: ``LD_PRELOAD`` is the dynamic loader's (the
+    OpenBLAS re-exec in ``mlxcel.backend`` prepends to it), and ``OPENBLAS_NUM_THREADS`` /
+    ``OMP_NUM_THREADS`` are OpenBLAS's own, which ``mlxcel.engine.cpu_blas`` leaves alone
+    when a user set them. They are read where those libraries read them, so they come
+    from here rather than from the options table.
+    """
+    return os.environ
 
 
 class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -69,7 +68,9 @@ def resolve_model_path(model: str) -> Path:
         return Path(snapshot_download(model, allow_patterns=ALLOW_PATTERNS))
     except Exception as exc:  # offline, no such repo, gated, network down ...
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
+        from huggingface_hub import constants
+
+        offline = bool(constants.HF_HUB_OFFLINE)
         hint = "HF_HUB_OFFLINE is set and it is not in the local cache" if offline else reason
         raise StartupError(f"cannot get model '{model}' from Hugging Face: {hint[:300]}") from exc
 
