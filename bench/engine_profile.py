@@ -28,7 +28,8 @@ import sys
 import time
 import uuid
 
-from mlxcel.testing.servers import CHECKPOINTS, bench_checkpoint, bench_prompt
+from mlxcel.testing.bench_checkpoints import CHECKPOINTS, bench_checkpoint
+from mlxcel.testing.servers import bench_prompt
 
 
 async def drive(client, tokenizer, template_render, c: int, n: int, max_tokens: int) -> dict:

@@ -42,11 +42,9 @@ import time
 from typing import Any
 
 import httpx
+from mlxcel.testing.bench_checkpoints import CHECKPOINTS, bench_checkpoint, checkpoint_info
 from mlxcel.testing.servers import (
-    CHECKPOINTS,
     Server,
-    bench_checkpoint,
-    checkpoint_info,
     fmt,
     health,
     loadavg,

@@ -4,7 +4,7 @@ Rules, and why:
 
 - Servers run one at a time, alone, on the same random-weight checkpoint, each warmed up
   first: two servers on one machine would measure each other.
-- The checkpoint is :func:`mlxcel.testing.servers.bench_checkpoint` (EOS, special,
+- The checkpoint is :func:`mlxcel.testing.bench_checkpoints.bench_checkpoint` (EOS, special,
   partial-UTF-8 and whitespace-only tokens never picked) and mlxcel also gets
   ``ignore_eos``: every request then yields exactly ``max_tokens`` tokens, one content
   chunk each, on both servers, so chunk timings compare.
@@ -53,12 +53,10 @@ import time
 from typing import Any
 
 import httpx
+from mlxcel.testing.bench_checkpoints import CHECKPOINTS, bench_checkpoint, checkpoint_info
 from mlxcel.testing.servers import (
-    CHECKPOINTS,
     Server,
-    bench_checkpoint,
     bench_prompt,
-    checkpoint_info,
     fmt,
     health,
     loadavg,

@@ -3,7 +3,7 @@
     python bench/gpu/build_checkpoint.py --preset llama3-8b --cache-dir /tmp/bench-ckpts
     python bench/gpu/build_checkpoint.py --preset tiny      # same script, tiny shape (CPU test)
 
-Uses ``mlxcel.testing.servers.bench_checkpoint`` (mlxcel's offline builder, EOS and every
+Uses ``mlxcel.testing.bench_checkpoints.bench_checkpoint`` (mlxcel's offline builder, EOS and every
 special / partial-UTF-8 / whitespace-only token suppressed). ``llama3-8b`` is Llama-3-8B-shaped:
 hidden 4096, 32 layers, 32 heads, 8 KV heads, intermediate 14336, vocab 128256, bf16. The
 builder's BPE tokenizer learns what the bundled corpus allows and pads the vocabulary with
@@ -60,7 +60,7 @@ def main() -> int:
     ap.add_argument("--preset", choices=sorted(PRESETS), default="llama3-8b")
     ap.add_argument("--cache-dir", default=None)
     args = ap.parse_args()
-    from mlxcel.testing.servers import bench_checkpoint, checkpoint_info
+    from mlxcel.testing.bench_checkpoints import bench_checkpoint, checkpoint_info
 
     kw = dict(PRESETS[args.preset])
     shape = kw.pop("shape")

@@ -40,7 +40,8 @@ import time
 from typing import Any
 
 import httpx
-from mlxcel.testing.servers import HOST, Server, bench_checkpoint, loadavg, machine, versions
+from mlxcel.testing.bench_checkpoints import bench_checkpoint
+from mlxcel.testing.servers import HOST, Server, loadavg, machine, versions
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 

@@ -3,6 +3,7 @@
 Importing this package does not import mlx, mlx_lm, transformers or numpy.
 """
 
+from .bench_checkpoints import bench_checkpoint
 from .checkpoint import (
     BUILDER_VERSION,
     build_checkpoint,
@@ -10,7 +11,7 @@ from .checkpoint import (
     default_cache_dir,
     demo_checkpoint,
 )
-from .servers import Server, bench_checkpoint, server_argv, stream_chat
+from .servers import Server, server_argv, stream_chat
 from .tokenizer import build_tokenizer, chat_template_text
 
 __all__ = [

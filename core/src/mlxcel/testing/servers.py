@@ -1,5 +1,6 @@
 """Benchmark servers: ``mlxcel-server`` or ``mlx_lm.server`` as subprocesses, a streamed
-chat client that records chunk times, and the bench checkpoints.
+chat client that records chunk times, and the machine facts a result records (the bench
+checkpoints are in ``mlxcel.testing.bench_checkpoints``).
 
 Each server runs in its own process group on a free 127.0.0.1 port with its output in a
 log file, and ``stop()`` ends the whole group: a benchmark must never leave a server (or
@@ -20,7 +21,6 @@ import platform
 import shutil
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import time
@@ -28,20 +28,6 @@ from typing import Any
 
 HOST = "127.0.0.1"
 STARTUP_TIMEOUT_S = float(os.environ.get("SERVING_STARTUP_TIMEOUT_S", "600"))
-# Named bench checkpoints (cached_checkpoint arguments; bench_checkpoint adds suppress_eos).
-# "30m" has the untied lm_head that suppressing tokens needs.
-CHECKPOINTS: dict[str, dict[str, Any]] = {
-    "tiny": {"shape": "qwen3"},
-    "30m": {
-        "shape": "qwen3",
-        "hidden_size": 512,
-        "num_layers": 8,
-        "num_heads": 8,
-        "num_kv_heads": 4,
-        "intermediate_size": 1536,
-        "vocab_size": 8192,
-    },
-}
 
 
 def free_port() -> int:
@@ -292,96 +278,6 @@ def _finish_record(rec: dict[str, Any], times: list[float], usage: Any, t0: floa
 
 
 # -- checkpoints ---------------------------------------------------------------------------
-def safetensors_params(path: pathlib.Path) -> int:
-    """Parameter count from the safetensors headers (no tensor is loaded)."""
-    total = 0
-    for f in sorted(pathlib.Path(path).glob("*.safetensors")):
-        with open(f, "rb") as fh:
-            (size,) = struct.unpack("<Q", fh.read(8))
-            header = json.loads(fh.read(size))
-        total += sum(math.prod(m["shape"]) for k, m in header.items() if k != "__metadata__")
-    return total
-
-
-def checkpoint_info(path: pathlib.Path) -> dict[str, Any]:
-    path = pathlib.Path(path)
-    cfg = json.loads((path / "config.json").read_text())
-    keys = (
-        "model_type",
-        "hidden_size",
-        "num_hidden_layers",
-        "num_attention_heads",
-        "num_key_value_heads",
-        "intermediate_size",
-        "vocab_size",
-        "torch_dtype",
-        "tie_word_embeddings",
-    )
-    bad = unclean_ids(path / "tokenizer.json")
-    return {
-        "path": str(path),
-        **{k: cfg.get(k) for k in keys},
-        "params": safetensors_params(path),
-        "sampleable_tokens": cfg["vocab_size"] - len(bad),
-    }
-
-
-def unclean_ids(tokenizer_json: pathlib.Path) -> list[int]:
-    """Ids whose text alone is not plain, complete text: every added (special or control)
-    token (mlxcel skips special tokens, mlx_lm prints them), every byte that is not a whole
-    UTF-8 character (both servers hold those back) and whitespace-only tokens (mlx_lm holds
-    a lone space for one token)."""
-    from tokenizers import Tokenizer
-
-    tok = Tokenizer.from_file(str(tokenizer_json))
-    added = tok.get_added_tokens_decoder()
-    bad = []
-    for i in range(tok.get_vocab_size(with_added_tokens=True)):
-        text = tok.decode([i], skip_special_tokens=False)
-        if i in added or "\ufffd" in text or not text.strip():
-            bad.append(i)
-    return bad
-
-
-def bench_checkpoint(
-    shape: str, cache_dir: str | os.PathLike | None = None, **kw: Any
-) -> pathlib.Path:
-    """``cached_checkpoint(shape, suppress_eos=True, **kw)`` with the lm_head rows of every
-    :func:`unclean_ids` token zeroed as well as EOS's, so greedy decoding on random weights
-    only picks ordinary tokens and every token is one content chunk on both servers (TTFT
-    and inter-token latency stay comparable). Cached apart
-    (``$MLXCEL_CACHE_DIR/bench-checkpoints``): it differs from the builder's only there."""
-    import mlxcel.testing.checkpoint as ckpt
-
-    root = (
-        pathlib.Path(cache_dir)
-        if cache_dir is not None
-        else ckpt.default_cache_dir().parent / "bench-checkpoints"
-    )
-    where: dict[str, pathlib.Path] = {}
-    write_tokenizer, suppress = ckpt._write_tokenizer, ckpt._suppress_eos
-
-    def _write_tokenizer(path: pathlib.Path, *a: Any, **k: Any) -> Any:
-        where["path"] = pathlib.Path(path)
-        return write_tokenizer(path, *a, **k)
-
-    def _suppress_eos(model: Any, eos_ids: list[int]) -> None:
-        bad = unclean_ids(where["path"] / "tokenizer.json")
-        suppress(model, sorted(set(eos_ids) | set(bad)))
-
-    ckpt._write_tokenizer, ckpt._suppress_eos = _write_tokenizer, _suppress_eos
-    try:
-        return ckpt.cached_checkpoint(shape, cache_dir=root, suppress_eos=True, **kw)
-    finally:
-        ckpt._write_tokenizer, ckpt._suppress_eos = write_tokenizer, suppress
-
-
-def named_checkpoint(name: str) -> pathlib.Path:
-    """The bench checkpoint of a :data:`CHECKPOINTS` name."""
-    kw = dict(CHECKPOINTS[name])
-    return bench_checkpoint(kw.pop("shape"), **kw)
-
-
 # -- environment ---------------------------------------------------------------------------
 def versions() -> dict[str, str]:
     out = {}
