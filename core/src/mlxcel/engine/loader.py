@@ -126,6 +126,7 @@ def load_checkpoint(model: str, families: FamilyRegistry, *,
     family = select_family(families, config, path)
     defaults = generation_defaults(path, config)
     tokenizer = Tokenizer.from_dir(path, set(defaults.eos_token_ids))
+    _ = tokenizer.max_token_bytes  # decodes the whole vocabulary once: here, not on a request
     template = load_chat_template(
         path, tokenizer.config, override=Path(chat_template_file) if chat_template_file else None,
         bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token)
