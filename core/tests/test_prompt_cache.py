@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import mlx.core as mx
+from mlxcel.engine.kvcache import KVRows
 from mlxcel.engine.prompt_cache import BLOCK_SIZE, PromptCache, block_hashes
 
 LAYERS = 2
@@ -13,7 +14,7 @@ LAYERS = 2
 def kv(n: int, fill: float = 1.0):
     """Keys/values for n tokens as the engine stores them, layers stacked: [LAYERS, 1,
     2 heads, n, 4] float32 (32 bytes/token per layer)."""
-    return (mx.full((LAYERS, 1, 2, n, 4), fill), mx.full((LAYERS, 1, 2, n, 4), -fill))
+    return KVRows(mx.full((LAYERS, 1, 2, n, 4), fill), mx.full((LAYERS, 1, 2, n, 4), -fill))
 
 
 def test_block_hashes_chain_and_only_full_blocks():
@@ -28,10 +29,10 @@ def test_block_hashes_chain_and_only_full_blocks():
 def test_longest_prefix_hit_leaves_one_token_to_compute():
     cache = PromptCache(capacity_bytes=1 << 20)
     tokens = list(range(50))
-    assert cache.insert(tokens, *kv(50))
+    assert cache.insert(tokens, kv(50))
     entry, n = cache.lookup(tokens + [1, 2, 3])
     assert n == 48 and entry.length == 48
-    keys, values = entry.keys, entry.values  # PrefillJob slices the part a row reuses
+    keys, values = entry.payload.keys, entry.payload.values  # PrefillJob slices the part a row reuses
     assert keys[0].shape == (1, 2, 48, 4) and values[1].shape == (1, 2, 48, 4)
     assert cache.lookup(tokens[:48])[1] == 32  # 48 tokens: at most 47 may come from cache
     assert cache.lookup(tokens[:20] + [999] * 30)[1] == 16
@@ -44,28 +45,28 @@ def test_lru_eviction_by_bytes_and_entries():
     per_token = LAYERS * 2 * (2 * 4 * 4)  # layers * (K+V) * heads*dim*float32
     cache = PromptCache(capacity_bytes=per_token * 32 * 2, max_entries=10)
     first, second, third = ([i] * 32 for i in (1, 2, 3))
-    assert cache.insert(first, *kv(32)) and cache.insert(second, *kv(32))
+    assert cache.insert(first, kv(32)) and cache.insert(second, kv(32))
     assert cache.lookup(first + [0]) is not None  # first is now the most recently used
-    assert cache.insert(third, *kv(32))
+    assert cache.insert(third, kv(32))
     s = cache.stats()
     assert s["entries"] == 2 and s["evictions_lru"] == 1 and s["bytes"] == per_token * 64
     assert cache.lookup(second + [0]) is None and cache.lookup(first + [0]) is not None
     small = PromptCache(capacity_bytes=1 << 20, max_entries=1)
-    small.insert(first, *kv(32))
-    small.insert(second, *kv(32))
+    small.insert(first, kv(32))
+    small.insert(second, kv(32))
     assert small.stats()["entries"] == 1 and small.stats()["evictions_lru"] == 1
 
 
 def test_oversized_entries_are_rejected_and_counted():
     cache = PromptCache(capacity_bytes=100)
-    assert not cache.insert([1] * 32, *kv(32))
+    assert not cache.insert([1] * 32, kv(32))
     s = cache.stats()
     assert s["rejections_oversized"] == 1 and s["entries"] == 0 and s["bytes"] == 0
 
 
 def test_ttl_eviction():
     cache = PromptCache(capacity_bytes=1 << 20, ttl_s=0.05)
-    cache.insert([1] * 32, *kv(32))
+    cache.insert([1] * 32, kv(32))
     time.sleep(0.1)
     assert cache.lookup([1] * 40) is None
     assert cache.stats()["evictions_ttl"] == 1 and cache.stats()["entries"] == 0
@@ -73,28 +74,29 @@ def test_ttl_eviction():
 
 def test_stats_keys_reset_and_disabled():
     cache = PromptCache(capacity_bytes=1 << 20)
-    cache.insert(list(range(64)), *kv(64))
+    cache.insert(list(range(64)), kv(64))
     s = cache.stats()
     assert set(s) == {"enabled", "apc_enabled", "block_size", "hash", "entries", "bytes",
                       "capacity_bytes", "max_entries", "hits", "lookups", "hit_rate", "inserts",
                       "evictions_lru", "evictions_ttl", "rejections_oversized",
-                      "total_blocks_stored", "unique_block_hashes", "apc_active_entries"}
+                      "total_blocks_stored", "unique_block_hashes", "apc_active_entries",
+                          "reuse", "reuse_window"}
     assert (s["total_blocks_stored"], s["unique_block_hashes"], s["block_size"]) == (
         4, 4, BLOCK_SIZE)
     freed = cache.reset()
     assert freed == {"cleared": True, "freed_bytes": s["bytes"], "freed_entries": 1}
     assert cache.reset() == {"cleared": True, "freed_bytes": 0, "freed_entries": 0}
     off = PromptCache(capacity_bytes=1 << 20, enabled=False)
-    assert not off.insert([1] * 32, *kv(32)) and off.lookup([1] * 40) is None
+    assert not off.insert([1] * 32, kv(32)) and off.lookup([1] * 40) is None
     assert off.stats()["enabled"] is False and off.stats()["lookups"] == 0
 
 
 def test_evicting_one_entry_keeps_the_shared_prefix_of_another():
     cache = PromptCache(capacity_bytes=1 << 20, max_entries=2)
     shared = list(range(32))
-    cache.insert(shared + [1] * 16, *kv(48))
-    cache.insert(shared + [2] * 16, *kv(48))
-    cache.insert([9] * 32, *kv(32))  # evicts the least recently used (the first)
+    cache.insert(shared + [1] * 16, kv(48))
+    cache.insert(shared + [2] * 16, kv(48))
+    cache.insert([9] * 32, kv(32))  # evicts the least recently used (the first)
     found = cache.lookup(shared + [3] * 16)
     assert found is not None and found[1] == 32
     assert cache.stats()["unique_block_hashes"] == 3 + 2  # shared x2, [2]-block, [9] x2
@@ -103,8 +105,8 @@ def test_evicting_one_entry_keeps_the_shared_prefix_of_another():
 def test_an_entry_extending_an_older_one_replaces_it():
     cache = PromptCache(capacity_bytes=1 << 20)
     turn1 = list(range(40))
-    cache.insert(turn1, *kv(40))
-    cache.insert(turn1 + list(range(100, 140)), *kv(80))
+    cache.insert(turn1, kv(40))
+    cache.insert(turn1 + list(range(100, 140)), kv(80))
     s = cache.stats()
     assert s["entries"] == 1 and s["total_blocks_stored"] == s["unique_block_hashes"] == 5
     assert s["evictions_lru"] == 0
@@ -123,7 +125,7 @@ def test_stats_and_reset_wait_for_an_announced_insert():
     reader.start()
     reader.join(0.3)
     assert reader.is_alive() and not seen  # still waiting for the store
-    cache.insert(list(range(32)), *kv(32))
+    cache.insert(list(range(32)), kv(32))
     cache.end_inserts()
     reader.join(5)
     assert seen == [1]
@@ -132,7 +134,7 @@ def test_stats_and_reset_wait_for_an_announced_insert():
     resetter.start()
     resetter.join(0.3)
     assert resetter.is_alive()
-    cache.insert(list(range(100, 132)), *kv(32))
+    cache.insert(list(range(100, 132)), kv(32))
     cache.end_inserts()
     resetter.join(5)
     assert seen == [1, 2] and cache.stats()["entries"] == 0

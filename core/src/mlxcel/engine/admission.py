@@ -16,6 +16,7 @@ from typing import Any
 import structlog
 
 from mlxcel.engine.batch import PrefillJob, aligned
+from mlxcel.engine.mixed_batch import MixedPrefill
 from mlxcel.engine.sequence import Sequence, Sink, error_event, fail_alone
 from mlxcel.types import GenerationRequest
 
@@ -102,7 +103,7 @@ class Admission:
         self.budget = budget = self._budget(free)
         group = [heapq.heappop(self.waiting)]
         widest = aligned(self._tail(group[0]), self.align)
-        while self.waiting and len(group) < free and self.batchable \
+        while self.waiting and len(group) < free and self.grouped \
                 and not group[0].solo and not self.waiting[0].solo:
             tail = max(widest, aligned(self._tail(self.waiting[0]), self.align))
             if (len(group) + 1) * min(tail, self.prefill_chunk) > budget:
@@ -155,9 +156,13 @@ class Admission:
         self.count_queued(-len(group))
         return job
 
-    def _new_job(self, group: list[Sequence]) -> PrefillJob:
-        prefixes = [(s.cache_hit[0].keys, s.cache_hit[0].values) if s.cache_hit else None
-                    for s in group]
+    def _new_job(self, group: list[Sequence]) -> PrefillJob | MixedPrefill:
+        hits = [s.cache_hit[0].payload if s.cache_hit else None for s in group]
+        if self.path == "mixed":
+            starts = [hit.prefix(s.cached).caches if hit is not None and s.cached else None
+                      for s, hit in zip(group, hits, strict=True)]
+            return MixedPrefill(self.checkpoint.model, group, starts, self.merge)
+        prefixes = [(hit.keys, hit.values) if hit is not None else None for hit in hits]
         return PrefillJob(self.checkpoint.model, group, self.batchable, prefixes, self.rope,
                           self.align)
 

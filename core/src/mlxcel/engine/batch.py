@@ -1,10 +1,11 @@
 """The running batch and prompt prefill, on mlx-lm's batched KV caches.
 
-Every sequence first prefills all but its last prompt token (left-padded with the others
+Every sequence first prefills all but its last prompt token (padded with the others
 admitted with it, chunk by chunk), then joins the decode batch with that last token as its
 next input, so the first generated token comes out of an ordinary batched decode step.
-Batchable models run on ``mlxcel.engine.kvcache.BatchCache``; ``rope`` (from
-``shared_position_rope``) selects its shared-position mode.
+Models on plain KV caches run on ``mlxcel.engine.kvcache.BatchCache`` (``PrefillJob``,
+``SharedOps``; ``rope``, from ``shared_position_rope``, selects its shared-position mode);
+every other cache mix on mlx-lm's batch caches (``mlxcel.engine.mixed_batch``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from mlx_lm.models.cache import KVCache
 from mlxcel.backend import on_cuda
 from mlxcel.engine import penalties as pen
 from mlxcel.engine import sampling as samp
-from mlxcel.engine.kvcache import BatchCache
+from mlxcel.engine.kvcache import BatchCache, KVRows
 from mlxcel.engine.penalties import Penalties
 from mlxcel.engine.sampling import BatchSampler, logprob_arrays
 from mlxcel.engine.sequence import Sequence, fail_alone
@@ -51,9 +52,10 @@ def prefill_align() -> int:
 
 
 def is_batchable(model: Any) -> bool:
-    """Models on mlx-lm's standard KV cache, one per layer, can share a batch; others run
-    one slot. A model with fewer caches than layers shares KV between layers (Gemma 3n/4),
-    and its shared layers read the cache in ways the batch cache does not model."""
+    """Whether ``model`` can take the shared-position ``BatchCache``: mlx-lm's standard KV
+    cache, one per layer. A model with fewer caches than layers shares KV between layers
+    (Gemma 3n/4), and its shared layers read the cache in ways ``BatchCache`` does not
+    model; those and every other cache mix take ``mlxcel.engine.mixed_batch``."""
     cache = model.make_cache()
     layers = getattr(getattr(model, "model", model), "layers", None)
     if layers is not None and len(cache) != len(layers):
@@ -135,8 +137,10 @@ class PrefillJob:
 class DecodeBatch:
     """Rows decoding together: one forward per step over [B, 1] inputs."""
 
-    def __init__(self, model: Any, vocab_size: int, lazy_leave: bool = False) -> None:
-        """``lazy_leave`` (CUDA): a finished row stays in the batch, decoding tokens nobody
+    def __init__(self, model: Any, vocab_size: int, lazy_leave: bool = False,
+                 ops: Any = None) -> None:
+        """``ops``: how the caches join, filter and are copied out (``SharedOps`` for
+        ``BatchCache``, ``mixed_batch.MixedOps``). ``lazy_leave`` (CUDA): a finished row stays in the batch, decoding tokens nobody
         reads, until finished rows outnumber the others or a group joins (whose merge
         copies the batch anyway). Dropping a row copies every other row's cache: on an
         H200 a step after 7 of 64 rows left took 58 ms to queue instead of ~5, while a
@@ -144,6 +148,7 @@ class DecodeBatch:
         self.model = model
         self.vocab = vocab_size
         self.lazy_leave = lazy_leave
+        self.ops = ops or SharedOps
         self.rows: list[Sequence] = []  # finished ones included until they are dropped
         self.cache: list[Any] | None = None
         self.inputs: mx.array | None = None  # [B] next input token per row (lazy)
@@ -176,28 +181,15 @@ class DecodeBatch:
                 self.rows = [self.rows[i] for i in keep]
             self.inputs = mx.concatenate([self.inputs, last])
         if caches or keep is not None:
-            for mine, *theirs in zip(self.cache, *caches, strict=True):
-                mine.extend(*theirs, keep=keep)
+            self.ops.join(self.cache, caches, keep)
+        for s in seqs:
+            s.fed = len(s.req.prompt_tokens) - 1
         self.rows.extend(seqs)
         self.sampler = self.penalties = None
 
-    def rows_kv(self, seqs: list[Sequence]) -> list[tuple[mx.array, mx.array]]:
-        """Each row's cached keys/values for all of its context but the last (sampled,
-        never fed) token, all layers stacked ([layers, 1, H, n, D]; iterating one gives
-        the layers), in the canonical frame; queued together (``mx.async_eval``: the
-        engine does not wait for the copies, and whatever reads them later waits for them
-        as MLX arrays do).
-
-        One array per row and side: two allocations per row rather than two per row and
-        layer, and no per-layer slices to build (a store of 60 rows of a 32-layer model
-        built ~200 ops per row before)."""
-        idx = [self.rows.index(s) for s in seqs]
-        per_layer = [c.rows(idx, [len(s.context) - 1 for s in seqs])
-                     for c in self.cache]
-        out = [(mx.stack([layer[j][0] for layer in per_layer]),
-                mx.stack([layer[j][1] for layer in per_layer])) for j in range(len(seqs))]
-        mx.async_eval([a for pair in out for a in pair])
-        return out
+    def snapshots(self, seqs: list[Sequence]) -> list[tuple[list[int], Any]]:
+        """Each row's cached state for the prompt cache, with the tokens it holds."""
+        return self.ops.snapshots(self, seqs)
 
     def drop_finished(self) -> None:
         keep = [i for i, s in enumerate(self.rows) if not s.finished]
@@ -209,8 +201,7 @@ class DecodeBatch:
             self.rows, self.cache, self.inputs = [], None, None
             self.sampler = self.penalties = None
             return
-        for c in self.cache:
-            c.filter(keep)
+        self.ops.filter(self.cache, keep)
         self.inputs = self.inputs[mx.array(keep)]
         self.rows = [self.rows[i] for i in keep]
         self.sampler = self.penalties = None
@@ -251,12 +242,46 @@ class DecodeBatch:
             plan = self.penalties.prepare([None if s.finished else s.context for s in self.rows],
                                           [s.generated_ids for s in self.rows], self._guard)
         logits = self.model(self.inputs[:, None], self.cache)[:, -1, :]
+        for seq in self.rows:
+            seq.fed += 1
         scored = logits if plan is None else self.penalties(logits, plan=plan)
         sampled = self.sampler(scored).astype(mx.uint32)
         extras = logprob_arrays(logits, sampled, self.top_logprobs) \
             if self.top_logprobs >= 0 else ()
         self.inputs = sampled
         return Step(list(self.rows), sampled, extras, self.top)
+
+
+class SharedOps:
+    """What ``DecodeBatch`` does to ``BatchCache`` layers."""
+
+    @staticmethod
+    def join(cache: list[Any], parts: list[list[Any]], keep: list[int] | None) -> None:
+        for mine, *theirs in zip(cache, *parts, strict=True):
+            mine.extend(*theirs, keep=keep)
+
+    @staticmethod
+    def filter(cache: list[Any], keep: list[int]) -> None:
+        for c in cache:
+            c.filter(keep)
+
+    @staticmethod
+    def snapshots(batch: DecodeBatch, seqs: list[Sequence]) -> list[tuple[list[int], KVRows]]:
+        """Each row's keys/values for all of its context but the last (sampled, never
+        fed) token, all layers stacked, in the canonical frame; queued together
+        (``mx.async_eval``: the engine does not wait for the copies, and whatever reads
+        them later waits for them as MLX arrays do).
+
+        One array per row and side: two allocations per row rather than two per row and
+        layer, and no per-layer slices to build (a store of 60 rows of a 32-layer model
+        built ~200 ops per row before)."""
+        idx = [batch.rows.index(s) for s in seqs]
+        per_layer = [c.rows(idx, [len(s.context) - 1 for s in seqs]) for c in batch.cache]
+        out = [KVRows(mx.stack([layer[j][0] for layer in per_layer]),
+                      mx.stack([layer[j][1] for layer in per_layer]))
+               for j in range(len(seqs))]
+        mx.async_eval([a for rows in out for a in (rows.keys, rows.values)])
+        return [(s.context[:-1], rows) for s, rows in zip(seqs, out, strict=True)]
 
 
 def _row_settings(p: Any, vocab: int) -> tuple[samp.RowSampling, pen.PenaltyRow]:

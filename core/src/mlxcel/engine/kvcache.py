@@ -76,6 +76,22 @@ def rotate(rope: Any, keys: mx.array, delta: int | list[int]) -> mx.array:
     return rope(keys.reshape(b, h * n, 1, d), offset=offset).reshape(b, h, n, d)
 
 
+class KVRows:
+    """One row's keys and values for all layers stacked ([layers, 1, H, n, D]; iterating one
+    gives the layers), in the canonical frame: what the prompt cache keeps of a row of this
+    path (``DecodeBatch.snapshots``)."""
+
+    def __init__(self, keys: mx.array, values: mx.array) -> None:
+        self.keys, self.values = keys, values
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.keys.nbytes) + int(self.values.nbytes)
+
+    def prefix(self, n: int) -> KVRows:
+        return KVRows(self.keys[..., :n, :], self.values[..., :n, :])
+
+
 def _left_pad(x: mx.array, n: int) -> mx.array:
     return mx.pad(x, [(0, 0), (0, 0), (n, 0), (0, 0)]) if n else x
 

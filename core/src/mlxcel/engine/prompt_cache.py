@@ -2,9 +2,16 @@
 
 Prompts are cut into blocks of 16 tokens; block ``i``'s hash is
 ``sha256(hash[i-1] + tokens of block i)``, so one hash names a whole prefix. An entry holds
-one sequence's per-layer keys/values (block-aligned length) and indexes every block hash of
-its tokens, so a later prompt that shares any block-aligned prefix finds it. Capacity is in
-bytes and entries; eviction is LRU, plus TTL; an entry larger than the capacity is refused.
+one sequence's cached state (a ``Stored``) for its first ``length`` tokens and indexes every
+full block hash of them, plus the tokens past its last full block (``tail``), so a later
+prompt finds it by any block-aligned prefix and, exactly, by its whole length.
+
+What a hit may reuse depends on the model's caches (``reuse``, a
+``mlxcel.engine.cache_kinds.Reuse``): with plain KV any block-aligned prefix, and entries
+are cut to whole blocks; with sliding-window or recurrent layers an entry keeps its full
+length, and a prompt that extends it exactly reuses all of it, while a shorter prefix is
+reused only where ``Reuse.covers`` allows. Capacity is in bytes and entries; eviction is
+LRU, plus TTL; an entry larger than the capacity is refused.
 Thread-safe: the engine thread looks up and inserts, HTTP handlers read stats and reset
 (after any store the engine has announced, see ``begin_inserts``).
 """
@@ -17,7 +24,9 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
+
+from mlxcel.engine.cache_kinds import Reuse
 
 BLOCK_SIZE = 16
 INSERT_WAIT_S = 10.0  # stats/reset wait at most this long for the engine's inserts
@@ -35,24 +44,43 @@ def block_hashes(tokens: Sequence[int], limit: int | None = None) -> list[bytes]
     return out
 
 
-class CacheEntry:
-    """Keys/values for the first ``length`` tokens, all layers stacked ([layers, 1, H, L,
-    D], as ``DecodeBatch.rows_kv`` copies them out): iterating ``keys`` gives each layer's."""
+class Stored(Protocol):
+    """One sequence's cached state for some tokens, in the form its engine path reuses."""
 
-    def __init__(self, entry_id: int, hashes: list[bytes], keys: Any, values: Any) -> None:
+    nbytes: int
+
+    def prefix(self, n: int) -> Stored:
+        """The state of the first ``n`` tokens (only asked where the entry's rule allows)."""
+        ...
+
+
+class CacheEntry:
+    """``payload`` for the first ``length`` tokens: ``hashes`` of its full blocks and the
+    ``tail`` tokens after them."""
+
+    def __init__(self, entry_id: int, tokens: Sequence[int], hashes: list[bytes],
+                 payload: Stored) -> None:
         self.id = entry_id
         self.hashes = hashes
-        self.length = len(hashes) * BLOCK_SIZE
-        self.keys = keys
-        self.values = values
-        self.nbytes = int(keys.nbytes) + int(values.nbytes)
+        self.length = len(tokens)
+        self.tail = tuple(tokens[len(hashes) * BLOCK_SIZE:])
+        self.payload = payload
+        self.nbytes = int(payload.nbytes)
         self.created = time.monotonic()
+
+    def extended_by(self, tokens: Sequence[int], depth: int) -> bool:
+        """Whether ``tokens``, whose first ``depth`` blocks hash like ours, start with
+        all of our tokens."""
+        start = depth * BLOCK_SIZE
+        return depth == len(self.hashes) and len(tokens) >= self.length \
+            and tuple(tokens[start:self.length]) == self.tail
 
 
 class PromptCache:
     def __init__(self, capacity_bytes: int, max_entries: int = 1024, ttl_s: float = 3600.0,
                  enabled: bool = True) -> None:
         self.enabled = enabled
+        self.reuse = Reuse()  # what the model's caches allow (set by the engine)
         self.disabled_reason: str | None = None if enabled else "disabled (--no-cache-prompt)"
         self.capacity_bytes = capacity_bytes
         self.max_entries = max_entries
@@ -70,43 +98,62 @@ class PromptCache:
 
     # -- engine thread ----------------------------------------------------------------------
     def lookup(self, tokens: Sequence[int]) -> tuple[CacheEntry, int] | None:
-        """The entry and the number of prompt tokens it covers (block-aligned, and always
-        leaving at least one prompt token to compute), or None."""
+        """The entry and the number of prompt tokens it covers (always leaving at least one
+        prompt token to compute), or None: the deepest block-aligned prefix some entry holds
+        that ``reuse`` lets it be cut back to, or an entry that ``tokens`` extend exactly
+        if that covers more."""
         if not self.enabled:
             return None
-        hashes = block_hashes(tokens, len(tokens) - 1)
+        limit = len(tokens) - 1
+        hashes = block_hashes(tokens, limit)
         with self._lock:
             self._expire()
             self.counters["lookups"] += 1
             for depth in range(len(hashes), 0, -1):
-                holders = self._holders.get(hashes[depth - 1])
-                if holders:
-                    entry = self._entries[holders[-1]]  # the newest entry with this prefix
-                    self._entries.move_to_end(entry.id)
+                found = self._best(tokens[:limit], depth, hashes[depth - 1])
+                if found is not None:
+                    self._entries.move_to_end(found[0].id)
                     self.counters["hits"] += 1
-                    return entry, depth * BLOCK_SIZE
+                    return found
         return None
 
-    def insert(self, tokens: Sequence[int], keys: Any, values: Any) -> bool:
-        """Store KV for ``tokens`` (cut to whole blocks; stacked as ``CacheEntry`` holds
-        them); False when refused."""
+    def _best(self, tokens: Sequence[int], depth: int,
+              block: bytes) -> tuple[CacheEntry, int] | None:
+        """(lock held) Among the entries holding ``block`` (hash of ``depth`` blocks), the
+        newest that ``tokens`` extend exactly, else the newest that may be cut back to
+        ``depth`` blocks."""
+        found = None
+        holders = self._holders.get(block, ())
+        for entry in (self._entries[i] for i in reversed(holders)):
+            if entry.extended_by(tokens, depth):
+                return entry, entry.length
+            if found is None and self.reuse.covers(entry.length, depth * BLOCK_SIZE):
+                found = entry, depth * BLOCK_SIZE
+        return found
+
+    def insert(self, tokens: Sequence[int], payload: Stored) -> bool:
+        """Store ``payload``, the state of ``tokens`` (cut to whole blocks where any prefix
+        may be reused); False when refused."""
         if not self.enabled:
             return False
         hashes = block_hashes(tokens)
         if not hashes:
             return False
-        n = len(hashes) * BLOCK_SIZE
+        if self.reuse.mode == "prefix" and len(tokens) % BLOCK_SIZE:
+            tokens = tokens[:len(hashes) * BLOCK_SIZE]
+            payload = payload.prefix(len(tokens))
         with self._lock:
             for holder in self._holders.get(hashes[-1], ()):
-                if self._entries[holder].length == n:
+                if self._entries[holder].length == len(tokens) \
+                        and self._entries[holder].extended_by(tokens, len(hashes)):
                     self._entries.move_to_end(holder)  # already cached
                     return True
-            entry = CacheEntry(next(self._ids), hashes, keys[..., :n, :], values[..., :n, :])
+            entry = CacheEntry(next(self._ids), tokens, hashes, payload)
             if entry.nbytes > self.capacity_bytes:
                 self.counters["rejections_oversized"] += 1
                 return False
             self._expire()
-            self._drop_prefixes_of(hashes)
+            self._drop_prefixes_of(tokens, hashes)
             while self._entries and (self.bytes + entry.nbytes > self.capacity_bytes
                                      or len(self._entries) >= self.max_entries):
                 self._drop(next(iter(self._entries)), "evictions_lru")
@@ -156,6 +203,7 @@ class PromptCache:
                 "rejections_oversized": self.counters["rejections_oversized"],
                 "total_blocks_stored": sum(len(e.hashes) for e in self._entries.values()),
                 "unique_block_hashes": len(self._holders), "apc_active_entries": 0,
+                "reuse": self.reuse.mode, "reuse_window": self.reuse.window,
                 **({"disabled_reason": self.disabled_reason}
                    if not self.enabled and self.disabled_reason else {}),
             }
@@ -179,12 +227,12 @@ class PromptCache:
         for entry_id in [i for i, e in self._entries.items() if e.created < cutoff]:
             self._drop(entry_id, "evictions_ttl")
 
-    def _drop_prefixes_of(self, hashes: list[bytes]) -> None:
+    def _drop_prefixes_of(self, tokens: Sequence[int], hashes: list[bytes]) -> None:
         """An entry whose tokens are a prefix of the new one adds nothing: drop it (a
         conversation then keeps one entry, not one copy of its history per turn)."""
         for depth, h in enumerate(hashes, start=1):
             for holder in list(self._holders.get(h, ())):
-                if self._entries[holder].length == depth * BLOCK_SIZE:
+                if self._entries[holder].extended_by(tokens, depth):
                     self._drop(holder, None)
 
     def _drop(self, entry_id: int, reason: str | None) -> None:

@@ -117,7 +117,7 @@ class _Row:
         self.req = SimpleNamespace(prompt_tokens=tuple(prompt), sampling=sampling)
         self.random = RowRandom(sampling.seed)
         self.context = list(prompt)
-        self.cached = 0
+        self.cached = self.fed = 0
         self.finished = False
 
     @property
@@ -163,12 +163,12 @@ def warm_lifecycle(model: Any, rope: Any | None, vocab: int, align: int = 1) -> 
     rows[1].finished = True
     batch.drop_finished()  # a row leaves lazily: it stays in the batch
     _step(batch)
-    stored = batch.rows_kv([rows[0], rows[2]]) + batch.rows_kv([rows[3]])
-    mx.eval([a for pair in stored for a in pair])
+    stored = [kv for _, kv in batch.snapshots([rows[0], rows[2]]) + batch.snapshots([rows[3]])]
+    mx.eval([a for kv in stored for a in (kv.keys, kv.values)])
     hit = _Row(rows[0].context[:36] + [20, 21], greedy)
     hit.cached = 36  # a prompt-cache hit: its first tokens come from the stored copy
     # the join drops the finished row in its copy (a gather of the kept rows)
-    batch.join([_prefilled(model, [hit], rope, align, prefixes=[stored[0]])])
+    batch.join([_prefilled(model, [hit], rope, align, prefixes=[(stored[0].keys, stored[0].values)])])
     _step(batch)
     rows[0].finished = rows[2].finished = rows[3].finished = True
     batch.drop_finished()  # finished rows are the majority: gathers of the cache

@@ -15,7 +15,7 @@ import msgspec
 import structlog
 
 from mlxcel.backend import CUDA_SWITCH_INTERVAL, mlx_device, on_cuda
-from mlxcel.engine import attention, cpu_blas, fused_proj
+from mlxcel.engine import attention, cpu_blas, fused_proj, mixed_batch
 from mlxcel.engine.admission import Admission
 from mlxcel.engine.batch import (
     DecodeBatch,
@@ -24,6 +24,7 @@ from mlxcel.engine.batch import (
     prefill_align,
     row_logprobs,
 )
+from mlxcel.engine.cache_kinds import reuse_rule
 from mlxcel.engine.kvcache import shared_position_rope
 from mlxcel.engine.memory import compute_dtype_bytes, request_budget
 from mlxcel.engine.prompt_cache import PromptCache
@@ -80,6 +81,9 @@ class EngineWorker(Admission, threading.Thread):
         self.error: str | None = None
         self.checkpoint: Any = None
         self.rope: Any = None  # shared-position RoPE (mlxcel.engine.kvcache)
+        self.path = "shared"  # which caches rows decode on (_choose_path)
+        self.batchable = self.grouped = True
+        self.merge: Any = None  # mixed path: rows' caches -> batch caches
         self.align = 1  # prefill column multiple (mlxcel.engine.batch.prefill_align)
         self.emit_first = False  # hand out step n's tokens before queuing n+1 (CUDA)
         self.hold_groups = False  # prefilled groups wait to join together (CUDA)
@@ -118,31 +122,27 @@ class EngineWorker(Admission, threading.Thread):
         try:
             self.checkpoint = self._load()
             self.eos_ids = set(self.checkpoint.tokenizer.eos_ids)
-            self.batchable = is_batchable(self.checkpoint.model)
-            shared = cfg.shared_positions and self.checkpoint.family.relative_positions
-            self.rope = shared_position_rope(self.checkpoint.model, shared) \
-                if self.batchable else None
-            path = attention.install(self.checkpoint.model, choice=cfg.decode_attention) \
+            model, family = self.checkpoint.model, self.checkpoint.family
+            self._choose_path(model, family)
+            shared = cfg.shared_positions and family.relative_positions
+            self.rope = shared_position_rope(model, shared) if self.path == "shared" else None
+            path = attention.install(model, choice=cfg.decode_attention) \
                 if self.batchable else None
             fuse = on_cuda() if cfg.fuse_projections is None else cfg.fuse_projections
-            fused = fused_proj.fuse(self.checkpoint.model) if fuse else 0
-            log.info("engine_batch", positions="shared" if self.rope is not None else "absolute",
-                     masked_decode_attention=path or "mlx", fused_projections=fused)
-            if not self.batchable:
-                log.info("engine_single_slot", reason="model cache cannot be batched")
-                self.parallel = 1
-                self.prompt_cache.disable("the model's cache is not a plain KV cache "
-                                          "(hybrid/recurrent or sliding window): no prefix reuse")
+            fused = fused_proj.fuse(model) if fuse else 0
+            log.info("engine_batch", cache=self.path,
+                     positions="shared" if self.rope is not None else "absolute",
+                     masked_decode_attention=path or "mlx", fused_projections=fused,
+                     prompt_cache_reuse=self.prompt_cache.reuse.mode)
             if mlx_device() == "cpu":
                 threads = cpu_blas.limit_threads(self.checkpoint.config, self.prefill_chunk)
                 if threads is not None:
                     log.info("engine_blas_threads", threads=threads, reason="small matmuls")
-            self.align = prefill_align() if self.batchable else 1
+            self.align = prefill_align() if self.path == "shared" else 1
             self.emit_first = self.hold_groups = on_cuda()
-            self.burst_chunks = BURST_CHUNKS if on_cuda() and self.batchable else 1
-            self.batch = DecodeBatch(self.checkpoint.model, self.checkpoint.tokenizer.vocab_size,
-                                     lazy_leave=on_cuda())
-            if self.batchable and on_cuda():
+            self.burst_chunks = BURST_CHUNKS if on_cuda() and self.grouped else 1
+            self.batch = self._new_batch(lazy_leave=on_cuda())
+            if self.path == "shared" and on_cuda():
                 try:
                     warm_up(self.checkpoint.model, self.rope, self.parallel,
                             self.prefill_chunk, self.align, self.burst_chunks,
@@ -160,6 +160,35 @@ class EngineWorker(Admission, threading.Thread):
         finally:
             self.ready.set()
         return True
+
+    def _choose_path(self, model: Any, family: Any) -> None:
+        """Which caches the rows decode on (``path``): ``shared`` (``BatchCache``, plain
+        KV layers), ``mixed`` (mlx-lm's batch caches, any other mix; rows prefill
+        together where padding keeps their state, ``grouped``) or ``single`` (one slot,
+        no prompt cache). See ``docs/reference/hooks.md`` for the rule."""
+        self.merge = None
+        if not family.supports_batching:
+            self.path = "single"
+        elif family.batch_cache is None and is_batchable(model):
+            self.path = "shared"
+        else:
+            self.merge = mixed_batch.merger(model, family)
+            self.path = "mixed" if self.merge is not None else "single"
+        self.batchable = self.path != "single"
+        self.grouped = self.path == "shared" or (
+            self.path == "mixed" and (family.batch_cache is not None
+                                      or mixed_batch.pads_state(model)))
+        if self.path == "mixed":
+            self.prompt_cache.reuse = reuse_rule(model.make_cache())
+        elif self.path == "single":
+            log.info("engine_single_slot", reason="the model's caches cannot be batched")
+            self.parallel = 1
+            self.prompt_cache.disable("the model's caches cannot be batched: no prefix reuse")
+
+    def _new_batch(self, lazy_leave: bool) -> DecodeBatch:
+        return DecodeBatch(self.checkpoint.model, self.checkpoint.tokenizer.vocab_size,
+                           lazy_leave=lazy_leave,
+                           ops=mixed_batch.MixedOps if self.path == "mixed" else None)
 
     def run(self) -> None:
         """Serve until shutdown. However the loop ends, every open request gets a finish
@@ -277,8 +306,7 @@ class EngineWorker(Admission, threading.Thread):
         waiting = set(map(id, self.waiting))
         end_all([s for s in self.held() if id(s) not in waiting], None, message)
         self.prefilling, self.inflight, self.prefilled = None, None, []
-        self.batch = DecodeBatch(self.checkpoint.model, self.checkpoint.tokenizer.vocab_size,
-                                 lazy_leave=self.batch.lazy_leave)
+        self.batch = self._new_batch(lazy_leave=self.batch.lazy_leave)
         self._dirty = True
 
     def _remember(self, keep: list[Sequence]) -> None:
@@ -289,8 +317,8 @@ class EngineWorker(Admission, threading.Thread):
 
     def _store(self, keep: list[Sequence]) -> None:
         try:
-            for seq, (keys, values) in zip(keep, self.batch.rows_kv(keep), strict=True):
-                self.prompt_cache.insert(seq.context[:-1], keys, values)
+            for tokens, stored in self.batch.snapshots(keep):
+                self.prompt_cache.insert(tokens, stored)
         except Exception:
             log.exception("prompt_cache_insert_failed",
                           request_ids=[s.req.request_id for s in keep])

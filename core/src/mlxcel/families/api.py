@@ -37,6 +37,21 @@ class Family(msgspec.Struct, frozen=True, kw_only=True):
     offset, so the engine may give every row of a batch one shared (shifted) position and
     pass a scalar offset (faster on CUDA; see ``mlxcel.engine.kvcache``). The engine still
     checks that every rotary module is a pure rotation before it does.
+
+    ``supports_batching``: False runs the family's models one request at a time, with no
+    prompt cache.
+
+    ``batch_cache``: a ``"module:attr"`` string naming ``batch_cache(rows) -> caches``,
+    for a family whose models keep caches mlx-lm cannot batch. ``rows[r]`` is row ``r``'s
+    per-layer caches (from the model's ``make_cache()``, or a prompt-cache entry); it
+    returns one batch cache per layer holding every row, which must implement mlx-lm's
+    batch-cache protocol (``prepare(lengths=, right_padding=)``, ``finalize()``,
+    ``filter(indices)``, ``extend(other)``, ``extract(i)`` giving a row's cache back, and
+    ``make_mask``/``update_and_fetch`` as its model calls them). Without it, a model whose
+    every cache has mlx-lm's ``merge`` batches through it, a model on plain ``KVCache``
+    only takes the engine's faster shared-position cache, and any other runs one slot.
+    A family that names a factory always gets the mlx-lm protocol path, rows
+    of a prefill group padded together.
     """
 
     name: str
@@ -49,6 +64,7 @@ class Family(msgspec.Struct, frozen=True, kw_only=True):
     reasoning_markers: tuple[str, str] | None = None
     loop_detection: LoopPolicy | None = None
     relative_positions: bool = False
+    batch_cache: str | None = None
 
 
 class LoadOptions(msgspec.Struct, frozen=True, kw_only=True):

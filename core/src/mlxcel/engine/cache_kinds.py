@@ -1,0 +1,129 @@
+"""What a model's per-row caches allow a prompt cache to reuse, and copies cut to a prefix.
+
+A stored entry holds one row's per-layer caches (mlx-lm's single-row ``KVCache``,
+``RotatingKVCache``, ``ArraysCache`` or ``CacheList`` of those, as the batch caches'
+``extract`` gives them) for its first ``length`` tokens. A later prompt can start from the
+entry's first ``n`` tokens only if every layer can be cut back to ``n``:
+
+* **plain KV** keeps every token: any prefix (``prefix``).
+* **rotating** (sliding window of ``max_size``) keeps the last ``max_size`` tokens: any
+  prefix while the whole entry still lies inside the window, otherwise the entry's full
+  length only (``window``).
+* **recurrent / conv state** (``ArraysCache``) is one state after the last token and cannot
+  be rewound: the entry's full length only, the case of a conversation's next turn, whose
+  prompt extends the last one (``exact``).
+* anything else (a family's own cache class): ``exact``, the rule that needs nothing of a
+  cache but ``merge``.
+
+A model's rule is its strictest layer's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+MODES = ("prefix", "window", "exact")  # loosest first
+
+
+class Reuse(msgspec.Struct, frozen=True):
+    """``mode`` (``MODES``); ``window``: the smallest rotating layer's size (``window``)."""
+
+    mode: str = "prefix"
+    window: int | None = None
+
+    def covers(self, length: int, n: int) -> bool:
+        """Whether an entry of ``length`` tokens may be cut back to its first ``n``."""
+        if n >= length or self.mode == "prefix":
+            return True
+        return self.mode == "window" and self.window is not None and length <= self.window
+
+
+def _layers(cache: Any) -> list[Any]:
+    inner = getattr(cache, "caches", None)
+    if inner is not None and type(cache).__name__ == "CacheList":
+        return [leaf for c in inner for leaf in _layers(c)]
+    return [cache]
+
+
+def reuse_rule(caches: list[Any]) -> Reuse:
+    """The rule (module docstring) of a model whose ``make_cache()`` gave ``caches``."""
+    from mlx_lm.models.cache import KVCache, RotatingKVCache
+
+    mode, window = "prefix", None
+    for leaf in (leaf for c in caches for leaf in _layers(c)):
+        if type(leaf) is KVCache:
+            continue
+        if type(leaf) is RotatingKVCache:
+            window = leaf.max_size if window is None else min(window, leaf.max_size)
+            mode = "exact" if mode == "exact" else "window"
+        else:
+            mode = "exact"
+    return Reuse(mode, window if mode == "window" else None)
+
+
+def cut(caches: list[Any], n: int) -> list[Any]:
+    """Single-row ``caches`` (of ``length`` tokens) as new caches of their first ``n``
+    tokens, sharing no array that a batch could write into: batch ``merge`` copies what it
+    is given, so uncut layers are passed as they are."""
+    return [_cut(c, n) for c in caches]
+
+
+def _cut(cache: Any, n: int) -> Any:
+    from mlx_lm.models.cache import CacheList, KVCache, RotatingKVCache
+
+    if type(cache) is CacheList:
+        return CacheList(*(_cut(c, n) for c in cache.caches))
+    if type(cache) is KVCache and cache.offset > n:
+        out = KVCache()
+        out.keys, out.values, out.offset = cache.keys[..., :n, :], cache.values[..., :n, :], n
+        return out
+    if type(cache) is RotatingKVCache and cache.offset > n:
+        # only while the entry lies in the window (Reuse.covers): slots are in order
+        out = RotatingKVCache(cache.max_size, cache.keep)
+        out.keys, out.values = cache.keys[..., :n, :], cache.values[..., :n, :]
+        out.offset = out._idx = n
+        return out
+    return cache
+
+
+def owned(cache: Any) -> Any:
+    """An ``extract``-ed row cache whose arrays are copies, not views of the batch's
+    buffers: ``ArraysCache.extract`` slices them, and a KV row that spans its batch
+    buffer's whole width is already contiguous, so ``extract`` returns a view; either would
+    keep the whole batch's buffer alive for as long as the entry lives."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import ArraysCache, CacheList
+
+    if type(cache) is CacheList:
+        return CacheList(*(owned(c) for c in cache.caches))
+    if isinstance(cache, ArraysCache):
+        cache.cache = [None if a is None else mx.array(a) for a in cache.cache]
+    elif getattr(cache, "keys", None) is not None:
+        cache.keys, cache.values = mx.array(cache.keys), mx.array(cache.values)
+    return cache
+
+
+def arrays(caches: list[Any]) -> list[Any]:
+    """Every array the caches hold (to queue, count or free them)."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    return [a for _, a in tree_flatten([c.state for c in caches]) if isinstance(a, mx.array)]
+
+
+def nbytes(caches: list[Any]) -> int:
+    return sum(int(a.nbytes) for a in arrays(caches))
+
+
+class RowCaches:
+    """One row's per-layer caches: what the prompt cache keeps of a row of the mixed path
+    (``mlxcel.engine.mixed_batch``)."""
+
+    def __init__(self, caches: list[Any]) -> None:
+        self.caches = caches
+        self.nbytes = nbytes(caches)
+
+    def prefix(self, n: int) -> RowCaches:
+        return RowCaches(cut(self.caches, n))

@@ -1,0 +1,163 @@
+"""Batches on mlx-lm's batch-cache protocol, for any mix of cache kinds.
+
+This is the path of every model whose caches the shared-position ``BatchCache`` does not
+hold: sliding-window (rotating) layers, KV-shared layers, recurrent or conv state
+(``ArraysCache``), ``CacheList`` layers, and mixtures of them in one model.
+
+Each row starts from its own per-layer caches: the model's ``make_cache()``, or a
+prompt-cache entry cut to what the row reuses (``mlxcel.engine.cache_kinds``). A prefill
+group merges them into batch caches (each layer cache's ``merge``: ``BatchKVCache``,
+``BatchRotatingKVCache``, ``ArraysCache``, ``CacheList``; or the family's ``batch_cache``
+factory), then computes every row's own uncached tail, right-padded to the longest
+(``prepare(lengths=..., right_padding=...)``, and ``finalize()`` at the end, which moves
+each row's padding to its left). The group joins the decode batch with ``extend``, rows
+leave with ``filter``, and a finished row is copied out for the prompt cache with
+``extract``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import mlx.core as mx
+
+from mlxcel.engine.cache_kinds import RowCaches, arrays, owned
+from mlxcel.engine.sequence import Sequence
+from mlxcel.lazy import resolve
+
+Merge = Callable[[list[list[Any]]], list[Any]]
+
+
+def merge_rows(rows: list[list[Any]]) -> list[Any]:
+    """mlx-lm's own merge: per layer, the layer cache class's ``merge`` of every row's."""
+    return [type(layer[0]).merge(list(layer)) for layer in zip(*rows, strict=True)]
+
+
+def merger(model: Any, family: Any) -> Merge | None:
+    """How rows' caches become batch caches for ``model``: the family's ``batch_cache``
+    factory if it names one, else mlx-lm's ``merge`` when every cache the model makes has
+    one (the rule ``mlx_lm.server`` batches by), else None (one slot)."""
+    factory = getattr(family, "batch_cache", None)
+    if factory:
+        return resolve(factory)
+    caches = model.make_cache()
+    if caches and all(callable(getattr(c, "merge", None)) for c in caches):
+        return merge_rows
+    return None
+
+
+def _leaves(cache: Any) -> list[Any]:
+    inner = getattr(cache, "caches", None)
+    return [leaf for c in inner for leaf in _leaves(c)] if inner is not None else [cache]
+
+
+def pads_state(model: Any) -> bool:
+    """Whether rows may be padded together in a prefill group.
+
+    Attention caches mask padding. A state layer (``ArraysCache``) keeps a padded row's
+    state only if the model reads the cache's padding: mlx-lm's recurrent layers that do
+    mask their inputs by it and ``advance`` it each call. A model whose modules never do
+    would fold the padding tokens into a row's state, so its rows prefill one per group
+    (they still decode together: a decode step has no padding)."""
+    from mlx_lm.models.cache import ArraysCache
+
+    if not any(isinstance(leaf, ArraysCache) for c in model.make_cache()
+               for leaf in _leaves(c)):
+        return True
+    module_tree = getattr(model, "model", model)  # a LoadedModel wraps the nn.Module
+    names = {type(m).__module__ for _, m in module_tree.named_modules()}
+    for name in names:
+        module = sys.modules.get(name)
+        if module is not None and name.startswith("mlx_lm.models."):
+            try:
+                if ".advance(" in inspect.getsource(module):
+                    return True
+            except (OSError, TypeError):
+                continue
+    return False
+
+
+class MixedPrefill:
+    """Prefills ``seqs`` (each from ``starts[i]``, its caches for its first ``cached``
+    tokens, or fresh) a chunk per engine step; the same interface as ``PrefillJob``."""
+
+    def __init__(self, model: Any, seqs: list[Sequence], starts: list[list[Any] | None],
+                 merge: Merge) -> None:
+        self.model = model
+        self.seqs = seqs
+        rows = [start if start is not None else model.make_cache() for start in starts]
+        self.cache = merge(rows)
+        tails = [list(s.req.prompt_tokens[s.cached:-1]) for s in seqs]
+        lengths = [len(t) for t in tails]
+        self.width = max(lengths)
+        pads = [self.width - n for n in lengths]
+        self.padded = any(pads)
+        if self.padded:
+            for c in self.cache:
+                c.prepare(lengths=lengths, right_padding=pads)
+        self.tokens = mx.array([t + [0] * p for t, p in zip(tails, pads, strict=True)],
+                               dtype=mx.uint32)
+        self.done_cols = 0
+        self.last_cols = 0
+        if not self.width:
+            self._finish()
+
+    @property
+    def tokens_total(self) -> int:
+        return sum(len(s.req.prompt_tokens) - s.cached for s in self.seqs)
+
+    def step(self, chunk: int, max_cols: int | None = None) -> bool:
+        """Run one chunk (``chunk`` tokens in all, at most ``max_cols`` per row); True when
+        the prompts are in the cache."""
+        if self.done_cols < self.width:
+            per_row = chunk // len(self.seqs) if max_cols is None else \
+                min(max_cols, chunk // len(self.seqs))
+            end = min(self.width, self.done_cols + max(1, per_row))
+            self.model(self.tokens[:, self.done_cols:end], self.cache)
+            self.last_cols, self.done_cols = end - self.done_cols, end
+            if end < self.width:
+                mx.eval(arrays(self.cache))
+            else:
+                self._finish()
+        return self.done_cols >= self.width
+
+    def _finish(self) -> None:
+        if self.padded:
+            for c in self.cache:
+                c.finalize()
+            self.padded = False
+        mx.eval(arrays(self.cache))
+
+
+class MixedOps:
+    """What ``DecodeBatch`` does to its caches on this path."""
+
+    @staticmethod
+    def join(cache: list[Any], parts: list[list[Any]], keep: list[int] | None) -> None:
+        if keep is not None:
+            MixedOps.filter(cache, keep)
+        for part in parts:
+            for mine, theirs in zip(cache, part, strict=True):
+                mine.extend(theirs)
+
+    @staticmethod
+    def filter(cache: list[Any], keep: list[int]) -> None:
+        index = mx.array(keep, dtype=mx.int32)
+        for c in cache:
+            c.filter(index)
+
+    @staticmethod
+    def snapshots(batch: Any, seqs: list[Sequence]) -> list[tuple[list[int], RowCaches]]:
+        """Each row's caches, copied, and the tokens they hold (``Sequence.fed``: its
+        context, or all of it but the last token when the step that feeds that one was
+        not built yet); queued, not waited for."""
+        out = []
+        for seq in seqs:
+            i = batch.rows.index(seq)
+            caches = [owned(c.extract(i)) for c in batch.cache]
+            out.append((seq.context[:seq.fed], RowCaches(caches)))
+        mx.async_eval([a for _, stored in out for a in arrays(stored.caches)])
+        return out
