@@ -185,15 +185,19 @@ def test_slow_reader_buffer_is_bounded_and_loses_no_text(engine_factory):
 
 
 def test_a_model_whose_cache_cannot_batch_runs_one_slot(f32_checkpoint):
-    from mlx_lm.models.cache import RotatingKVCache
+    """A cache class with no batch form (no ``merge``; a family's own kind, and no
+    ``batch_cache`` factory for it) runs one slot with no prompt cache."""
+    from mlx_lm.models.cache import KVCache
+
+    class Unbatchable(KVCache):
+        merge = None
 
     families = load_plugins().families
 
     def load():
         ckpt = load_checkpoint(str(f32_checkpoint), families)
         model = ckpt.model
-        model.make_cache = lambda: [RotatingKVCache(max_size=512, keep=4)
-                                    for _ in model.model.layers]
+        model.make_cache = lambda: [Unbatchable() for _ in model.model.layers]
         return ckpt
 
     from mlxcel.engine.prompt_cache import PromptCache
@@ -208,7 +212,7 @@ def test_a_model_whose_cache_cannot_batch_runs_one_slot(f32_checkpoint):
         results = asyncio.run(run())
         assert engine.parallel == 1 and engine.worker.batchable is False
         stats = engine.prompt_cache.stats()
-        assert stats["enabled"] is False and "not a plain KV cache" in stats["disabled_reason"]
+        assert stats["enabled"] is False and "cannot be batched" in stats["disabled_reason"]
         assert all(last.finish_reason == "length" and len(ids) == 12 for ids, last in results)
     finally:
         engine.shutdown()
