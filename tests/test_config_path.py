@@ -188,7 +188,7 @@ def test_the_engine_takes_its_settings_from_its_config(tiny_checkpoint):
         return w
 
     default = worker()
-    assert default.rope is not None and default.trace is None
+    assert default.rope is not None and default.trace.enabled is False
     tuned = worker(shared_positions=False, request_memory_budget=1 << 20)
     assert tuned.rope is None and tuned.memory_budget == 1 << 20
     assert default.memory_budget > tuned.memory_budget

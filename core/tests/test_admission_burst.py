@@ -33,8 +33,7 @@ def test_without_burst_chunks_the_budget_is_one_chunk(path):
 
 def test_a_burst_at_one_decoding_row_prefills_in_one_group(path):
     expected = solo_outputs(path, BURST[:3], chunk=16)
-    worker = worker_for(path, cache=False, chunk=16, parallel=12)
-    worker.burst_chunks = 8
+    worker = worker_for(path, cache=False, chunk=16, parallel=12, burst_chunks=8)
     running = submit(worker, list(range(3, 13)), max_tokens=40)
     for _ in range(3):
         worker._iteration()
@@ -58,8 +57,7 @@ def test_a_burst_at_one_decoding_row_prefills_in_one_group(path):
 def test_burst_rows_take_at_most_one_chunk_of_columns_per_step(path):
     prompts = [[30 + i] + list(range(3, 42)) for i in range(4)]  # 39 tokens to prefill each
     expected = solo_outputs(path, prompts, chunk=16)
-    worker = worker_for(path, cache=False, chunk=16, parallel=12)
-    worker.burst_chunks = 8
+    worker = worker_for(path, cache=False, chunk=16, parallel=12, burst_chunks=8)
     sinks = [submit(worker, p) for p in prompts]
     worker._drain(block=False)
     assert worker._budget(worker._free()) == 64  # 4 arriving, nothing decoding
@@ -73,8 +71,7 @@ def test_burst_rows_take_at_most_one_chunk_of_columns_per_step(path):
 
 
 def test_a_long_prompt_arriving_alone_still_prefills_a_chunk_per_step(path):
-    worker = worker_for(path, cache=False, chunk=16, parallel=12)
-    worker.burst_chunks = 8
+    worker = worker_for(path, cache=False, chunk=16, parallel=12, burst_chunks=8)
     running = submit(worker, list(range(3, 13)), max_tokens=40)
     for _ in range(3):
         worker._iteration()
@@ -94,8 +91,8 @@ def test_a_long_prompt_arriving_alone_still_prefills_a_chunk_per_step(path):
 def test_held_rows_do_not_shrink_the_next_burst_group(path):
     """A burst larger than one group: the rest forms one group too, since the first
     group's rows (held back to join, as on CUDA) decode nothing yet."""
-    worker = worker_for(path, cache=False, chunk=16, parallel=16)
-    worker.burst_chunks, worker.hold_groups = 8, True
+    worker = worker_for(path, cache=False, chunk=16, parallel=16, burst_chunks=8,
+                        hold_groups=True)
     running = submit(worker, list(range(3, 13)), max_tokens=40)
     for _ in range(3):
         worker._iteration()

@@ -35,11 +35,23 @@ class ListSink:
         return self.events[-1]
 
 
-def worker_for(path, cache: bool, chunk: int = 512, parallel: int = 8) -> EngineWorker:
+def cpu_policy(**changes):
+    """This machine's EnginePolicy with ``changes`` (a CUDA choice forced on the CPU)."""
+    import msgspec
+    from mlxcel.engine.policy import resolve_policy
+    from mlxcel.settings import EngineConfig
+
+    return msgspec.structs.replace(resolve_policy(EngineConfig()), **changes)
+
+
+def worker_for(path, cache: bool, chunk: int = 512, parallel: int = 8,
+               **policy) -> EngineWorker:
+    """A worker set up on ``path``; ``policy``: EnginePolicy fields to change."""
     families = load_plugins().families
     worker = EngineWorker(lambda: load_checkpoint(str(path), families), parallel=parallel,
                           prefill_chunk=chunk,
-                          prompt_cache=PromptCache(1 << 30) if cache else None)
+                          prompt_cache=PromptCache(1 << 30) if cache else None,
+                          policy=cpu_policy(**policy) if policy else None)
     assert worker.setup()
     return worker
 
@@ -115,8 +127,7 @@ def test_aligned_prefill_columns_give_the_same_tokens(path):
     """CUDA's column multiple (here forced to 16): more left padding and fewer reused
     tokens, every chunk a multiple of 16 columns, the same greedy outputs."""
     expected = solo_outputs(path)
-    worker = worker_for(path, cache=True, chunk=48)
-    worker.align = 16
+    worker = worker_for(path, cache=True, chunk=48, prefill_align=16)
     first = submit(worker, BASE)
     run_until_done(worker, [first])
     sinks = [submit(worker, p) for p in PROMPTS]
@@ -147,8 +158,7 @@ def test_cuda_step_order_gives_the_same_tokens(path):
     """``emit_first`` (CUDA: step n's tokens go out before step n+1 is queued) changes
     when tokens are handed out, not which."""
     expected = solo_outputs(path)
-    worker = worker_for(path, cache=True)
-    worker.emit_first = True
+    worker = worker_for(path, cache=True, emit_first=True)
     sinks = [submit(worker, p) for p in PROMPTS]
     run_until_done(worker, sinks)
     assert [s.tokens for s in sinks] == expected
@@ -159,8 +169,8 @@ def test_a_failing_queue_still_sends_held_finish_events(path, monkeypatch):
     step fails in between, they still go out (no stream hangs)."""
     from mlxcel.engine import batch
 
-    worker = worker_for(path, cache=True)
-    worker.emit_first = True  # hand out, then queue: the queue fails after rows finished
+    # hand out, then queue: the queue fails after rows finished
+    worker = worker_for(path, cache=True, emit_first=True)
     short, long = submit(worker, BASE[:20], max_tokens=2), submit(worker, BASE[:24], 50)
     calls = []
     real = batch.Step.start
@@ -201,8 +211,8 @@ def test_a_burst_joins_the_idle_batch_in_one_merge(path):
     """Nothing decodes: groups prefill back to back and become rows together (one cache
     merge, one first step), with the same greedy tokens."""
     expected = solo_outputs(path)
-    worker = worker_for(path, cache=False, chunk=45)  # 42 + 35 > 45: one prompt per group
-    worker.hold_groups = True  # as on CUDA
+    # 42 + 35 > 45: one prompt per group; held to join, as on CUDA
+    worker = worker_for(path, cache=False, chunk=45, hold_groups=True)
     joins = _record_joins(worker)
     sinks = [submit(worker, p) for p in PROMPTS]
     worker._iteration()
@@ -217,8 +227,8 @@ def test_groups_held_while_rows_decode_are_bounded(path):
     once when nothing else can start prefilling in one chunk."""
     from mlxcel.engine.admission import MAX_DEFERRED
 
-    worker = worker_for(path, cache=False, chunk=16, parallel=MAX_DEFERRED + 4)
-    worker.hold_groups = True  # as on CUDA
+    worker = worker_for(path, cache=False, chunk=16, parallel=MAX_DEFERRED + 4,
+                        hold_groups=True)  # as on CUDA
     running = submit(worker, BASE[:10], max_tokens=60)
     for _ in range(3):
         worker._iteration()
@@ -235,8 +245,7 @@ def test_groups_held_while_rows_decode_are_bounded(path):
 
 
 def test_a_cancelled_row_in_a_held_group_frees_its_slot(path):
-    worker = worker_for(path, cache=False, chunk=45)
-    worker.parallel, worker.hold_groups = 2, True
+    worker = worker_for(path, cache=False, chunk=45, parallel=2, hold_groups=True)
     sinks = [submit(worker, p) for p in PROMPTS]
     worker._iteration()
     assert [len(j.seqs) for j in worker.prefilled] == [1] and worker._free() == 1
@@ -269,7 +278,7 @@ def test_off_cuda_each_group_joins_as_soon_as_it_is_prefilled(path):
     """Without ``hold_groups`` (CPU) a burst's first group decodes while the next ones
     prefill: its rows get their first token one group in, not after the whole burst."""
     worker = worker_for(path, cache=False, chunk=45)
-    assert not worker.hold_groups
+    assert not worker.policy.hold_groups
     joins = _record_joins(worker)
     sinks = [submit(worker, p) for p in PROMPTS]
     worker._iteration()

@@ -39,4 +39,4 @@ def test_trace_records_prefill_decode_and_store(path, tmp_path):
 
 
 def test_no_trace_without_a_path(path):
-    assert traced_worker(path, None).trace is None
+    assert traced_worker(path, None).trace.enabled is False

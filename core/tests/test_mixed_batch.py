@@ -21,6 +21,7 @@ from mlxcel.engine.prompt_cache import PromptCache
 from mlxcel.plugins import load_plugins
 from mlxcel.testing.checkpoint import cached_checkpoint
 from mlxcel.types import GenerationRequest, SamplingParams
+from test_admission_groups import cpu_policy
 
 GREEDY = SamplingParams(temperature=0.0)
 # (name, model_type, config overrides): the families the issue names, each a mix of kinds
@@ -47,11 +48,11 @@ def checkpoint(name, cache_dir):
     return cached_checkpoint(shape, cache_dir=cache_dir, dtype="float32", config=overrides)
 
 
-def engine(path, parallel, cache_bytes=0, chunk=16):
+def engine(path, parallel, cache_bytes=0, chunk=16, policy=None):
     families = load_plugins().families
     cache = PromptCache(cache_bytes) if cache_bytes else PromptCache(0, enabled=False)
     e = EngineClient(lambda: load_checkpoint(str(path), families), parallel=parallel,
-                     prefill_chunk=chunk, prompt_cache=cache)
+                     prefill_chunk=chunk, prompt_cache=cache, policy=policy)
     e.start()
     assert e.worker.ready.wait(60) and e.worker.state == "ready", e.worker.error
     return e
@@ -87,10 +88,9 @@ def _batched(path, reqs, burst=False):
     its longest prompt), the others one by one into the running batch. ``burst``: prefill
     groups may take several chunks' tokens per step (as on CUDA), so a padded group's
     prompts take several chunks each."""
-    e = engine(path, parallel=4, chunk=16 if burst else 64)
+    e = engine(path, parallel=4, chunk=16 if burst else 64,
+               policy=cpu_policy(burst_chunks=8) if burst else None)
     try:
-        if burst:
-            e.worker.burst_chunks = 8
         out = run(e, reqs[:4], then=reqs[4:], stagger=0.01)
         return e.worker, [ids for ids, _ in out], e.worker.stats
     finally:

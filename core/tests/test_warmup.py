@@ -54,11 +54,12 @@ def test_a_failing_warm_up_does_not_stop_the_engine(mlxcel_checkpoint_cache, mon
         calls.append(args)
         raise MemoryError("no room for the warm-up")
 
-    monkeypatch.setattr(worker_module, "on_cuda", lambda: True)  # where warm-up runs
+    from mlxcel.engine.policy import EnginePolicy
+
     monkeypatch.setattr(worker_module, "warm_up", failing)
     families = load_plugins().families
     worker = worker_module.EngineWorker(lambda: load_checkpoint(str(path), families),
-                                        parallel=2)
+                                        parallel=2, policy=EnginePolicy(warm_up=True))
     assert worker.setup() and worker.state == "ready" and calls
 
 

@@ -115,7 +115,7 @@ class Admission:
     def _budget(self, free: int) -> int:
         """Prefill tokens per step: the prefill chunk, or on CUDA, where a burst of
         requests arrives at rows that are few (W waiting that fit, R decoding), up to
-        ``BURST_CHUNKS`` chunks (W // R of them), each row still at most one chunk's
+        ``EnginePolicy.burst_chunks`` chunks (W // R of them), each row still at most one chunk's
         columns per step. Rows of prefilled groups held back to join (``_defer_join``) do
         not count: they decode nothing yet, and wait for the next groups either way.
 
@@ -175,11 +175,11 @@ class Admission:
         slows every running stream once per group. While nothing decodes, groups are
         prefilled back to back and join together; while rows decode (and wait for the
         join's copy), at most ``MAX_DEFERRED`` groups are held, since each one held costs
-        the held rows a step. Only on CUDA (``hold_groups``): elsewhere a join is a cheap
+        the held rows a step. Only on CUDA (``EnginePolicy.hold_groups``): elsewhere a join is a cheap
         copy and holding would only delay the first groups' first tokens (CPU, 16 requests
         at once: TTFT p50 is the median group's, not the last one's).
         """
-        if not self.hold_groups or not self.waiting or not self.batchable or self._free() <= 0:
+        if not self.policy.hold_groups or not self.waiting or not self.batchable or self._free() <= 0:
             return False
         if self.batch and len(self.prefilled) >= MAX_DEFERRED:
             return False
@@ -193,7 +193,7 @@ class Admission:
                 return
         job = self.prefilling
         try:
-            done = self._timed("prefill_ms", lambda: job.step(self.budget, self.prefill_chunk))
+            done = self.trace.timed("prefill_ms", lambda: job.step(self.budget, self.prefill_chunk))
         except Exception as exc:
             log.exception("prefill_failed", request_ids=[s.req.request_id for s in job.seqs])
             for seq in job.seqs:
@@ -202,8 +202,7 @@ class Admission:
             return
         self.stats.prefill_chunks_processed += 1
         self._dirty = True
-        if self.trace is not None:
-            self.trace.note(prefill_rows=len(job.seqs), prefill_cols=job.last_cols)
+        self.trace.note(prefill_rows=len(job.seqs), prefill_cols=job.last_cols)
         if done:
             self.prefilling = None
             self.stats.total_prefill_tokens += job.tokens_total
@@ -214,7 +213,6 @@ class Admission:
     def _join_prefilled(self) -> None:
         if self.prefilled:
             jobs, self.prefilled = self.prefilled, []
-            self._timed("join_ms", lambda: self.batch.join(jobs))
+            self.trace.timed("join_ms", lambda: self.batch.join(jobs))
             self.batch.drop_finished()  # rows whose client left while they were held
-            if self.trace is not None:
-                self.trace.note(joined=sum(len(job.seqs) for job in jobs))
+            self.trace.note(joined=sum(len(job.seqs) for job in jobs))

@@ -155,10 +155,12 @@ class EngineClient:
     def __init__(self, load: Callable[[], Any], parallel: int, ctx_size: int = 0,
                  prefill_chunk: int = 512, max_queue_depth: int = 32,
                  prompt_cache: PromptCache | None = None,
-                 config: EngineConfig | None = None) -> None:
+                 config: EngineConfig | None = None, policy: Any = None) -> None:
         """``config``: the engine's settings (``EngineConfig.from_settings``); None = the
-        engine's defaults, as with nothing configured."""
-        self.worker = EngineWorker(load, parallel, prefill_chunk, prompt_cache, config)
+        engine's defaults, as with nothing configured. ``policy``: an ``EnginePolicy``
+        instead of this device's (tests)."""
+        self.worker = EngineWorker(load, parallel, prefill_chunk, prompt_cache, config,
+                                   policy)
         self.prompt_cache = self.worker.prompt_cache
         self.requested_ctx = ctx_size
         self.max_queue_depth = max_queue_depth

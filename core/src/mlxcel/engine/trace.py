@@ -4,19 +4,42 @@ One JSON line per engine iteration that did any work: its start (seconds since t
 became ready), requests that arrived, rows waiting, the prefill group's rows x columns and
 time, the decode batch size and the time spent launching and reading back its step, and
 the prompt-cache store time. Lines are written in blocks (and at shutdown), so tracing
-costs a dictionary per iteration. Off (no file) unless a path is set.
+costs a dictionary per iteration. Off (no file) unless a path is set: the engine then
+holds ``NullTrace``, whose methods do nothing, so it never asks whether it traces.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 FLUSH_EVERY = 256
 
 
-class Trace:
+class NullTrace:
+    """No tracing: every call does nothing (``timed`` only runs the function)."""
+
+    enabled = False
+
+    def begin(self) -> None: ...
+
+    def note(self, **fields: Any) -> None: ...
+
+    def add_ms(self, key: str, since: float) -> None: ...
+
+    def end(self) -> None: ...
+
+    def flush(self) -> None: ...
+
+    def timed(self, key: str, fn: Callable[[], Any]) -> Any:
+        return fn()
+
+
+class Trace(NullTrace):
+    enabled = True
+
     def __init__(self, path: str) -> None:
         self.path = path
         self.t0 = time.perf_counter()
@@ -25,9 +48,17 @@ class Trace:
         open(path, "w").close()  # noqa: SIM115 - truncate; fails early on a bad path
 
     @classmethod
-    def to(cls, path: str | None) -> Trace | None:
-        """A trace writing to ``path``, or None (no tracing) when there is none."""
-        return cls(path) if path else None
+    def to(cls, path: str | None) -> NullTrace:
+        """A trace writing to ``path``, or a ``NullTrace`` when there is none."""
+        return cls(path) if path else NullTrace()
+
+    def timed(self, key: str, fn: Callable[[], Any]) -> Any:
+        """``fn()``, its wall time noted as ``key`` (ms)."""
+        t = time.perf_counter()
+        try:
+            return fn()
+        finally:
+            self.add_ms(key, t)
 
     def begin(self) -> None:
         self.current = {"t": round(time.perf_counter() - self.t0, 6)}

@@ -14,22 +14,21 @@ import mlx.core as mx
 import msgspec
 import structlog
 
-from mlxcel.backend import CUDA_SWITCH_INTERVAL, mlx_device, on_cuda
 from mlxcel.engine import attention, cpu_blas, fused_proj, mixed_batch
 from mlxcel.engine.admission import Admission
 from mlxcel.engine.batch import (
     DecodeBatch,
     PrefillJob,
     is_batchable,
-    prefill_align,
     row_logprobs,
 )
 from mlxcel.engine.cache_kinds import reuse_rule
 from mlxcel.engine.kvcache import shared_position_rope
 from mlxcel.engine.memory import compute_dtype_bytes, request_budget
+from mlxcel.engine.policy import EnginePolicy, resolve_policy
 from mlxcel.engine.prompt_cache import PromptCache
 from mlxcel.engine.sequence import Sequence, Sink, end_all
-from mlxcel.engine.trace import Trace
+from mlxcel.engine.trace import NullTrace, Trace
 from mlxcel.engine.warmup import warm_up
 from mlxcel.errors import GenerationFailed
 from mlxcel.settings import EngineConfig
@@ -37,7 +36,6 @@ from mlxcel.types import GenerationRequest
 
 log = structlog.get_logger("mlxcel.engine")
 
-BURST_CHUNKS = 8  # a burst's prefill group may take this many chunks' tokens per step
 IDLE_RELEASE_S = 2.0  # idle this long after work: MLX's buffer cache goes back (see below)
 
 
@@ -61,9 +59,13 @@ class EngineWorker(Admission, threading.Thread):
 
     def __init__(self, load: Callable[[], Any], parallel: int, prefill_chunk: int = 512,
                  prompt_cache: PromptCache | None = None,
-                 config: EngineConfig | None = None) -> None:
+                 config: EngineConfig | None = None,
+                 policy: EnginePolicy | None = None) -> None:
+        """``policy``: the device choices; None resolves them from this process's device
+        and ``config`` at setup (``mlxcel.engine.policy``)."""
         super().__init__(name="mlxcel-engine", daemon=True)
         self.config = config or EngineConfig()
+        self.policy = policy
         self.prompt_cache = prompt_cache or PromptCache(0, enabled=False)
         self._load = load
         self.parallel = max(1, parallel)
@@ -84,15 +86,12 @@ class EngineWorker(Admission, threading.Thread):
         self.path = "shared"  # which caches rows decode on (_choose_path)
         self.batchable = self.grouped = True
         self.merge: Any = None  # mixed path: rows' caches -> batch caches
-        self.align = 1  # prefill column multiple (mlxcel.engine.batch.prefill_align)
-        self.emit_first = False  # hand out step n's tokens before queuing n+1 (CUDA)
-        self.hold_groups = False  # prefilled groups wait to join together (CUDA)
-        self.burst_chunks = 1  # BURST_CHUNKS on CUDA (see _budget)
+        self.align = 1  # prefill column multiple: the policy's on the shared path
         self.budget = self.prefill_chunk  # tokens per step of the group prefilling now
         self._order = itertools.count()
         self._stopping = threading.Event()
         self.ready = threading.Event()
-        self.trace: Trace | None = None  # --engine-trace (mlxcel.engine.trace)
+        self.trace: NullTrace = NullTrace()  # --engine-trace (mlxcel.engine.trace)
         self.closed = False  # the thread ended: submits are refused (guarded by _queue_lock)
         self._dirty = False  # work ran since MLX's buffer cache was last cleared
         self._clear_requested = False  # set from other threads (prompt-cache reset)
@@ -123,26 +122,24 @@ class EngineWorker(Admission, threading.Thread):
             self.checkpoint = self._load()
             self.eos_ids = set(self.checkpoint.tokenizer.eos_ids)
             model, family = self.checkpoint.model, self.checkpoint.family
+            policy = self.policy = self.policy or resolve_policy(cfg)
             self._choose_path(model, family)
             shared = cfg.shared_positions and family.relative_positions
             self.rope = shared_position_rope(model, shared) if self.path == "shared" else None
-            path = attention.install(model, choice=cfg.decode_attention) \
+            path = attention.install(model, choice=policy.decode_attention) \
                 if self.batchable else None
-            fuse = on_cuda() if cfg.fuse_projections is None else cfg.fuse_projections
-            fused = fused_proj.fuse(model) if fuse else 0
+            fused = fused_proj.fuse(model) if policy.fuse_projections else 0
             log.info("engine_batch", cache=self.path,
                      positions="shared" if self.rope is not None else "absolute",
                      masked_decode_attention=path or "mlx", fused_projections=fused,
                      prompt_cache_reuse=self.prompt_cache.reuse.mode)
-            if mlx_device() == "cpu":
+            if policy.limit_blas_threads:
                 threads = cpu_blas.limit_threads(self.checkpoint.config, self.prefill_chunk)
                 if threads is not None:
                     log.info("engine_blas_threads", threads=threads, reason="small matmuls")
-            self.align = prefill_align() if self.path == "shared" else 1
-            self.emit_first = self.hold_groups = on_cuda()
-            self.burst_chunks = BURST_CHUNKS if on_cuda() and self.grouped else 1
-            self.batch = self._new_batch(lazy_leave=on_cuda())
-            if self.path == "shared" and on_cuda():
+            self.align = policy.prefill_align if self.path == "shared" else 1
+            self.batch = self._new_batch()
+            if self.path == "shared" and policy.warm_up:
                 try:
                     warm_up(self.checkpoint.model, self.rope, self.parallel,
                             self.prefill_chunk, self.align, self.burst_chunks,
@@ -185,9 +182,14 @@ class EngineWorker(Admission, threading.Thread):
             self.parallel = 1
             self.prompt_cache.disable("the model's caches cannot be batched: no prefix reuse")
 
-    def _new_batch(self, lazy_leave: bool) -> DecodeBatch:
+    @property
+    def burst_chunks(self) -> int:
+        """The policy's burst chunks where rows prefill in groups, else 1."""
+        return self.policy.burst_chunks if self.grouped else 1
+
+    def _new_batch(self) -> DecodeBatch:
         return DecodeBatch(self.checkpoint.model, self.checkpoint.tokenizer.vocab_size,
-                           lazy_leave=lazy_leave,
+                           lazy_leave=self.policy.lazy_leave,
                            ops=mixed_batch.MixedOps if self.path == "mixed" else None)
 
     def run(self) -> None:
@@ -197,11 +199,8 @@ class EngineWorker(Admission, threading.Thread):
         "failed" with ``error`` set."""
         if not self.setup():
             return
-        interval = self.config.switch_interval
-        if interval is None and on_cuda():
-            interval = CUDA_SWITCH_INTERVAL
-        if interval is not None:
-            sys.setswitchinterval(interval)
+        if self.policy.switch_interval is not None:
+            sys.setswitchinterval(self.policy.switch_interval)
         try:
             self._serve()
         except BaseException as exc:  # the thread is ending: tell every client, then end
@@ -209,8 +208,7 @@ class EngineWorker(Admission, threading.Thread):
             log.critical("engine_thread_died", error=self.error, exc_info=True)
         finally:
             self.close()
-        if self.trace is not None:
-            self.trace.flush()
+        self.trace.flush()
 
     def _serve(self) -> None:
         while not self._stopping.is_set():
@@ -264,10 +262,8 @@ class EngineWorker(Admission, threading.Thread):
     def _iteration(self) -> None:
         busy = bool(self.batch or self.prefilling or self.prefilled or self.waiting)
         arrived = self._drain(block=not busy)
-        tr = self.trace
-        if tr is not None:
-            tr.begin()
-            tr.note(arrived=arrived, waiting=len(self.waiting))
+        self.trace.begin()
+        self.trace.note(arrived=arrived, waiting=len(self.waiting))
         self._drop_cancelled()
         self.batch.drop_finished()
         self._prefill_step()
@@ -276,8 +272,7 @@ class EngineWorker(Admission, threading.Thread):
         elif self.inflight is not None:
             self._settle(self._read_back())
         self._release_memory()
-        if tr is not None:
-            tr.end()
+        self.trace.end()
 
     def _busy(self) -> bool:
         return bool(self.batch or self.prefilling or self.prefilled or self.waiting
@@ -306,14 +301,13 @@ class EngineWorker(Admission, threading.Thread):
         waiting = set(map(id, self.waiting))
         end_all([s for s in self.held() if id(s) not in waiting], None, message)
         self.prefilling, self.inflight, self.prefilled = None, None, []
-        self.batch = self._new_batch(lazy_leave=self.batch.lazy_leave)
+        self.batch = self._new_batch()
         self._dirty = True
 
     def _remember(self, keep: list[Sequence]) -> None:
         """Keep finished sequences' KV (prompt + output) for later prompts that share it."""
-        if self.trace is not None:
-            self.trace.note(stored=len(keep))
-        self._timed("store_ms", lambda: self._store(keep))
+        self.trace.note(stored=len(keep))
+        self.trace.timed("store_ms", lambda: self._store(keep))
 
     def _store(self, keep: list[Sequence]) -> None:
         try:
@@ -323,20 +317,10 @@ class EngineWorker(Admission, threading.Thread):
             log.exception("prompt_cache_insert_failed",
                           request_ids=[s.req.request_id for s in keep])
 
-    def _timed(self, key: str, fn: Callable[[], Any]) -> Any:
-        """``fn()``; with a trace, its wall time is noted as ``key`` (ms)."""
-        if self.trace is None:
-            return fn()
-        t = time.perf_counter()
-        try:
-            return fn()
-        finally:
-            self.trace.add_ms(key, t)
-
     def _decode_step(self) -> None:
         """Build step n+1, then queue it and hand out step n's tokens.
 
-        The order of the last two depends on the backend (``emit_first``). On CUDA,
+        The order of the last two depends on the backend (``EnginePolicy.emit_first``). On CUDA,
         queuing a step (``mx.async_eval``) encodes its kernels on this thread with the GIL
         released, for several ms: handing out step n's tokens just before it lets the HTTP
         side write them during the encoding rather than while this thread builds the next
@@ -348,19 +332,18 @@ class EngineWorker(Admission, threading.Thread):
             self.batch.drop_finished()
             if not self.batch:
                 return
-        step = self._timed("build_ms", self.batch.launch)
+        step = self.trace.timed("build_ms", self.batch.launch)
         self.stats.decode_steps_processed += 1
         self._dirty = True
-        if self.trace is not None:
-            self.trace.note(decode_rows=len(step.rows))
+        self.trace.note(decode_rows=len(step.rows))
         done: list[Sequence] = []
         try:
-            if self.emit_first:
-                done = self._timed("read_back_ms", self._read_back)
-                self._timed("queue_ms", step.start)
+            if self.policy.emit_first:
+                done = self.trace.timed("read_back_ms", self._read_back)
+                self.trace.timed("queue_ms", step.start)
             else:
-                self._timed("queue_ms", step.start)
-                done = self._timed("read_back_ms", self._read_back)
+                self.trace.timed("queue_ms", step.start)
+                done = self.trace.timed("read_back_ms", self._read_back)
         finally:
             # after step n+1 is queued (its arrays are what the store copies from), and
             # even if queuing failed: held finish events must go out
