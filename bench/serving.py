@@ -26,8 +26,13 @@ connection, timeout, no [DONE], short response) and mlxcel's engine counters.
     python bench/serving.py                          # tiny + 30m checkpoints, both modes
     python bench/serving.py --checkpoint tiny --modes defaults --concurrency 1 \
         --max-tokens 256 --requests 7 --out bench/results/decode_speed.json   # decode speed
+    python bench/serving.py --checkpoint gemma4-tiny,gemma4-30m --modes defaults \
+        --concurrency 1,16                      # Gemma 4 shapes; targets cpu-gemma4
     python bench/serving.py --model /path/ckpt --label llama3-8b --concurrency 1,8,64 \
         --raw-json raw_loop.json --targets gpu --out bench/results/serving_gpu.json
+    python bench/serving.py --model /path/ckpt --label llama3-8b-arrival --concurrency 1,64 \
+        --max-tokens 128 --requests-cap 128 --raw-json raw_loop.json --targets gpu-arrival \
+        --out serving_gpu.json   # 128 requests at C = 64: a second wave as the first ends
 
 Results are merged into ``--out`` (JSON; one entry per checkpoint label and mode, a re-run
 replaces it) and rendered to the markdown file next to it.
@@ -53,7 +58,13 @@ import time
 from typing import Any
 
 import httpx
-from mlxcel.testing.bench_checkpoints import CHECKPOINTS, bench_checkpoint, checkpoint_info
+from mlxcel.testing.bench_checkpoints import (
+    CHECKPOINTS,
+    TARGETS,
+    bench_checkpoint,
+    check_targets,
+    checkpoint_info,
+)
 from mlxcel.testing.servers import (
     Server,
     bench_prompt,
@@ -353,40 +364,6 @@ def compute_ratios(entry: dict[str, Any]) -> None:
                     entry["vs_raw"].setdefault(c, {})[name] = ratio(st["agg_tok_s"], r["tok_s"])
 
 
-def check_targets(entry: dict[str, Any], kind: str) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-
-    def add(what: str, value: float | None, op: str, bound: float) -> None:
-        ok = value is not None and (value >= bound if op == ">=" else value <= bound)
-        out.append({"target": what, "value": value, "bound": f"{op} {bound}", "met": ok})
-
-    levels = sorted(int(c) for c in entry["ratios"])
-    if kind == "cpu" and entry["mode"] == "defaults" and levels:
-        lo, hi = str(levels[0]), str(levels[-1])
-        add(f"c={lo} aggregate tok/s mlxcel/mlx_lm", entry["ratios"][lo]["agg_tok_s"], ">=", 1.0)
-        if hi != lo:  # a concurrency-1 run (decode speed) has only the first target
-            add(
-                f"c={hi} aggregate tok/s mlxcel/mlx_lm", entry["ratios"][hi]["agg_tok_s"], ">=", 1.5
-            )
-            add(f"c={hi} TTFT p50 mlxcel/mlx_lm", entry["ratios"][hi]["ttft_p50_ms"], "<=", 0.5)
-    if kind == "gpu" and entry.get("vs_raw"):
-        cs = sorted(int(c) for c in entry["vs_raw"])
-        if cs:
-            lo, hi = str(cs[0]), str(cs[-1])
-            add(f"c={lo} mlxcel aggregate / raw loop", entry["vs_raw"][lo].get("mlxcel"), ">=", 0.9)
-            add(
-                f"c={hi} mlxcel aggregate / raw loop", entry["vs_raw"][hi].get("mlxcel"), ">=", 0.85
-            )
-        bad = sum(
-            n
-            for st in entry["servers"].get("mlxcel", {}).get("levels", {}).values()
-            for k, n in st["failures"].items()
-            if k != "http_503"
-        )
-        add("mlxcel requests failed (not 503)", bad, "<=", 0)
-    return out
-
-
 # -- report -------------------------------------------------------------------------------
 def entry_title(e: dict[str, Any]) -> str:
     ck = e["checkpoint"]
@@ -622,7 +599,13 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="raw forward-loop results (bench/gpu/raw_loop.py) to compare with",
     )
-    ap.add_argument("--targets", choices=("cpu", "gpu", "none"), default="cpu")
+    ap.add_argument(
+        "--targets",
+        choices=sorted(TARGETS),
+        default="cpu",
+        help="target set (mlxcel.testing.bench_checkpoints.TARGETS; cpu and gpu pick their "
+        "-gemma4 set for a gemma4_text checkpoint)",
+    )
     ap.add_argument("--log-dir", default=None, help="keep server logs here (default: temp)")
     ap.add_argument("--out", default="bench/results/serving.json")
     ap.add_argument("--fresh", action="store_true", help="drop other entries in --out")

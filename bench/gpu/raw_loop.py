@@ -3,10 +3,13 @@
 Loads the checkpoint with mlx-lm, prefills B random prompts of ``--prompt-len`` tokens,
 then times ``--steps`` greedy decode steps of the whole batch, pipelined the way mlx-lm's
 own generate loop is (step n+1 is queued with ``mx.async_eval`` before step n's tokens are
-read back to Python). Once with mlx-lm's ``KVCache`` (one plain cache, batch dimension B)
-and once with ``BatchKVCache`` (what mlxcel's engine and mlx_lm.server's batch generator
-decode on). tok/s = B * steps / time; the reference for a batch size is the faster of the
-two.
+read back to Python). Once with the model's own caches (``KVCache``: mlx-lm's
+``make_prompt_cache``, one plain cache per KV layer with batch dimension B;
+``RotatingKVCache`` for sliding-window layers) and once with mlx-lm's batch caches
+(``BatchKVCache``: a ``make_prompt_cache`` per row, merged layer by layer into
+``BatchKVCache`` / ``BatchRotatingKVCache``, as mlx_lm.server's batch generator does; for a
+Llama-shaped model that is the ``BatchKVCache(left_padding)`` of earlier runs). tok/s = B *
+steps / time; the reference for a batch size is the faster of the two.
 
     python bench/gpu/raw_loop.py --model CKPT --batches 1,8,64 --steps 256 --out raw.json
 """
@@ -22,13 +25,19 @@ import time
 
 def make_cache(model, cache_kind: str, pads: list[int]) -> list:
     """``KVCache`` | ``BatchKVCache`` (mlx-lm) | ``mlxcel-absolute`` | ``mlxcel-shared``
-    (mlxcel's engine cache, ``mlxcel.engine.kvcache``; shared = one scalar RoPE position)."""
-    from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
+    (mlxcel's engine cache, ``mlxcel.engine.kvcache``, one per layer: models without
+    KV-shared layers only; shared = one scalar RoPE position)."""
+    from mlx_lm.models.cache import make_prompt_cache
 
     if cache_kind == "KVCache":
         return make_prompt_cache(model)
     if cache_kind == "BatchKVCache":
-        return [BatchKVCache(pads) for _ in model.layers]
+        rows = [make_prompt_cache(model) for _ in pads]
+        merged = [c.merge([row[i] for row in rows]) for i, c in enumerate(rows[0])]
+        if any(pads):
+            for c in merged:
+                c.prepare(left_padding=pads)
+        return merged
     from mlxcel.engine.kvcache import BatchCache, shared_position_rope
 
     rope = shared_position_rope(model, True) if cache_kind == "mlxcel-shared" else None
@@ -37,8 +46,16 @@ def make_cache(model, cache_kind: str, pads: list[int]) -> list:
     return [BatchCache(pads, rope) for _ in model.layers]
 
 
-def measure(model, cache_kind: str, batch: int, prompt_len: int, steps: int, warmup: int,
-            ragged: bool = False, attention: str | None = None) -> dict:
+def measure(
+    model,
+    cache_kind: str,
+    batch: int,
+    prompt_len: int,
+    steps: int,
+    warmup: int,
+    ragged: bool = False,
+    attention: str | None = None,
+) -> dict:
     """``ragged``: row i's prompt is left-padded by i % 16 tokens (a decode mask is needed);
     ``attention``: ``grouped`` / ``varlen`` = masked steps on mlxcel's cache take that path
     of mlxcel.engine.attention (None: MLX's masked SDPA)."""
@@ -80,10 +97,14 @@ def _measure(model, cache_kind, batch, prompt_len, steps, warmup, ragged, attent
             mx.async_eval(nxt)
         cur.tolist()
     dt = time.perf_counter() - t0
+    kinds = sorted({type(c).__name__ for c in cache})
     cache.clear()
     mx.clear_cache()
     return {
-        "cache": cache_kind + (" ragged" if ragged else "") + (f" {attention}" if attention else ""),
+        "cache": cache_kind
+        + (" ragged" if ragged else "")
+        + (f" {attention}" if attention else ""),
+        "cache_types": kinds,
         "batch": batch,
         "steps": steps,
         "seconds": dt,
@@ -135,7 +156,8 @@ def main() -> int:
         "method": (
             f"mlx-lm model, greedy argmax, {args.steps} pipelined decode steps after "
             f"a {args.prompt_len}-token prefill and {args.warmup} warm-up steps; "
-            "best of KVCache / BatchKVCache"
+            "best of the model's caches (KVCache) / mlx-lm's merged batch caches "
+            "(BatchKVCache)"
         ),
         "batches": best,
         "runs": runs,

@@ -1,29 +1,44 @@
 #!/usr/bin/env bash
 # GPU serving benchmark, run ON the lent H200 (from the repo root, after the wheels are in
-# /tmp/site: see bench/README.md), or on a CPU with SHAPE=tiny to test every step:
-#   1. build the Llama-3-8B-shaped random bf16 checkpoint locally (bench/gpu/build_checkpoint.py)
+# /tmp/site: see bench/README.md), or on a CPU with a tiny SHAPE to test every step:
+#   1. build the random bf16 checkpoint of SHAPE locally (bench/gpu/build_checkpoint.py)
 #   2. raw MLX decode loop at batch 1/8/64 on it (bench/gpu/raw_loop.py)
 #   3. mlxcel (--parallel 64) then mlx_lm.server, streamed at concurrency 1/8/64
 #      (bench/serving.py), compared with each other and with the raw loop
 # Results go to $OUT: env.txt, raw_loop.json, serving_gpu.json, serving_gpu.md, logs.tgz,
-# run.log. Environment knobs: SHAPE (llama3-8b | tiny), OUT, PY, CONC, MAXTOK, CKDIR,
-# SERVERS, STEPS (raw loop steps; default MAXTOK), LEVEL_DEADLINE (s), REQ_CAP (requests
-# per level at most; default 64, i.e. 2 x C up to C = 32, then C), MLXCEL_SPAWN (default 1),
-# TRACE (1: mlxcel writes its engine timeline to $OUT/engine_trace.jsonl, see
-# MLXCEL_ENGINE_TRACE). One-question GPU probes are in bench/probes/ (bench/probes/README.md).
-#   SHAPE=tiny OUT=/tmp/gpu-test PY=.venv/bin/python bash bench/gpu/run.sh   # CPU dry run
+# run.log. Environment knobs: SHAPE (llama3-8b | gemma4-e4b | tiny | gemma4-tiny |
+# skeleton), ARRIVAL (1: the continuous-arrival load instead: concurrency 1 and 64, 2 x C
+# requests per level, i.e. 128 at C = 64, where a second wave joins as the first
+# finishes; max_tokens 128, targets gpu-arrival, label SHAPE-arrival), OUT, PY, CONC,
+# MAXTOK, CKDIR, SERVERS, STEPS (raw loop steps; default MAXTOK), LEVEL_DEADLINE (s;
+# default 150, 100 for gemma4-e4b), REQ_CAP (requests per level at most; default 64, i.e.
+# 2 x C up to C = 32, then C; 128 with ARRIVAL=1), TARGETS (serving.py --targets; default
+# gpu, which is gpu-gemma4 for a gemma4 shape), LABEL, MLXCEL_SPAWN (default 1), TRACE (1:
+# mlxcel writes its engine timeline to $OUT/engine_trace.jsonl, see MLXCEL_ENGINE_TRACE).
+# One-question GPU probes are in bench/probes/ (bench/probes/README.md).
+#   SHAPE=tiny OUT=/tmp/gpu-test PY=.venv/bin/python bash bench/gpu/run.sh          # CPU dry run
+#   SHAPE=gemma4-tiny OUT=/tmp/gpu-g4 PY=.venv/bin/python bash bench/gpu/run.sh    # CPU dry run
+#   SHAPE=tiny ARRIVAL=1 OUT=/tmp/gpu-arr PY=.venv/bin/python bash bench/gpu/run.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 SHAPE=${SHAPE:-llama3-8b}
+ARRIVAL=${ARRIVAL:-0}
 OUT=${OUT:-/tmp/gpu-out}
 PY=${PY:-python3}
+if [ "$ARRIVAL" = 1 ]; then
+  CONC=${CONC:-1,64}; MAXTOK=${MAXTOK:-128}; REQ_CAP=${REQ_CAP:-128}
+  TARGETS=${TARGETS:-gpu-arrival}; LABEL=${LABEL:-$SHAPE-arrival}
+fi
 CONC=${CONC:-1,8,64}
 MAXTOK=${MAXTOK:-256}
 STEPS=${STEPS:-$MAXTOK}
 CKDIR=${CKDIR:-/tmp/bench-ckpts}
 SERVERS=${SERVERS:-mlxcel,mlx_lm}
-LEVEL_DEADLINE=${LEVEL_DEADLINE:-150}
+DEADLINE=150; [ "$SHAPE" = gemma4-e4b ] && DEADLINE=100
+LEVEL_DEADLINE=${LEVEL_DEADLINE:-$DEADLINE}
 REQ_CAP=${REQ_CAP:-64}
+TARGETS=${TARGETS:-gpu}
+LABEL=${LABEL:-$SHAPE}
 TRACE=${TRACE:-0}
 MLXCEL_SPAWN=${MLXCEL_SPAWN:-1}   # 1: --mlxcel-spawn (Granian fork after CUDA init fails)
 export SERVING_STARTUP_TIMEOUT_S=${SERVING_STARTUP_TIMEOUT_S:-300}
@@ -38,7 +53,7 @@ t0=$(date +%s)
 log() { echo "[$(date +%T) +$(( $(date +%s) - t0 ))s] $*"; }
 
 {
-  log "env (SHAPE=$SHAPE CONC=$CONC MAXTOK=$MAXTOK PARALLEL=$PARALLEL)"
+  log "env (SHAPE=$SHAPE ARRIVAL=$ARRIVAL CONC=$CONC MAXTOK=$MAXTOK REQ_CAP=$REQ_CAP PARALLEL=$PARALLEL)"
   {
     nvidia-smi 2>&1 | head -15 || true
     nproc; free -g | head -2
@@ -66,10 +81,11 @@ PY
   log "serving (servers: $SERVERS)"
   RAW=()
   [ -s "$OUT/raw_loop.json" ] && RAW=(--raw-json "$OUT/raw_loop.json")
-  "$PY" bench/serving.py --model "$CKPT" --label "$SHAPE" --modes defaults \
+  "$PY" bench/serving.py --model "$CKPT" --label "$LABEL" --modes defaults \
     --servers "$SERVERS" --concurrency "$CONC" --max-tokens "$MAXTOK" --parallel "$PARALLEL" \
-    --level-deadline "$LEVEL_DEADLINE" --requests-cap "$REQ_CAP" "${SPAWN[@]}" "${RAW[@]}" --targets gpu --log-dir "$OUT/logs" \
-    --out "$OUT/serving_gpu.json" --fresh || log "serving FAILED"
+    --level-deadline "$LEVEL_DEADLINE" --requests-cap "$REQ_CAP" "${SPAWN[@]}" "${RAW[@]}" \
+    --targets "$TARGETS" --log-dir "$OUT/logs" --out "$OUT/serving_gpu.json" --fresh \
+    || log "serving FAILED"
   log "done"
 } 2>&1 | tee "$OUT/run.log"
 tar czf "$OUT/logs.tgz" -C "$OUT" logs 2>/dev/null && rm -rf "$OUT/logs"

@@ -14,7 +14,13 @@ import struct
 from typing import Any
 
 # Named bench checkpoints (cached_checkpoint arguments; bench_checkpoint adds suppress_eos).
-# "30m" has the untied lm_head that suppressing tokens needs.
+# "30m" has the untied lm_head that suppressing tokens needs. The gemma4 ones keep the
+# builder's gemma4_text recipe (num_layers = the layers with their own KV; as many again
+# reuse it; sliding and full attention in turn): "gemma4-tiny" with its 16-token window
+# (every bench prompt overflows it in prefill), "gemma4-30m" (33.1M parameters) with a
+# 128-token window, longer than the bench prompt (78-80 tokens with the template) and
+# shorter than prompt + 64 tokens, so each row's rotating cache wraps during decode (rows
+# a step or two apart).
 CHECKPOINTS: dict[str, dict[str, Any]] = {
     "tiny": {"shape": "qwen3"},
     "30m": {
@@ -26,7 +32,80 @@ CHECKPOINTS: dict[str, dict[str, Any]] = {
         "intermediate_size": 1536,
         "vocab_size": 8192,
     },
+    "gemma4-tiny": {"shape": "gemma4_text"},
+    "gemma4-30m": {
+        "shape": "gemma4_text",
+        "hidden_size": 512,
+        "num_layers": 4,
+        "num_heads": 8,
+        "num_kv_heads": 2,
+        "intermediate_size": 1024,
+        "vocab_size": 8192,
+        "config": {"sliding_window": 128},
+    },
 }
+
+# Targets per kind: (level, metric, op, bound). level "lo" / "hi": the lowest / highest
+# concurrency compared; metric "ratio:KEY" (mlxcel / mlx_lm of a level statistic), "raw"
+# (mlxcel aggregate / raw loop at the same batch), "failed" (mlxcel requests failed, all
+# levels) or "failed_not_503". "cpu" and "gpu" resolve to "<kind>-gemma4" for a
+# gemma4_text checkpoint; "gpu-arrival" is the Llama-3-8B continuous-arrival load.
+TARGETS: dict[str, list[tuple[str, str, str, float]]] = {
+    "none": [],
+    "cpu": [
+        ("lo", "ratio:agg_tok_s", ">=", 1.0),
+        ("hi", "ratio:agg_tok_s", ">=", 1.5),
+        ("hi", "ratio:ttft_p50_ms", "<=", 0.5),
+    ],
+    "gpu": [("lo", "raw", ">=", 0.9), ("hi", "raw", ">=", 0.85), ("", "failed_not_503", "<=", 0)],
+    "gpu-arrival": [("lo", "raw", ">=", 0.95), ("hi", "raw", ">=", 0.85), ("", "failed", "<=", 0)],
+    "gpu-gemma4": [("lo", "raw", ">=", 0.95), ("hi", "raw", ">=", 0.8), ("", "failed", "<=", 0)],
+}
+TARGETS["cpu-gemma4"] = [*TARGETS["cpu"], ("", "failed", "<=", 0)]
+_LABELS = {
+    "ratio:agg_tok_s": "aggregate tok/s mlxcel/mlx_lm",
+    "ratio:ttft_p50_ms": "TTFT p50 mlxcel/mlx_lm",
+    "raw": "mlxcel aggregate / raw loop",
+    "failed": "mlxcel requests failed",
+    "failed_not_503": "mlxcel requests failed (not 503)",
+}
+
+
+def check_targets(entry: dict[str, Any], kind: str) -> list[dict[str, Any]]:
+    """The targets of ``kind`` (:data:`TARGETS`) for one serving.py entry, each with its
+    value and whether it is met. Ratio targets need both servers (and, for "cpu", the
+    ``defaults`` mode); a one-level run has only its "lo" targets; "raw" ones need the raw
+    loop's results in the entry."""
+    if kind in ("cpu", "gpu") and entry["checkpoint"].get("model_type") == "gemma4_text":
+        kind += "-gemma4"
+    specs = TARGETS[kind]
+    raw = any(m == "raw" for _, m, _, _ in specs)
+    table = entry.get("vs_raw") if raw else entry["ratios"]
+    if not table or (kind.startswith("cpu") and entry["mode"] != "defaults"):
+        return []
+    cs = sorted(int(c) for c in table)
+    at = {"lo": str(cs[0]), "hi": str(cs[-1])}
+    levels = entry["servers"].get("mlxcel", {}).get("levels", {}).values()
+    out: list[dict[str, Any]] = []
+    for level, metric, op, bound in specs:
+        if level == "hi" and at["hi"] == at["lo"]:
+            continue  # a concurrency-1 run (decode speed) has only the first targets
+        c = at.get(level)
+        if metric.startswith("failed"):
+            what = _LABELS[metric]
+            value: float | None = sum(
+                n
+                for st in levels
+                for k, n in st["failures"].items()
+                if metric == "failed" or k != "http_503"
+            )
+        elif metric == "raw":
+            what, value = f"c={c} {_LABELS[metric]}", table[c].get("mlxcel")
+        else:
+            what, value = f"c={c} {_LABELS[metric]}", table[c][metric.partition(":")[2]]
+        met = value is not None and (value >= bound if op == ">=" else value <= bound)
+        out.append({"target": what, "value": value, "bound": f"{op} {bound}", "met": met})
+    return out
 
 
 def safetensors_params(path: pathlib.Path) -> int:

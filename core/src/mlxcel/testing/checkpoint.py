@@ -48,8 +48,18 @@ def _init_model(config: dict[str, Any], seed: int, dtype: str) -> nn.Module:
     return model
 
 
+def _lm_head(model: nn.Module, shape: str) -> nn.Module:
+    """The output projection of a model built untied; ``ValueError`` when it has none
+    (its class ignores ``tie_word_embeddings`` or reads it elsewhere)."""
+    head = getattr(model, "lm_head", None)
+    if head is None or getattr(head, "weight", None) is None:
+        raise ValueError(f"suppress_eos needs an untied lm_head; {shape!r}'s model has none")
+    return head
+
+
 def _suppress_eos(model: nn.Module, eos_ids: list[int]) -> None:
-    """Zero the lm_head rows of ``eos_ids`` (the model must be untied)."""
+    """Zero the lm_head rows of ``eos_ids`` (the model must be untied). A zero row gives a
+    zero logit, also after a final soft-cap (``tanh(0) = 0``, Gemma) or a logit scale."""
     import mlx.core as mx
 
     weight = model.lm_head.weight
@@ -60,7 +70,8 @@ def _suppress_eos(model: nn.Module, eos_ids: list[int]) -> None:
 
 
 def _untie(model: nn.Module) -> None:
-    """Give a model built untied an lm_head equal to its embeddings (tied look-alike)."""
+    """Give a model built untied an lm_head equal to its embeddings (tied look-alike: a
+    tied model's output is ``embed_tokens.as_linear``, i.e. ``x @ embed_tokens.weight.T``)."""
     model.lm_head.weight = model.model.embed_tokens.weight
 
 
@@ -129,13 +140,13 @@ def build_checkpoint(
 
     ``shape`` is a model_type (``SHAPES``): the classic four or any other type with a
     config recipe in ``mlxcel.testing.configs``; the weights are those of mlx-lm's own
-    model class for it, seeded. ``suppress_eos`` (classic shapes) zeroes the
-    output-projection rows of every EOS id (untying the embeddings if needed) so greedy
-    decoding practically never stops early.
+    model class for it, seeded. ``suppress_eos`` zeroes the output-projection rows of
+    every EOS id (untying the embeddings if needed) so greedy decoding practically never
+    stops early; it needs a model class that has an ``lm_head`` when
+    ``tie_word_embeddings`` is false (the classic four, ``gemma4_text``, most others;
+    ``ValueError`` if not).
     """
     _validate(shape, hidden_size, num_heads, num_kv_heads, dtype)
-    if suppress_eos and shape not in _cfg.CLASSIC:
-        raise ValueError(f"suppress_eos supports the shapes {_cfg.CLASSIC}, not {shape!r}")
     out = pathlib.Path(path)
     out.mkdir(parents=True, exist_ok=True)
     ids = _write_tokenizer(out, shape, vocab_size)
@@ -148,6 +159,7 @@ def build_checkpoint(
         config["tie_word_embeddings"] = False
     model = _init_model(config, seed, dtype)
     if suppress_eos:
+        _lm_head(model, shape)
         if tied:
             _untie(model)
         _suppress_eos(model, ids.eos_ids)
