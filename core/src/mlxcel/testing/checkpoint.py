@@ -135,6 +135,7 @@ def build_checkpoint(
     quantize_bits: int | None = None,
     generation_config: dict | None = None,
     suppress_eos: bool = False,
+    config: dict | None = None,
 ) -> pathlib.Path:
     """Write a tiny random-weight ``shape`` checkpoint into ``path`` and return it.
 
@@ -144,7 +145,9 @@ def build_checkpoint(
     every EOS id (untying the embeddings if needed) so greedy decoding practically never
     stops early; it needs a model class that has an ``lm_head`` when
     ``tie_word_embeddings`` is false (the classic four, ``gemma4_text``, most others;
-    ``ValueError`` if not).
+    ``ValueError`` if not). ``config``: fields that override the recipe's
+    (e.g. ``{"sliding_window": 512}``, or a variant's switch such as Gemma 4's
+    ``enable_moe_block``).
     """
     _validate(shape, hidden_size, num_heads, num_kv_heads, dtype)
     out = pathlib.Path(path)
@@ -153,7 +156,8 @@ def build_checkpoint(
     dims = _cfg.Dims(hidden_size, num_layers, num_heads, num_kv_heads,
                      intermediate_size or 3 * hidden_size, vocab_size)
     bos = ids.endoftext if ids.bos is None else ids.bos
-    config = _cfg.model_config(shape, dims, dtype, ids.im_end, bos)
+    overrides = config or {}
+    config = {**_cfg.model_config(shape, dims, dtype, ids.im_end, bos), **overrides}
     tied = config["tie_word_embeddings"]
     if suppress_eos:
         config["tie_word_embeddings"] = False
@@ -176,7 +180,9 @@ def _cache_key(shape: str, kw: dict[str, Any]) -> str:
     """Stable digest of the normalized build arguments and bundled assets."""
     bound = inspect.signature(build_checkpoint).bind(None, shape, **kw)
     bound.apply_defaults()
-    args = {k: v for k, v in bound.arguments.items() if k != "path"}
+    # no ``config`` override: the key of the builds made before that argument existed
+    args = {k: v for k, v in bound.arguments.items()
+            if k != "path" and not (k == "config" and v is None)}
     payload = json.dumps(
         {
             "builder": BUILDER_VERSION,
