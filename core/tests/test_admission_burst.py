@@ -99,8 +99,8 @@ def test_held_rows_do_not_shrink_the_next_burst_group(path):
     groups = []
     admit = worker._admit
 
-    def recording():
-        job = admit()
+    def recording(plan=None):
+        job = admit(plan)
         if job is not None:
             groups.append(len(job.seqs))
         return job

@@ -225,7 +225,7 @@ def test_a_burst_joins_the_idle_batch_in_one_merge(path):
 def test_groups_held_while_rows_decode_are_bounded(path):
     """While rows decode, at most MAX_DEFERRED groups wait for one merge; a group joins at
     once when nothing else can start prefilling in one chunk."""
-    from mlxcel.engine.admission import MAX_DEFERRED
+    from mlxcel.engine.scheduler import MAX_DEFERRED
 
     worker = worker_for(path, cache=False, chunk=16, parallel=MAX_DEFERRED + 4,
                         hold_groups=True)  # as on CUDA

@@ -117,7 +117,7 @@ def test_lifecycle_warm_up_runs_every_batch_operation_once(mlxcel_checkpoint_cac
 
 
 def test_burst_shapes_cover_every_group_the_budget_allows():
-    from mlxcel.engine.batch import aligned
+    from mlxcel.engine.scheduler import aligned
 
     chunk, align, parallel, burst = 128, 32, 6, 4
     shapes = set(prefill_shapes(chunk, align, parallel, burst))

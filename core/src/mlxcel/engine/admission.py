@@ -1,10 +1,9 @@
-"""Admission, the scheduling half of the engine thread: requests move from the inbox to the
-waiting heap, from there, grouped by priority and token budget, into prefill jobs, and once
-prefilled, into the decode batch.
+"""Admission, executed: requests move from the inbox to the waiting heap, and the plan's
+decisions (``mlxcel.engine.scheduler``) become prefill jobs, prefill steps and joins.
 
 ``Admission`` is a mixin of ``EngineWorker`` and works on its state (``waiting``,
-``prefilling``, ``prefilled``, ``batch``, the prompt cache); it is kept apart so that the
-worker module holds the loop and the execution of steps.
+``prefilling``, ``prefilled``, ``batch``, the prompt cache); the decisions themselves are
+the scheduler's, pure Python, and the worker module holds the loop and the decode steps.
 """
 
 from __future__ import annotations
@@ -15,14 +14,14 @@ from typing import Any
 
 import structlog
 
-from mlxcel.engine.batch import PrefillJob, aligned
+from mlxcel.engine import scheduler
+from mlxcel.engine.batch import PrefillJob
 from mlxcel.engine.mixed_batch import MixedPrefill
+from mlxcel.engine.scheduler import Limits, Plan, View
 from mlxcel.engine.sequence import Sequence, Sink, error_event, fail_alone
 from mlxcel.types import GenerationRequest
 
 log = structlog.get_logger("mlxcel.engine")
-
-MAX_DEFERRED = 8  # prefilled groups held back to join together while rows decode
 
 
 class Admission:
@@ -62,17 +61,34 @@ class Admission:
             sink.emit(error_event(f"generation failed: {type(exc).__name__}: {exc}"))
             return None
 
-    def _drop_cancelled(self) -> None:
-        """Sequences whose consumer went away leave at once (waiting, prefilling, decoding)."""
-        for seq in [*self.waiting, *self.active]:
-            if seq.sink.cancelled:
-                seq.finish("cancelled")
+    # -- the plan ----------------------------------------------------------------------------
+    def _limits(self) -> Limits:
+        p = self.policy
+        return Limits(parallel=self.parallel, prefill_chunk=self.prefill_chunk,
+                      align=self.align, grouped=self.grouped,
+                      burst_chunks=p.burst_chunks if self.grouped else 1,
+                      hold_groups=p.hold_groups and self.batchable,
+                      lazy_leave=self.batch.lazy_leave)
+
+    def _view(self) -> View:
+        return View(waiting=self.waiting, rows=self.batch.rows,
+                    prefilling=self.prefilling.seqs if self.prefilling else None,
+                    held=[job.seqs for job in self.prefilled])
+
+    def _plan(self) -> Plan:
+        return scheduler.schedule(self._view(), self._limits(), self._tail)
+
+    def _cancel(self, plan: Plan) -> None:
+        """Sequences whose consumer went away leave at once (waiting, prefilling, held,
+        decoding); so do a prefilling group and held groups with no live row left."""
+        for seq in plan.cancel:
+            seq.finish("cancelled")
         gone = sum(s.finished for s in self.waiting)
         if gone:
             self.count_queued(-gone)
             self.waiting = [s for s in self.waiting if not s.finished]
             heapq.heapify(self.waiting)
-        if self.prefilling and all(s.finished for s in self.prefilling.seqs):
+        if plan.drop_job:
             self.prefilling = None
         self.prefilled = [job for job in self.prefilled if not all(s.finished for s in job.seqs)]
 
@@ -93,48 +109,24 @@ class Admission:
         seq.cached = hit[1] if hit else 0
         return len(seq.req.prompt_tokens) - 1 - seq.cached
 
-    def _admit(self) -> PrefillJob | None:
-        """Start prefilling the next waiting request(s), grouped (right-aligned) while
-        rows x the longest uncached tail fit in the step's token budget (``_budget``); a
-        prompt-cache hit reuses its cached prefix (see PrefillJob)."""
-        free = self._free()
-        if not self.waiting or free <= 0:
-            return None
-        self.budget = budget = self._budget(free)
-        group = [heapq.heappop(self.waiting)]
-        widest = aligned(self._tail(group[0]), self.align)
-        while self.waiting and len(group) < free and self.grouped \
-                and not group[0].solo and not self.waiting[0].solo:
-            tail = max(widest, aligned(self._tail(self.waiting[0]), self.align))
-            if (len(group) + 1) * min(tail, self.prefill_chunk) > budget:
-                break
-            group.append(heapq.heappop(self.waiting))
-            widest = tail
-        return self._start(group)
+    def _free(self) -> int:
+        return scheduler.free_slots(self._limits(), self._view())
 
     def _budget(self, free: int) -> int:
-        """Prefill tokens per step: the prefill chunk, or on CUDA, where a burst of
-        requests arrives at rows that are few (W waiting that fit, R decoding), up to
-        ``EnginePolicy.burst_chunks`` chunks (W // R of them), each row still at most one chunk's
-        columns per step. Rows of prefilled groups held back to join (``_defer_join``) do
-        not count: they decode nothing yet, and wait for the next groups either way.
+        return scheduler.budget(self._limits(), free, len(self.waiting), len(self.batch))
 
-        A wide prefill group costs less per row than a narrow one, and every group costs
-        the running rows a step's wait and the batch a join, so a burst reaches full speed
-        sooner in few wide groups; the few running rows wait longer for one step instead
-        (docs/explanation/batching.md, "Bursts"). A long prompt arriving alone still
-        prefills a chunk per step between decode steps.
-        """
-        if self.burst_chunks <= 1:
-            return self.prefill_chunk
-        arriving = min(free, len(self.waiting))
-        return self.prefill_chunk * max(1, min(self.burst_chunks,
-                                               arriving // max(1, len(self.batch))))
-
-    def _free(self) -> int:
-        """Slots neither decoding nor taken by a prefilled group waiting to join."""
-        return self.parallel - len(self.batch) - sum(
-            not s.finished for job in self.prefilled for s in job.seqs)
+    def _admit(self, plan: Plan | None = None) -> PrefillJob | MixedPrefill | None:
+        """Start prefilling the plan's group (the next waiting request(s); a plan made now
+        when none is given): they leave the waiting heap, and a prompt-cache hit reuses its
+        cached prefix (see PrefillJob)."""
+        plan = plan or self._plan()
+        if not plan.group:
+            return None
+        self.budget = plan.budget
+        taken = set(map(id, plan.group))
+        self.waiting = [s for s in self.waiting if id(s) not in taken]
+        heapq.heapify(self.waiting)
+        return self._start(list(plan.group))
 
     def _start(self, group: list[Sequence]) -> PrefillJob | None:
         """The group's PrefillJob. If it cannot be built, each row is tried alone: the rows
@@ -166,34 +158,16 @@ class Admission:
         return PrefillJob(self.checkpoint.model, group, self.batchable, prefixes, self.rope,
                           self.align)
 
-    def _defer_join(self) -> bool:
-        """Hold prefilled groups back so that several join in one merge while the next
-        waiting request can start prefilling at once and fits one chunk.
-
-        Every join copies the whole batch cache into a new buffer and the next step runs
-        new shapes (tens of ms on CUDA), so a burst of arrivals joining group by group
-        slows every running stream once per group. While nothing decodes, groups are
-        prefilled back to back and join together; while rows decode (and wait for the
-        join's copy), at most ``MAX_DEFERRED`` groups are held, since each one held costs
-        the held rows a step. Only on CUDA (``EnginePolicy.hold_groups``): elsewhere a join is a cheap
-        copy and holding would only delay the first groups' first tokens (CPU, 16 requests
-        at once: TTFT p50 is the median group's, not the last one's).
-        """
-        if not self.policy.hold_groups or not self.waiting or not self.batchable or self._free() <= 0:
-            return False
-        if self.batch and len(self.prefilled) >= MAX_DEFERRED:
-            return False
-        return aligned(self._tail(self.waiting[0]), self.align) <= self.prefill_chunk
-
-    def _prefill_step(self) -> None:
+    def _prefill_step(self, plan: Plan) -> None:
         if self.prefilling is None:
-            self.prefilling = self._admit()
+            self.prefilling = self._admit(plan)
             if self.prefilling is None:
-                self._join_prefilled()
+                self._join_prefilled()  # nothing starts prefilling: held groups join
                 return
         job = self.prefilling
         try:
-            done = self.trace.timed("prefill_ms", lambda: job.step(self.budget, self.prefill_chunk))
+            done = self.trace.timed("prefill_ms",
+                                    lambda: job.step(self.budget, self.prefill_chunk))
         except Exception as exc:
             log.exception("prefill_failed", request_ids=[s.req.request_id for s in job.seqs])
             for seq in job.seqs:
@@ -207,7 +181,7 @@ class Admission:
             self.prefilling = None
             self.stats.total_prefill_tokens += job.tokens_total
             self.prefilled.append(job)
-            if not self._defer_join():
+            if not plan.hold:
                 self._join_prefilled()
 
     def _join_prefilled(self) -> None:

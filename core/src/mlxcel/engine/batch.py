@@ -21,6 +21,7 @@ from mlxcel.engine import sampling as samp
 from mlxcel.engine.kvcache import BatchCache, KVRows
 from mlxcel.engine.penalties import Penalties
 from mlxcel.engine.sampling import BatchSampler, logprob_arrays
+from mlxcel.engine.scheduler import aligned, leave_now
 from mlxcel.engine.sequence import Sequence, fail_alone
 from mlxcel.types import TokenLogprob
 
@@ -37,11 +38,6 @@ class Step(NamedTuple):
     def start(self) -> None:
         """Queue the step on the device (on CUDA this encodes its kernels, GIL released)."""
         mx.async_eval(self.sampled, *self.logprobs)
-
-
-def aligned(n: int, align: int) -> int:
-    """``n`` rounded up to a multiple of ``align``."""
-    return -(-n // align) * align
 
 
 def prefill_align() -> int:
@@ -192,11 +188,11 @@ class DecodeBatch:
         return self.ops.snapshots(self, seqs)
 
     def drop_finished(self) -> None:
+        """Finished rows leave, or with ``lazy_leave`` stay until they are the majority or
+        a group joins (``scheduler.leave_now``)."""
         keep = [i for i, s in enumerate(self.rows) if not s.finished]
-        if len(keep) == len(self.rows):
+        if not leave_now(len(self.rows) - len(keep), len(self.rows), self.lazy_leave):
             return
-        if self.lazy_leave and keep and 2 * len(keep) >= len(self.rows):
-            return  # they leave with the next join, or once they are the majority
         if not keep:
             self.rows, self.cache, self.inputs = [], None, None
             self.sampler = self.penalties = None

@@ -27,6 +27,7 @@ from mlxcel.engine.kvcache import shared_position_rope
 from mlxcel.engine.memory import compute_dtype_bytes, request_budget
 from mlxcel.engine.policy import EnginePolicy, resolve_policy
 from mlxcel.engine.prompt_cache import PromptCache
+from mlxcel.engine.scheduler import Plan
 from mlxcel.engine.sequence import Sequence, Sink, end_all
 from mlxcel.engine.trace import NullTrace, Trace
 from mlxcel.engine.warmup import warm_up
@@ -264,9 +265,15 @@ class EngineWorker(Admission, threading.Thread):
         arrived = self._drain(block=not busy)
         self.trace.begin()
         self.trace.note(arrived=arrived, waiting=len(self.waiting))
-        self._drop_cancelled()
-        self.batch.drop_finished()
-        self._prefill_step()
+        self.execute(self._plan())
+
+    def execute(self, plan: Plan) -> None:
+        """Carry out one plan (``mlxcel.engine.scheduler``): cancellations, leaving rows,
+        a prefill step (admission, held or joining groups), then a decode step."""
+        self._cancel(plan)
+        if plan.leave:
+            self.batch.drop_finished()
+        self._prefill_step(plan)
         if self.batch:
             self._decode_step()
         elif self.inflight is not None:
