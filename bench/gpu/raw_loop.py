@@ -58,9 +58,9 @@ def measure(
 ) -> dict:
     """``ragged``: row i's prompt is left-padded by i % 16 tokens (a decode mask is needed);
     ``attention``: ``grouped`` / ``varlen`` = masked steps on mlxcel's cache take that path
-    of mlxcel.engine.attention (None: MLX's masked SDPA)."""
+    of mlxcel.engine.accel.attention (None: MLX's masked SDPA)."""
     if attention:
-        from mlxcel.engine import attention as paths
+        from mlxcel.engine.accel import attention as paths
 
         attention = paths.install(model, enable=True, choice=attention)
     try:

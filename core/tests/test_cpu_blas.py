@@ -1,8 +1,8 @@
-"""One OpenBLAS thread for small models on the CPU (``mlxcel.engine.cpu_blas``)."""
+"""One OpenBLAS thread for small models on the CPU (``mlxcel.engine.accel.cpu_blas``)."""
 
 from __future__ import annotations
 
-from mlxcel.engine import cpu_blas
+from mlxcel.engine.accel import cpu_blas
 
 TINY = {"hidden_size": 64, "intermediate_size": 192}
 SMALL = {"hidden_size": 512, "intermediate_size": 1536}

@@ -1,4 +1,4 @@
-"""Fused projections (``mlxcel.engine.fused_proj``): q/k/v and gate/up as one matmul each,
+"""Fused projections (``mlxcel.engine.accel.fused_proj``): q/k/v and gate/up as one matmul each,
 with the same outputs as the separate projections."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import mlx.nn as nn
 import pytest
 from mlx.utils import tree_flatten
 from mlx_lm.models import llama, qwen2
-from mlxcel.engine import fused_proj
+from mlxcel.engine.accel import fused_proj
 from mlxcel.errors import StartupError
 from mlxcel.options import build_parser
 from mlxcel.settings import EngineConfig

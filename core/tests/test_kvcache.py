@@ -238,7 +238,7 @@ def test_shared_positions_only_when_safe():
 
 
 def test_grouped_decode_attention_matches_mlx_masked_sdpa():
-    from mlxcel.engine.attention import grouped_decode_attention
+    from mlxcel.engine.accel.attention import grouped_decode_attention
 
     q = mx.random.normal((3, 8, 1, 16))
     k, v = mx.random.normal((3, 2, 11, 16)), mx.random.normal((3, 2, 11, 16))
@@ -254,7 +254,7 @@ def test_grouped_decode_attention_matches_mlx_masked_sdpa():
 
 
 def test_installed_attention_serves_only_masked_steps_on_engine_caches():
-    from mlxcel.engine import attention
+    from mlxcel.engine.accel import attention
 
     model = _model("qwen3")
     calls = []
@@ -297,7 +297,7 @@ def test_rows_copies_several_rows_like_row_does():
 
 
 def test_decode_attention_mode_follows_the_setting_and_the_device():
-    from mlxcel.engine import attention, varlen_attention
+    from mlxcel.engine.accel import attention, varlen_attention
 
     assert not varlen_attention.available()  # CPU: no CUDA kernel
     assert attention.mode() == "composed"  # auto
@@ -314,8 +314,8 @@ def test_decode_attention_mode_follows_the_setting_and_the_device():
 
 
 def test_varlen_kernel_reference_and_where_the_kernel_is_used():
-    from mlxcel.engine import varlen_attention as va
-    from mlxcel.engine.attention import grouped_decode_attention
+    from mlxcel.engine.accel import varlen_attention as va
+    from mlxcel.engine.accel.attention import grouped_decode_attention
 
     q = mx.random.normal((3, 8, 1, 64))
     k, v = mx.random.normal((3, 2, 11, 64)), mx.random.normal((3, 2, 11, 64))
@@ -347,7 +347,7 @@ def test_varlen_kernel_reference_and_where_the_kernel_is_used():
 def test_cpu_attention_matches_mlx(shape, kind):
     """The CPU path (composed softmax) against MLX's own attention, every mask form."""
     from mlx_lm.models.base import create_causal_mask
-    from mlxcel.engine import cpu_attention
+    from mlxcel.engine.accel import cpu_attention
 
     b, hq, n, d, hkv, length = shape
     q = mx.random.normal((b, hq, n, d))
@@ -368,7 +368,7 @@ def test_cpu_attention_matches_mlx(shape, kind):
 
 
 def test_cpu_softmax_precision_and_what_it_leaves_to_mlx():
-    from mlxcel.engine import cpu_attention
+    from mlxcel.engine.accel import cpu_attention
 
     y = mx.linspace(cpu_attention.FLOOR, 0, 100001)
     assert float((mx.abs(cpu_attention.exp2(y) - mx.power(2.0, y)) / mx.power(2.0, y)).max()) \

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import mlx.core as mx
+from mlxcel.engine.accel.warmup import prefill_shapes, warm_up
 from mlxcel.engine.kvcache import BatchCache, shared_position_rope
-from mlxcel.engine.warmup import prefill_shapes, warm_up
 
 
 def test_prefill_shapes_cover_every_chunk_the_engine_can_cut():
@@ -68,8 +68,8 @@ def test_lifecycle_warm_up_runs_every_batch_operation_once(mlxcel_checkpoint_cac
     """Each op variant the engine meets while serving runs in the warm-up (MLX's CUDA
     backend JIT-compiles them on first use: a 2.5-3.2 s stall in a served step)."""
     from mlxcel.engine import batch, kvcache, penalties, sampling
+    from mlxcel.engine.accel.warmup import warm_lifecycle
     from mlxcel.engine.loader import load_checkpoint
-    from mlxcel.engine.warmup import warm_lifecycle
     from mlxcel.plugins import load_plugins
     from mlxcel.testing.checkpoint import cached_checkpoint
 
@@ -134,8 +134,8 @@ def test_burst_shapes_cover_every_group_the_budget_allows():
 
 
 def test_one_layer_runs_the_first_layer_and_restores_the_rest(mlxcel_checkpoint_cache):
+    from mlxcel.engine.accel.warmup import one_layer
     from mlxcel.engine.loader import load_checkpoint
-    from mlxcel.engine.warmup import one_layer
     from mlxcel.plugins import load_plugins
     from mlxcel.testing.checkpoint import cached_checkpoint
 

@@ -105,7 +105,7 @@ def library_env() -> Mapping[str, str]:
 
     These are not settings of mlxcel's: ``LD_PRELOAD`` is the dynamic loader's (the
     OpenBLAS re-exec in ``mlxcel.backend`` prepends to it), and ``OPENBLAS_NUM_THREADS`` /
-    ``OMP_NUM_THREADS`` are OpenBLAS's own, which ``mlxcel.engine.cpu_blas`` leaves alone
+    ``OMP_NUM_THREADS`` are OpenBLAS's own, which ``mlxcel.engine.accel.cpu_blas`` leaves alone
     when a user set them. They are read where those libraries read them, so they come
     from here rather than from the options table.
     """
@@ -119,7 +119,7 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     request_memory_budget: int | None = None  # bytes; can only lower the device's
     switch_interval: float | None = None  # None: CUDA_SWITCH_INTERVAL on CUDA, else Python's
     fuse_projections: bool | None = None  # None: on with CUDA only
-    decode_attention: str = "auto"  # mlxcel.engine.attention.mode
+    decode_attention: str = "auto"  # mlxcel.engine.accel.attention.mode
     shared_positions: bool = True  # where the family and the model allow it
     engine_trace: str | None = None  # a JSONL file path (mlxcel.engine.trace)
 

@@ -31,11 +31,11 @@ class EnginePolicy(msgspec.Struct, frozen=True, kw_only=True):
     ``prefill_align``: prefill columns are a multiple of this (CUDA's plan caches,
     ``batch.prefill_align``).
     ``warm_up``: every prefill chunk shape and batch operation runs once at startup
-    (CUDA's JIT; ``mlxcel.engine.warmup``).
-    ``fuse_projections``: q/k/v and gate/up matmuls fused (``mlxcel.engine.fused_proj``).
-    ``decode_attention``: the masked-attention path (``mlxcel.engine.attention.mode``).
+    (CUDA's JIT; ``mlxcel.engine.accel.warmup``).
+    ``fuse_projections``: q/k/v and gate/up matmuls fused (``mlxcel.engine.accel.fused_proj``).
+    ``decode_attention``: the masked-attention path (``mlxcel.engine.accel.attention.mode``).
     ``limit_blas_threads``: small prefill matmuls run OpenBLAS on one thread (MLX's CPU
-    device; ``mlxcel.engine.cpu_blas``).
+    device; ``mlxcel.engine.accel.cpu_blas``).
     ``switch_interval``: ``sys.setswitchinterval`` for the process, or None to keep it.
     """
 
@@ -53,7 +53,7 @@ class EnginePolicy(msgspec.Struct, frozen=True, kw_only=True):
 
 def resolve_policy(config: EngineConfig) -> EnginePolicy:
     """The policy for this process's MLX device, the options' overrides applied."""
-    from mlxcel.engine import attention
+    from mlxcel.engine.accel import attention
     from mlxcel.engine.batch import prefill_align
 
     cuda = on_cuda()

@@ -14,7 +14,9 @@ import mlx.core as mx
 import msgspec
 import structlog
 
-from mlxcel.engine import attention, cpu_blas, fused_proj, mixed_batch
+from mlxcel.engine import mixed_batch
+from mlxcel.engine.accel import attention, cpu_blas, fused_proj
+from mlxcel.engine.accel.warmup import warm_up
 from mlxcel.engine.admission import Admission
 from mlxcel.engine.batch import (
     DecodeBatch,
@@ -30,7 +32,6 @@ from mlxcel.engine.prompt_cache import PromptCache
 from mlxcel.engine.scheduler import Plan
 from mlxcel.engine.sequence import Sequence, Sink, end_all
 from mlxcel.engine.trace import NullTrace, Trace
-from mlxcel.engine.warmup import warm_up
 from mlxcel.errors import GenerationFailed
 from mlxcel.settings import EngineConfig
 from mlxcel.types import GenerationRequest

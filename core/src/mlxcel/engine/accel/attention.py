@@ -9,12 +9,12 @@ of one small matmul against their shared KV head instead, so keys and values are
 and never copied.
 
 On CUDA the engine prefers one custom kernel per layer that reads each row from its first
-valid slot (``mlxcel.engine.varlen_attention``), where that kernel compiles and passes its
+valid slot (``mlxcel.engine.accel.varlen_attention``), where that kernel compiles and passes its
 self-check; the grouped path above is the fallback. The kernel also takes short prefill
 chunks (causal, left-padded rows), where MLX's CUDA SDPA would build a cuDNN plan for
 every new shape (~50 ms each on an H200).
 
-On MLX's CPU device the engine takes ``mlxcel.engine.cpu_attention`` for prefill chunks:
+On MLX's CPU device the engine takes ``mlxcel.engine.accel.cpu_attention`` for prefill chunks:
 the same attention with a softmax that avoids MLX's scalar CPU ``exp``, 1.4-1.7x faster
 per layer for a chunk of a few hundred tokens.
 
@@ -31,7 +31,7 @@ from typing import Any
 import mlx.core as mx
 
 from mlxcel.backend import mlx_device, on_cuda
-from mlxcel.engine import cpu_attention, varlen_attention
+from mlxcel.engine.accel import cpu_attention, varlen_attention
 from mlxcel.engine.kvcache import BatchCache
 
 

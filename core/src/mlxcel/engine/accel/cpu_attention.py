@@ -7,7 +7,7 @@ group (223K scores per layer) took 6 ms, almost all of a tiny model's prefill. H
 ``2^floor(y)`` (built in the float's exponent bits) times a degree-7 polynomial of the
 fraction, relative error < 1e-6 (float32 eps is 1.2e-7). The softmax takes about half the
 time (``bench/results/serving.md``, session 4). The engine uses it for prefill chunks
-(``mlxcel.engine.attention``).
+(``mlxcel.engine.accel.attention``).
 
 Scores are masked with the most negative float32 rather than -inf, like MLX's own
 fallback: a query row with no visible key (a left-padded prefill position) gets uniform

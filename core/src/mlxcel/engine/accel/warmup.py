@@ -90,7 +90,7 @@ def warm_up(model: Any, rope: Any | None, parallel: int, chunk: int, align: int,
     t = time.perf_counter()
     layers = len(make_prompt_cache(model))
     for rows in range(1, parallel + 1):
-        # the last row padded: the masked decode path (mlxcel.engine.attention) runs too
+        # the last row padded: the masked decode path (mlxcel.engine.accel.attention) runs too
         cache = [BatchCache([0] * (rows - 1) + [1], rope) for _ in range(layers)]
         logits = model(mx.zeros((rows, 1), mx.uint32), cache)[:, -1, :]
         mx.eval(mx.argmax(logits, axis=-1))
