@@ -300,3 +300,26 @@ def test_a_family_batch_cache_factory_is_used(mlxcel_checkpoint_cache):
         assert together == [run(solo, [r])[0][0] for r in reqs]
     finally:
         solo.shutdown()
+
+
+@pytest.mark.parametrize("name", ["gemma4", "gpt-oss", "qwen3-next"])
+def test_cuda_grouped_decode_attention_on_mlx_lm_batch_caches(name, mlxcel_checkpoint_cache):
+    """CUDA's grouped decode attention (forced here on the CPU) on mlx-lm's batch caches,
+    their rotating layers' rolled masks included, gives the tokens of solo runs (gpt-oss's
+    attention sinks keep MLX's own path)."""
+    path = checkpoint(name, mlxcel_checkpoint_cache)
+    reqs = [request(i, p, 6 + 2 * i) for i, p in enumerate(PROMPTS)]
+    solo = engine(path, parallel=1)
+    try:
+        alone = [run(solo, [r])[0][0] for r in reqs]
+    finally:
+        solo.shutdown()
+    e = engine(path, parallel=4, chunk=64, policy=cpu_policy(decode_attention="grouped"))
+    try:
+        together = [ids for ids, _ in run(e, reqs[:4], then=reqs[4:], stagger=0.01)]
+    finally:
+        e.shutdown()
+        from mlxcel.engine.accel import attention
+
+        attention.uninstall(e.worker.checkpoint.model)  # later tests get the CPU's path
+    assert together == alone

@@ -19,8 +19,10 @@ the same attention with a softmax that avoids MLX's scalar CPU ``exp``, 1.4-1.7x
 per layer for a chunk of a few hundred tokens.
 
 ``install(model)`` wraps the ``scaled_dot_product_attention`` that the model's mlx-lm
-module calls; on CUDA the wrapper takes these paths only for steps on the engine's own
-``BatchCache`` with an array mask, and calls the original otherwise.
+module calls; on CUDA the wrapper takes the kernel for steps on the engine's own
+``BatchCache`` with an array mask, the grouped path for decode steps with a boolean
+[B, 1, 1, L] mask on any batch cache (mlx-lm's batch caches too: sliding-window, KV-shared
+and hybrid models), and calls the original otherwise.
 """
 
 from __future__ import annotations
@@ -57,12 +59,14 @@ def _wrap(original: Any, mode: str) -> Any:
                 cpu_attention.attention(queries, keys, values, scale, mask)
             if out is not None:
                 return out
-        elif (isinstance(cache, BatchCache) and sinks is None and isinstance(mask, mx.array)
-                and mask.dtype == mx.bool_):
-            if mode == "varlen" and varlen_attention.supports(queries, keys, values):
+        elif sinks is None and isinstance(mask, mx.array) and mask.dtype == mx.bool_:
+            if (mode == "varlen" and isinstance(cache, BatchCache)
+                    and varlen_attention.supports(queries, keys, values)):
                 return varlen_attention.varlen_decode_attention(queries, keys, values, scale,
                                                                 cache.pad_array())
-            if queries.shape[2] == 1:
+            if queries.shape[2] == 1 and mask.ndim == 4 and mask.shape[1] == 1:
+                # any batch cache's decode mask ([B, 1, 1, L]): mlx-lm's, for every
+                # other cache mix, as well as the engine's BatchCache
                 return grouped_decode_attention(queries, keys, values, scale, mask)
         return original(queries, keys, values, cache=cache, scale=scale, mask=mask,
                         sinks=sinks)
