@@ -12,6 +12,10 @@ Llama-shaped model that is the ``BatchKVCache(left_padding)`` of earlier runs). 
 steps / time; the reference for a batch size is the faster of the two.
 
     python bench/gpu/raw_loop.py --model CKPT --batches 1,8,64 --steps 256 --out raw.json
+
+A ``--caches`` entry ``KIND+PATH`` (e.g. ``BatchKVCache+varlen``) also times KIND with
+mlxcel's masked decode attention PATH (``mlxcel.engine.accel.attention``); such variants
+are reported but are not the reference.
 """
 
 from __future__ import annotations
@@ -135,16 +139,20 @@ def main() -> int:
     print(f"loaded in {load_s:.1f}s on {mx.default_device()}", flush=True)
     runs = []
     for b in (int(x) for x in args.batches.split(",")):
-        for kind in args.caches.split(","):
-            r = measure(model, kind, b, args.prompt_len, args.steps, args.warmup)
+        for entry in args.caches.split(","):
+            kind, _, path = entry.partition("+")
+            r = measure(model, kind, b, args.prompt_len, args.steps, args.warmup,
+                        attention=path or None)
             runs.append(r)
             print(
-                f"B={b:<3} {kind:<12} {r['tok_s']:9.1f} tok/s  {r['ms_per_step']:7.2f} ms/step"
+                f"B={b:<3} {r['cache']:<22} {r['tok_s']:9.1f} tok/s  {r['ms_per_step']:7.2f} ms/step"
                 f"  (prefill {r['prefill_s'] * 1e3:.0f} ms)",
                 flush=True,
             )
     best: dict[str, dict] = {}
     for r in runs:
+        if " " in r["cache"]:
+            continue  # a variant (ragged rows, an attention path), not the reference
         k = str(r["batch"])
         if k not in best or r["tok_s"] > best[k]["tok_s"]:
             best[k] = r

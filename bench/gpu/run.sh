@@ -14,7 +14,10 @@
 # default 150, 100 for gemma4-e4b), REQ_CAP (requests per level at most; default 64, i.e.
 # 2 x C up to C = 32, then C; 128 with ARRIVAL=1), TARGETS (serving.py --targets; default
 # gpu, which is gpu-gemma4 for a gemma4 shape), LABEL, MLXCEL_SPAWN (default 1), TRACE (1:
-# mlxcel writes its engine timeline to $OUT/engine_trace.jsonl, see MLXCEL_ENGINE_TRACE).
+# mlxcel writes its engine timeline to $OUT/engine_trace.jsonl, see MLXCEL_ENGINE_TRACE),
+# RAW_CACHES (raw_loop.py --caches; default KVCache,BatchKVCache; KIND+PATH entries time
+# an mlxcel attention path too), ALT_ARGS / ALT_LABEL / ALT_CONC (a second mlxcel pass
+# with these extra arguments, labelled LABEL-ALT_LABEL, at ALT_CONC; default 64: an A/B).
 # One-question GPU probes are in bench/probes/ (bench/probes/README.md).
 #   SHAPE=tiny OUT=/tmp/gpu-test PY=.venv/bin/python bash bench/gpu/run.sh          # CPU dry run
 #   SHAPE=gemma4-tiny OUT=/tmp/gpu-g4 PY=.venv/bin/python bash bench/gpu/run.sh    # CPU dry run
@@ -40,6 +43,8 @@ REQ_CAP=${REQ_CAP:-64}
 TARGETS=${TARGETS:-gpu}
 LABEL=${LABEL:-$SHAPE}
 TRACE=${TRACE:-0}
+RAW_CACHES=${RAW_CACHES:-KVCache,BatchKVCache}
+ALT_ARGS=${ALT_ARGS:-}; ALT_LABEL=${ALT_LABEL:-alt}; ALT_CONC=${ALT_CONC:-64}
 MLXCEL_SPAWN=${MLXCEL_SPAWN:-1}   # 1: --mlxcel-spawn (Granian fork after CUDA init fails)
 export SERVING_STARTUP_TIMEOUT_S=${SERVING_STARTUP_TIMEOUT_S:-300}
 SPAWN=(); [ "$MLXCEL_SPAWN" = 1 ] && SPAWN=(--mlxcel-spawn)
@@ -74,7 +79,7 @@ PY
 
   log "raw loop"
   "$PY" bench/gpu/raw_loop.py --model "$CKPT" --batches "$CONC" --steps "$STEPS" \
-    --out "$OUT/raw_loop.json" || log "raw loop FAILED"
+    --caches "$RAW_CACHES" --out "$OUT/raw_loop.json" || log "raw loop FAILED"
 
   [ "$TRACE" = 1 ] && export MLXCEL_ENGINE_TRACE="$OUT/engine_trace.jsonl"
 
@@ -86,7 +91,15 @@ PY
     --level-deadline "$LEVEL_DEADLINE" --requests-cap "$REQ_CAP" "${SPAWN[@]}" "${RAW[@]}" \
     --targets "$TARGETS" --log-dir "$OUT/logs" --out "$OUT/serving_gpu.json" --fresh \
     || log "serving FAILED"
+  if [ -n "$ALT_ARGS" ]; then
+    log "serving, mlxcel $ALT_ARGS (label $LABEL-$ALT_LABEL)"
+    "$PY" bench/serving.py --model "$CKPT" --label "$LABEL-$ALT_LABEL" --modes defaults \
+      --servers mlxcel --mlxcel-args "$ALT_ARGS" --concurrency "$ALT_CONC" \
+      --max-tokens "$MAXTOK" --parallel "$PARALLEL" --level-deadline "$LEVEL_DEADLINE" \
+      --requests-cap "$REQ_CAP" "${SPAWN[@]}" "${RAW[@]}" --targets none \
+      --log-dir "$OUT/logs-alt" --out "$OUT/serving_gpu.json" || log "alt serving FAILED"
+  fi
   log "done"
 } 2>&1 | tee "$OUT/run.log"
-tar czf "$OUT/logs.tgz" -C "$OUT" logs 2>/dev/null && rm -rf "$OUT/logs"
+tar czf "$OUT/logs.tgz" -C "$OUT" $(cd "$OUT" && ls -d logs logs-alt 2>/dev/null) && rm -rf "$OUT/logs" "$OUT/logs-alt"
 ls -la "$OUT"

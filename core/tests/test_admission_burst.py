@@ -60,7 +60,7 @@ def test_burst_rows_take_at_most_one_chunk_of_columns_per_step(path):
     worker = worker_for(path, cache=False, chunk=16, parallel=12, burst_chunks=8)
     sinks = [submit(worker, p) for p in prompts]
     worker._drain(block=False)
-    assert worker._budget(worker._free()) == 64  # 4 arriving, nothing decoding
+    assert worker._budget(worker._free()) == 128  # nothing decoding: all 8 chunks
     job = worker._admit()
     assert len(job.seqs) == 4
     cols = record_steps(worker, job)
@@ -77,7 +77,8 @@ def test_a_long_prompt_arriving_alone_still_prefills_a_chunk_per_step(path):
         worker._iteration()
     long = submit(worker, list(range(3, 60)))  # 56 tokens to prefill
     worker._drain(block=False)
-    assert worker._budget(worker._free()) == 16  # 1 arriving at 1 decoding row
+    # 1 arriving at 1 decoding row: 8 chunks, but a row computes one chunk's columns a step
+    assert worker._budget(worker._free()) == 128
     job = worker._admit()
     cols = record_steps(worker, job)
     worker.prefilling = job

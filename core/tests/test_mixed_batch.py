@@ -323,3 +323,72 @@ def test_cuda_grouped_decode_attention_on_mlx_lm_batch_caches(name, mlxcel_check
 
         attention.uninstall(e.worker.checkpoint.model)  # later tests get the CPU's path
     assert together == alone
+
+
+@pytest.mark.parametrize("name", ["gemma4", "gemma3", "qwen3-next", "ministral"])
+def test_cuda_varlen_attention_on_mlx_lm_batch_caches(name, mlxcel_checkpoint_cache,
+                                                      monkeypatch):
+    """CUDA's one-kernel decode attention on mlx-lm's batch caches, with the kernel
+    replaced by its composed reference (the kernel itself is checked on CUDA at start-up):
+    rows start where the caches say they do, KV-shared layers take their source layer's
+    rows, and a wrapped window falls back to the mask. Tokens equal solo runs."""
+    from mlxcel.engine.accel import attention, varlen_attention
+
+    path = checkpoint(name, mlxcel_checkpoint_cache)
+    reqs = [request(i, p, 6 + 2 * i) for i, p in enumerate(PROMPTS)]
+    solo = engine(path, parallel=1)
+    try:
+        alone = [run(solo, [r])[0][0] for r in reqs]
+    finally:
+        solo.shutdown()
+    calls = {"cache": 0, "shared": 0}
+
+    def kernel(q, k, v, scale, starts):
+        calls["cache"] += 1
+        return varlen_attention.reference(q, k, v, scale, starts)
+
+    monkeypatch.setattr(varlen_attention, "available", lambda: True)
+    monkeypatch.setattr(varlen_attention, "supports", lambda q, k, v: True)
+    monkeypatch.setattr(varlen_attention, "varlen_decode_attention", kernel)
+    e = engine(path, parallel=4, chunk=64, policy=cpu_policy(decode_attention="varlen"))
+    try:
+        together = [ids for ids, _ in run(e, reqs[:4], then=reqs[4:], stagger=0.01)]
+    finally:
+        e.shutdown()
+        attention.uninstall(e.worker.checkpoint.model)
+    assert together == alone
+    assert calls["cache"] > 0
+
+
+def test_varlen_rows_of_a_kv_shared_layer_are_its_source_layers(monkeypatch):
+    """A KV-shared layer calls attention with no cache; given its source layer's mask
+    object, it gets its source layer's row starts (the kernel replaced by its reference;
+    an unknown mask falls back to the masked path)."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import BatchKVCache
+    from mlxcel.engine.accel import attention, varlen_attention
+
+    monkeypatch.setattr(varlen_attention, "supports", lambda q, k, v: True)
+    monkeypatch.setattr(varlen_attention, "varlen_decode_attention", varlen_attention.reference)
+    calls = []
+
+    def original(q, k, v, cache, scale, mask, sinks=None):
+        calls.append(cache)
+        return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
+
+    wrapped = attention._wrap(original, "varlen")
+    mx.random.seed(1)
+    cache = BatchKVCache([3, 0])
+    k = mx.random.normal((2, 2, 7, 16))
+    cache.update_and_fetch(k, mx.random.normal((2, 2, 7, 16)))
+    mask = cache.make_mask(1)  # the model makes it before the step's update
+    keys, values = cache.update_and_fetch(mx.random.normal((2, 2, 1, 16)),
+                                          mx.random.normal((2, 2, 1, 16)))
+    q = mx.random.normal((2, 4, 1, 16))
+    want = mx.fast.scaled_dot_product_attention(q, keys, values, scale=0.25, mask=mask)
+    source = wrapped(q, keys, values, cache, 0.25, mask)
+    shared = wrapped(q, keys, values, None, 0.25, mask)
+    assert mx.allclose(source, want, atol=1e-5) and mx.allclose(shared, want, atol=1e-5)
+    other = mask & mx.ones_like(mask)  # a mask no source layer gave: the masked path
+    assert mx.allclose(wrapped(q, keys, values, None, 0.25, other), want, atol=1e-5)
+    assert calls == []  # every call above took the kernel or the grouped path

@@ -86,9 +86,11 @@ def test_alignment_widens_every_tail():
 
 def test_burst_budget_grows_with_arrivals_per_decoding_row():
     burst = Limits(parallel=16, prefill_chunk=16, burst_chunks=8)
-    assert budget(burst, free=15, waiting=10, decoding=1) == 128  # min(8, 10 // 1) chunks
-    assert budget(burst, free=15, waiting=10, decoding=5) == 32
-    assert budget(burst, free=2, waiting=10, decoding=1) == 32  # only 2 fit
+    assert budget(burst, free=15, waiting=10, decoding=0) == 128  # nothing decodes: all 8
+    assert budget(burst, free=15, waiting=10, decoding=5) == 128  # ceil(8 x 10 / 5) > 8
+    assert budget(burst, free=15, waiting=1, decoding=63) == 16  # one arrives at a full batch
+    assert budget(burst, free=15, waiting=10, decoding=40) == 32  # ceil(8 x 10 / 40) = 2
+    assert budget(burst, free=3, waiting=10, decoding=40) == 16  # only 3 fit: ceil(24 / 40)
     assert budget(Limits(parallel=16, prefill_chunk=16), 15, 10, 1) == 16
     waiting = [Seq(tail=11) for _ in range(10)]
     assert len(form_group(sorted(waiting), 15, 128, burst, tail)) == 10

@@ -17,11 +17,13 @@ The rules, and why:
   widest uncached tail (each at most one chunk) fit in the step's token budget, and only
   where rows may be padded together (``grouped``) and neither is ``solo`` (admitted alone
   after its group could not be set up with it).
-* **Burst budget.** The budget is the prefill chunk, or where ``burst_chunks`` > 1 (CUDA),
-  up to that many chunks when many requests arrive at few decoding rows (W waiting that
-  fit, R decoding: W // R chunks). A wide group costs less per row than a narrow one, and
-  every group costs the running rows a step's wait and the batch a join, so a burst reaches
-  full speed sooner in few wide groups (docs/explanation/batching.md, "Bursts").
+* **Burst budget.** The budget is the prefill chunk, or where ``burst_chunks`` (N) > 1
+  (CUDA), a share of N chunks as large as the arrivals' share of the batch: W waiting that
+  fit and R rows decoding take ceil(N x W / R) chunks, at most N (all N when nothing
+  decodes). A wide group costs less per row than a narrow one, and every group costs the
+  running rows a step's wait and the batch a join, so a burst reaches full speed sooner in
+  few wide groups, while one request arriving at a full batch still takes a chunk
+  (docs/explanation/batching.md, "Bursts").
 * **Held groups.** Where ``hold_groups`` (CUDA: every join copies the batch and runs new
   shapes), a prefilled group waits to join with the next ones while the next waiting
   request can start at once and fits one chunk; while rows decode, at most
@@ -114,8 +116,10 @@ def budget(limits: Limits, free: int, waiting: int, decoding: int) -> int:
     if limits.burst_chunks <= 1:
         return limits.prefill_chunk
     arriving = min(free, waiting)
-    return limits.prefill_chunk * max(1, min(limits.burst_chunks,
-                                             arriving // max(1, decoding)))
+    if not decoding:
+        return limits.prefill_chunk * limits.burst_chunks
+    share = -(-limits.burst_chunks * arriving // decoding)  # ceil(N * W / R)
+    return limits.prefill_chunk * max(1, min(limits.burst_chunks, share))
 
 
 def form_group(ordered: Sequence[Any], free: int, step_budget: int, limits: Limits,

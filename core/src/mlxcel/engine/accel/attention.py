@@ -20,9 +20,11 @@ per layer for a chunk of a few hundred tokens.
 
 ``install(model)`` wraps the ``scaled_dot_product_attention`` that the model's mlx-lm
 module calls; on CUDA the wrapper takes the kernel for steps on the engine's own
-``BatchCache`` with an array mask, the grouped path for decode steps with a boolean
-[B, 1, 1, L] mask on any batch cache (mlx-lm's batch caches too: sliding-window, KV-shared
-and hybrid models), and calls the original otherwise.
+``BatchCache`` with an array mask and for decode steps on mlx-lm's ``BatchKVCache`` and
+unwrapped ``BatchRotatingKVCache`` (a KV-shared layer, which gets no cache, takes its
+source layer's rows: it gets the same mask), the grouped path for other decode steps with
+a boolean [B, 1, 1, L] mask (a wrapped sliding window, a head size the kernel lacks), and
+calls the original otherwise.
 """
 
 from __future__ import annotations
@@ -50,7 +52,29 @@ def grouped_decode_attention(queries: mx.array, keys: mx.array, values: mx.array
     return (weights @ values).reshape(b, hq, 1, values.shape[-1])
 
 
+def _starts(cache: Any, n: int) -> mx.array | None:
+    """Per row, the first slot that holds a token, where every slot after it does (what
+    the varlen kernel needs), or None: the engine's ``BatchCache`` always; for a decode
+    step, mlx-lm's ``BatchKVCache`` and a ``BatchRotatingKVCache`` that has not wrapped yet
+    (its window then still holds every token, from its left padding on)."""
+    if isinstance(cache, BatchCache):
+        return cache.pad_array()
+    if n != 1 or cache is None:
+        return None
+    from mlx_lm.models.cache import BatchKVCache, BatchRotatingKVCache
+
+    kind = type(cache)
+    if kind is BatchKVCache or (kind is BatchRotatingKVCache and not cache.rotated
+                                and cache._offset <= cache.max_size):
+        return mx.maximum(cache.left_padding, 0).astype(mx.int32)
+    return None
+
+
 def _wrap(original: Any, mode: str) -> Any:
+    # recent (mask, starts) by the mask's id, the mask held so that its id stays its own:
+    # a KV-shared layer gets no cache but its source layer's mask object
+    seen: dict[int, tuple[mx.array, mx.array]] = {}
+
     def scaled_dot_product_attention(queries, keys, values, cache, scale, mask, sinks=None):
         if mode == "composed":
             # prefill chunks only: a decode step's few scores cost less than the composed
@@ -60,10 +84,18 @@ def _wrap(original: Any, mode: str) -> Any:
             if out is not None:
                 return out
         elif sinks is None and isinstance(mask, mx.array) and mask.dtype == mx.bool_:
-            if (mode == "varlen" and isinstance(cache, BatchCache)
-                    and varlen_attention.supports(queries, keys, values)):
-                return varlen_attention.varlen_decode_attention(queries, keys, values, scale,
-                                                                cache.pad_array())
+            if mode == "varlen" and varlen_attention.supports(queries, keys, values):
+                starts = _starts(cache, queries.shape[2])
+                if starts is None and cache is None:
+                    known = seen.get(id(mask))
+                    starts = known[1] if known is not None and known[0] is mask else None
+                elif starts is not None and id(mask) not in seen:
+                    if len(seen) >= 4:
+                        del seen[next(iter(seen))]
+                    seen[id(mask)] = (mask, starts)
+                if starts is not None:
+                    return varlen_attention.varlen_decode_attention(queries, keys, values,
+                                                                    scale, starts)
             if queries.shape[2] == 1 and mask.ndim == 4 and mask.shape[1] == 1:
                 # any batch cache's decode mask ([B, 1, 1, L]): mlx-lm's, for every
                 # other cache mix, as well as the engine's BatchCache
