@@ -392,3 +392,19 @@ def test_varlen_rows_of_a_kv_shared_layer_are_its_source_layers(monkeypatch):
     other = mask & mx.ones_like(mask)  # a mask no source layer gave: the masked path
     assert mx.allclose(wrapped(q, keys, values, None, 0.25, other), want, atol=1e-5)
     assert calls == []  # every call above took the kernel or the grouped path
+
+
+def test_after_the_mixed_warm_up_the_engine_serves_as_without(mlxcel_checkpoint_cache):
+    path = checkpoint("gemma4", mlxcel_checkpoint_cache)
+    reqs = [request(i, p, 6 + 2 * i) for i, p in enumerate(PROMPTS)]
+    plain = engine(path, parallel=4, chunk=64)
+    try:
+        want = [ids for ids, _ in run(plain, reqs[:4], then=reqs[4:], stagger=0.01)]
+    finally:
+        plain.shutdown()
+    warmed = engine(path, parallel=4, chunk=64, policy=cpu_policy(warm_up=True))
+    try:
+        got = [ids for ids, _ in run(warmed, reqs[:4], then=reqs[4:], stagger=0.01)]
+    finally:
+        warmed.shutdown()
+    assert got == want

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import mlx.core as mx
+import pytest
 from mlxcel.engine.accel.warmup import prefill_shapes, warm_up
 from mlxcel.engine.kvcache import BatchCache, shared_position_rope
 
@@ -157,3 +158,30 @@ def test_one_layer_runs_the_first_layer_and_restores_the_rest(mlxcel_checkpoint_
     except RuntimeError:
         pass
     assert model.model.model.layers == layers
+
+
+@pytest.mark.parametrize("shape", ["gemma4_text", "qwen3_next", "gpt_oss"])
+def test_mixed_warm_up_plays_every_batch_cache_operation(shape, mlxcel_checkpoint_cache,
+                                                         monkeypatch):
+    """On mlx-lm's batch caches: a padded group (prepare / finalize), joins, a row
+    leaving, a copy out and a prompt extending it; afterwards the engine serves as before."""
+    from mlx_lm.models import cache as mlc
+    from mlxcel.engine import mixed_batch
+    from mlxcel.engine.accel.warmup import warm_mixed
+    from mlxcel.engine.loader import load_checkpoint
+    from mlxcel.plugins import load_plugins
+    from mlxcel.testing.checkpoint import cached_checkpoint
+
+    path = cached_checkpoint(shape, cache_dir=mlxcel_checkpoint_cache, dtype="float32")
+    seen: set[str] = set()
+    for name in ("join", "filter", "snapshots"):
+        real = getattr(mixed_batch.MixedOps, name)
+        monkeypatch.setattr(mixed_batch.MixedOps, name,
+                            staticmethod(lambda *a, _r=real, _n=name: (seen.add(_n), _r(*a))[1]))
+    for cls in (mlc.BatchKVCache, mlc.BatchRotatingKVCache, mlc.ArraysCache):
+        real_finalize = cls.finalize
+        monkeypatch.setattr(cls, "finalize",
+                            lambda self, _r=real_finalize: (seen.add("finalize"), _r(self))[1])
+    ckpt = load_checkpoint(str(path), load_plugins().families)
+    assert warm_mixed(ckpt.model, mixed_batch.merge_rows, ckpt.tokenizer.vocab_size) > 0
+    assert seen == {"join", "filter", "snapshots", "finalize"}

@@ -16,7 +16,7 @@ import structlog
 
 from mlxcel.engine import mixed_batch
 from mlxcel.engine.accel import attention, cpu_blas, fused_proj
-from mlxcel.engine.accel.warmup import warm_up
+from mlxcel.engine.accel.warmup import warm_mixed, warm_up
 from mlxcel.engine.admission import Admission
 from mlxcel.engine.batch import (
     DecodeBatch,
@@ -141,11 +141,14 @@ class EngineWorker(Admission, threading.Thread):
                     log.info("engine_blas_threads", threads=threads, reason="small matmuls")
             self.align = policy.prefill_align if self.path == "shared" else 1
             self.batch = self._new_batch()
-            if self.path == "shared" and policy.warm_up:
+            if policy.warm_up and self.batchable:
+                vocab = self.checkpoint.tokenizer.vocab_size
                 try:
-                    warm_up(self.checkpoint.model, self.rope, self.parallel,
-                            self.prefill_chunk, self.align, self.burst_chunks,
-                            self.checkpoint.tokenizer.vocab_size)
+                    if self.path == "shared":
+                        warm_up(model, self.rope, self.parallel, self.prefill_chunk,
+                                self.align, self.burst_chunks, vocab)
+                    else:
+                        warm_mixed(model, self.merge, vocab)
                 except Exception as exc:  # only a speed-up: serve without it
                     log.warning("engine_warmup_failed", error=f"{type(exc).__name__}: {exc}")
             self.memory_budget = request_budget(cfg.request_memory_budget)

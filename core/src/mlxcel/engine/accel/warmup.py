@@ -36,6 +36,7 @@ from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
 
 from mlxcel.engine.batch import DecodeBatch, PrefillJob
+from mlxcel.engine.cache_kinds import arrays
 from mlxcel.engine.kvcache import BatchCache
 from mlxcel.engine.sampling import RowRandom
 from mlxcel.types import SamplingParams
@@ -173,3 +174,52 @@ def warm_lifecycle(model: Any, rope: Any | None, vocab: int, align: int = 1) -> 
     rows[0].finished = rows[2].finished = rows[3].finished = True
     batch.drop_finished()  # finished rows are the majority: gathers of the cache
     _step(batch)
+
+
+def _mixed_prefilled(model: Any, rows: list[_Row], merge: Any,
+                     starts: list | None = None) -> Any:
+    from mlxcel.engine.mixed_batch import MixedPrefill
+
+    job = MixedPrefill(model, rows, starts or [None] * len(rows), merge)
+    while not job.step(8 * len(rows), 8):  # several chunks: the padded path's every op
+        pass
+    return job
+
+
+def warm_mixed(model: Any, merge: Any, vocab: int) -> float:
+    """``warm_lifecycle`` for a model on mlx-lm's batch caches (``mixed_batch``): a padded
+    group prefilled in chunks (``prepare`` / ``finalize``), groups joined (``extend``),
+    sampled and penalised rows, a row leaving (``filter``), rows copied out for the prompt
+    cache (``extract``) and a prompt extending one of them; seconds spent. Each op variant
+    of these caches is JIT-compiled by MLX's CUDA backend the first time it runs, and a
+    served step would wait for it."""
+    from mlxcel.engine.mixed_batch import MixedOps
+
+    t = time.perf_counter()
+    greedy = SamplingParams(temperature=0.0)
+    rows = [_Row(list(range(3, 43)), greedy),
+            _Row(list(range(3, 12)), SamplingParams(temperature=0.8, top_p=0.9, top_k=40)),
+            _Row(list(range(5, 17)), SamplingParams(temperature=0.7, seed=1, logprobs=True,
+                                                    top_logprobs=2)),
+            _Row([8, 9, 10], SamplingParams(temperature=0.0, repetition_penalty=1.1))]
+    batch = DecodeBatch(model, vocab, lazy_leave=True, ops=MixedOps)
+    batch.join([_mixed_prefilled(model, rows[:2], merge)])  # into an empty batch
+    batch.join([_mixed_prefilled(model, rows[2:], merge)])  # merged into a running one
+    _step(batch)
+    _step(batch)
+    rows[1].finished = True
+    batch.drop_finished()  # lazily: it stays
+    _step(batch)
+    (tokens, stored), = batch.snapshots([rows[0]])
+    mx.eval(arrays(stored.caches))
+    hit = _Row(list(tokens) + [20, 21], greedy)
+    hit.cached = len(tokens)  # the agent-turn case: the whole stored state is reused
+    batch.join([_mixed_prefilled(model, [hit], merge, [stored.prefix(len(tokens)).caches])])
+    _step(batch)
+    for row in (rows[0], rows[2], rows[3]):
+        row.finished = True
+    batch.drop_finished()  # finished rows are the majority: filtered out
+    _step(batch)
+    seconds = time.perf_counter() - t
+    log.info("engine_warmup", cache="mixed", seconds=round(seconds, 2))
+    return seconds
