@@ -346,12 +346,11 @@ RATIO_KEYS = ("agg_tok_s", "ttft_p50_ms", "ttft_p95_ms", "itl_p50_ms", "tpot_p50
 def compute_ratios(entry: dict[str, Any]) -> None:
     srv = entry["servers"]
     entry["ratios"] = {}
-    if not all(s in srv for s in SERVERS):
-        return
-    for c, a in srv["mlxcel"]["levels"].items():
-        b = srv["mlx_lm"]["levels"].get(c)
-        if b:
-            entry["ratios"][c] = {k: ratio(a[k], b[k]) for k in RATIO_KEYS}
+    if all(s in srv for s in SERVERS):
+        for c, a in srv["mlxcel"]["levels"].items():
+            b = srv["mlx_lm"]["levels"].get(c)
+            if b:
+                entry["ratios"][c] = {k: ratio(a[k], b[k]) for k in RATIO_KEYS}
     raw = entry.get("raw_loop")
     if raw:
         entry["vs_raw"] = {}
