@@ -4,9 +4,9 @@ On a Llama-3-8B-shaped layer stack of ``BatchCache`` (bf16, 32 layers, 8 KV head
 B rows of ~``--length`` tokens, capacity rounded up to 256), times each alone, as the engine
 runs them (graph built, then ``mx.async_eval`` = encode, then wait):
 
-* ``rows``: copying R finished rows out (what ``DecodeBatch.rows_kv`` does per layer), with
+* ``rows``: copying R finished rows out (what ``SharedOps.snapshots`` does per layer), with
   the gather taken from a slice of the buffer (the old code) or from the whole buffer;
-* ``rows_kv``-style per-row concatenation of all layers;
+* ``SharedOps.snapshots``-style per-row concatenation of all layers;
 * ``extend``: a group of G rows joining the batch (one new buffer per layer and side);
 * a plain allocation of the joined size (``mx.zeros``), new and repeated.
 
@@ -78,7 +78,7 @@ def main() -> int:
             return [mx.concatenate([layer[j][s] for layer in per_layer])
                     for j in range(len(idx)) for s in (0, 1)]
 
-        timed(f"[{trial}] rows_kv (per-row concatenation)", stacked)
+        timed(f"[{trial}] snapshots (per-row concatenation)", stacked)
         group = batch(8, 64 + trial)
 
         def join(caches=caches, group=group) -> list:

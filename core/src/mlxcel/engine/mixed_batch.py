@@ -49,6 +49,24 @@ def merger(model: Any, family: Any) -> Merge | None:
     return None
 
 
+def cache_path(model: Any, family: Any) -> tuple[str, Merge | None, bool]:
+    """(path, merge, grouped): ``shared`` (the engine's ``BatchCache``: plain KV layers
+    only, one per layer, and no family factory), ``mixed`` (this module: any other mix
+    whose caches batch, through ``merge``) or ``single`` (one slot); ``grouped``: rows
+    may prefill together, padded (``pads_state``). The rule is documented in
+    ``docs/reference/hooks.md``."""
+    from mlxcel.engine.batch import is_batchable
+
+    if not family.supports_batching:
+        return "single", None, False
+    if family.batch_cache is None and is_batchable(model):
+        return "shared", None, True
+    merge = merger(model, family)
+    if merge is None:
+        return "single", None, False
+    return "mixed", merge, family.batch_cache is not None or pads_state(model)
+
+
 def _leaves(cache: Any) -> list[Any]:
     inner = getattr(cache, "caches", None)
     return [leaf for c in inner for leaf in _leaves(c)] if inner is not None else [cache]

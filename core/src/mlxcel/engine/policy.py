@@ -21,9 +21,9 @@ class EnginePolicy(msgspec.Struct, frozen=True, kw_only=True):
     """The defaults are the neutral choices (Metal's).
 
     ``hold_groups``: prefilled groups wait to join the batch together (CUDA: every join
-    copies the batch and runs new shapes, ``Admission._defer_join``).
+    copies the batch and runs new shapes, ``scheduler.hold_group``).
     ``burst_chunks``: prefill tokens per step, in chunks, that a burst's group may take
-    (``Admission._budget``).
+    (``scheduler.budget``).
     ``lazy_leave``: finished rows stay in the batch until they are the majority or a group
     joins (``DecodeBatch``; CUDA, where dropping a row copies every other row).
     ``emit_first``: step n's tokens go out before step n+1 is queued (CUDA, where queuing

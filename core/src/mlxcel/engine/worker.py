@@ -21,7 +21,6 @@ from mlxcel.engine.admission import Admission
 from mlxcel.engine.batch import (
     DecodeBatch,
     PrefillJob,
-    is_batchable,
     row_logprobs,
 )
 from mlxcel.engine.cache_kinds import reuse_rule
@@ -164,22 +163,10 @@ class EngineWorker(Admission, threading.Thread):
         return True
 
     def _choose_path(self, model: Any, family: Any) -> None:
-        """Which caches the rows decode on (``path``): ``shared`` (``BatchCache``, plain
-        KV layers), ``mixed`` (mlx-lm's batch caches, any other mix; rows prefill
-        together where padding keeps their state, ``grouped``) or ``single`` (one slot,
-        no prompt cache). See ``docs/reference/hooks.md`` for the rule."""
-        self.merge = None
-        if not family.supports_batching:
-            self.path = "single"
-        elif family.batch_cache is None and is_batchable(model):
-            self.path = "shared"
-        else:
-            self.merge = mixed_batch.merger(model, family)
-            self.path = "mixed" if self.merge is not None else "single"
+        """Which caches the rows decode on (``mixed_batch.cache_path``); one slot and no
+        prompt cache where none batches."""
+        self.path, self.merge, self.grouped = mixed_batch.cache_path(model, family)
         self.batchable = self.path != "single"
-        self.grouped = self.path == "shared" or (
-            self.path == "mixed" and (family.batch_cache is not None
-                                      or mixed_batch.pads_state(model)))
         if self.path == "mixed":
             self.prompt_cache.reuse = reuse_rule(model.make_cache())
         elif self.path == "single":

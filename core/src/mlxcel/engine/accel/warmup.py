@@ -8,7 +8,7 @@ chunks it met for the first time (`bench/results/serving_gpu.md`, session 3). Th
 shapes are few: a decode step has one row per running sequence (1 .. ``parallel``) and a
 prefill chunk has rows x columns with columns a multiple of ``align`` (``prefill_align``)
 and rows x columns <= the chunk size (a single row may take a whole chunk; a burst's group
-up to ``burst`` chunks, see ``worker._budget``), so all of them are run here, on empty
+up to ``burst`` chunks, see ``scheduler.budget``), so all of them are run here, on empty
 caches, and thrown away; prefill shapes on the first decoder layer only, which meets every
 plan a layer needs at 1/layers of the compute.
 
@@ -48,7 +48,7 @@ def prefill_shapes(chunk: int, align: int, parallel: int | None = None,
                    burst: int = 1) -> list[tuple[int, int]]:
     """(rows, columns) of every prefill chunk the engine can run with these settings:
     columns a multiple of ``align`` up to ``chunk``, rows x columns up to ``burst`` chunks
-    (the engine's burst budget, ``worker._budget``) and rows up to ``parallel``."""
+    (the engine's burst budget, ``scheduler.budget``) and rows up to ``parallel``."""
     shapes = []
     for cols in range(align, chunk + 1, align):
         most = burst * chunk // cols if parallel is None else \
