@@ -83,6 +83,15 @@ def run(e, reqs, then=(), stagger=0.0):
     return asyncio.run(go())
 
 
+def solo_tokens(path, reqs):
+    """Each request's tokens on ``--parallel 1``, one request at a time."""
+    solo = engine(path, parallel=1)
+    try:
+        return [run(solo, [r])[0][0] for r in reqs]
+    finally:
+        solo.shutdown()
+
+
 def _batched(path, reqs, burst=False):
     """``reqs`` on ``--parallel 4``: the first four at once (one prefill group, padded to
     its longest prompt), the others one by one into the running batch. ``burst``: prefill
@@ -104,11 +113,7 @@ def test_batched_greedy_equals_solo(name, mlxcel_checkpoint_cache):
     every request gets the tokens it gets alone."""
     path = checkpoint(name, mlxcel_checkpoint_cache)
     reqs = [request(i, p, 6 + 2 * i) for i, p in enumerate(PROMPTS)]
-    solo = engine(path, parallel=1)
-    try:
-        alone = [run(solo, [r])[0][0] for r in reqs]
-    finally:
-        solo.shutdown()
+    alone = solo_tokens(path, reqs)
     worker, together, stats = _batched(path, reqs)
     assert worker.path == PATHS.get(name, "mixed")
     assert worker.grouped is (name != "jamba")
@@ -124,11 +129,7 @@ def test_padded_groups_prefilled_in_several_chunks(name, mlxcel_checkpoint_cache
     path = checkpoint(name, mlxcel_checkpoint_cache)
     long = [PROMPTS[i] for i in (5, 2, 4, 1)]  # 64, 40, 31, 23 tokens, chunks of 16
     reqs = [request(i, p, 8) for i, p in enumerate(long)]
-    solo = engine(path, parallel=1)
-    try:
-        alone = [run(solo, [r])[0][0] for r in reqs]
-    finally:
-        solo.shutdown()
+    alone = solo_tokens(path, reqs)
     _, together, stats = _batched(path, reqs, burst=True)
     assert together == alone
     assert stats.prefill_chunks_processed >= 2 and stats.sequences_started == 4
@@ -295,11 +296,7 @@ def test_a_family_batch_cache_factory_is_used(mlxcel_checkpoint_cache):
     finally:
         e.shutdown()
     assert MERGED and sum(MERGED) == 4
-    solo = engine(path, parallel=1)
-    try:
-        assert together == [run(solo, [r])[0][0] for r in reqs]
-    finally:
-        solo.shutdown()
+    assert together == solo_tokens(path, reqs)
 
 
 @pytest.mark.parametrize("name", ["gemma4", "gpt-oss", "qwen3-next"])
@@ -309,11 +306,7 @@ def test_cuda_grouped_decode_attention_on_mlx_lm_batch_caches(name, mlxcel_check
     attention sinks keep MLX's own path)."""
     path = checkpoint(name, mlxcel_checkpoint_cache)
     reqs = [request(i, p, 6 + 2 * i) for i, p in enumerate(PROMPTS)]
-    solo = engine(path, parallel=1)
-    try:
-        alone = [run(solo, [r])[0][0] for r in reqs]
-    finally:
-        solo.shutdown()
+    alone = solo_tokens(path, reqs)
     e = engine(path, parallel=4, chunk=64, policy=cpu_policy(decode_attention="grouped"))
     try:
         together = [ids for ids, _ in run(e, reqs[:4], then=reqs[4:], stagger=0.01)]
@@ -336,11 +329,7 @@ def test_cuda_varlen_attention_on_mlx_lm_batch_caches(name, mlxcel_checkpoint_ca
 
     path = checkpoint(name, mlxcel_checkpoint_cache)
     reqs = [request(i, p, 6 + 2 * i) for i, p in enumerate(PROMPTS)]
-    solo = engine(path, parallel=1)
-    try:
-        alone = [run(solo, [r])[0][0] for r in reqs]
-    finally:
-        solo.shutdown()
+    alone = solo_tokens(path, reqs)
     calls = {"cache": 0, "shared": 0}
 
     def kernel(q, k, v, scale, starts):

@@ -63,7 +63,23 @@ def _eval_cache(cache: list[Any]) -> None:
     mx.eval([c.state for c in cache])
 
 
-class PrefillJob:
+class Prefill:
+    """What every prefill job shares: its rows (``seqs``) and how many of its columns a
+    step computes."""
+
+    seqs: list[Sequence]
+
+    @property
+    def tokens_total(self) -> int:
+        return sum(len(s.req.prompt_tokens) - s.cached for s in self.seqs)
+
+    def per_row(self, chunk: int, max_cols: int | None) -> int:
+        """Columns per row for a step of ``chunk`` tokens in all, at most ``max_cols``."""
+        share = chunk // len(self.seqs)
+        return share if max_cols is None else min(max_cols, share)
+
+
+class PrefillJob(Prefill):
     """Prefills ``seqs`` (all but their last prompt token) a chunk per engine step."""
 
     def __init__(self, model: Any, seqs: list[Sequence], batchable: bool,
@@ -111,17 +127,11 @@ class PrefillJob:
         self.done_cols = start
         self.last_cols = 0  # columns the last step() computed
 
-    @property
-    def tokens_total(self) -> int:
-        return sum(len(s.req.prompt_tokens) - s.cached for s in self.seqs)
-
     def step(self, chunk: int, max_cols: int | None = None) -> bool:
         """Run one chunk (``chunk`` tokens in all, at most ``max_cols`` per row); True when
         the prompts are in the cache."""
         if self.done_cols < self.width:
-            per_row = chunk // len(self.seqs) if max_cols is None else \
-                min(max_cols, chunk // len(self.seqs))
-            cols = max(self.align, per_row // self.align * self.align)
+            cols = max(self.align, self.per_row(chunk, max_cols) // self.align * self.align)
             end = min(self.width, self.done_cols + cols)
             self.model(self.tokens[:, self.done_cols:end], self.cache)
             _eval_cache(self.cache)

@@ -24,6 +24,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from mlxcel.engine.batch import Prefill, is_batchable
 from mlxcel.engine.cache_kinds import RowCaches, arrays, owned
 from mlxcel.engine.sequence import Sequence
 from mlxcel.lazy import resolve
@@ -55,8 +56,6 @@ def cache_path(model: Any, family: Any) -> tuple[str, Merge | None, bool]:
     whose caches batch, through ``merge``) or ``single`` (one slot); ``grouped``: rows
     may prefill together, padded (``pads_state``). The rule is documented in
     ``docs/reference/hooks.md``."""
-    from mlxcel.engine.batch import is_batchable
-
     if not family.supports_batching:
         return "single", None, False
     if family.batch_cache is None and is_batchable(model):
@@ -98,7 +97,7 @@ def pads_state(model: Any) -> bool:
     return False
 
 
-class MixedPrefill:
+class MixedPrefill(Prefill):
     """Prefills ``seqs`` (each from ``starts[i]``, its caches for its first ``cached``
     tokens, or fresh) a chunk per engine step; the same interface as ``PrefillJob``."""
 
@@ -123,17 +122,11 @@ class MixedPrefill:
         if not self.width:
             self._finish()
 
-    @property
-    def tokens_total(self) -> int:
-        return sum(len(s.req.prompt_tokens) - s.cached for s in self.seqs)
-
     def step(self, chunk: int, max_cols: int | None = None) -> bool:
         """Run one chunk (``chunk`` tokens in all, at most ``max_cols`` per row); True when
         the prompts are in the cache."""
         if self.done_cols < self.width:
-            per_row = chunk // len(self.seqs) if max_cols is None else \
-                min(max_cols, chunk // len(self.seqs))
-            end = min(self.width, self.done_cols + max(1, per_row))
+            end = min(self.width, self.done_cols + max(1, self.per_row(chunk, max_cols)))
             self.model(self.tokens[:, self.done_cols:end], self.cache)
             self.last_cols, self.done_cols = end - self.done_cols, end
             if end < self.width:
