@@ -104,8 +104,25 @@ def test_api_key(auth_client, header, status, type_):
         assert "s3cret" not in r.text
 
 
+@pytest.mark.parametrize("headers,status", [
+    ({"x-api-key": "s3cret"}, 200),  # what the Anthropic SDK sends
+    ({"x-api-key": "wrong"}, 401),
+    ({"x-api-key": "  "}, 401),
+    ({"Authorization": "Bearer wrong", "x-api-key": "s3cret"}, 200),  # any one matches
+    ({"Authorization": "Bearer s3cret", "x-api-key": "wrong"}, 200),
+])
+def test_api_key_in_x_api_key(auth_client, headers, status):
+    r = auth_client.get("/v1/models", headers=headers)
+    assert r.status_code == status
+    if status == 401:
+        assert r.json()["error"]["type"] in ("invalid_api_key", "missing_api_key")
+        assert "s3cret" not in r.text and "wrong" not in r.text
+
+
 def test_api_key_not_accepted_in_query_and_health_open(auth_client):
-    assert auth_client.get("/v1/models?api_key=s3cret").status_code == 401
+    for query in ("api_key=s3cret", "key=s3cret", "x-api-key=s3cret", "token=s3cret"):
+        r = auth_client.get(f"/v1/models?{query}")
+        assert r.status_code == 401 and r.json()["error"]["type"] == "missing_api_key"
     assert auth_client.get("/health").status_code == 200
     assert auth_client.get("/").status_code == 200
     assert auth_client.post("/tokenize", json={"content": "x"}).status_code == 401

@@ -43,16 +43,25 @@ def _text(headers: dict[bytes, bytes], name: bytes) -> str | None:
     return None if value is None else value.decode("latin-1")
 
 
-def _auth_error(api_key: str, header: str | None) -> tuple[str, str] | None:
-    """None if allowed, else (type, message). Accepts ``Bearer <key>`` or the raw key."""
-    if not header or not header.strip():
-        return "missing_api_key", "Missing API key: send it as 'Authorization: Bearer <key>'"
-    token = header.strip()
-    if token[:7].lower() == "bearer ":
-        token = token[7:].strip()
-    if hmac.compare_digest(token.encode(), api_key.encode()):
-        return None
-    return "invalid_api_key", "Invalid API key"
+def _auth_error(api_key: str, authorization: str | None,
+                x_api_key: str | None = None) -> tuple[str, str] | None:
+    """None if allowed, else (type, message). The key may come as ``Authorization: Bearer
+    <key>``, as the raw key in ``Authorization``, or as ``x-api-key: <key>`` (what the
+    Anthropic SDK sends); any one that matches admits the request. Never from the query
+    string, where proxies and logs keep URLs. Every offered key is compared in constant
+    time, and no message repeats it."""
+    offered = []
+    if authorization and authorization.strip():
+        token = authorization.strip()
+        offered.append(token[7:].strip() if token[:7].lower() == "bearer " else token)
+    if x_api_key and x_api_key.strip():
+        offered.append(x_api_key.strip())
+    if not offered:
+        return "missing_api_key", ("Missing API key: send it as 'Authorization: Bearer <key>' "
+                                   "or 'x-api-key: <key>'")
+    expected = api_key.encode()
+    matches = [hmac.compare_digest(token.encode(), expected) for token in offered]
+    return None if any(matches) else ("invalid_api_key", "Invalid API key")
 
 
 class _Deadline:
@@ -204,7 +213,8 @@ class ServerMiddleware:
         if reason:
             return 403, "invalid_request_error", reason, None
         if self.cfg.api_key and scope["path"] not in OPEN_PATHS:
-            auth = _auth_error(self.cfg.api_key, _text(headers, b"authorization"))
+            auth = _auth_error(self.cfg.api_key, _text(headers, b"authorization"),
+                               _text(headers, b"x-api-key"))
             if auth:
                 return 401, auth[0], auth[1], auth[0]
         if scope.get("method") == "POST":

@@ -127,7 +127,8 @@ OPTIONS: list[tuple[tuple[str, ...], str, Any, Any, str, str]] = [
     (("--host",), "host", str, "127.0.0.1", "LLAMA_ARG_HOST", "address to listen on"),
     (("--port",), "port", int, 8080, "LLAMA_ARG_PORT", "port to listen on"),
     (("--api-key",), "api_key", str, None, "LLAMA_API_KEY",
-     "require this key (Authorization: Bearer <key>) on every route but /health and /; "
+     "require this key (Authorization: Bearer <key>, or x-api-key: <key>) on every route "
+     "but /health and /; "
      "prefer the env twin or --api-key-file (a flag shows in ps)"),
     (("--api-key-file",), "api_key_file", str, None, "MLXCEL_API_KEY_FILE",
      "read the API key from this file's first line (not shown in ps, unlike --api-key)"),
