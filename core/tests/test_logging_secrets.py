@@ -8,9 +8,13 @@ import json
 import pytest
 from litestar import Litestar, Request, get
 from litestar.testing import TestClient
-from mlxcel.app import EXCEPTION_HANDLERS, guard_app
+from mlxcel.app import guard_app
+from mlxcel.dialects.shapes import ErrorShapes
 from mlxcel.logging import REDACTED, Redactor, configure
+from mlxcel.plugins import load_plugins
 from mlxcel.settings import Settings
+
+SHAPES = ErrorShapes(load_plugins().dialects)  # the OpenAI shape by default
 
 KEY = "sk-live-0123456789abcdef"
 LOCAL_MARK = "frame-local-value-7f3a"
@@ -32,8 +36,8 @@ def restore_logging():
 
 def fail_once(fmt: str, capsys) -> tuple[object, str]:
     configure(fmt, secrets=[KEY])
-    app = guard_app(Litestar([boom], exception_handlers=EXCEPTION_HANDLERS),
-                    Settings(api_key=KEY))
+    app = guard_app(Litestar([boom], exception_handlers=SHAPES.app_handlers()),
+                    Settings(api_key=KEY), shapes=SHAPES)
     capsys.readouterr()
     with TestClient(app, raise_server_exceptions=False) as c:
         resp = c.get("/boom", headers={"Authorization": f"Bearer {KEY}",

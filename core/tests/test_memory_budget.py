@@ -77,6 +77,9 @@ def test_over_budget_request_is_refused_before_it_runs(tiny_checkpoint):
         assert ok[-1].finish_reason == "length"
         assert err.extra["budget_bytes"] == 200 << 10
         assert err.extra["estimated_bytes"] > err.extra["budget_bytes"]
-        assert err.status == 503 and err.type == err.code == "request_memory_budget_exceeded"
+        from mlxcel.dialects.openai.errors import error_type
+
+        assert err.status == 503
+        assert error_type(err) == err.code == "request_memory_budget_exceeded"
     finally:
         engine.shutdown()

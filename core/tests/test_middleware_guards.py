@@ -10,10 +10,14 @@ import pytest
 from litestar import Litestar, Request, get, post
 from litestar.response import Stream
 from litestar.testing import TestClient
-from mlxcel.app import EXCEPTION_HANDLERS, guard_app
+from mlxcel.app import guard_app
+from mlxcel.dialects.shapes import ErrorShapes
 from mlxcel.http_guard import HostPolicy, content_type_denial, request_id
 from mlxcel.logging import configure
+from mlxcel.plugins import load_plugins
 from mlxcel.settings import Settings
+
+SHAPES = ErrorShapes(load_plugins().dialects)  # the OpenAI shape by default
 
 KEY = "k-guard-test"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -54,8 +58,8 @@ async def stream() -> Stream:
 
 
 def guarded(listening: bool = False, **settings) -> Litestar:
-    app = Litestar([health, ping, echo, stream], exception_handlers=EXCEPTION_HANDLERS)
-    return guard_app(app, Settings(**settings), listening=listening)
+    app = Litestar([health, ping, echo, stream], exception_handlers=SHAPES.app_handlers())
+    return guard_app(app, Settings(**settings), listening=listening, shapes=SHAPES)
 
 
 def client(base_url: str = "http://testserver.local", **kw) -> TestClient:

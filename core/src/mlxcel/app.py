@@ -10,13 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-from litestar import Litestar, Request, Response
-from litestar.exceptions import HTTPException, ValidationException
+from litestar import Litestar, Router
 
 from mlxcel.context import AppContext
+from mlxcel.dialects.shapes import ErrorShapes, router_handlers
 from mlxcel.engine.client import EngineClient
 from mlxcel.engine.prompt_cache import PromptCache
-from mlxcel.errors import MlxcelError
 from mlxcel.http_guard import HostPolicy
 from mlxcel.lazy import resolve
 from mlxcel.logging import configure
@@ -27,56 +26,25 @@ from mlxcel.serving import on_end_streams
 from mlxcel.settings import EngineConfig, Settings, failure_file
 
 log = structlog.get_logger("mlxcel.app")
-_HTTP_TYPES = {400: "invalid_request_error", 401: "invalid_api_key", 404: "not_found_error",
-               405: "invalid_request_error", 408: "invalid_request_error",
-               413: "invalid_request_error", 415: "invalid_request_error"}
 STREAM_FLUSH_S = 0.5  # how long open streams get to send their error frame before exit
 
 
-def openai_error(status: int, message: str, type_: str, code: str | None = None,
-                 **extra: Any) -> Response:
-    return Response({"error": {"message": message, "type": type_, "code": code, **extra}},
-                    status_code=status, media_type="application/json")
-
-
-def _mlxcel_error(request: Request, exc: MlxcelError) -> Response:
-    extra = {"param": exc.param} if exc.param else {}
-    return openai_error(exc.status, exc.message, exc.type, exc.code, **extra, **exc.extra)
-
-
-def _http_error(request: Request, exc: HTTPException) -> Response:
-    status = exc.status_code
-    if status == 404:
-        message = f"Not found: {request.method} {request.url.path}"
-    elif isinstance(exc, ValidationException):
-        message = f"Invalid request: {exc.detail}"
-    else:
-        message = exc.detail
-    return openai_error(status, message, _HTTP_TYPES.get(status, "server_error"))
-
-
-def _unexpected(request: Request, exc: Exception) -> Response:
-    """Any other exception: logged once with its plain traceback, answered with a generic
-    500 ``server_error`` (the message never carries internals)."""
-    log.exception("unhandled_error", route=request.url.path)
-    return openai_error(500, "Internal server error", "server_error")
-
-
-EXCEPTION_HANDLERS: dict[Any, Any] = {MlxcelError: _mlxcel_error, HTTPException: _http_error,
-                                      Exception: _unexpected}
-
-
-def guard_config(settings: Settings, listening: bool) -> GuardConfig:
+def guard_config(settings: Settings, listening: bool,
+                 shapes: ErrorShapes | None = None) -> GuardConfig:
     hosts = HostPolicy.from_settings(settings.host, settings.allowed_hosts, listening)
     return GuardConfig(api_key=settings.api_key, hosts=hosts,
-                       body_timeout=settings.body_timeout, write_timeout=settings.timeout)
+                       body_timeout=settings.body_timeout, write_timeout=settings.timeout,
+                       error_body=(shapes or ErrorShapes({})).encode)
 
 
-def guard_app(app: Litestar, settings: Settings, listening: bool = False) -> Litestar:
+def guard_app(app: Litestar, settings: Settings, listening: bool = False,
+              shapes: ErrorShapes | None = None) -> Litestar:
     """Put ``ServerMiddleware`` around Litestar's whole request handler (router and exception
     handling), not around matched routes only, so 404s and 405s pass the same checks.
-    ``listening``: the app serves ``settings.host`` (the loopback Host check applies)."""
-    app.asgi_handler = ServerMiddleware(app.asgi_handler, guard_config(settings, listening))
+    ``listening``: the app serves ``settings.host`` (the loopback Host check applies);
+    ``shapes``: the dialects' error bodies by path."""
+    app.asgi_handler = ServerMiddleware(app.asgi_handler,
+                                        guard_config(settings, listening, shapes))
     return app
 
 
@@ -112,9 +80,11 @@ def create_app(settings: Settings, plugins: Plugins | None = None,
     metrics = Metrics(engine)
     ctx = AppContext(settings=settings, plugins=plugins, engine=engine,
                      model_name=model_display_name(settings), metrics=metrics)
+    shapes = ErrorShapes(plugins.dialects)
     handlers: list[Any] = []
-    for _, dialect in plugins.dialects.items():
-        handlers.extend(resolve(dialect.routes)(ctx))
+    for name, dialect in plugins.dialects.items():
+        handlers.append(Router("/", route_handlers=resolve(dialect.routes)(ctx),
+                               exception_handlers=router_handlers(shapes.of_dialect[name])))
     if settings.metrics:
         handlers.append(metrics_route(metrics))
     startup: list[Any] = [engine.start]
@@ -124,14 +94,14 @@ def create_app(settings: Settings, plugins: Plugins | None = None,
         shutdown.append(metrics.stop_serving)
     app = Litestar(
         route_handlers=handlers,
-        exception_handlers=EXCEPTION_HANDLERS,
+        exception_handlers=shapes.app_handlers(),
         on_startup=startup,
         on_shutdown=shutdown,
         state={"ctx": ctx},
         openapi_config=None,
         debug=False,
     )
-    return guard_app(app, settings, listening)
+    return guard_app(app, settings, listening, shapes)
 
 
 def engine_failure(engine: EngineClient) -> tuple[str, bool] | None:

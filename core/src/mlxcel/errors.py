@@ -1,4 +1,7 @@
-"""Errors that carry meaning; each dialect maps them to its own wire format."""
+"""Errors that carry meaning only: an HTTP status, a reason ``code`` where the spec names
+one, the message and its fields. No wire ``type`` string lives here: each dialect maps
+these classes to its own error body (``Dialect.errors``; the OpenAI one is
+``mlxcel.dialects.openai.errors``)."""
 
 from __future__ import annotations
 
@@ -7,7 +10,6 @@ class MlxcelError(Exception):
     """Base class. ``status`` is the HTTP status a dialect should use."""
 
     status = 500
-    type = "server_error"
     code: str | None = None
 
     def __init__(self, message: str, *, code: str | None = None, param: str | None = None,
@@ -22,7 +24,6 @@ class MlxcelError(Exception):
 
 class InvalidRequest(MlxcelError):
     status = 400
-    type = "invalid_request_error"
 
 
 class BodyTimeout(InvalidRequest):
@@ -37,22 +38,44 @@ class ContextLengthExceeded(InvalidRequest):
 
 class CapabilityNotSupported(MlxcelError):
     status = 501
-    type = "not_supported_error"
 
 
 class NotFound(MlxcelError):
     status = 404
-    type = "not_found_error"
 
 
 class Unauthorized(MlxcelError):
     status = 401
-    type = "invalid_api_key"
+
+
+class MissingApiKey(Unauthorized):
+    code = "missing_api_key"
+
+
+class InvalidApiKey(Unauthorized):
+    code = "invalid_api_key"
+
+
+class Forbidden(MlxcelError):
+    """The Host or Origin is not allowed (``mlxcel.http_guard``)."""
+
+    status = 403
+
+
+class MethodNotAllowed(InvalidRequest):
+    status = 405
+
+
+class PayloadTooLarge(InvalidRequest):
+    status = 413
+
+
+class UnsupportedMediaType(InvalidRequest):
+    status = 415
 
 
 class Overloaded(MlxcelError):
     status = 503
-    type = "server_busy"
 
 
 class ModelLoading(Overloaded):
@@ -61,7 +84,6 @@ class ModelLoading(Overloaded):
 
 class MemoryBudgetExceeded(MlxcelError):
     status = 503
-    type = "request_memory_budget_exceeded"
     code = "request_memory_budget_exceeded"
 
     def __init__(self, estimated: int, budget: int) -> None:
@@ -73,7 +95,13 @@ class MemoryBudgetExceeded(MlxcelError):
 
 class GenerationFailed(MlxcelError):
     status = 500
-    type = "server_error"
+
+
+class ServerError(MlxcelError):
+    """Anything unexpected: the message never carries internals."""
+
+    def __init__(self, message: str = "Internal server error") -> None:
+        super().__init__(message)
 
 
 class PluginError(Exception):

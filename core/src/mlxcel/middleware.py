@@ -12,7 +12,8 @@ from typing import Any
 import msgspec
 import structlog
 
-from mlxcel.errors import BodyTimeout
+from mlxcel import errors
+from mlxcel.errors import BodyTimeout, MlxcelError
 from mlxcel.http_guard import HostPolicy, content_type_denial, request_id
 
 log = structlog.get_logger("mlxcel.http")
@@ -28,6 +29,8 @@ class GuardConfig(msgspec.Struct, frozen=True, kw_only=True):
     hosts: HostPolicy = HostPolicy(None)
     body_timeout: float = 60.0
     write_timeout: float = 600.0
+    # (path, error) -> body bytes: the dialect owning the path (mlxcel.dialects.shapes)
+    error_body: Any = None
 
 
 def _headers(scope: dict) -> dict[bytes, bytes]:
@@ -44,8 +47,8 @@ def _text(headers: dict[bytes, bytes], name: bytes) -> str | None:
 
 
 def _auth_error(api_key: str, authorization: str | None,
-                x_api_key: str | None = None) -> tuple[str, str] | None:
-    """None if allowed, else (type, message). The key may come as ``Authorization: Bearer
+                x_api_key: str | None = None) -> MlxcelError | None:
+    """None if allowed, else the error. The key may come as ``Authorization: Bearer
     <key>``, as the raw key in ``Authorization``, or as ``x-api-key: <key>`` (what the
     Anthropic SDK sends); any one that matches admits the request. Never from the query
     string, where proxies and logs keep URLs. Every offered key is compared in constant
@@ -57,11 +60,11 @@ def _auth_error(api_key: str, authorization: str | None,
     if x_api_key and x_api_key.strip():
         offered.append(x_api_key.strip())
     if not offered:
-        return "missing_api_key", ("Missing API key: send it as 'Authorization: Bearer <key>' "
-                                   "or 'x-api-key: <key>'")
+        return errors.MissingApiKey("Missing API key: send it as 'Authorization: Bearer "
+                                    "<key>' or 'x-api-key: <key>'")
     expected = api_key.encode()
     matches = [hmac.compare_digest(token.encode(), expected) for token in offered]
-    return None if any(matches) else ("invalid_api_key", "Invalid API key")
+    return None if any(matches) else errors.InvalidApiKey("Invalid API key")
 
 
 class _Deadline:
@@ -92,8 +95,8 @@ class _Deadline:
         return False
 
 
-def _error_body(message: str, type_: str, code: str | None) -> bytes:
-    return _encode({"error": {"message": message, "type": type_, "code": code}})
+def _plain_body(path: str, exc: MlxcelError) -> bytes:
+    return _encode({"error": {"message": exc.message, "code": exc.code}})
 
 
 class _Exchange:
@@ -162,9 +165,9 @@ class _Exchange:
             self._gone_future().set_result(None)
             log.warning("write_timeout", timeout_s=self.cfg.write_timeout)
 
-    async def reject(self, status: int, type_: str, message: str, code: str | None) -> None:
-        body = _error_body(message, type_, code)
-        await self.send({"type": "http.response.start", "status": status,
+    async def reject(self, exc: MlxcelError, path: str) -> None:
+        body = (self.cfg.error_body or _plain_body)(path, exc)
+        await self.send({"type": "http.response.start", "status": exc.status,
                          "headers": [(b"content-type", b"application/json"),
                                      (b"content-length", str(len(body)).encode())]})
         await self.send({"type": "http.response.body", "body": body})
@@ -195,37 +198,36 @@ class ServerMiddleware:
             try:
                 denied = self._denial(scope, headers)
                 if denied:
-                    await ex.reject(*denied)
+                    await ex.reject(denied, scope["path"])
                 else:
                     await self.app(scope, ex.receive, ex.send)
             except Exception:
-                await self._failed(ex)
+                await self._failed(ex, scope["path"])
             finally:
                 usage = state.get("usage") or (None, None)
                 log.info("request", method=scope.get("method"), route=scope["path"],
                          status=ex.status, ms=round((time.perf_counter() - started) * 1000, 1),
                          prompt_tokens=usage[0], completion_tokens=usage[1])
 
-    def _denial(self, scope: dict, headers: dict[bytes, bytes]
-                ) -> tuple[int, str, str, str | None] | None:
+    def _denial(self, scope: dict, headers: dict[bytes, bytes]) -> MlxcelError | None:
         """The first edge rule the request breaks: Host/Origin (403), key (401), type (415)."""
         reason = self.cfg.hosts.denial(_text(headers, b"host"), _text(headers, b"origin"))
         if reason:
-            return 403, "invalid_request_error", reason, None
+            return errors.Forbidden(reason)
         if self.cfg.api_key and scope["path"] not in OPEN_PATHS:
             auth = _auth_error(self.cfg.api_key, _text(headers, b"authorization"),
                                _text(headers, b"x-api-key"))
             if auth:
-                return 401, auth[0], auth[1], auth[0]
+                return auth
         if scope.get("method") == "POST":
             browser = any(name in headers for name in _BROWSER_HEADERS)
             reason = content_type_denial(_text(headers, b"content-type"), browser)
             if reason:
-                return 415, "invalid_request_error", reason, None
+                return errors.UnsupportedMediaType(reason)
         return None
 
     @staticmethod
-    async def _failed(ex: _Exchange) -> None:
+    async def _failed(ex: _Exchange, path: str) -> None:
         """An exception the app did not turn into a response: after a write timeout it is
         the abandoned response ending; anything else is logged once and, if nothing was
         sent, answered with a 500."""
@@ -234,6 +236,6 @@ class ServerMiddleware:
         log.exception("unhandled_error")
         if not ex.started:
             try:
-                await ex.reject(500, "server_error", "Internal server error", None)
+                await ex.reject(errors.ServerError(), path)
             except Exception:  # the client is gone; nothing more to tell it
                 return

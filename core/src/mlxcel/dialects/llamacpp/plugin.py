@@ -8,6 +8,8 @@ from mlxcel.hookspecs import hookimpl
 
 @hookimpl
 def mlxcel_register_dialects(registry) -> None:
-    registry.register("llamacpp", Dialect(name="llamacpp",
-                                          routes="mlxcel.dialects.llamacpp.routes:build",
-                                          description="llama-server native routes"))
+    registry.register("llamacpp", Dialect(
+        name="llamacpp", routes="mlxcel.dialects.llamacpp.routes:build",
+        description="llama-server native routes",
+        errors="mlxcel.dialects.openai.errors:error_body",  # llama-server's own shape
+        prefixes=("/tokenize", "/detokenize", "/props", "/slots", "/health", "/v1/cache")))

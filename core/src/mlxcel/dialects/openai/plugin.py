@@ -8,5 +8,8 @@ from mlxcel.hookspecs import hookimpl
 
 @hookimpl
 def mlxcel_register_dialects(registry) -> None:
-    registry.register("openai", Dialect(name="openai", routes="mlxcel.dialects.openai.routes:build",
-                                        description="OpenAI chat/completions/models"))
+    registry.register("openai", Dialect(
+        name="openai", routes="mlxcel.dialects.openai.routes:build",
+        description="OpenAI chat/completions/models",
+        errors="mlxcel.dialects.openai.errors:error_body",
+        prefixes=("/v1", "/chat", "/completions", "/models")))
