@@ -31,13 +31,13 @@ ACME_PLUGIN = '''
 """acme: a tool-call format and a model family. Heavy code is named, not imported."""
 
 from mlxcel.families.api import Family
-from mlxcel.hookspecs import hookimpl
+from mlxcel import hookimpl
 from mlxcel.toolcalls.api import ToolFormat
 
 
 @hookimpl
 def mlxcel_register_tool_formats(registry):
-    registry.register("acme-xml", ToolFormat(
+    registry.add(ToolFormat(
         name="acme-xml",
         detect=lambda t: "<acme_call>" in t,
         parser="acme_mlxcel.parser:new_parser",
@@ -46,7 +46,7 @@ def mlxcel_register_tool_formats(registry):
 
 @hookimpl
 def mlxcel_register_families(registry):
-    registry.register("acme", Family(
+    registry.add(Family(
         name="acme",
         model_types=("acme_lm",),
         loader="acme_mlxcel.loader:load",
@@ -95,12 +95,12 @@ def load(path, options):
 
 LLAMA_PLUGIN = """
 from mlxcel.families.api import Family
-from mlxcel.hookspecs import hookimpl
+from mlxcel import hookimpl
 
 
 @hookimpl
 def mlxcel_register_families(registry):
-    registry.register("acme-llama", Family(
+    registry.add(Family(
         name="acme-llama", model_types=("llama",), loader="acme_llama.loader:load"))
 """
 

@@ -48,7 +48,7 @@ def test_core_errors_name_no_wire_type():
 
 def _client(checkpoint, **settings):
     plugins = load_plugins()
-    plugins.dialects.register("messages-test", Dialect(
+    plugins.dialects.add(Dialect(
         name="messages-test", routes=f"{__name__}:build", errors=f"{__name__}:anthropic_body",
         prefixes=("/v1/messages",)))
     app = create_app(Settings(model=str(checkpoint), alias="tiny", **settings), plugins)

@@ -131,9 +131,9 @@ def test_an_installed_family_takes_precedence_for_its_types(families, tmp_path):
     reg = FamilyRegistry()
     for key, family in families.items():
         reg.current_owner = families.owner(key)
-        reg.register(key, family)
+        reg.add(family)
     reg.current_owner = "family-gemma3"
-    reg.register("gemma3", Family(name="gemma3", model_types=("gemma3_text",),
+    reg.add(Family(name="gemma3", model_types=("gemma3_text",),
                                   loader="pkg_gemma3.loader:load"))
     assert select_family(reg, {"model_type": "gemma3_text"}, tmp_path).name == "gemma3"
     assert select_family(reg, {"model_type": "gpt_oss"}, tmp_path).name == "mlx-lm-generic"
@@ -143,7 +143,7 @@ def test_two_fallback_families_accepting_one_type_name_both():
     reg = FamilyRegistry()
     for owner, name in (("family-one", "one"), ("family-two", "two")):
         reg.current_owner = owner
-        reg.register(name, Family(name=name, model_types=(), loader="pkg.loader:load",
+        reg.add(Family(name=name, model_types=(), loader="pkg.loader:load",
                                   accepts="mlxcel.builtin.mlx_lm_types:accepts"))
     with pytest.raises(StartupError) as err:
         reg.for_model_type("gpt_oss", {})

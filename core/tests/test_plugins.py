@@ -7,6 +7,7 @@ import textwrap
 from pathlib import Path
 
 import mlxcel
+import msgspec
 import pytest
 from mlxcel.dialects.api import Dialect
 from mlxcel.errors import PluginError, StartupError
@@ -33,27 +34,34 @@ def _no_plugin_env(monkeypatch: pytest.MonkeyPatch) -> None:
 # --- Registry -----------------------------------------------------------------------------
 
 
+class Widget(msgspec.Struct, frozen=True):
+    name: str | None
+
+
 def test_registry_refuses_duplicates_naming_both_owners() -> None:
-    reg: Registry[int] = Registry("widget")
+    reg: Registry[Widget] = Registry("widget")
     reg.current_owner = "plugin-a"
-    reg.register("w", 1)
+    first = Widget("w")
+    reg.add(first)
     reg.current_owner = "plugin-b"
     with pytest.raises(PluginError) as err:
-        reg.register("w", 2)
+        reg.add(Widget("w"))
     msg = str(err.value)
     assert "widget 'w'" in msg and "'plugin-a'" in msg and "'plugin-b'" in msg
-    assert reg.get("w") == 1 and reg.owner("w") == "plugin-a"
+    assert reg.get("w") is first and reg.owner("w") == "plugin-a"
     assert reg.keys_of("plugin-a") == ["w"] and reg.keys_of("plugin-b") == []
 
 
-def test_registry_refuses_empty_key_and_lists_known_keys_on_miss() -> None:
-    reg: Registry[int] = Registry("widget")
+def test_registry_keys_items_by_their_own_name() -> None:
+    reg: Registry[Widget] = Registry("widget")
     reg.current_owner = "plugin-a"
-    with pytest.raises(PluginError, match="plugin-a"):
-        reg.register("", 1)
-    reg.register("b", 2)
-    reg.register("a", 1)
+    for nameless in (Widget(""), Widget(None), 3):
+        with pytest.raises(PluginError, match="plugin-a.*non-empty name"):
+            reg.add(nameless)
+    reg.add(Widget("b"))
+    reg.add(Widget("a"))
     assert list(reg) == ["b", "a"] and len(reg) == 2 and "a" in reg
+    assert reg.get("a").name == "a"
     with pytest.raises(KeyError, match=r"known: a, b"):
         reg.get("zzz")
 
@@ -68,10 +76,10 @@ def _family(name: str, *model_types: str, **kw) -> Family:
 def test_family_registry_refuses_duplicate_model_type_naming_both() -> None:
     reg = FamilyRegistry()
     reg.current_owner = "family-alpha"
-    reg.register("alpha", _family("alpha", "llama", "alpha_lm"))
+    reg.add(_family("alpha", "llama", "alpha_lm"))
     reg.current_owner = "family-beta"
     with pytest.raises(PluginError) as err:
-        reg.register("beta", _family("beta", "beta_lm", "llama"))
+        reg.add(_family("beta", "beta_lm", "llama"))
     msg = str(err.value)
     assert "'llama'" in msg
     assert "'alpha'" in msg and "'family-alpha'" in msg
@@ -86,20 +94,20 @@ def test_family_registry_refuses_duplicate_model_type_naming_both() -> None:
 def test_family_registry_refuses_duplicate_family_name() -> None:
     reg = FamilyRegistry()
     reg.current_owner = "family-one"
-    reg.register("same", _family("same", "t1"))
+    reg.add(_family("same", "t1"))
     reg.current_owner = "family-two"
     with pytest.raises(PluginError, match="family-one.*family-two"):
-        reg.register("same", _family("same", "t2"))
+        reg.add(_family("same", "t2"))
 
 
 def test_family_registry_refuses_unknown_capabilities() -> None:
     reg = FamilyRegistry()
     reg.current_owner = "family-odd"
     with pytest.raises(PluginError) as err:
-        reg.register("odd", _family("odd", "odd_lm", capabilities=frozenset({"text", "telepathy"})))
+        reg.add(_family("odd", "odd_lm", capabilities=frozenset({"text", "telepathy"})))
     assert "telepathy" in str(err.value) and "family-odd" in str(err.value)
     assert "odd" not in reg and reg.for_model_type("odd_lm") is None
-    reg.register("ok", _family("ok", "ok_lm", capabilities=frozenset({"text", "vision"})))
+    reg.add(_family("ok", "ok_lm", capabilities=frozenset({"text", "vision"})))
     assert reg.for_model_type("ok_lm").capabilities == {"text", "vision"}
 
 
@@ -111,9 +119,7 @@ def formats() -> ToolFormatRegistry:
     reg = ToolFormatRegistry()
     reg.current_owner = "toolcall-test"
     for name, marker in (("alpha", "<alpha>"), ("beta", "<beta>"), ("gamma", "<gamma>")):
-        reg.register(
-            name,
-            ToolFormat(
+        reg.add(ToolFormat(
                 name=name, detect=lambda t, m=marker: m in t, parser=f"pkg_{name}:new_parser"
             ),
         )
@@ -267,11 +273,11 @@ def test_plugin_duplicating_a_builtin_key_names_both(install_plugin) -> None:
         "unit_dup_pkg",
         """
         from mlxcel.dialects.api import Dialect
-        from mlxcel.hookspecs import hookimpl
+        from mlxcel import hookimpl
 
         @hookimpl
         def mlxcel_register_dialects(registry):
-            registry.register("openai", Dialect(name="openai", routes="x:y"))
+            registry.add(Dialect(name="openai", routes="x:y"))
     """,
     )
     with pytest.raises(PluginError) as err:
@@ -288,7 +294,7 @@ def test_hook_raising_is_a_plugin_error_naming_plugin_and_hook(install_plugin) -
         "family-unitraiser",
         "unit_raiser_pkg",
         """
-        from mlxcel.hookspecs import hookimpl
+        from mlxcel import hookimpl
 
         @hookimpl
         def mlxcel_register_families(registry):
@@ -308,17 +314,17 @@ def test_registrations_are_recorded_per_plugin(install_plugin) -> None:
         "unit_multi_pkg",
         """
         from mlxcel.families.api import Family
-        from mlxcel.hookspecs import hookimpl
+        from mlxcel import hookimpl
         from mlxcel.toolcalls.api import ToolFormat
 
         @hookimpl
         def mlxcel_register_families(registry):
-            registry.register("unit-fam", Family(name="unit-fam", model_types=("unit_lm",),
+            registry.add(Family(name="unit-fam", model_types=("unit_lm",),
                                                  loader="unit_multi_pkg.heavy:load"))
 
         @hookimpl
         def mlxcel_register_tool_formats(registry):
-            registry.register("unit-fmt", ToolFormat(name="unit-fmt", detect=lambda t: False,
+            registry.add(ToolFormat(name="unit-fmt", detect=lambda t: False,
                                                      parser="unit_multi_pkg.heavy:new_parser"))
     """,
     )
@@ -335,7 +341,7 @@ def test_misspelled_hook_is_reported_as_a_plugin_problem(install_plugin) -> None
         "family-unittypo",
         "unit_typo_pkg",
         """
-        from mlxcel.hookspecs import hookimpl
+        from mlxcel import hookimpl
 
         @hookimpl
         def mlxcel_register_familes(registry):

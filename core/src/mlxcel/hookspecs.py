@@ -29,22 +29,22 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 
 @hookspec
 def mlxcel_register_families(registry: FamilyRegistry) -> None:
-    """Register model families: ``registry.register(name, Family(...))``."""
+    """Register model families: ``registry.add(Family(...))``."""
 
 
 @hookspec
 def mlxcel_register_tool_formats(registry: ToolFormatRegistry) -> None:
-    """Register tool-call wire formats: ``registry.register(name, ToolFormat(...))``."""
+    """Register tool-call wire formats: ``registry.add(ToolFormat(...))``."""
 
 
 @hookspec
 def mlxcel_register_media_decoders(registry: MediaDecoderRegistry) -> None:
-    """Register media decoders: ``registry.register(name, MediaDecoder(...))``."""
+    """Register media decoders: ``registry.add(MediaDecoder(...))``."""
 
 
 @hookspec
 def mlxcel_register_dialects(registry: DialectRegistry) -> None:
-    """Register API dialects: ``registry.register(name, Dialect(...))``."""
+    """Register API dialects: ``registry.add(Dialect(...))``."""
 
 
 # hook name -> (attribute of Plugins, label used by `mlxcel-server plugins`)

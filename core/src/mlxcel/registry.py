@@ -1,4 +1,4 @@
-"""A typed registry that refuses duplicate keys and remembers who registered what."""
+"""A typed registry that refuses duplicate names and remembers who registered what."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ T = TypeVar("T")
 
 
 class Registry(Generic[T]):
-    """Maps keys to items of one extension point; each key has exactly one owner."""
+    """Items of one extension point keyed by their own ``name`` (``add(item)``), so a key
+    can never differ from the name the item reports; each name has exactly one owner."""
 
     def __init__(self, kind: str) -> None:
         self.kind = kind
@@ -19,9 +20,10 @@ class Registry(Generic[T]):
         self._owners: dict[str, str] = {}
         self.current_owner = "<unknown>"
 
-    def register(self, key: str, item: T) -> None:
+    def add(self, item: T) -> None:
+        key = getattr(item, "name", None)
         if not key or not isinstance(key, str):
-            raise PluginError(f"{self.current_owner}: {self.kind} key must be a non-empty string")
+            raise PluginError(f"{self.current_owner}: a {self.kind} needs a non-empty name")
         if key in self._items:
             raise PluginError(
                 f"duplicate {self.kind} '{key}': registered by '{self._owners[key]}' "

@@ -13,8 +13,8 @@ Two families share mlx-lm's loader:
 
 from __future__ import annotations
 
+from mlxcel import hookimpl
 from mlxcel.families.api import Family
-from mlxcel.hookspecs import hookimpl
 
 LOADER = "mlxcel.builtin.text_loader:load"
 TEXT_MODEL_TYPES = (
@@ -25,15 +25,11 @@ TEXT_MODEL_TYPES = (
 
 @hookimpl
 def mlxcel_register_families(registry) -> None:
-    registry.register(
-        "mlx-lm-text",
-        Family(name="mlx-lm-text", model_types=TEXT_MODEL_TYPES, loader=LOADER,
+    registry.add(Family(name="mlx-lm-text", model_types=TEXT_MODEL_TYPES, loader=LOADER,
                capabilities=frozenset({"text"}), supports_batching=True,
                relative_positions=True),
     )
-    registry.register(
-        "mlx-lm-generic",
-        Family(name="mlx-lm-generic", model_types=(), loader=LOADER,
+    registry.add(Family(name="mlx-lm-generic", model_types=(), loader=LOADER,
                accepts="mlxcel.builtin.mlx_lm_types:accepts",
                capabilities=frozenset({"text"}), supports_batching=True),
     )

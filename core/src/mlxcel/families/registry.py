@@ -13,7 +13,8 @@ class FamilyRegistry(Registry[Family]):
         super().__init__("model family")
         self._by_type: dict[str, str] = {}
 
-    def register(self, key: str, item: Family) -> None:  # type: ignore[override]
+    def add(self, item: Family) -> None:  # type: ignore[override]
+        key = item.name
         unknown = set(item.capabilities) - CAPABILITIES
         if unknown:
             raise PluginError(f"{self.current_owner}: unknown capabilities {sorted(unknown)}")
@@ -24,7 +25,7 @@ class FamilyRegistry(Registry[Family]):
                     f"duplicate model_type '{mt}': claimed by family '{other}' "
                     f"(from '{self.owner(other)}') and by '{key}' (from '{self.current_owner}')"
                 )
-        super().register(key, item)
+        super().add(item)
         for mt in item.model_types:
             self._by_type[mt] = key
 

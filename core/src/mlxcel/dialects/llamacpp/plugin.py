@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+from mlxcel import hookimpl
 from mlxcel.dialects.api import Dialect
-from mlxcel.hookspecs import hookimpl
 
 
 @hookimpl
 def mlxcel_register_dialects(registry) -> None:
-    registry.register("llamacpp", Dialect(
+    registry.add(Dialect(
         name="llamacpp", routes="mlxcel.dialects.llamacpp.routes:build",
         description="llama-server native routes",
         errors="mlxcel.dialects.openai.errors:error_body",  # llama-server's own shape

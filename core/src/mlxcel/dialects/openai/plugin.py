@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+from mlxcel import hookimpl
 from mlxcel.dialects.api import Dialect
-from mlxcel.hookspecs import hookimpl
 
 
 @hookimpl
 def mlxcel_register_dialects(registry) -> None:
-    registry.register("openai", Dialect(
+    registry.add(Dialect(
         name="openai", routes="mlxcel.dialects.openai.routes:build",
         description="OpenAI chat/completions/models",
         errors="mlxcel.dialects.openai.errors:error_body",

@@ -1,0 +1,57 @@
+"""Meta-tests: the layering the architecture promises, checked on the code itself."""
+
+from __future__ import annotations
+
+import configparser
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def _modules_after(code: str) -> list[str]:
+    probe = (f"import sys; {code}; print('\\n'.join(sorted(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True, cwd=ROOT).stdout
+    return out.split()
+
+
+def test_the_engine_imports_neither_litestar_nor_a_dialect():
+    """The engine is driven by dialects, never the other way round: every engine module,
+    imported alone, pulls in no web framework and no dialect."""
+    engine = sorted(p.stem for p in (ROOT / "core/src/mlxcel/engine").rglob("*.py")
+                    if p.stem != "__init__")
+    rel = [p.relative_to(ROOT / "core/src").with_suffix("")
+           for p in (ROOT / "core/src/mlxcel/engine").rglob("*.py") if p.stem != "__init__"]
+    code = "; ".join(f"import {'.'.join(r.parts)}" for r in rel)
+    loaded = _modules_after(code)
+    assert engine and not [m for m in loaded if m.split(".")[0] in ("litestar", "granian")]
+    assert not [m for m in loaded if m.startswith("mlxcel.dialects")]
+
+
+def test_hookimpl_comes_from_the_top_package_cheaply():
+    loaded = _modules_after("from mlxcel import hookimpl")
+    assert "pluggy" in loaded
+    assert not [m for m in loaded if m.split(".")[0] in ("mlx", "mlx_lm", "litestar")]
+
+
+def _distributions() -> list[pathlib.Path]:
+    return sorted(p for kind in ("families", "plugins") for p in (ROOT / kind).iterdir()
+                  if p.is_dir() and not p.name.startswith((".", "_")))
+
+
+def test_every_families_and_plugins_folder_is_a_distribution():
+    """A folder under ``families/`` or ``plugins/`` is a separately installed package: a
+    pyproject with an ``mlxcel`` entry point named after the folder, a tox env of that
+    name, and tests of its own (its conformance test among them)."""
+    tox = configparser.ConfigParser(interpolation=None)
+    tox.read(ROOT / "tox.ini")
+    for folder in _distributions():
+        import tomllib  # Python 3.11+; the test machines have it
+
+        project = tomllib.loads((folder / "pyproject.toml").read_text())["project"]
+        points = project.get("entry-points", {}).get("mlxcel", {})
+        assert folder.name in points, f"{folder}: no mlxcel entry point named {folder.name}"
+        assert f"testenv:{folder.name}" in tox, f"tox.ini has no env {folder.name}"
+        assert list((folder / "tests").glob("test_*conformance*.py")), folder
