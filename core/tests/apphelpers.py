@@ -19,3 +19,8 @@ def wait_ready(client):
     while client.get("/health").json()["status"] == "loading model":
         assert time.time() < deadline, "model did not load"
         time.sleep(0.05)
+
+
+# prompts the engine-level tests share: two that share a 33-token prefix, and a short one
+BASE = [(7 * i) % 200 + 3 for i in range(40)]
+PROMPTS = [BASE[:33] + [5, 6, 7], BASE[:36] + [9] * 7, [11, 12, 13, 14, 15]]

@@ -4,7 +4,7 @@ every row still at most one chunk's columns per step."""
 
 from __future__ import annotations
 
-from test_admission_groups import run_until_done, solo_outputs, submit, worker_for
+from mlxcel.testing.engine import run_until_done, solo_outputs, submit, worker_for
 
 BURST = [[20 + i] * 12 for i in range(10)]  # 11 tokens to prefill each
 

@@ -6,93 +6,16 @@ which requests form one prefill group is deterministic.
 
 from __future__ import annotations
 
-from mlxcel.engine.loader import load_checkpoint
-from mlxcel.engine.prompt_cache import PromptCache
-from mlxcel.engine.worker import EngineWorker
-from mlxcel.plugins import load_plugins
-from mlxcel.types import GenerationRequest, SamplingParams
+from apphelpers import BASE, PROMPTS
+from mlxcel.testing.engine import run_until_done, solo_outputs, submit, worker_for
 
 
-class ListSink:
-    cancelled = False
-
-    def __init__(self) -> None:
-        self.events = []
-
-    def emit(self, event) -> None:
-        self.events.append(event)
-
-    @property
-    def tokens(self) -> list[int]:
-        return [t for e in self.events for t in e.token_ids]
-
-    @property
-    def done(self) -> bool:
-        return bool(self.events) and self.events[-1].finish_reason is not None
-
-    @property
-    def last(self):
-        return self.events[-1]
-
-
-def cpu_policy(**changes):
-    """This machine's EnginePolicy with ``changes`` (a CUDA choice forced on the CPU)."""
-    import msgspec
-    from mlxcel.engine.policy import resolve_policy
-    from mlxcel.settings import EngineConfig
-
-    return msgspec.structs.replace(resolve_policy(EngineConfig()), **changes)
-
-
-def worker_for(path, cache: bool, chunk: int = 512, parallel: int = 8,
-               **policy) -> EngineWorker:
-    """A worker set up on ``path``; ``policy``: EnginePolicy fields to change."""
-    families = load_plugins().families
-    worker = EngineWorker(lambda: load_checkpoint(str(path), families), parallel=parallel,
-                          prefill_chunk=chunk,
-                          prompt_cache=PromptCache(1 << 30) if cache else None,
-                          policy=cpu_policy(**policy) if policy else None)
-    assert worker.setup()
-    return worker
-
-
-def submit(worker, prompt: list[int], max_tokens: int = 6) -> ListSink:
-    sink = ListSink()
-    req = GenerationRequest(request_id=str(len(prompt)), prompt_tokens=tuple(prompt),
-                            max_tokens=max_tokens, ignore_eos=True,
-                            sampling=SamplingParams(temperature=0.0))
-    worker.inbox.put((req, sink))
-    worker.count_queued(1)
-    return sink
-
-
-def run_until_done(worker, sinks) -> None:
-    for _ in range(500):
-        if all(s.done for s in sinks):
-            return
-        worker._iteration()
-    raise AssertionError("requests did not finish")
-
-
-BASE = [(7 * i) % 200 + 3 for i in range(40)]
-PROMPTS = [BASE[:33] + [5, 6, 7], BASE[:36] + [9] * 7, [11, 12, 13, 14, 15]]
-
-
-def solo_outputs(path, prompts=PROMPTS, max_tokens: int | list[int] = 6,
-                 chunk: int = 512) -> list[list[int]]:
-    """Each prompt's greedy tokens, run alone (``max_tokens``: one for all, or per prompt)."""
-    worker = worker_for(path, cache=False, chunk=chunk, parallel=12)
-    lengths = max_tokens if isinstance(max_tokens, list) else [max_tokens] * len(prompts)
-    out = []
-    for prompt, n in zip(prompts, lengths, strict=True):
-        sink = submit(worker, prompt, max_tokens=n)
-        run_until_done(worker, [sink])
-        out.append(sink.tokens)
-    return out
+def solo(path, prompts=PROMPTS, **kw) -> list[list[int]]:
+    return solo_outputs(path, prompts, **kw)
 
 
 def test_prompt_cache_hits_are_prefilled_together_with_misses(path):
-    expected = solo_outputs(path)
+    expected = solo(path)
     worker = worker_for(path, cache=True)
     first = submit(worker, BASE)
     run_until_done(worker, [first])  # BASE + its output is now cached
@@ -126,7 +49,7 @@ def test_groups_are_bounded_by_rows_times_the_widest_tail(path):
 def test_aligned_prefill_columns_give_the_same_tokens(path):
     """CUDA's column multiple (here forced to 16): more left padding and fewer reused
     tokens, every chunk a multiple of 16 columns, the same greedy outputs."""
-    expected = solo_outputs(path)
+    expected = solo(path)
     worker = worker_for(path, cache=True, chunk=48, prefill_align=16)
     first = submit(worker, BASE)
     run_until_done(worker, [first])
@@ -157,7 +80,7 @@ def test_aligned_prefill_columns_give_the_same_tokens(path):
 def test_cuda_step_order_gives_the_same_tokens(path):
     """``emit_first`` (CUDA: step n's tokens go out before step n+1 is queued) changes
     when tokens are handed out, not which."""
-    expected = solo_outputs(path)
+    expected = solo(path)
     worker = worker_for(path, cache=True, emit_first=True)
     sinks = [submit(worker, p) for p in PROMPTS]
     run_until_done(worker, sinks)
@@ -210,7 +133,7 @@ def _record_joins(worker) -> list[int]:
 def test_a_burst_joins_the_idle_batch_in_one_merge(path):
     """Nothing decodes: groups prefill back to back and become rows together (one cache
     merge, one first step), with the same greedy tokens."""
-    expected = solo_outputs(path)
+    expected = solo(path)
     # 42 + 35 > 45: one prompt per group; held to join, as on CUDA
     worker = worker_for(path, cache=False, chunk=45, hold_groups=True)
     joins = _record_joins(worker)

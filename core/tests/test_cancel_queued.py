@@ -6,7 +6,7 @@ from __future__ import annotations
 from mlxcel.engine.loader import load_checkpoint
 from mlxcel.engine.worker import EngineWorker
 from mlxcel.plugins import load_plugins
-from test_row_isolation import GREEDY, run_until_done, submit
+from mlxcel.testing.engine import run_until_done, submit
 
 
 def test_cancelled_waiting_and_prefilling_requests_leave_at_once(tiny_checkpoint):
@@ -15,8 +15,8 @@ def test_cancelled_waiting_and_prefilling_requests_leave_at_once(tiny_checkpoint
                           prefill_chunk=16)
     assert worker.setup()
     long_prompt = [(3 * i) % 90 + 3 for i in range(200)]  # many 16-token chunks
-    prefilling = submit(worker, long_prompt, GREEDY, 4)
-    waiting = submit(worker, [3, 4, 5], GREEDY, 4)
+    prefilling = submit(worker, long_prompt, 4)
+    waiting = submit(worker, [3, 4, 5], 4)
     worker._iteration()
     assert worker.prefilling is not None and worker.queued == 1
     assert [s.sink for s in worker.waiting] == [waiting]
@@ -28,6 +28,6 @@ def test_cancelled_waiting_and_prefilling_requests_leave_at_once(tiny_checkpoint
     worker._iteration()
     assert worker.prefilling is None and not worker.active
     assert prefilling.last.finish_reason == "cancelled"
-    after = submit(worker, [3, 4, 5], GREEDY, 4)  # the slot is free again
-    run_until_done(worker, [after])
+    after = submit(worker, [3, 4, 5], 4)  # the slot is free again
+    run_until_done(worker, [after], settle=True)
     assert after.last.finish_reason == "length"

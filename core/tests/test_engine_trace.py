@@ -9,7 +9,7 @@ from mlxcel.engine.prompt_cache import PromptCache
 from mlxcel.engine.worker import EngineWorker
 from mlxcel.plugins import load_plugins
 from mlxcel.settings import EngineConfig
-from test_admission_groups import run_until_done, submit
+from mlxcel.testing.engine import run_until_done, submit
 
 
 def traced_worker(path, trace: str | None) -> EngineWorker:

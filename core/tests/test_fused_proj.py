@@ -117,10 +117,11 @@ def test_the_setting(monkeypatch):
 
 
 def test_engine_with_fused_projections_gives_the_same_tokens(path):
+    from apphelpers import PROMPTS
     from mlxcel.engine.loader import load_checkpoint
     from mlxcel.engine.worker import EngineWorker
     from mlxcel.plugins import load_plugins
-    from test_admission_groups import PROMPTS, run_until_done, submit
+    from mlxcel.testing.engine import run_until_done, submit
 
     families = load_plugins().families
     outputs = {}

@@ -11,7 +11,7 @@ from mlxcel.engine.loader import load_checkpoint
 from mlxcel.engine.prompt_cache import PromptCache
 from mlxcel.engine.worker import EngineWorker
 from mlxcel.plugins import load_plugins
-from test_row_isolation import GREEDY, run_until_done, submit
+from mlxcel.testing.engine import run_until_done, submit
 
 
 def worker_for(path, cache: bool) -> EngineWorker:
@@ -42,7 +42,7 @@ def finish_and_hold(worker, sinks) -> int:
 
 def test_a_big_request_leaves_no_buffer_cache_once_idle(tiny_checkpoint):
     worker = worker_for(tiny_checkpoint, cache=False)
-    big = [submit(worker, [(7 * i) % 200 + 3 for i in range(1500)], GREEDY, 4)
+    big = [submit(worker, [(7 * i) % 200 + 3 for i in range(1500)], 4)
            for _ in range(3)]
     held = finish_and_hold(worker, big)
     assert held > 0  # the prefill's buffers were returned to MLX's cache, not the system
@@ -55,8 +55,8 @@ def test_a_big_request_leaves_no_buffer_cache_once_idle(tiny_checkpoint):
 
 def test_a_prompt_cache_reset_frees_its_buffers_on_the_engine_thread(tiny_checkpoint):
     worker = worker_for(tiny_checkpoint, cache=True)
-    sink = submit(worker, [(5 * i) % 100 + 3 for i in range(600)], GREEDY, 4)
-    run_until_done(worker, [sink])
+    sink = submit(worker, [(5 * i) % 100 + 3 for i in range(600)], 4)
+    run_until_done(worker, [sink], settle=True)
     idle_out(worker)
     assert worker.prompt_cache.bytes > 0
     assert mx.get_cache_memory() == 0  # idle: cleared, the cache entry itself kept

@@ -4,7 +4,8 @@ are what they would be without."""
 
 from __future__ import annotations
 
-from test_admission_groups import PROMPTS, run_until_done, solo_outputs, submit, worker_for
+from apphelpers import PROMPTS
+from mlxcel.testing.engine import run_until_done, solo_outputs, submit, worker_for
 
 
 def test_finished_rows_stay_until_they_are_the_majority(path):

@@ -8,7 +8,6 @@ may (docs/explanation/batching.md, "Models on mlx-lm's batch caches").
 
 from __future__ import annotations
 
-import asyncio
 import random
 import threading
 import time
@@ -20,10 +19,8 @@ from mlxcel.engine.loader import load_checkpoint
 from mlxcel.engine.prompt_cache import PromptCache
 from mlxcel.plugins import load_plugins
 from mlxcel.testing.checkpoint import cached_checkpoint
-from mlxcel.types import GenerationRequest, SamplingParams
-from test_admission_groups import cpu_policy
+from mlxcel.testing.engine import cpu_policy, engine_for, request, run, solo_tokens
 
-GREEDY = SamplingParams(temperature=0.0)
 # (name, model_type, config overrides): the families the issue names, each a mix of kinds
 MODELS = {
     "gemma3": ("gemma3_text", None),
@@ -49,47 +46,7 @@ def checkpoint(name, cache_dir):
 
 
 def engine(path, parallel, cache_bytes=0, chunk=16, policy=None):
-    families = load_plugins().families
-    cache = PromptCache(cache_bytes) if cache_bytes else PromptCache(0, enabled=False)
-    e = EngineClient(lambda: load_checkpoint(str(path), families), parallel=parallel,
-                     prefill_chunk=chunk, prompt_cache=cache, policy=policy)
-    e.start()
-    assert e.worker.ready.wait(60) and e.worker.state == "ready", e.worker.error
-    return e
-
-
-def request(i, prompt, max_tokens):
-    return GenerationRequest(request_id=f"r{i}", prompt_tokens=tuple(prompt),
-                             max_tokens=max_tokens, sampling=GREEDY, ignore_eos=True)
-
-
-async def collect(e, req):
-    ids, last = [], None
-    async for event in e.submit(req):
-        ids.extend(event.token_ids)
-        last = event
-    assert last.error is None, last.error
-    return ids, last
-
-
-def run(e, reqs, then=(), stagger=0.0):
-    """``reqs`` submitted at once, then ``then`` one every ``stagger`` seconds."""
-    async def go():
-        tasks = [asyncio.create_task(collect(e, r)) for r in reqs]
-        for r in then:
-            await asyncio.sleep(stagger)
-            tasks.append(asyncio.create_task(collect(e, r)))
-        return await asyncio.gather(*tasks)
-    return asyncio.run(go())
-
-
-def solo_tokens(path, reqs):
-    """Each request's tokens on ``--parallel 1``, one request at a time."""
-    solo = engine(path, parallel=1)
-    try:
-        return [run(solo, [r])[0][0] for r in reqs]
-    finally:
-        solo.shutdown()
+    return engine_for(path, parallel, cache=cache_bytes, chunk=chunk, policy=policy)
 
 
 def _batched(path, reqs, burst=False):
@@ -112,7 +69,7 @@ def test_batched_greedy_equals_solo(name, mlxcel_checkpoint_cache):
     output: a padded group prefills together, rows join and leave a running batch, and
     every request gets the tokens it gets alone."""
     path = checkpoint(name, mlxcel_checkpoint_cache)
-    reqs = [request(i, p, 6 + 2 * i) for i, p in enumerate(PROMPTS)]
+    reqs = [request(p, 6 + 2 * i) for i, p in enumerate(PROMPTS)]
     alone = solo_tokens(path, reqs)
     worker, together, stats = _batched(path, reqs)
     assert worker.path == PATHS.get(name, "mixed")
@@ -128,7 +85,7 @@ def test_batched_greedy_equals_solo(name, mlxcel_checkpoint_cache):
 def test_padded_groups_prefilled_in_several_chunks(name, mlxcel_checkpoint_cache):
     path = checkpoint(name, mlxcel_checkpoint_cache)
     long = [PROMPTS[i] for i in (5, 2, 4, 1)]  # 64, 40, 31, 23 tokens, chunks of 16
-    reqs = [request(i, p, 8) for i, p in enumerate(long)]
+    reqs = [request(p, 8) for p in long]
     alone = solo_tokens(path, reqs)
     _, together, stats = _batched(path, reqs, burst=True)
     assert together == alone
@@ -172,7 +129,7 @@ def test_slots_show_several_gemma4_rows_decoding(mlxcel_checkpoint_cache):
 # -- the prompt cache per cache kind -------------------------------------------------------
 
 def _turn(e, i, prompt, max_tokens=8):
-    (ids, last), = run(e, [request(i, prompt, max_tokens)])
+    (ids, last), = run(e, [request(prompt, max_tokens)])
     return ids, last.usage.cached_tokens
 
 
@@ -291,7 +248,7 @@ def test_a_family_batch_cache_factory_is_used(mlxcel_checkpoint_cache):
     e.start()
     try:
         assert e.worker.ready.wait(60) and e.worker.path == "mixed" and e.worker.grouped
-        reqs = [request(i, p, 6) for i, p in enumerate(PROMPTS[:4])]
+        reqs = [request(p, 6) for p in PROMPTS[:4]]
         together = [ids for ids, _ in run(e, reqs)]
     finally:
         e.shutdown()
@@ -305,7 +262,7 @@ def test_cuda_grouped_decode_attention_on_mlx_lm_batch_caches(name, mlxcel_check
     their rotating layers' rolled masks included, gives the tokens of solo runs (gpt-oss's
     attention sinks keep MLX's own path)."""
     path = checkpoint(name, mlxcel_checkpoint_cache)
-    reqs = [request(i, p, 6 + 2 * i) for i, p in enumerate(PROMPTS)]
+    reqs = [request(p, 6 + 2 * i) for i, p in enumerate(PROMPTS)]
     alone = solo_tokens(path, reqs)
     e = engine(path, parallel=4, chunk=64, policy=cpu_policy(decode_attention="grouped"))
     try:
@@ -328,7 +285,7 @@ def test_cuda_varlen_attention_on_mlx_lm_batch_caches(name, mlxcel_checkpoint_ca
     from mlxcel.engine.accel import attention, varlen_attention
 
     path = checkpoint(name, mlxcel_checkpoint_cache)
-    reqs = [request(i, p, 6 + 2 * i) for i, p in enumerate(PROMPTS)]
+    reqs = [request(p, 6 + 2 * i) for i, p in enumerate(PROMPTS)]
     alone = solo_tokens(path, reqs)
     calls = {"cache": 0, "shared": 0}
 
@@ -385,7 +342,7 @@ def test_varlen_rows_of_a_kv_shared_layer_are_its_source_layers(monkeypatch):
 
 def test_after_the_mixed_warm_up_the_engine_serves_as_without(mlxcel_checkpoint_cache):
     path = checkpoint("gemma4", mlxcel_checkpoint_cache)
-    reqs = [request(i, p, 6 + 2 * i) for i, p in enumerate(PROMPTS)]
+    reqs = [request(p, 6 + 2 * i) for i, p in enumerate(PROMPTS)]
     plain = engine(path, parallel=4, chunk=64)
     try:
         want = [ids for ids, _ in run(plain, reqs[:4], then=reqs[4:], stagger=0.01)]

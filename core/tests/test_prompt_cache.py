@@ -141,7 +141,8 @@ def test_stats_and_reset_wait_for_an_announced_insert():
 
 
 def test_finish_events_go_out_before_the_store(path):
-    from test_admission_groups import BASE, run_until_done, submit, worker_for
+    from apphelpers import BASE
+    from mlxcel.testing.engine import run_until_done, submit, worker_for
 
     worker = worker_for(path, cache=True)
     sinks = [submit(worker, BASE), submit(worker, BASE[:20] + [3, 4])]

@@ -11,8 +11,8 @@ import pytest
 from mlxcel.engine.loader import load_checkpoint
 from mlxcel.engine.worker import EngineWorker
 from mlxcel.plugins import load_plugins
+from mlxcel.testing.engine import ListSink
 from mlxcel.types import GenerationRequest, SamplingParams
-from test_admission_groups import ListSink
 
 GREEDY = SamplingParams(temperature=0.0)
 VICTIMS = [[3, 4, 5, 6, 7], [11, 12, 13], [21, 22, 23, 24, 25, 26, 27]]

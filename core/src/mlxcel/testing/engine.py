@@ -1,0 +1,163 @@
+"""Engine helpers for tests: a worker or an engine on a tiny checkpoint, driven by hand or
+through ``submit``, and greedy outputs run one request at a time.
+
+A worker (``worker_for``) is set up on the calling thread and driven with
+``run_until_done``, one ``_iteration`` at a time, so which requests share a step is
+deterministic; an engine (``engine_for``) runs its own thread behind ``EngineClient``, as
+the server does. ``policy`` changes are ``EnginePolicy`` fields (a CUDA choice forced on
+the CPU). Importing this module imports the engine (and so MLX).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+from mlxcel.engine.client import EngineClient
+from mlxcel.engine.loader import load_checkpoint
+from mlxcel.engine.policy import EnginePolicy, resolve_policy
+from mlxcel.engine.prompt_cache import PromptCache
+from mlxcel.engine.worker import EngineWorker
+from mlxcel.plugins import load_plugins
+from mlxcel.settings import EngineConfig
+from mlxcel.types import GenerationEvent, GenerationRequest, SamplingParams
+
+GREEDY = SamplingParams(temperature=0.0)
+_ids = itertools.count()
+
+
+class ListSink:
+    """A sink that keeps every event (``cancelled`` may be set to leave)."""
+
+    cancelled = False
+
+    def __init__(self) -> None:
+        self.events: list[GenerationEvent] = []
+
+    def emit(self, event: GenerationEvent) -> None:
+        self.events.append(event)
+
+    @property
+    def tokens(self) -> list[int]:
+        return [t for e in self.events for t in e.token_ids]
+
+    @property
+    def done(self) -> bool:
+        return bool(self.events) and self.events[-1].finish_reason is not None
+
+    @property
+    def last(self) -> GenerationEvent:
+        return self.events[-1]
+
+
+def cpu_policy(**changes: Any) -> EnginePolicy:
+    """This machine's EnginePolicy with ``changes``."""
+    import msgspec
+
+    return msgspec.structs.replace(resolve_policy(EngineConfig()), **changes)
+
+
+def _load(checkpoint: Any):
+    families = load_plugins().families
+    return lambda: load_checkpoint(str(checkpoint), families)
+
+
+def _cache(cache: bool | int) -> PromptCache | None:
+    if cache is True:
+        return PromptCache(1 << 30)
+    return PromptCache(cache) if cache else None
+
+
+def worker_for(checkpoint: Any, cache: bool | int = False, chunk: int = 512,
+               parallel: int = 8, **policy: Any) -> EngineWorker:
+    """A worker set up (not started) on ``checkpoint``; ``cache``: a prompt cache (True:
+    1 GiB, or its size in bytes); ``policy``: EnginePolicy fields to change."""
+    worker = EngineWorker(_load(checkpoint), parallel=parallel, prefill_chunk=chunk,
+                          prompt_cache=_cache(cache),
+                          policy=cpu_policy(**policy) if policy else None)
+    assert worker.setup(), worker.error
+    return worker
+
+
+def request(prompt: Sequence[int], max_tokens: int = 6, sampling: SamplingParams = GREEDY,
+            **kw: Any) -> GenerationRequest:
+    """A request that ignores EOS (so it yields exactly ``max_tokens`` tokens)."""
+    return GenerationRequest(request_id=f"t{next(_ids)}", prompt_tokens=tuple(prompt),
+                             max_tokens=max_tokens, ignore_eos=True, sampling=sampling, **kw)
+
+
+def submit(worker: EngineWorker, prompt: Sequence[int], max_tokens: int = 6,
+           sampling: SamplingParams = GREEDY) -> ListSink:
+    sink = ListSink()
+    worker.enqueue(request(prompt, max_tokens, sampling), sink)
+    return sink
+
+
+def run_until_done(worker: EngineWorker, sinks: Sequence[ListSink], settle: bool = False,
+                   limit: int = 2000) -> None:
+    """Iterate the worker until every sink has its finish event; ``settle``: one more
+    iteration, so that the finished rows have left the batch."""
+    for _ in range(limit):
+        if all(s.done for s in sinks):
+            if settle:
+                worker._iteration()
+            return
+        worker._iteration()
+    raise AssertionError("requests did not finish")
+
+
+def solo_outputs(checkpoint: Any, prompts: Sequence[Sequence[int]],
+                 max_tokens: int | Sequence[int] = 6, chunk: int = 512) -> list[list[int]]:
+    """Each prompt's greedy tokens, run alone (``max_tokens``: one for all, or per prompt)."""
+    worker = worker_for(checkpoint, chunk=chunk, parallel=12)
+    lengths = [max_tokens] * len(prompts) if isinstance(max_tokens, int) else max_tokens
+    out = []
+    for prompt, n in zip(prompts, lengths, strict=True):
+        sink = submit(worker, prompt, max_tokens=n)
+        run_until_done(worker, [sink])
+        out.append(sink.tokens)
+    return out
+
+
+def engine_for(checkpoint: Any, parallel: int, cache: bool | int = False, chunk: int = 512,
+               policy: EnginePolicy | None = None, **kw: Any) -> EngineClient:
+    """A started, ready engine on ``checkpoint`` (shut it down when done)."""
+    engine = EngineClient(_load(checkpoint), parallel=parallel, prefill_chunk=chunk,
+                          prompt_cache=_cache(cache) or PromptCache(0, enabled=False),
+                          policy=policy, **kw)
+    engine.start()
+    assert engine.worker.ready.wait(60) and engine.worker.state == "ready", engine.worker.error
+    return engine
+
+
+async def collect(engine: EngineClient, req: GenerationRequest) -> tuple[list[int], Any]:
+    """A request's tokens and its last event."""
+    ids, last = [], None
+    async for event in engine.submit(req):
+        ids.extend(event.token_ids)
+        last = event
+    return ids, last
+
+
+def run(engine: EngineClient, reqs: Sequence[GenerationRequest],
+        then: Sequence[GenerationRequest] = (), stagger: float = 0.0) -> list[tuple]:
+    """``reqs`` submitted at once, then ``then`` one every ``stagger`` seconds; each
+    request's (tokens, last event)."""
+    async def go():
+        tasks = [asyncio.create_task(collect(engine, r)) for r in reqs]
+        for r in then:
+            await asyncio.sleep(stagger)
+            tasks.append(asyncio.create_task(collect(engine, r)))
+        return await asyncio.gather(*tasks)
+    return asyncio.run(go())
+
+
+def solo_tokens(checkpoint: Any, reqs: Sequence[GenerationRequest]) -> list[list[int]]:
+    """Each request's tokens on an engine of one slot, one request at a time."""
+    engine = engine_for(checkpoint, parallel=1, chunk=16)
+    try:
+        return [run(engine, [r])[0][0] for r in reqs]
+    finally:
+        engine.shutdown()
