@@ -315,7 +315,13 @@ def test_registrations_are_recorded_per_plugin(install_plugin) -> None:
         """
         from mlxcel.families.api import Family
         from mlxcel import hookimpl
+        from mlxcel.media.api import MediaDecoder
         from mlxcel.toolcalls.api import ToolFormat
+
+        @hookimpl
+        def mlxcel_register_media_decoders(registry):
+            registry.add(MediaDecoder(name="unit-png", kind="image",
+                                      decode="unit_multi_pkg.heavy:decode"))
 
         @hookimpl
         def mlxcel_register_families(registry):
@@ -330,7 +336,9 @@ def test_registrations_are_recorded_per_plugin(install_plugin) -> None:
     )
     plugins = load_plugins()
     info = _by_name(plugins)["family-unitmulti"]
-    assert info.registers == {"families": ["unit-fam"], "tool formats": ["unit-fmt"]}
+    assert info.registers == {"families": ["unit-fam"], "tool formats": ["unit-fmt"],
+                              "media decoders": ["unit-png"]}
+    assert plugins.media_decoders.for_kind("image")[0].name == "unit-png"
     assert plugins.families.for_model_type("unit_lm").name == "unit-fam"
     assert plugins.tool_formats.owner("unit-fmt") == "family-unitmulti"
 
