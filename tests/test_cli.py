@@ -9,7 +9,8 @@ import sys
 import httpx
 import pytest
 from mlxcel.cli import OPTIONS
-from serverproc import Server, free_port, server_exe
+from mlxcel.testing.servers import MlxcelServer as Server
+from mlxcel.testing.servers import free_port, server_exe
 
 
 def run_cli(*args, env=None, timeout=60):

@@ -6,7 +6,7 @@ import asyncio
 
 import httpx
 import pytest
-from serverproc import Server
+from mlxcel.testing.servers import MlxcelServer as Server
 
 pytestmark = pytest.mark.slow
 MSG = [{"role": "user", "content": "hello"}]

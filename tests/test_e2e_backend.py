@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from mlxcel import backend
-from serverproc import Server
+from mlxcel.testing.servers import MlxcelServer as Server
 
 LINUX = sys.platform.startswith("linux")
 # what the server should end up with on this machine

@@ -14,7 +14,7 @@ import threading
 import httpx
 import openai
 import pytest
-from serverproc import Server
+from mlxcel.testing.servers import MlxcelServer as Server
 
 pytestmark = pytest.mark.slow
 MARKER_TEXT = "<tool_call>"

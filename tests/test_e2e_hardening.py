@@ -7,7 +7,7 @@ import time
 
 import httpx
 import pytest
-from serverproc import Server
+from mlxcel.testing.servers import MlxcelServer as Server
 
 pytestmark = pytest.mark.slow
 HEALTH_MS = 100  # what /health answers take (95th percentile) while a request is prepared

@@ -8,7 +8,7 @@ import time
 
 import httpx
 import pytest
-from serverproc import Server
+from mlxcel.testing.servers import MlxcelServer as Server
 
 pytestmark = pytest.mark.slow
 API_KEY = "k-guards-e2e"

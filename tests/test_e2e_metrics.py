@@ -7,7 +7,8 @@ import time
 
 import httpx
 import pytest
-from serverproc import Server, free_port
+from mlxcel.testing.servers import MlxcelServer as Server
+from mlxcel.testing.servers import free_port
 
 pytestmark = pytest.mark.slow
 KEY = {"Authorization": "Bearer k-metrics"}

@@ -7,7 +7,7 @@ import time
 import httpx
 import openai
 import pytest
-from serverproc import Server
+from mlxcel.testing.servers import MlxcelServer as Server
 
 pytestmark = pytest.mark.slow
 

@@ -7,16 +7,12 @@ in ``/metrics`` agree, and the worker's RSS grew by less than a bound.
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
 import httpx
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/serverproc.py
-
-from serverproc import Server  # noqa: E402
+from mlxcel.testing.servers import MlxcelServer as Server
 
 RSS_GROWTH_LIMIT = 512 << 20  # bytes the worker may grow by over one scenario
 

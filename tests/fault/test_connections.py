@@ -11,7 +11,7 @@ import time
 
 import httpx
 from conftest import assert_no_leak, rss_bytes
-from serverproc import server_exe
+from mlxcel.testing.servers import server_exe
 
 SILENT, PARTIAL, KEPT_ALIVE = 1100, 50, 50  # sockets per kind
 IDLE_TIMEOUT = 3.0

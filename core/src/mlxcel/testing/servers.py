@@ -1,6 +1,8 @@
-"""Benchmark servers: ``mlxcel-server`` or ``mlx_lm.server`` as subprocesses, a streamed
-chat client that records chunk times, and the machine facts a result records (the bench
-checkpoints are in ``mlxcel.testing.bench_checkpoints``).
+"""Servers as subprocesses, for benchmarks and end-to-end tests: ``mlxcel-server`` or
+``mlx_lm.server`` (``Server``), the real ``mlxcel-server`` console script started and ready
+(``MlxcelServer``, the e2e tests' server), a streamed chat client that records chunk times,
+and the machine facts a result records (the bench checkpoints are in
+``mlxcel.testing.bench_checkpoints``).
 
 Each server runs in its own process group on a free 127.0.0.1 port with its output in a
 log file, and ``stop()`` ends the whole group: a benchmark must never leave a server (or
@@ -67,12 +69,17 @@ class Server:
         tag: str,
         env: dict[str, str] | None = None,
         cwd: str | os.PathLike | None = None,
+        bind: bool = True,
+        preexec_fn: Any = None,
     ):
+        """``bind``: append ``--host 127.0.0.1 --port P``; without it, ``argv`` must
+        carry ``--port`` ``self.port`` itself (an e2e test may choose its own host)."""
         self.name = name
         self.env = env
         self.cwd = cwd
+        self.preexec_fn = preexec_fn
         self.port = free_port()
-        self.argv = [*argv, "--host", HOST, "--port", str(self.port)]
+        self.argv = [*argv, "--host", HOST, "--port", str(self.port)] if bind else list(argv)
         self.ready_path = ready_path
         self.base = f"http://{HOST}:{self.port}"
         self.log_path = pathlib.Path(logdir) / f"{tag}-{name}.log"
@@ -88,6 +95,7 @@ class Server:
                 start_new_session=True,
                 cwd=self.cwd,
                 env=self.env,
+                preexec_fn=self.preexec_fn,
             )
 
     def wait_ready(self, timeout_s: float = STARTUP_TIMEOUT_S) -> float:
@@ -128,6 +136,17 @@ class Server:
             except subprocess.TimeoutExpired:
                 continue
 
+    @property
+    def base_url(self) -> str:
+        return self.base
+
+    def log(self) -> str:
+        """The whole log so far."""
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
@@ -143,6 +162,32 @@ class Server:
         except OSError:
             return []
         return [ln.strip() for ln in lines if word in ln][:3]
+
+
+def server_exe() -> str:
+    """The ``mlxcel-server`` console script of this interpreter's environment."""
+    exe = pathlib.Path(sys.executable).parent / "mlxcel-server"
+    return str(exe) if exe.exists() else shutil.which("mlxcel-server") or "mlxcel-server"
+
+
+class MlxcelServer(Server):
+    """The real ``mlxcel-server`` (its console script) with ``args`` on a free port of
+    127.0.0.1, started and ready (``/health`` 200) when constructed; ``stop()`` ends its
+    process group. Its log is in ``$TMPDIR``."""
+
+    def __init__(self, args: list[str], env: dict[str, str] | None = None,
+                 timeout: float = 90, preexec_fn: Any = None) -> None:
+        port = free_port()
+        super().__init__("mlxcel", [server_exe(), "--port", str(port), *args], "/health",
+                         pathlib.Path(os.environ.get("TMPDIR", "/tmp")), f"e2e-{port}",
+                         env={**os.environ, **(env or {})}, bind=False, preexec_fn=preexec_fn)
+        self.port, self.base = port, f"http://{HOST}:{port}"
+        self.start()
+        try:
+            self.wait_ready(timeout)
+        except BaseException:
+            self.stop()
+            raise
 
 
 def health(base: str) -> dict[str, Any] | None:
