@@ -52,3 +52,36 @@ def check_family(checkpoint: Any, family: str) -> None:
     assert cached >= len(first.prompt_tokens), \
         f"the next turn reused {cached} tokens of a {len(first.prompt_tokens)}-token prompt"
     assert reused == alone[-1], "a prompt-cache hit changed the output"
+
+
+def check_dialect(client: Any, dialect: Any, path: str, key: str) -> None:
+    """A dialect on a running app (``client``: an httpx-style client of an app started with
+    ``--api-key key``; ``path``: a GET route of the dialect that answers 200): its prefix
+    owns the edge's error bodies, in its own shape (``Dialect.errors``), and every key form
+    admits a request while none in the query string does."""
+    from mlxcel import errors
+    from mlxcel.lazy import resolve
+
+    body = resolve(dialect.errors) if dialect.errors else None
+    prefix = next(iter(dialect.prefixes), path)
+    missing = client.get(f"{prefix}/no-such-route-here")
+    assert missing.status_code == 401, missing.text  # no key: refused before routing
+    if body is not None:
+        want = body(errors.MissingApiKey(missing.json().get("error", {}).get("message", "")))
+        assert _keys(missing.json()) == _keys(want), (missing.json(), want)
+    for headers in ({"Authorization": f"Bearer {key}"}, {"Authorization": key},
+                    {"x-api-key": key}):
+        assert client.get(path, headers=headers).status_code == 200, headers
+    assert client.get(f"{path}?api_key={key}").status_code == 401
+    unknown = client.get(f"{prefix}/no-such-route-here", headers={"x-api-key": key})
+    assert unknown.status_code == 404
+    if body is not None:
+        assert _keys(unknown.json()) == _keys(body(errors.NotFound("x"))), unknown.json()
+    assert key not in missing.text + unknown.text
+
+
+def _keys(doc: Any) -> Any:
+    """The shape of a JSON body: its keys, nested (values aside)."""
+    if isinstance(doc, dict):
+        return {k: _keys(v) for k, v in doc.items()}
+    return type(doc).__name__ if not isinstance(doc, (str, type(None))) else "scalar"
