@@ -33,6 +33,7 @@ KINDS = {
     "gemma4_text": {"plain", "rotating", "kv_shared"},
     "mamba": {"arrays"}, "mamba2": {"arrays"}, "rwkv7": {"arrays"},
     "lfm2": {"plain", "arrays"}, "qwen3_next": {"plain", "arrays", "moe"},
+    "qwen3_5": {"plain", "arrays"}, "kimi_linear": {"plain", "arrays", "moe"},
     "recurrent_gemma": {"arrays", "rotating"}, "jamba": {"plain", "arrays", "moe"},
     "falcon_h1": {"plain", "arrays", "list"}, "deepseek_v32": {"plain", "list", "moe"},
 }

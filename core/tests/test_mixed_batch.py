@@ -30,6 +30,8 @@ MODELS = {
     "gpt-oss": ("gpt_oss", None),
     "ministral": ("ministral3", None),  # sliding-window Mistral
     "qwen3-next": ("qwen3_next", None),
+    "qwen3.5": ("qwen3_5", None),
+    "kimi-linear": ("kimi_linear", None),
     "llama": ("llama", None),
     "qwen3": ("qwen3", None),
     "jamba": ("jamba", None),  # state layers that ignore padding: prefilled one per group

@@ -128,6 +128,23 @@ def _qwen3_next(d: Dims) -> dict[str, Any]:
             "tie_word_embeddings": False}
 
 
+def _qwen3_5(d: Dims) -> dict[str, Any]:
+    """Qwen3.5's text model: gated delta-net layers with one full-attention layer."""
+    return {"linear_num_value_heads": d.heads, "linear_num_key_heads": d.kv_heads,
+            "linear_key_head_dim": d.head_dim, "linear_value_head_dim": d.head_dim,
+            "linear_conv_kernel_dim": 4, "full_attention_interval": d.layers,
+            "partial_rotary_factor": 0.25, "tie_word_embeddings": False}
+
+
+def _kimi_linear(d: Dims) -> dict[str, Any]:
+    """Kimi Linear: delta-attention (KDA) layers with MLA layers between, MoE MLPs."""
+    return {**_mla(d), "num_experts_per_token": 2, "model_max_length": MAX_POSITION_EMBEDDINGS,
+            "linear_attn_config": {"num_heads": d.heads, "head_dim": d.head_dim,
+                                   "short_conv_kernel_size": 4,
+                                   "kda_layers": list(range(1, d.layers + 1, 2))},
+            "moe_router_activation_func": "sigmoid", "tie_word_embeddings": False}
+
+
 def _lfm2(d: Dims) -> dict[str, Any]:
     return {"conv_bias": False, "conv_L_cache": 3, "block_dim": d.hidden,
             "block_multiple_of": 16, "block_ffn_dim_multiplier": 1.0,
@@ -188,6 +205,8 @@ _EXTRA: dict[str, Callable[[Dims], dict[str, Any]]] = {
                         "decay_low_rank_dim": 8, "tie_word_embeddings": False},
     "lfm2": _lfm2,
     "qwen3_next": _qwen3_next,
+    "qwen3_5": _qwen3_5,
+    "kimi_linear": _kimi_linear,
     "recurrent_gemma": _recurrent_gemma,
     "jamba": _jamba,
     "falcon_h1": _falcon_h1,
