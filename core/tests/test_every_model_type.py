@@ -34,10 +34,11 @@ KINDS = {
     "mamba": {"arrays"}, "mamba2": {"arrays"}, "rwkv7": {"arrays"},
     "lfm2": {"plain", "arrays"}, "qwen3_next": {"plain", "arrays", "moe"},
     "qwen3_5": {"plain", "arrays"}, "kimi_linear": {"plain", "arrays", "moe"},
+    "nemotron_h": {"plain", "arrays", "cacheless"},  # its MLP layers keep no cache
     "recurrent_gemma": {"arrays", "rotating"}, "jamba": {"plain", "arrays", "moe"},
     "falcon_h1": {"plain", "arrays", "list"}, "deepseek_v32": {"plain", "list", "moe"},
 }
-ALL_KINDS = {"plain", "rotating", "kv_shared", "arrays", "list", "moe"}
+ALL_KINDS = {"plain", "rotating", "kv_shared", "arrays", "list", "moe", "cacheless"}
 NEW_TYPES = ("gemma3_text", "gemma4_text", "gpt_oss", "qwen3_next", "deepseek_v3", "glm4",
              "cohere", "mistral3")
 PROMPT = "Tell me a long story about a quick brown fox that jumps over the lazy dog twice."
@@ -60,8 +61,9 @@ def _cache_kinds(model) -> set[str]:
 
     caches = c.make_prompt_cache(model)
     kinds = set().union(*(kind(e) for e in caches))
-    if len(caches) < len(model.layers):
-        kinds.add("kv_shared")
+    if len(caches) < len(model.layers):  # layers with no cache of their own
+        shared = getattr(getattr(model, "args", None), "num_kv_shared_layers", 0)
+        kinds.add("kv_shared" if shared else "cacheless")
     names = {type(m).__name__.lower() for _, m in model.named_modules()}
     if any("switch" in n or "moe" in n or "expert" in n for n in names):
         kinds.add("moe")

@@ -32,6 +32,7 @@ MODELS = {
     "qwen3-next": ("qwen3_next", None),
     "qwen3.5": ("qwen3_5", None),
     "kimi-linear": ("kimi_linear", None),
+    "nemotron-h": ("nemotron_h", None),
     "llama": ("llama", None),
     "qwen3": ("qwen3", None),
     "jamba": ("jamba", None),  # state layers that ignore padding: prefilled one per group

@@ -145,6 +145,15 @@ def _kimi_linear(d: Dims) -> dict[str, Any]:
             "moe_router_activation_func": "sigmoid", "tie_word_embeddings": False}
 
 
+def _nemotron_h(d: Dims) -> dict[str, Any]:
+    """Nemotron-H: Mamba-2 layers, an attention layer and MLP layers, by pattern."""
+    pattern = ("M*-M" * d.layers)[:2 * d.layers]
+    return {"hybrid_override_pattern": list(pattern), "num_hidden_layers": len(pattern),
+            "mamba_num_heads": 2 * d.hidden // d.head_dim, "mamba_head_dim": d.head_dim,
+            "mamba_proj_bias": False, "ssm_state_size": 8, "conv_kernel": 4, "n_groups": 1,
+            "use_bias": False, "use_conv_bias": True, "time_step_limit": [0.0, 100.0]}
+
+
 def _lfm2(d: Dims) -> dict[str, Any]:
     return {"conv_bias": False, "conv_L_cache": 3, "block_dim": d.hidden,
             "block_multiple_of": 16, "block_ffn_dim_multiplier": 1.0,
@@ -207,6 +216,7 @@ _EXTRA: dict[str, Callable[[Dims], dict[str, Any]]] = {
     "qwen3_next": _qwen3_next,
     "qwen3_5": _qwen3_5,
     "kimi_linear": _kimi_linear,
+    "nemotron_h": _nemotron_h,
     "recurrent_gemma": _recurrent_gemma,
     "jamba": _jamba,
     "falcon_h1": _falcon_h1,
