@@ -118,6 +118,27 @@ def _path(raw: str) -> str:
     return raw.strip()
 
 
+# set by the server for every render: neither a request nor --chat-template-kwargs may
+RESERVED_TEMPLATE_KEYS = frozenset({"add_generation_prompt", "messages", "tools"})
+
+
+def chat_template_kwargs(raw: str) -> dict[str, Any]:
+    """A JSON object of extra chat-template variables (any keys but the reserved ones)."""
+    import msgspec
+
+    try:
+        value = msgspec.json.decode(raw)
+    except (msgspec.DecodeError, RecursionError):
+        raise argparse.ArgumentTypeError(f"not valid JSON: {raw!r}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {raw!r}")
+    reserved = sorted(RESERVED_TEMPLATE_KEYS & value.keys())
+    if reserved:
+        raise argparse.ArgumentTypeError(
+            f"{', '.join(reserved)} is set by the server and cannot be given")
+    return value
+
+
 # (flags, dest, type, default, env twin, help)
 OPTIONS: list[tuple[tuple[str, ...], str, Any, Any, str, str]] = [
     (("-m", "--model"), "model", str, None, "LLAMA_ARG_MODEL",
@@ -157,6 +178,10 @@ OPTIONS: list[tuple[tuple[str, ...], str, Any, Any, str, str]] = [
      "default max tokens when a request sets none; -1 = until the context is full"),
     (("--chat-template-file",), "chat_template_file", str, None,
      "LLAMA_ARG_CHAT_TEMPLATE_FILE", "Jinja chat template to use instead of the model's"),
+    (("--chat-template-kwargs",), "chat_template_kwargs", chat_template_kwargs, None,
+     "LLAMA_ARG_CHAT_TEMPLATE_KWARGS",
+     "JSON object of chat-template variables for every request, e.g. "
+     "'{\"enable_thinking\": false}'; a request's own chat_template_kwargs win key by key"),
     (("--log-format",), "log_format", str, "console", "MLXCEL_LOG_FORMAT",
      "log line format: json or console"),
     (("--plugins",), "plugins", str, None, "MLXCEL_PLUGINS",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from typing import Any
 
 import msgspec
 
@@ -39,6 +40,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     parallel: int = 4
     n_predict: int = -1
     chat_template_file: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
     log_format: str = "console"
     plugins: str | None = None
     disable_plugins: str | None = None

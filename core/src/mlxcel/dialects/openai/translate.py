@@ -18,12 +18,12 @@ from mlxcel.generation import (
     server_sampling_defaults,
     stop_strings,
 )
+from mlxcel.options import RESERVED_TEMPLATE_KEYS
 from mlxcel.types import GenerationRequest
 
 from .schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields
 
 LOOP_FIELDS = ("min_pattern_size", "max_pattern_size", "min_count")
-RESERVED_TEMPLATE_KEYS = frozenset({"add_generation_prompt", "messages", "tools"})
 
 
 def _text_part(part: Any, where: str) -> str:
@@ -100,7 +100,12 @@ def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     return out
 
 
-def _template_kwargs(body: ChatCompletionRequest) -> dict[str, Any]:
+def _template_kwargs(body: ChatCompletionRequest,
+                     server: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The request's template variables, in the spec's order of forms (top-level
+    ``chat_template_kwargs``, ``extra_body.chat_template_kwargs``, then DashScope's flat
+    ``extra_body.preserve_thinking``), over ``--chat-template-kwargs`` (``server``): a
+    request's key wins, a server key the request leaves out stays."""
     if body.chat_template_kwargs is not None:
         kwargs = dict(body.chat_template_kwargs)
     else:
@@ -113,7 +118,7 @@ def _template_kwargs(body: ChatCompletionRequest) -> dict[str, Any]:
     for key in sorted(RESERVED_TEMPLATE_KEYS & kwargs.keys()):
         raise InvalidRequest(f"chat_template_kwargs.{key} is set by the server and cannot be "
                              "overridden", param=f"chat_template_kwargs.{key}")
-    return kwargs
+    return {**(server or {}), **kwargs}
 
 
 def chat_prompt(ctx: AppContext, body: ChatCompletionRequest) -> list[int]:
@@ -122,7 +127,8 @@ def chat_prompt(ctx: AppContext, body: ChatCompletionRequest) -> list[int]:
     ckpt = ctx.engine.checkpoint
     tools = body.tools if body.tool_choice != "none" else None
     text = ckpt.template.render(template_messages(body.messages), tools=tools or None,
-                                add_generation_prompt=True, **_template_kwargs(body))
+                                add_generation_prompt=True,
+                                **_template_kwargs(body, ctx.settings.chat_template_kwargs))
     return encode_prompt(ctx.engine, text, "messages", add_special=False)
 
 
