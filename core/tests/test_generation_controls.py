@@ -185,8 +185,8 @@ def test_server_defaults_from_flags_reach_props_and_requests(tiny_checkpoint):
 
 
 def test_loop_policy_precedence():
+    from mlxcel.chat.request import request_loop_policy, server_loop_policy
     from mlxcel.families.api import LoopPolicy as FamilyLoop
-    from mlxcel.generation import request_loop_policy, server_loop_policy
     from mlxcel.options import loop_policy
 
     gemma_like = FamilyLoop(min_pattern_size=1, max_pattern_size=20, min_count=4)

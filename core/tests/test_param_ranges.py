@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 from apphelpers import make_client, wait_ready
+from mlxcel.chat.request import SAMPLING_DEFAULTS, check_server_settings, sampling_params
 from mlxcel.errors import InvalidRequest, StartupError
-from mlxcel.generation import SAMPLING_DEFAULTS, check_server_settings, sampling_params
 
 MSG = [{"role": "user", "content": "Tell me something"}]
 FLOATS = ["temperature", "top_p", "min_p", "repetition_penalty", "frequency_penalty",

@@ -55,3 +55,13 @@ def test_every_families_and_plugins_folder_is_a_distribution():
         assert folder.name in points, f"{folder}: no mlxcel entry point named {folder.name}"
         assert f"testenv:{folder.name}" in tox, f"tox.ini has no env {folder.name}"
         assert list((folder / "tests").glob("test_*conformance*.py")), folder
+
+
+def test_the_chat_layer_imports_no_dialect_no_web_framework_and_no_mlx():
+    """Every dialect builds on ``mlxcel.chat``; it must not depend on any of them."""
+    rel = [p.relative_to(ROOT / "core/src").with_suffix("")
+           for p in (ROOT / "core/src/mlxcel/chat").rglob("*.py")]
+    loaded = _modules_after("; ".join(f"import {'.'.join(r.parts)}" for r in rel))
+    assert "mlxcel.chat.request" in loaded
+    assert not [m for m in loaded if m.split(".")[0] in ("litestar", "granian", "mlx")]
+    assert not [m for m in loaded if m.startswith("mlxcel.dialects")]

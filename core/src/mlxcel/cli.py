@@ -132,7 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = read_api_key(Settings(**vars(args)))
         check_limits(settings)
         from mlxcel.backend import maybe_reexec
-        from mlxcel.generation import check_server_settings
+        from mlxcel.chat.request import check_server_settings
 
         check_server_settings(settings)  # the sampling flags follow the request rules
         if as_program:  # on Linux CPU, restart once with OpenBLAS preloaded (mlxcel.backend)

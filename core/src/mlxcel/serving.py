@@ -178,8 +178,10 @@ def granian_options(settings: Settings) -> dict[str, Any]:
 
 
 def serve(settings: Settings) -> int:
-    """Run Granian (one worker) until it stops; a worker that could not load the model
-    leaves its reason in a file, raised here as a StartupError."""
+    """Run Granian (one worker) until it stops; a worker whose engine failed (at load or
+    later) leaves its reason in a file, raised here as a StartupError. The worker exits
+    right after asking Granian to stop, so Granian may see a crashed worker first and
+    exit 1 itself (``SystemExit``): the reason in the file still decides."""
     from granian import Granian
 
     with tempfile.TemporaryDirectory(prefix="mlxcel-") as tmp:
@@ -187,7 +189,11 @@ def serve(settings: Settings) -> int:
         hand_to_worker(settings, failure)
         server = Granian("mlxcel.serving:worker_app", **granian_options(settings))
         server.on_startup(lambda: _force_exit_on_second_signal(settings.shutdown_timeout))
-        server.serve()
+        try:
+            server.serve()
+        except SystemExit:
+            if not os.path.exists(failure):
+                raise
         if os.path.exists(failure):  # the worker could not load the model
             with open(failure, encoding="utf-8") as fh:
                 raise StartupError(fh.read().strip())

@@ -7,12 +7,12 @@ from typing import Any
 
 from litestar import Request, Response, get, post
 
+from mlxcel.chat.request import SEED_UNSET, server_sampling_defaults
 from mlxcel.context import AppContext
 from mlxcel.dialects.prepare import check_fits, check_token_ids, prepare_for
 from mlxcel.dialects.wire import decode_body
 from mlxcel.engine.tokenizer import TooManyTokens
 from mlxcel.errors import InvalidRequest, MlxcelError
-from mlxcel.generation import SEED_UNSET, server_sampling_defaults
 
 from .schemas import DetokenizeRequest, TokenizeRequest
 

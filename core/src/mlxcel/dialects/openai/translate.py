@@ -6,11 +6,8 @@ from typing import Any
 
 import msgspec
 
-from mlxcel.context import AppContext
-from mlxcel.dialects.jsondepth import MAX_JSON_DEPTH, too_deep
-from mlxcel.dialects.prepare import check_token_ids, encode_prompt
-from mlxcel.errors import CapabilityNotSupported, InvalidRequest
-from mlxcel.generation import (
+from mlxcel.chat.prompt import template_kwargs
+from mlxcel.chat.request import (
     max_tokens,
     request_loop_policy,
     sampling_params,
@@ -18,7 +15,10 @@ from mlxcel.generation import (
     server_sampling_defaults,
     stop_strings,
 )
-from mlxcel.options import RESERVED_TEMPLATE_KEYS
+from mlxcel.context import AppContext
+from mlxcel.dialects.jsondepth import MAX_JSON_DEPTH, too_deep
+from mlxcel.dialects.prepare import check_token_ids, encode_prompt
+from mlxcel.errors import CapabilityNotSupported, InvalidRequest
 from mlxcel.types import GenerationRequest
 
 from .schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields
@@ -104,8 +104,8 @@ def _template_kwargs(body: ChatCompletionRequest,
                      server: dict[str, Any] | None = None) -> dict[str, Any]:
     """The request's template variables, in the spec's order of forms (top-level
     ``chat_template_kwargs``, ``extra_body.chat_template_kwargs``, then DashScope's flat
-    ``extra_body.preserve_thinking``), over ``--chat-template-kwargs`` (``server``): a
-    request's key wins, a server key the request leaves out stays."""
+    ``extra_body.preserve_thinking``), over ``--chat-template-kwargs`` (``server``; the
+    merge rule is ``mlxcel.chat.prompt.template_kwargs``)."""
     if body.chat_template_kwargs is not None:
         kwargs = dict(body.chat_template_kwargs)
     else:
@@ -115,10 +115,7 @@ def _template_kwargs(body: ChatCompletionRequest,
         else:
             kwargs = {"preserve_thinking": extra["preserve_thinking"]} \
                 if "preserve_thinking" in extra else {}
-    for key in sorted(RESERVED_TEMPLATE_KEYS & kwargs.keys()):
-        raise InvalidRequest(f"chat_template_kwargs.{key} is set by the server and cannot be "
-                             "overridden", param=f"chat_template_kwargs.{key}")
-    return {**(server or {}), **kwargs}
+    return template_kwargs(kwargs, server)
 
 
 def chat_prompt(ctx: AppContext, body: ChatCompletionRequest) -> list[int]:
