@@ -66,7 +66,7 @@ class Admission:
         p = self.policy
         return Limits(parallel=self.parallel, prefill_chunk=self.prefill_chunk,
                       align=self.align, grouped=self.grouped,
-                      burst_chunks=p.burst_chunks if self.grouped else 1,
+                      burst_chunks=self.burst_chunks,
                       hold_groups=p.hold_groups and self.batchable,
                       lazy_leave=self.batch.lazy_leave)
 

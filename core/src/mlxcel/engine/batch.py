@@ -155,6 +155,7 @@ class DecodeBatch:
         self.vocab = vocab_size
         self.lazy_leave = lazy_leave
         self.ops = ops or SharedOps
+        self.steps = 0  # decode steps built; a row's cache holds fed(row) tokens
         self.rows: list[Sequence] = []  # finished ones included until they are dropped
         self.cache: list[Any] | None = None
         self.inputs: mx.array | None = None  # [B] next input token per row (lazy)
@@ -188,10 +189,15 @@ class DecodeBatch:
             self.inputs = mx.concatenate([self.inputs, last])
         if caches or keep is not None:
             self.ops.join(self.cache, caches, keep)
-        for s in seqs:
-            s.fed = len(s.req.prompt_tokens) - 1
+        for s in seqs:  # it holds all of its prompt but the last token (``fed``)
+            s.fed_from = len(s.req.prompt_tokens) - 1 - self.steps
         self.rows.extend(seqs)
         self.sampler = self.penalties = None
+
+    def fed(self, seq: Sequence) -> int:
+        """Tokens of ``seq.context`` its row's cache holds: all of it, or all but the last
+        sampled token when the step that feeds that one was not built yet."""
+        return seq.fed_from + self.steps
 
     def snapshots(self, seqs: list[Sequence]) -> list[tuple[list[int], Any]]:
         """Each row's cached state for the prompt cache, with the tokens it holds."""
@@ -248,8 +254,7 @@ class DecodeBatch:
             plan = self.penalties.prepare([None if s.finished else s.context for s in self.rows],
                                           [s.generated_ids for s in self.rows], self._guard)
         logits = self.model(self.inputs[:, None], self.cache)[:, -1, :]
-        for seq in self.rows:
-            seq.fed += 1
+        self.steps += 1  # every row's cache takes one more token
         scored = logits if plan is None else self.penalties(logits, plan=plan)
         sampled = self.sampler(scored).astype(mx.uint32)
         extras = logprob_arrays(logits, sampled, self.top_logprobs) \

@@ -162,13 +162,12 @@ class MixedOps:
 
     @staticmethod
     def snapshots(batch: Any, seqs: list[Sequence]) -> list[tuple[list[int], RowCaches]]:
-        """Each row's caches, copied, and the tokens they hold (``Sequence.fed``: its
-        context, or all of it but the last token when the step that feeds that one was
-        not built yet); queued, not waited for."""
+        """Each row's caches, copied, and the tokens they hold (``DecodeBatch.fed``);
+        queued, not waited for."""
         out = []
         for seq in seqs:
             i = batch.rows.index(seq)
             caches = [owned(c.extract(i)) for c in batch.cache]
-            out.append((seq.context[:seq.fed], RowCaches(caches)))
+            out.append((seq.context[:batch.fed(seq)], RowCaches(caches)))
         mx.async_eval([a for _, stored in out for a in arrays(stored.caches)])
         return out

@@ -165,17 +165,20 @@ def schedule(view: View, limits: Limits, tail: Callable[[Any], int]) -> Plan:
     drop_job = job is not None and not job
     decoding = len(_live(view.rows))
     free = free_slots(limits, view)
-    ordered = sorted(_live(view.waiting))
+    waiting = _live(view.waiting)
     group: list[Any] = []
     step_budget = 0
-    if not job:
+    if job:  # one group prefills at a time: only the next waiting one matters (``hold``)
+        following = min(waiting, default=None)
+    else:
+        ordered = sorted(waiting)
         step_budget = budget(limits, free, len(ordered), decoding)
         group = form_group(ordered, free, step_budget, limits, tail)
+        following = ordered[len(group)] if len(ordered) > len(group) else None
     prefilling = job or group
-    rest = ordered[len(group):] if group else ordered
-    hold = bool(prefilling) and hold_group(
-        limits, tail(rest[0]) if rest else None, free - len(prefilling), len(held) + 1,
-        decoding)
+    hold = bool(prefilling) and limits.hold_groups and hold_group(
+        limits, tail(following) if following is not None else None, free - len(prefilling),
+        len(held) + 1, decoding)
     return Plan(cancel=cancel, leave=leave, group=tuple(group), budget=step_budget,
                 drop_job=drop_job, hold=hold, join=bool(held) and not prefilling,
-                notes={"waiting": len(ordered), "free": free})
+                notes={"waiting": len(waiting), "free": free})

@@ -45,7 +45,7 @@ class Sequence:
         self.loop = req.loop if req.loop is not None and req.loop.enabled else None
         self.generated = 0
         self.cached = 0  # prompt tokens taken from the prompt cache
-        self.fed = 0  # tokens of ``context`` its batch row's cache holds (DecodeBatch)
+        self.fed_from = 0  # its batch's ``DecodeBatch.fed`` = this + the batch's steps
         self.cache_hit: tuple | None = None  # (entry, tokens) found at admission
         self.finished = False
         self.solo = False  # admitted alone (its group could not be set up with it)

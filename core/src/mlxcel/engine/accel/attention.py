@@ -33,6 +33,7 @@ import sys
 from typing import Any
 
 import mlx.core as mx
+from mlx_lm.models.cache import BatchKVCache, BatchRotatingKVCache
 
 from mlxcel.backend import mlx_device, on_cuda
 from mlxcel.engine.accel import cpu_attention, varlen_attention
@@ -61,8 +62,6 @@ def _starts(cache: Any, n: int) -> mx.array | None:
         return cache.pad_array()
     if n != 1 or cache is None:
         return None
-    from mlx_lm.models.cache import BatchKVCache, BatchRotatingKVCache
-
     kind = type(cache)
     if kind is BatchKVCache or (kind is BatchRotatingKVCache and not cache.rotated
                                 and cache._offset <= cache.max_size):

@@ -118,7 +118,7 @@ class _Row:
         self.req = SimpleNamespace(prompt_tokens=tuple(prompt), sampling=sampling)
         self.random = RowRandom(sampling.seed)
         self.context = list(prompt)
-        self.cached = self.fed = 0
+        self.cached = self.fed_from = 0
         self.finished = False
 
     @property
