@@ -26,16 +26,38 @@ def test_tokenizer_splits_multibyte_characters_across_tokens(tok):
 def test_incremental_detokenizer_never_splits_utf8(tok):
     ids = tok.encode(MULTIBYTE)
     detok = IncrementalDetokenizer(tok)
-    pieces = [detok.add(i) for i in ids] + [detok.flush()]
+    pieces = [detok.add(i)[0] for i in ids] + [detok.flush()]
     assert all("\ufffd" not in p for p in pieces)
     assert "".join(pieces) == MULTIBYTE == tok.decode(ids)
 
 
-def test_incremental_detokenizer_skips_special_tokens(tok):
+def test_incremental_detokenizer_keeps_special_tokens_and_says_where(tok):
     end = tok.hf.token_to_id("<|im_end|>")
     detok = IncrementalDetokenizer(tok)
-    text = "".join(detok.add(i) for i in [*tok.encode("hello"), end, *tok.encode(" world")])
-    assert text + detok.flush() == "hello world"
+    out = [detok.add(i) for i in [*tok.encode("hello"), end, *tok.encode(" world")]]
+    text = "".join(t for t, _ in out) + detok.flush()
+    assert text == "hello<|im_end|> world"
+    spans = [(t, span) for t, span in out if span is not None]
+    assert len(spans) == 1
+    piece, (start, end_) = spans[0]
+    assert piece[start:end_] == "<|im_end|>" and end_ == len(piece)
+
+
+def test_a_special_token_releases_an_incomplete_character_before_it(tok):
+    ids = tok.encode(MULTIBYTE)
+    partial = next(i for i in range(1, len(ids)) if "\ufffd" in tok.decode(ids[:i]))
+    end = tok.hf.token_to_id("<|im_end|>")
+    detok = IncrementalDetokenizer(tok)
+    out = [detok.add(i) for i in [*ids[:partial], end]]
+    assert out[-1][1] is not None
+    assert out[-1][0].endswith("<|im_end|>")
+    assert "".join(t for t, _ in out) == tok.decode([*ids[:partial], end], skip_special=False)
+
+
+def test_non_special_added_tokens_are_plain_text(tok):
+    think = tok.hf.token_to_id("<think>")
+    detok = IncrementalDetokenizer(tok)
+    assert detok.add(think) == ("<think>", None)
 
 
 @pytest.mark.parametrize("seed", range(5))

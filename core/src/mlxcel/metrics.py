@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry, generate_latest, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
-from mlxcel.types import GenerationEvent
+from mlxcel.types import Finish
 
 log = structlog.get_logger("mlxcel.metrics")
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -87,13 +87,13 @@ class RequestCounters:
         self.completion_tokens = 0
         self.generation_seconds = 0.0
 
-    def record(self, event: GenerationEvent, started: float) -> None:
-        """Count one generation from its finish event; ``started`` is ``time.perf_counter()``
+    def record(self, finish: Finish, started: float) -> None:
+        """Count one generation from its finish; ``started`` is ``time.perf_counter()``
         taken at submit. Errors and cancellations are not completed generations."""
-        if event.finish_reason is None or event.finish_reason in NOT_COUNTED:
+        if finish.reason in NOT_COUNTED:
             return
         elapsed = time.perf_counter() - started
-        usage = event.usage
+        usage = finish.usage
         with self._lock:
             self.requests += 1
             if usage is not None:
@@ -159,8 +159,8 @@ class Metrics:
         self._server: Any = None
         self._thread: threading.Thread | None = None
 
-    def record(self, event: GenerationEvent, started: float) -> None:
-        self.counters.record(event, started)
+    def record(self, finish: Finish, started: float) -> None:
+        self.counters.record(finish, started)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -1,19 +1,22 @@
-"""Helpers every dialect uses: decode a JSON body into a msgspec struct, SSE framing."""
+"""Helpers every dialect uses: decode a JSON body into a msgspec struct, SSE framing, the
+loop that drives an answer's events through the chat layer into a dialect's frames."""
 
 from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Awaitable
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Protocol, TypeVar
 
 import msgspec
 from litestar import Request, Response
 from litestar.response import Stream
 
+from mlxcel.chat.output import OutputMachine
 from mlxcel.dialects.jsondepth import MAX_JSON_DEPTH, deep_path, too_deep
 from mlxcel.dialects.prepare import prepare
 from mlxcel.errors import InvalidRequest
+from mlxcel.types import Delta, Finish
 
 T = TypeVar("T")
 _PATH = re.compile(r"at `\$\.?([^`]*)`")
@@ -143,3 +146,45 @@ def request_priority(request: Request) -> int:
         raise InvalidRequest("header 'X-Priority' must be high, normal or low",
                              param="X-Priority")
     return lane
+
+
+class StreamEncoder(Protocol):
+    """A dialect's frames for one streamed answer (``first``: what opens the stream)."""
+
+    def first(self) -> bytes | None: ...
+
+    def encode(self, deltas: list[Delta]) -> list[bytes]: ...
+
+
+def record_usage(request: Request, finish: Finish) -> None:
+    """Token counts for the access log (``middleware``)."""
+    if finish.usage is not None:
+        request.scope["state"]["usage"] = (finish.usage.prompt_tokens,
+                                           finish.usage.completion_tokens)
+
+
+async def stream_answer(request: Request, stream: Any, machine: OutputMachine,
+                        encoder: StreamEncoder,
+                        on_finish: Callable[[Finish], None] | None = None
+                        ) -> AsyncIterator[bytes]:
+    """An answer's frames as its events arrive: events that arrived together go out in one
+    write (fewer sends under load). ``on_finish`` runs for an answer that ended well, and
+    never when the client left before its end; leaving cancels the generation."""
+    try:
+        first = encoder.first()
+        if first:
+            yield first
+        async for first_event in stream:
+            out: list[bytes] = []
+            for event in [first_event, *stream.take_ready()]:
+                deltas = machine.feed(event)
+                finish = deltas[-1] if deltas and isinstance(deltas[-1], Finish) else None
+                if finish is not None and finish.ok:
+                    record_usage(request, finish)
+                    if on_finish is not None:
+                        on_finish(finish)
+                out.extend(encoder.encode(deltas))
+            if out:
+                yield b"".join(out)
+    finally:
+        stream.cancel()  # no-op when finished; frees the slot when the client went away

@@ -79,6 +79,16 @@ class Mailbox:
             fn(arg)
 
 
+def merged(first: GenerationEvent, then: GenerationEvent) -> GenerationEvent:
+    """Two unfinished events as one (a slow consumer's backlog), nothing of either lost."""
+    shift = len(first.text)
+    return GenerationEvent(text=first.text + then.text,
+                           token_ids=first.token_ids + then.token_ids,
+                           logprobs=first.logprobs + then.logprobs,
+                           specials=first.specials + tuple((a + shift, b + shift)
+                                                           for a, b in then.specials))
+
+
 class EventStream:
     """Events of one request. Closing it early (client gone) cancels the generation."""
 
@@ -103,9 +113,7 @@ class EventStream:
         buf = self._buffer
         if len(buf) >= MAX_BUFFERED_EVENTS and buf[-1].finish_reason is None \
                 and event.finish_reason is None:
-            last = buf[-1]
-            buf[-1] = GenerationEvent(text=last.text + event.text,
-                                      token_ids=last.token_ids + event.token_ids)
+            buf[-1] = merged(buf[-1], event)
         else:
             buf.append(event)
         self._ready.set()

@@ -68,23 +68,37 @@ class Sequence:
         return self.context[len(self.req.prompt_tokens):]
 
     def accept(self, token: int, logprob: TokenLogprob | None = None) -> None:
-        """Take one sampled token: emit text, or finish on EOS / stop / loop / max_tokens."""
+        """Take one sampled token: emit its text, or finish on EOS / stop / loop /
+        max_tokens. Text goes out as soon as it is decoded: holding back what may begin a
+        stop string, and cutting at one, is the chat layer's work (``chat.output``); the
+        engine only decides, by the same rule, where generation ends."""
         self.generated += 1
         self.context.append(token)
         lps = (logprob,) if logprob is not None else ()
         if token in self.eos_ids:
-            text = self.stops.feed(self.detok.flush())[0] + self.stops.flush()
-            self.finish("stop", text, logprobs=lps)
+            self.finish("stop", self.detok.flush(), logprobs=lps)
             return
-        text, hit = self.stops.feed(self.detok.add(token))
-        if hit or (self.loop is not None and self._looping()):
-            self.finish("stop", text, token, logprobs=lps)
+        text, span = self.detok.add(token)
+        specials = () if span is None else (span,)
+        if self._stop_in(text, span) or (self.loop is not None and self._looping()):
+            self.finish("stop", text, token, logprobs=lps, specials=specials)
         elif self.generated >= self.req.max_tokens:
-            tail, hit = self.stops.feed(self.detok.flush())
-            self.finish("stop" if hit else "length",
-                        text + tail + ("" if hit else self.stops.flush()), token, logprobs=lps)
+            tail = self.detok.flush()
+            hit = self.stops.feed(tail)[1]
+            self.finish("stop" if hit else "length", text + tail, token, logprobs=lps,
+                        specials=specials)
         else:
-            self.emit(GenerationEvent(text=text, token_ids=(token,), logprobs=lps))
+            self.emit(GenerationEvent(text=text, token_ids=(token,), logprobs=lps,
+                                      specials=specials))
+
+    def _stop_in(self, text: str, span: tuple[int, int] | None) -> bool:
+        """Whether a stop string completes in ``text``. Stops match ordinary text only, and
+        a special token ends any partial match (``chat.output`` applies the same rule)."""
+        if span is None:
+            return self.stops.feed(text)[1]
+        hit = self.stops.feed(text[:span[0]])[1]
+        self.stops.flush()
+        return hit
 
     def _looping(self) -> bool:
         """True when the generated tail is one pattern repeated ``min_count`` times."""
@@ -99,13 +113,14 @@ class Sequence:
         return False
 
     def finish(self, reason: FinishReason, text: str = "", token: int | None = None,
-               error: str | None = None, logprobs: tuple[TokenLogprob, ...] = ()) -> None:
+               error: str | None = None, logprobs: tuple[TokenLogprob, ...] = (),
+               specials: tuple[tuple[int, int], ...] = ()) -> None:
         if self.finished:
             return
         self.finished = True
         event = GenerationEvent(text=text, token_ids=() if token is None else (token,),
                                 logprobs=logprobs, finish_reason=reason, usage=self.usage(),
-                                error=error)
+                                error=error, specials=specials)
         if self.defer_finish:
             self._final = event
         else:

@@ -31,11 +31,16 @@ class StopMatcher:
         return held
 
     def _partial_suffix(self, buf: str) -> int:
-        """Length of the longest suffix of ``buf`` that is a proper prefix of a stop."""
-        best = 0
-        for stop in self.stops:
-            for n in range(min(len(stop) - 1, len(buf)), best, -1):
-                if buf.endswith(stop[:n]):
-                    best = n
-                    break
-        return best
+        return partial_suffix(buf, self.stops)
+
+
+def partial_suffix(buf: str, needles: tuple[str, ...]) -> int:
+    """Length of the longest suffix of ``buf`` that is a proper prefix of one of
+    ``needles``: what must be held back until the next text says whether it completes."""
+    best = 0
+    for needle in needles:
+        for n in range(min(len(needle) - 1, len(buf)), best, -1):
+            if buf.endswith(needle[:n]):
+                best = n
+                break
+    return best

@@ -102,6 +102,13 @@ class Tokenizer:
         longest = max((len(t.encode("utf-8")) for t in (*vocab, *decoded)), default=1)
         return max(1, longest)
 
+    @cached_property
+    def special_texts(self) -> dict[int, str]:
+        """Id -> text of every special added token (those ``skip_special`` drops): the
+        markers the detokenizer keeps and tags, so tool and reasoning parsers see them."""
+        return {tid: tok.content for tid, tok in self.hf.get_added_tokens_decoder().items()
+                if tok.special}
+
     def decode(self, ids: list[int], skip_special: bool = True) -> str:
         return self.hf.decode(ids, skip_special_tokens=skip_special)
 

@@ -1,7 +1,19 @@
 """Internal frozen msgspec structs shared by dialects and the engine."""
 
+from mlxcel.types.deltas import (
+    ContentDelta,
+    Delta,
+    Finish,
+    ReasoningDelta,
+    ToolCallArguments,
+    ToolCallEnd,
+    ToolCallStart,
+)
 from mlxcel.types.events import FinishReason, GenerationEvent, TokenLogprob, Usage
 from mlxcel.types.requests import GenerationRequest, LoopPolicy, SamplingParams
 
-__all__ = ["FinishReason", "GenerationEvent", "GenerationRequest", "LoopPolicy", "SamplingParams",
-           "TokenLogprob", "Usage"]
+__all__ = [
+    "ContentDelta", "Delta", "Finish", "FinishReason", "GenerationEvent", "GenerationRequest",
+    "LoopPolicy", "ReasoningDelta", "SamplingParams", "TokenLogprob", "ToolCallArguments",
+    "ToolCallEnd", "ToolCallStart", "Usage",
+]

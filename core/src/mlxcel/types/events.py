@@ -30,10 +30,15 @@ class TokenLogprob(msgspec.Struct, frozen=True, array_like=True):
 class GenerationEvent(msgspec.Struct, frozen=True, kw_only=True):
     """Text decoded since the previous event; ``finish_reason`` set on the last one.
 
-    ``logprobs`` has one entry per token in ``token_ids`` when the request asked for them.
+    ``text`` keeps the text of special tokens (``<|python_tag|>``, ``[TOOL_CALLS]``,
+    harmony's channel tokens), so that the chat layer can parse them; ``specials`` holds the
+    ``(start, end)`` character span of each in ``text``, which is how the chat layer keeps
+    them out of what a user sees without guessing from strings. ``logprobs`` has one entry
+    per token in ``token_ids`` when the request asked for them.
     """
 
     text: str = ""
+    specials: tuple[tuple[int, int], ...] = ()
     token_ids: tuple[int, ...] = ()
     logprobs: tuple[TokenLogprob, ...] = ()
     finish_reason: FinishReason | None = None

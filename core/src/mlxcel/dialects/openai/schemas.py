@@ -85,6 +85,8 @@ class Usage(msgspec.Struct):
 class AssistantMessage(msgspec.Struct):
     role: str = "assistant"
     content: str | None = None
+    reasoning_content: str | UnsetType = UNSET
+    tool_calls: list[dict[str, Any]] | UnsetType = UNSET
 
 
 class ChatChoice(msgspec.Struct):
@@ -107,6 +109,8 @@ class ChatCompletion(msgspec.Struct):
 class Delta(msgspec.Struct, omit_defaults=True):
     role: str | None = None
     content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
 
 
 class ChunkChoice(msgspec.Struct):

@@ -1,0 +1,225 @@
+"""Engine events -> typed deltas: one state machine per answer, for every dialect.
+
+It is the one place that holds back text at token boundaries: a possible beginning of a
+stop string, of a reasoning marker, or of a tool call's wrapper stays held until the next
+text settles it, so the deltas (merged, ``merge``) are the same however the model's text
+was split into tokens. The engine's events keep special tokens' text with their spans
+(``GenerationEvent.specials``); here they reach the reasoning split and the tool parser,
+and never the user-visible content.
+
+The stages, in order, for each piece of an event's text:
+
+1. stop strings, on ordinary text (``engine.stops.StopMatcher``, the engine's own rule for
+   where generation ends): text after a stop is dropped, a special token ends a partial
+   match;
+2. the reasoning split at the reasoning markers, when the model has them (the prompt may
+   leave the answer inside an open block: ``reasoning_open``);
+3. the tool parser on the answer text, when the request has tools and the model a format
+   (it sees special tokens' text; what it passes through as content loses them).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable
+
+from mlxcel.engine.stops import StopMatcher, partial_suffix
+from mlxcel.toolcalls.api import ParseEvent, ToolCallParser
+from mlxcel.types import (
+    ContentDelta,
+    Delta,
+    Finish,
+    GenerationEvent,
+    ReasoningDelta,
+    TokenLogprob,
+    ToolCallArguments,
+    ToolCallEnd,
+    ToolCallStart,
+)
+
+Piece = tuple[str, bool]  # (text, is a special token's text)
+
+
+def pieces(event: GenerationEvent) -> list[Piece]:
+    """An event's text cut at its special tokens' spans."""
+    if not event.specials:
+        return [(event.text, False)] if event.text else []
+    out: list[Piece] = []
+    at = 0
+    for start, end in event.specials:
+        if start > at:
+            out.append((event.text[at:start], False))
+        out.append((event.text[start:end], True))
+        at = end
+    if at < len(event.text):
+        out.append((event.text[at:], False))
+    return out
+
+
+class _Reasoning:
+    """Routes text between reasoning and answer at the markers, holding back a partial
+    marker. Without markers everything is answer text."""
+
+    def __init__(self, markers: tuple[str, str] | None, inside: bool) -> None:
+        self.markers = markers
+        self.inside = bool(markers) and inside
+        self._held = ""
+
+    def _marker(self) -> str:
+        assert self.markers is not None
+        return self.markers[1] if self.inside else self.markers[0]
+
+    def feed(self, text: str, special: bool) -> list[tuple[bool, str, bool]]:
+        """``(in reasoning, text, special)`` runs for one piece."""
+        if self.markers is None:
+            return [(False, text, special)]
+        if special:
+            out = self.flush()
+            if text == self._marker():
+                self.inside = not self.inside
+                return out
+            return [*out, (self.inside, text, True)]
+        out = []
+        buf = self._held + text
+        while (i := buf.find(self._marker())) >= 0:
+            if i:
+                out.append((self.inside, buf[:i], False))
+            buf = buf[i + len(self._marker()):]
+            self.inside = not self.inside
+        keep = partial_suffix(buf, (self._marker(),))
+        self._held = buf[len(buf) - keep:] if keep else ""
+        if len(buf) > keep:
+            out.append((self.inside, buf[:len(buf) - keep], False))
+        return out
+
+    def flush(self) -> list[tuple[bool, str, bool]]:
+        held, self._held = self._held, ""
+        return [(self.inside, held, False)] if held else []
+
+
+class _Tools:
+    """Adapts a tool parser's events to deltas; without a parser, answer text is content
+    and special tokens' text is dropped."""
+
+    def __init__(self, parser: ToolCallParser | None, specials: Iterable[str]) -> None:
+        self.parser = parser
+        self.specials = tuple(sorted(set(specials), key=len, reverse=True))
+        self.ids: dict[int, str] = {}
+        self.calls = 0
+
+    def feed(self, text: str, special: bool) -> list[Delta]:
+        if self.parser is None:
+            return [] if special else [ContentDelta(text=text)]
+        return self._deltas(self.parser.feed(text))
+
+    def finish(self) -> list[Delta]:
+        return [] if self.parser is None else self._deltas(self.parser.finish())
+
+    def _visible(self, text: str) -> str:
+        for marker in self.specials:
+            text = text.replace(marker, "")
+        return text
+
+    def _deltas(self, events: list[ParseEvent]) -> list[Delta]:
+        out: list[Delta] = []
+        for e in events:
+            if e.kind == "content":
+                text = self._visible(e.text)
+                if text:
+                    out.append(ContentDelta(text=text))
+            elif e.kind == "call_start":
+                self.ids[e.index] = f"call_{uuid.uuid4().hex[:24]}"
+                self.calls += 1
+                out.append(ToolCallStart(index=e.index, id=self.ids[e.index],
+                                         name=e.name or ""))
+            elif e.kind == "call_arguments":
+                out.append(ToolCallArguments(index=e.index, text=e.text))
+            else:
+                out.append(ToolCallEnd(index=e.index))
+        return out
+
+
+class OutputMachine:
+    """One answer's state: feed it the request's engine events in order, get deltas."""
+
+    def __init__(self, *, stops: tuple[str, ...] = (),
+                 reasoning: tuple[str, str] | None = None, reasoning_open: bool = False,
+                 tool_parser: ToolCallParser | None = None,
+                 special_texts: Iterable[str] = ()) -> None:
+        self._stops = StopMatcher(stops)
+        self._reasoning = _Reasoning(reasoning, reasoning_open)
+        self._tools = _Tools(tool_parser, special_texts)
+        self._stopped = False  # a stop string matched: later text is not the answer's
+        self.done = False
+
+    def feed(self, event: GenerationEvent) -> list[Delta]:
+        """The deltas one event settles. Its logprobs ride on the last text delta it
+        produced, or on an empty content delta when it produced none."""
+        out: list[Delta] = []
+        for text, special in pieces(event):
+            if self._stopped:
+                break
+            if special:
+                out += self._route(self._stops.flush(), False)
+                out += self._route(text, True)
+                continue
+            safe, hit = self._stops.feed(text)
+            out += self._route(safe, False)
+            self._stopped = hit
+        if event.finish_reason is not None:
+            out += self._finish_text()
+        out = self._with_logprobs(out, event.logprobs)
+        if event.finish_reason is not None:
+            self.done = True
+            reason = event.finish_reason
+            if reason == "stop" and self._tools.calls:
+                reason = "tool_calls"
+            out.append(Finish(reason=reason, usage=event.usage, error=event.error))
+        return out
+
+    def _route(self, text: str, special: bool) -> list[Delta]:
+        if not text:
+            return []
+        out: list[Delta] = []
+        for inside, run, is_special in self._reasoning.feed(text, special):
+            if inside:
+                if not is_special:
+                    out.append(ReasoningDelta(text=run))
+            else:
+                out += self._tools.feed(run, is_special)
+        return out
+
+    def _finish_text(self) -> list[Delta]:
+        out = [] if self._stopped else self._route(self._stops.flush(), False)
+        for inside, run, special in self._reasoning.flush():
+            out += [ReasoningDelta(text=run)] if inside else self._tools.feed(run, special)
+        return out + self._tools.finish()
+
+    @staticmethod
+    def _with_logprobs(out: list[Delta], lps: tuple[TokenLogprob, ...]) -> list[Delta]:
+        """Text deltas of one event merged per kind; the logprobs on the last of them."""
+        merged = merge(out)
+        if not lps:
+            return merged
+        for i in range(len(merged) - 1, -1, -1):
+            d = merged[i]
+            if isinstance(d, (ContentDelta, ReasoningDelta)):
+                merged[i] = type(d)(text=d.text, logprobs=d.logprobs + lps)
+                return merged
+        return [*merged, ContentDelta(logprobs=lps)]
+
+
+def merge(deltas: Iterable[Delta]) -> list[Delta]:
+    """Adjacent content (or reasoning, or one call's argument) deltas as one: what a
+    client that concatenates them sees, whatever the chunking."""
+    out: list[Delta] = []
+    for d in deltas:
+        last = out[-1] if out else None
+        if isinstance(d, (ContentDelta, ReasoningDelta)) and type(last) is type(d):
+            out[-1] = type(d)(text=last.text + d.text, logprobs=last.logprobs + d.logprobs)
+        elif isinstance(d, ToolCallArguments) and isinstance(last, ToolCallArguments) \
+                and last.index == d.index:
+            out[-1] = ToolCallArguments(index=d.index, text=last.text + d.text)
+        else:
+            out.append(d)
+    return out

@@ -1,0 +1,159 @@
+"""OpenAI stream encoders: typed deltas -> ``chat.completion.chunk`` / ``text_completion``
+frames, and a whole answer -> the non-streaming body. One encoder per surface; the rules of
+what the deltas say live in ``mlxcel.chat``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from msgspec import UNSET
+
+from mlxcel.chat.answer import Answer, failure
+from mlxcel.dialects.wire import SSE_DONE, error_frame, sse
+from mlxcel.engine.tokenizer import Tokenizer
+from mlxcel.types import (
+    ContentDelta,
+    Delta,
+    Finish,
+    ReasoningDelta,
+    ToolCallArguments,
+    ToolCallStart,
+    Usage,
+)
+
+from . import schemas as s
+from .logprobs import chat_logprobs, completion_logprobs
+
+# answer finish reasons -> OpenAI's; "error" and "cancelled" never reach a client as one
+FINISH = {"stop": "stop", "length": "length", "tool_calls": "tool_calls"}
+
+
+def wire_usage(u: Usage | None) -> s.Usage:
+    assert u is not None
+    return s.Usage(u.prompt_tokens, u.completion_tokens, u.total_tokens,
+                   {"cached_tokens": u.cached_tokens})
+
+
+class _Encoder:
+    """What every frame of one response repeats, and the closing frames."""
+
+    def __init__(self, rid: str, created: int, model: str, tok: Tokenizer,
+                 include_usage: bool) -> None:
+        self.rid, self.created, self.model, self.tok = rid, created, model, tok
+        self.include_usage = include_usage
+
+    def encode(self, deltas: list[Delta]) -> list[bytes]:
+        """The frames of some deltas; after a ``Finish``: its frame (+ usage) and
+        ``[DONE]``, or an error frame and ``[DONE]`` when the answer failed."""
+        out: list[bytes] = []
+        for delta in deltas:
+            if isinstance(delta, Finish):
+                if not delta.ok:
+                    return [*out, error_frame(failure(delta)), SSE_DONE]
+                out.append(sse(self.finish_frame(FINISH[delta.reason])))
+                if self.include_usage:
+                    out.append(sse(self.usage_frame(wire_usage(delta.usage))))
+                return [*out, SSE_DONE]
+            frame = self.delta_frame(delta)
+            if frame is not None:
+                out.append(sse(frame))
+        return out
+
+    def delta_frame(self, delta: Delta) -> Any: ...
+
+    def finish_frame(self, reason: str) -> Any: ...
+
+    def usage_frame(self, usage: s.Usage) -> Any: ...
+
+
+class ChatEncoder(_Encoder):
+    """``chat.completion.chunk`` frames: a role frame first, then content, reasoning
+    (``reasoning_content``) and tool-call deltas, each with the logprobs it carries."""
+
+    def __init__(self, *args: Any, logprobs: bool = False, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.logprobs = logprobs
+
+    def _chunk(self, delta: s.Delta, finish: str | None = None,
+               logprobs: dict | None = None) -> s.ChatCompletionChunk:
+        return s.ChatCompletionChunk(self.rid, self.created, self.model,
+                                     [s.ChunkChoice(0, delta, finish, logprobs)])
+
+    def first(self) -> bytes:
+        return sse(self._chunk(s.Delta(role="assistant")))
+
+    def delta_frame(self, delta: Delta) -> Any:
+        if isinstance(delta, (ContentDelta, ReasoningDelta)):
+            lps = chat_logprobs(self.tok, delta.logprobs) if delta.logprobs else None
+            wire = s.Delta(content=delta.text) if isinstance(delta, ContentDelta) \
+                else s.Delta(reasoning_content=delta.text)
+            return self._chunk(wire, logprobs=lps)
+        if isinstance(delta, ToolCallStart):
+            return self._chunk(s.Delta(tool_calls=[{
+                "index": delta.index, "id": delta.id, "type": "function",
+                "function": {"name": delta.name, "arguments": ""}}]))
+        if isinstance(delta, ToolCallArguments):
+            return self._chunk(s.Delta(tool_calls=[{
+                "index": delta.index, "function": {"arguments": delta.text}}]))
+        return None
+
+    def finish_frame(self, reason: str) -> Any:
+        return self._chunk(s.Delta(), reason)
+
+    def usage_frame(self, usage: s.Usage) -> Any:
+        return s.ChatCompletionChunk(self.rid, self.created, self.model, [], usage=usage)
+
+    def whole(self, answer: Answer) -> s.ChatCompletion:
+        finish = answer.finish
+        assert finish is not None
+        calls = [{"id": c.id, "type": "function",
+                  "function": {"name": c.name, "arguments": c.arguments}}
+                 for c in answer.calls] or None
+        message = s.AssistantMessage(
+            content=answer.content if answer.content or not calls else None,
+            tool_calls=calls or UNSET, reasoning_content=answer.reasoning or UNSET)
+        lps = chat_logprobs(self.tok, answer.logprobs) if self.logprobs else None
+        choice = s.ChatChoice(0, message, FINISH[finish.reason], lps)
+        return s.ChatCompletion(self.rid, self.created, self.model, [choice],
+                                wire_usage(finish.usage))
+
+
+class CompletionEncoder(_Encoder):
+    """``text_completion`` frames: the echoed prompt first (when asked), then text with
+    logprobs whose ``text_offset`` counts from the start of the returned text."""
+
+    def __init__(self, *args: Any, logprobs: bool = False, echoed: str = "", **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.logprobs, self.echoed, self.offset = logprobs, echoed, len(echoed)
+
+    def first(self) -> bytes | None:
+        if not self.echoed:
+            return None
+        return sse(s.Completion(self.rid, self.created, self.model,
+                                [s.CompletionChoice(0, self.echoed, None)]))
+
+    def _frame(self, text: str, finish: str | None, logprobs: dict | None) -> s.Completion:
+        return s.Completion(self.rid, self.created, self.model,
+                            [s.CompletionChoice(0, text, finish, logprobs)])
+
+    def delta_frame(self, delta: Delta) -> Any:
+        if not isinstance(delta, ContentDelta):
+            return None
+        lps = completion_logprobs(self.tok, delta.logprobs, self.offset) \
+            if delta.logprobs else None
+        self.offset += len(delta.text)
+        return self._frame(delta.text, None, lps)
+
+    def finish_frame(self, reason: str) -> Any:
+        return self._frame("", reason, None)
+
+    def usage_frame(self, usage: s.Usage) -> Any:
+        return s.Completion(self.rid, self.created, self.model, [], usage=usage)
+
+    def whole(self, answer: Answer) -> s.Completion:
+        finish = answer.finish
+        assert finish is not None
+        lps = completion_logprobs(self.tok, answer.logprobs) if self.logprobs else None
+        choice = s.CompletionChoice(0, self.echoed + answer.content, FINISH[finish.reason], lps)
+        return s.Completion(self.rid, self.created, self.model, [choice],
+                            usage=wire_usage(finish.usage))

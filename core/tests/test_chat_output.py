@@ -1,0 +1,209 @@
+"""The output state machine: the same deltas however the text is split into tokens;
+special-token text reaches the parsers and never the content; stops cut; logprobs ride."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from mlxcel.chat.output import OutputMachine, merge, pieces
+from mlxcel.toolcalls.api import ParseEvent
+from mlxcel.types import (
+    ContentDelta,
+    Finish,
+    GenerationEvent,
+    ReasoningDelta,
+    TokenLogprob,
+    ToolCallArguments,
+    ToolCallEnd,
+    ToolCallStart,
+    Usage,
+)
+
+USAGE = Usage(prompt_tokens=3, completion_tokens=9)
+THINK = ("<think>", "</think>")
+
+
+def events(parts: list[tuple[str, bool]], rng: random.Random | None,
+           finish: str = "stop") -> list[GenerationEvent]:
+    """Engine-like events of ``parts`` (``(text, special)``): ordinary text cut at random
+    points (every character when ``rng`` is None), each special token's text at the end of
+    an event, as the detokenizer emits it; the last event finishes."""
+    out: list[GenerationEvent] = []
+    pending = ""
+    for text, special in parts:
+        if special:
+            out.append(GenerationEvent(text=pending + text, token_ids=(1,),
+                                       specials=((len(pending), len(pending) + len(text)),)))
+            pending = ""
+            continue
+        for ch in text:
+            pending += ch
+            if rng is None or rng.random() < 0.4:
+                out.append(GenerationEvent(text=pending, token_ids=(1,)))
+                pending = ""
+    last = out.pop() if out and not pending else GenerationEvent(text=pending)
+    out.append(GenerationEvent(text=last.text, token_ids=last.token_ids, specials=last.specials,
+                               finish_reason=finish, usage=USAGE))
+    return out
+
+
+def run(machine: OutputMachine, evs: list[GenerationEvent]) -> list:
+    out = []
+    for e in evs:
+        out += machine.feed(e)
+    return out
+
+
+def texts(deltas, kind) -> str:
+    return "".join(d.text for d in deltas if isinstance(d, kind))
+
+
+def test_pieces_cut_an_event_at_its_special_spans():
+    e = GenerationEvent(text="ab<|x|>cd<|y|>", specials=((2, 7), (9, 14)))
+    assert pieces(e) == [("ab", False), ("<|x|>", True), ("cd", False), ("<|y|>", True)]
+    assert pieces(GenerationEvent(text="")) == []
+
+
+PARTS = [("<think>", False), ("plan the answer", False), ("</think>", False),
+         ("Hello ", False), ("<|im_sep|>", True), ("world END and more", False)]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_same_deltas_for_any_split(seed):
+    def answer(rng):
+        m = OutputMachine(stops=("END",), reasoning=THINK)
+        return merge(run(m, events(PARTS, rng)))
+
+    whole = answer(None)
+    assert whole == answer(random.Random(seed))
+    assert texts(whole, ReasoningDelta) == "plan the answer"
+    assert texts(whole, ContentDelta) == "Hello world "
+    assert isinstance(whole[-1], Finish) and whole[-1].reason == "stop"
+
+
+def test_special_token_text_never_reaches_content():
+    parts = [("a", False), ("<|python_tag|>", True), ("b", False), ("<|eom|>", True)]
+    deltas = run(OutputMachine(), events(parts, random.Random(1)))
+    assert texts(deltas, ContentDelta) == "ab"
+
+
+def test_a_special_token_ends_a_partial_stop_match():
+    # "EN" could begin "END"; the special token between releases it
+    parts = [("xEN", False), ("<|s|>", True), ("D tail", False)]
+    deltas = run(OutputMachine(stops=("END",)), events(parts, None))
+    assert texts(deltas, ContentDelta) == "xEND tail"
+
+
+def test_stop_cuts_and_drops_the_rest_also_in_the_finishing_event():
+    evs = [GenerationEvent(text="one two", token_ids=(1,)),
+           GenerationEvent(text=" STOP three", token_ids=(2,), finish_reason="stop",
+                           usage=USAGE)]
+    deltas = run(OutputMachine(stops=("STOP",)), evs)
+    assert texts(deltas, ContentDelta) == "one two "
+    assert deltas[-1] == Finish(reason="stop", usage=USAGE)
+
+
+def test_held_text_is_released_at_the_end():
+    evs = [GenerationEvent(text="almost ST", token_ids=(1,)),
+           GenerationEvent(text="", finish_reason="length", usage=USAGE)]
+    deltas = run(OutputMachine(stops=("STOP",)), evs)
+    assert [type(d) for d in deltas] == [ContentDelta, ContentDelta, Finish]
+    assert texts(deltas, ContentDelta) == "almost ST"
+
+
+def test_a_prompt_that_opens_reasoning_starts_inside_it():
+    parts = [("still thinking</think>", False), ("done", False)]
+    deltas = run(OutputMachine(reasoning=THINK, reasoning_open=True), events(parts, None))
+    assert texts(deltas, ReasoningDelta) == "still thinking"
+    assert texts(deltas, ContentDelta) == "done"
+
+
+def test_a_special_reasoning_marker_switches_too():
+    parts = [("<think>", True), ("hmm", False), ("</think>", True), ("ok", False)]
+    deltas = merge(run(OutputMachine(reasoning=THINK), events(parts, random.Random(2))))
+    assert texts(deltas, ReasoningDelta) == "hmm" and texts(deltas, ContentDelta) == "ok"
+
+
+def test_logprobs_of_every_token_reach_a_delta_once():
+    lps = [TokenLogprob(i, -0.5) for i in range(6)]
+    evs = [GenerationEvent(text=t, token_ids=(i,), logprobs=(lps[i],))
+           for i, t in enumerate(["a", "b", "S", "T", "c"])]
+    evs.append(GenerationEvent(text="d", token_ids=(5,), logprobs=(lps[5],),
+                               finish_reason="length", usage=USAGE))
+    deltas = run(OutputMachine(stops=("STOP",)), evs)
+    got = [lp for d in deltas if isinstance(d, ContentDelta) for lp in d.logprobs]
+    assert got == lps
+    # the tokens behind held text ("S", "T") still get a frame of their own
+    assert [d.text for d in deltas if isinstance(d, ContentDelta)] == \
+        ["a", "b", "", "", "STc", "d"]
+
+
+def test_failure_finish_carries_the_engine_message():
+    evs = [GenerationEvent(text="x", token_ids=(1,)),
+           GenerationEvent(finish_reason="error", error="boom", usage=USAGE)]
+    deltas = run(OutputMachine(), evs)
+    assert deltas[-1] == Finish(reason="error", usage=USAGE, error="boom")
+    assert not deltas[-1].ok
+
+
+class _WrapperParser:
+    """A tool format as a plugin would write one: ``[CALL]{json}`` after a special token;
+    it holds everything and parses at the end (the simplest correct parser)."""
+
+    def __init__(self) -> None:
+        self.buf = ""
+
+    def feed(self, text: str) -> list[ParseEvent]:
+        self.buf += text
+        return []
+
+    def finish(self) -> list[ParseEvent]:
+        head, sep, rest = self.buf.partition("<|call|>")
+        out = [ParseEvent(kind="content", text=head)] if head else []
+        if sep:
+            call = json.loads(rest)
+            out += [ParseEvent(kind="call_start", name=call["name"]),
+                    ParseEvent(kind="call_arguments", text=json.dumps(call["arguments"])),
+                    ParseEvent(kind="call_end")]
+        return out
+
+
+def test_tool_parser_sees_special_tokens_and_its_content_loses_them():
+    parts = [("Sure", False), ("<|pad|>", True), (".", False), ("<|call|>", True),
+             ('{"name": "f", "arguments": {"x": 1}}', False)]
+    m = OutputMachine(tool_parser=_WrapperParser(), special_texts=("<|pad|>", "<|call|>"))
+    deltas = merge(run(m, events(parts, random.Random(3))))
+    assert texts(deltas, ContentDelta) == "Sure."
+    start = next(d for d in deltas if isinstance(d, ToolCallStart))
+    assert start.name == "f" and start.id.startswith("call_")
+    assert texts(deltas, ToolCallArguments) == '{"x": 1}'
+    assert any(isinstance(d, ToolCallEnd) for d in deltas)
+    assert deltas[-1].reason == "tool_calls"
+
+
+def test_engine_events_keep_special_tokens_and_content_drops_them(tiny_checkpoint):
+    """Sampled from random weights, some tokens are special (``<|im_start|>``, the
+    reserved pads): the events carry their text at tagged spans, and the answer's content
+    is what the tokenizer decodes with special tokens skipped."""
+    from mlxcel.testing.engine import ListSink, request, run_until_done, worker_for
+    from mlxcel.types import SamplingParams
+
+    worker = worker_for(tiny_checkpoint)
+    tok = worker.checkpoint.tokenizer
+    sinks = []
+    for seed in range(4):
+        sink = ListSink()
+        worker.enqueue(request([5, 6, 7, seed + 8], 96,
+                               SamplingParams(temperature=1.5, seed=seed)), sink)
+        sinks.append(sink)
+    run_until_done(worker, sinks)
+    specials = set(tok.special_texts.values())
+    tagged = [e.text[a:b] for s in sinks for e in s.events for a, b in e.specials]
+    assert tagged and set(tagged) <= specials
+    for sink in sinks:
+        deltas = run(OutputMachine(), sink.events)
+        content = texts(deltas, ContentDelta)
+        assert content == tok.decode(sink.tokens, skip_special=True)
+        assert not any(marker in content for marker in specials)
