@@ -175,17 +175,10 @@ def test_nothing_set_means_the_engines_own_defaults(monkeypatch):
 
 
 def test_the_engine_takes_its_settings_from_its_config(tiny_checkpoint):
-    from mlxcel.engine.loader import load_checkpoint
-    from mlxcel.engine.worker import EngineWorker
-    from mlxcel.plugins import load_plugins
-
-    families = load_plugins().families
+    from mlxcel.testing.engine import worker_for
 
     def worker(**config):
-        w = EngineWorker(lambda: load_checkpoint(str(tiny_checkpoint), families), parallel=2,
-                         config=EngineConfig(**config))
-        assert w.setup()
-        return w
+        return worker_for(tiny_checkpoint, parallel=2, config=EngineConfig(**config))
 
     default = worker()
     assert default.rope is not None and default.trace.enabled is False

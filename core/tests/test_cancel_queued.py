@@ -3,17 +3,11 @@ the next engine step."""
 
 from __future__ import annotations
 
-from mlxcel.engine.loader import load_checkpoint
-from mlxcel.engine.worker import EngineWorker
-from mlxcel.plugins import load_plugins
-from mlxcel.testing.engine import run_until_done, submit
+from mlxcel.testing.engine import run_until_done, submit, worker_for
 
 
 def test_cancelled_waiting_and_prefilling_requests_leave_at_once(tiny_checkpoint):
-    families = load_plugins().families
-    worker = EngineWorker(lambda: load_checkpoint(str(tiny_checkpoint), families), parallel=1,
-                          prefill_chunk=16)
-    assert worker.setup()
+    worker = worker_for(tiny_checkpoint, chunk=16, parallel=1)
     long_prompt = [(3 * i) % 90 + 3 for i in range(200)]  # many 16-token chunks
     prefilling = submit(worker, long_prompt, 4)
     waiting = submit(worker, [3, 4, 5], 4)

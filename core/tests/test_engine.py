@@ -7,9 +7,8 @@ import time
 
 import pytest
 from mlxcel.engine.client import EngineClient
-from mlxcel.engine.loader import load_checkpoint
 from mlxcel.errors import ContextLengthExceeded, ModelLoading
-from mlxcel.plugins import load_plugins
+from mlxcel.testing.engine import engine_for
 from mlxcel.types import GenerationRequest, SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -17,11 +16,7 @@ GREEDY = SamplingParams(temperature=0.0)
 
 @pytest.fixture(scope="module")
 def engine(tiny_checkpoint):
-    families = load_plugins().families
-    client = EngineClient(lambda: load_checkpoint(str(tiny_checkpoint), families), parallel=2,
-                          ctx_size=0)
-    client.start()
-    client.worker.ready.wait(60)
+    client = engine_for(tiny_checkpoint, 2)
     yield client
     client.shutdown()
 
@@ -181,12 +176,8 @@ def test_the_switch_interval_setting_is_applied_by_the_engine(tiny_checkpoint):
     from mlxcel.settings import EngineConfig
 
     before = sys.getswitchinterval()
-    families = load_plugins().families
-    client = EngineClient(lambda: load_checkpoint(str(tiny_checkpoint), families), parallel=1,
-                          config=EngineConfig(switch_interval=0.0007))
+    client = engine_for(tiny_checkpoint, 1, config=EngineConfig(switch_interval=0.0007))
     try:
-        client.start()
-        client.worker.ready.wait(60)
         for _ in range(1000):
             if abs(sys.getswitchinterval() - 0.0007) < 1e-6:
                 break

@@ -4,21 +4,12 @@ from __future__ import annotations
 
 import json
 
-from mlxcel.engine.loader import load_checkpoint
-from mlxcel.engine.prompt_cache import PromptCache
-from mlxcel.engine.worker import EngineWorker
-from mlxcel.plugins import load_plugins
 from mlxcel.settings import EngineConfig
-from mlxcel.testing.engine import run_until_done, submit
+from mlxcel.testing.engine import run_until_done, submit, worker_for
 
 
-def traced_worker(path, trace: str | None) -> EngineWorker:
-    families = load_plugins().families
-    worker = EngineWorker(lambda: load_checkpoint(str(path), families), parallel=8,
-                          prompt_cache=PromptCache(1 << 30),
-                          config=EngineConfig(engine_trace=trace))
-    assert worker.setup()
-    return worker
+def traced_worker(path, trace: str | None):
+    return worker_for(path, cache=True, parallel=8, config=EngineConfig(engine_trace=trace))
 
 
 def test_trace_records_prefill_decode_and_store(path, tmp_path):

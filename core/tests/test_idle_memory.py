@@ -7,19 +7,11 @@ from __future__ import annotations
 import time
 
 import mlx.core as mx
-from mlxcel.engine.loader import load_checkpoint
-from mlxcel.engine.prompt_cache import PromptCache
-from mlxcel.engine.worker import EngineWorker
-from mlxcel.plugins import load_plugins
-from mlxcel.testing.engine import run_until_done, submit
+from mlxcel.testing.engine import run_until_done, submit, worker_for
 
 
-def worker_for(path, cache: bool) -> EngineWorker:
-    families = load_plugins().families
-    worker = EngineWorker(lambda: load_checkpoint(str(path), families), parallel=4,
-                          prefill_chunk=256,
-                          prompt_cache=PromptCache(1 << 30) if cache else None)
-    assert worker.setup()
+def idle_worker(path, cache: bool):
+    worker = worker_for(path, cache=cache, chunk=256, parallel=4)
     worker.idle_release = 0.3
     return worker
 
@@ -41,7 +33,7 @@ def finish_and_hold(worker, sinks) -> int:
 
 
 def test_a_big_request_leaves_no_buffer_cache_once_idle(tiny_checkpoint):
-    worker = worker_for(tiny_checkpoint, cache=False)
+    worker = idle_worker(tiny_checkpoint, cache=False)
     big = [submit(worker, [(7 * i) % 200 + 3 for i in range(1500)], 4)
            for _ in range(3)]
     held = finish_and_hold(worker, big)
@@ -54,7 +46,7 @@ def test_a_big_request_leaves_no_buffer_cache_once_idle(tiny_checkpoint):
 
 
 def test_a_prompt_cache_reset_frees_its_buffers_on_the_engine_thread(tiny_checkpoint):
-    worker = worker_for(tiny_checkpoint, cache=True)
+    worker = idle_worker(tiny_checkpoint, cache=True)
     sink = submit(worker, [(5 * i) % 100 + 3 for i in range(600)], 4)
     run_until_done(worker, [sink], settle=True)
     idle_out(worker)

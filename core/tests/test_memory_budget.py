@@ -5,13 +5,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from mlxcel.engine.client import EngineClient
-from mlxcel.engine.loader import load_checkpoint
 from mlxcel.engine.memory import device_budget, estimate_request_bytes, request_budget
 from mlxcel.errors import MemoryBudgetExceeded, StartupError
 from mlxcel.options import build_parser, parse_size
-from mlxcel.plugins import load_plugins
 from mlxcel.settings import EngineConfig
+from mlxcel.testing.engine import engine_for
 from mlxcel.types import GenerationRequest, SamplingParams
 
 CONFIG = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
@@ -58,11 +56,7 @@ def test_estimate_counts_kv_in_cache_steps():
 
 
 def test_over_budget_request_is_refused_before_it_runs(tiny_checkpoint):
-    families = load_plugins().families
-    engine = EngineClient(lambda: load_checkpoint(str(tiny_checkpoint), families), parallel=2,
-                          config=EngineConfig(request_memory_budget=200 << 10))
-    engine.start()
-    engine.worker.ready.wait(60)
+    engine = engine_for(tiny_checkpoint, 2, config=EngineConfig(request_memory_budget=200 << 10))
     try:
         def make(n):
             return GenerationRequest(request_id=str(n), prompt_tokens=(1, 2, 3), max_tokens=n,

@@ -8,10 +8,7 @@ the tiny checkpoint, so the test is deterministic.
 from __future__ import annotations
 
 import pytest
-from mlxcel.engine.loader import load_checkpoint
-from mlxcel.engine.worker import EngineWorker
-from mlxcel.plugins import load_plugins
-from mlxcel.testing.engine import ListSink
+from mlxcel.testing.engine import ListSink, worker_for
 from mlxcel.types import GenerationRequest, SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -20,11 +17,7 @@ VICTIMS = [[3, 4, 5, 6, 7], [11, 12, 13], [21, 22, 23, 24, 25, 26, 27]]
 
 @pytest.fixture(scope="module")
 def worker(tiny_checkpoint):
-    families = load_plugins().families
-    w = EngineWorker(lambda: load_checkpoint(str(tiny_checkpoint), families), parallel=8,
-                     prefill_chunk=64)
-    assert w.setup()
-    return w
+    return worker_for(tiny_checkpoint, chunk=64, parallel=8)
 
 
 def submit(worker, prompt, sampling=GREEDY, max_tokens=8) -> ListSink:

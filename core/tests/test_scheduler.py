@@ -6,11 +6,12 @@ import asyncio
 import time
 
 import pytest
-from mlxcel.engine.client import MAX_BUFFERED_EVENTS, EngineClient
+from mlxcel.engine.client import MAX_BUFFERED_EVENTS
 from mlxcel.engine.loader import load_checkpoint
 from mlxcel.engine.sequence import Sequence
 from mlxcel.errors import Overloaded
 from mlxcel.plugins import load_plugins
+from mlxcel.testing.engine import engine_for
 from mlxcel.types import GenerationRequest, SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -23,12 +24,8 @@ def f32_checkpoint(mlxcel_checkpoint_cache):
     return cached_checkpoint("qwen3", cache_dir=mlxcel_checkpoint_cache, dtype="float32")
 
 
-def make_engine(path, **kw):
-    families = load_plugins().families
-    engine = EngineClient(lambda: load_checkpoint(str(path), families), **kw)
-    engine.start()
-    engine.worker.ready.wait(60)
-    return engine
+def make_engine(path, parallel, prefill_chunk=512, **kw):
+    return engine_for(path, parallel, chunk=prefill_chunk, **kw)
 
 
 @pytest.fixture
@@ -200,11 +197,7 @@ def test_a_model_whose_cache_cannot_batch_runs_one_slot(f32_checkpoint):
         model.make_cache = lambda: [Unbatchable() for _ in model.model.layers]
         return ckpt
 
-    from mlxcel.engine.prompt_cache import PromptCache
-
-    engine = EngineClient(load, parallel=4, prompt_cache=PromptCache(1 << 20))
-    engine.start()
-    engine.worker.ready.wait(60)
+    engine = engine_for(load, 4, cache=1 << 20)
     try:
         async def run():
             return await asyncio.gather(*(collect(engine, req(f"s{i}", start=i + 1))

@@ -60,6 +60,10 @@ def cpu_policy(**changes: Any) -> EnginePolicy:
 
 
 def _load(checkpoint: Any):
+    """A loader for a checkpoint path; a callable is already one (a test that changes the
+    loaded model wraps ``load_checkpoint`` itself)."""
+    if callable(checkpoint):
+        return checkpoint
     families = load_plugins().families
     return lambda: load_checkpoint(str(checkpoint), families)
 
@@ -71,11 +75,13 @@ def _cache(cache: bool | int) -> PromptCache | None:
 
 
 def worker_for(checkpoint: Any, cache: bool | int = False, chunk: int = 512,
-               parallel: int = 8, **policy: Any) -> EngineWorker:
-    """A worker set up (not started) on ``checkpoint``; ``cache``: a prompt cache (True:
-    1 GiB, or its size in bytes); ``policy``: EnginePolicy fields to change."""
+               parallel: int = 8, config: EngineConfig | None = None,
+               **policy: Any) -> EngineWorker:
+    """A worker set up (not started) on ``checkpoint`` (a path, or a loader callable);
+    ``cache``: a prompt cache (True: 1 GiB, or its size in bytes); ``config``: engine
+    settings; ``policy``: EnginePolicy fields to change."""
     worker = EngineWorker(_load(checkpoint), parallel=parallel, prefill_chunk=chunk,
-                          prompt_cache=_cache(cache),
+                          prompt_cache=_cache(cache), config=config,
                           policy=cpu_policy(**policy) if policy else None)
     assert worker.setup(), worker.error
     return worker
