@@ -18,6 +18,7 @@ import tempfile
 from typing import TYPE_CHECKING, Any
 
 from . import configs as _cfg
+from . import templates as _tpl
 from . import tokenizer as _tok
 
 if TYPE_CHECKING:
@@ -101,7 +102,9 @@ def _write_json(path: pathlib.Path, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
-def _validate(shape: str, hidden_size: int, num_heads: int, num_kv_heads: int, dtype: str) -> None:
+def _validate(shape: str, hidden_size: int, num_heads: int, num_kv_heads: int, dtype: str,
+              template: str) -> None:
+    _tpl.style(template)
     if shape not in SHAPES:
         raise ValueError(f"unknown shape {shape!r}; expected one of {SHAPES}")
     if dtype not in DTYPES:
@@ -110,14 +113,15 @@ def _validate(shape: str, hidden_size: int, num_heads: int, num_kv_heads: int, d
         raise ValueError("hidden_size must divide by num_heads, num_heads by num_kv_heads")
 
 
-def _write_tokenizer(path: pathlib.Path, shape: str, vocab_size: int) -> _tok.SpecialTokens:
+def _write_tokenizer(path: pathlib.Path, shape: str, vocab_size: int,
+                     template: str = _tpl.DEFAULT) -> _tok.SpecialTokens:
     shape = "llama" if shape in _cfg.LLAMA_STYLE else "qwen3"
-    tok = _tok.build_tokenizer(shape, vocab_size)
+    tok = _tok.build_tokenizer(shape, vocab_size, template)
     tok.save(str(path / "tokenizer.json"))
-    cfg = _tok.tokenizer_config(shape, tok, MAX_POSITION_EMBEDDINGS)
+    cfg = _tok.tokenizer_config(shape, tok, MAX_POSITION_EMBEDDINGS, template)
     _write_json(path / "tokenizer_config.json", cfg)
-    _write_json(path / "special_tokens_map.json", _tok.special_tokens_map(shape))
-    return _tok.special_token_ids(tok)
+    _write_json(path / "special_tokens_map.json", _tok.special_tokens_map(shape, template))
+    return _tok.special_token_ids(tok, shape, template)
 
 
 def build_checkpoint(
@@ -136,6 +140,7 @@ def build_checkpoint(
     generation_config: dict | None = None,
     suppress_eos: bool = False,
     config: dict | None = None,
+    template: str = _tpl.DEFAULT,
 ) -> pathlib.Path:
     """Write a tiny random-weight ``shape`` checkpoint into ``path`` and return it.
 
@@ -147,17 +152,19 @@ def build_checkpoint(
     ``tie_word_embeddings`` is false (the classic four, ``gemma4_text``, most others;
     ``ValueError`` if not). ``config``: fields that override the recipe's
     (e.g. ``{"sliding_window": 512}``, or a variant's switch such as Gemma 4's
-    ``enable_moe_block``).
+    ``enable_moe_block``). ``template``: a style of ``mlxcel.testing.templates.STYLES``
+    (``chatml``, ``llama3``, ``mistral``, ``gemma4``, ``qwen3_coder``, ``harmony``); its
+    chat template, its markers as added tokens, its BOS and EOS tokens, whatever the shape.
     """
-    _validate(shape, hidden_size, num_heads, num_kv_heads, dtype)
+    _validate(shape, hidden_size, num_heads, num_kv_heads, dtype, template)
     out = pathlib.Path(path)
     out.mkdir(parents=True, exist_ok=True)
-    ids = _write_tokenizer(out, shape, vocab_size)
+    ids = _write_tokenizer(out, shape, vocab_size, template)
     dims = _cfg.Dims(hidden_size, num_layers, num_heads, num_kv_heads,
                      intermediate_size or 3 * hidden_size, vocab_size)
-    bos = ids.endoftext if ids.bos is None else ids.bos
     overrides = config or {}
-    config = {**_cfg.model_config(shape, dims, dtype, ids.im_end, bos), **overrides}
+    config = {**_cfg.model_config(shape, dims, dtype, ids.eos_ids[0], ids.config_bos),
+              **overrides}
     tied = config["tie_word_embeddings"]
     if suppress_eos:
         config["tie_word_embeddings"] = False
@@ -180,15 +187,18 @@ def _cache_key(shape: str, kw: dict[str, Any]) -> str:
     """Stable digest of the normalized build arguments and bundled assets."""
     bound = inspect.signature(build_checkpoint).bind(None, shape, **kw)
     bound.apply_defaults()
-    # no ``config`` override: the key of the builds made before that argument existed
+    # no ``config`` override and the default template: the key of the builds made before
+    # those arguments existed
     args = {k: v for k, v in bound.arguments.items()
-            if k != "path" and not (k == "config" and v is None)}
+            if k != "path" and not (k == "config" and v is None)
+            and not (k == "template" and v == _tpl.DEFAULT)}
+    template = _tok.chat_template_text(kw.get("template", _tpl.DEFAULT))
     payload = json.dumps(
         {
             "builder": BUILDER_VERSION,
             "args": args,
             "corpus": hashlib.sha256(_tok.corpus_text().encode()).hexdigest(),
-            "template": hashlib.sha256(_tok.chat_template_text().encode()).hexdigest(),
+            "template": hashlib.sha256(template.encode()).hexdigest(),
         },
         sort_keys=True,
         default=str,

@@ -11,15 +11,12 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
+from .templates import DEFAULT, style, template_text
+
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
-ENDOFTEXT = "<|endoftext|>"
-IM_START = "<|im_start|>"
-IM_END = "<|im_end|>"
 BEGIN_OF_TEXT = "<|begin_of_text|>"
-THINK_TOKENS = ("<think>", "</think>")
-TOOL_CALL_TOKENS = ("<tool_call>", "</tool_call>")
 BYTE_ALPHABET_SIZE = 256
 
 
@@ -27,24 +24,31 @@ BYTE_ALPHABET_SIZE = 256
 class SpecialTokens:
     """Token ids of a built tokenizer that configs refer to."""
 
-    endoftext: int
-    im_start: int
-    im_end: int
-    bos: int | None  # <|begin_of_text|> for llama, None for qwen3
+    eos_ids: list[int]  # generation_config.json's eos_token_id; [0] is config.json's
+    bos: int | None  # None when the style has no BOS (qwen3-shape chatml)
+    pad: int | None
 
     @property
-    def eos_ids(self) -> list[int]:
-        """EOS ids for generation_config.json: ``[<|im_end|>, <|endoftext|>]``."""
-        return [self.im_end, self.endoftext]
+    def config_bos(self) -> int:
+        """config.json's ``bos_token_id``: the BOS, else the pad token (Qwen's way)."""
+        return self.bos if self.bos is not None else self.pad  # type: ignore[return-value]
 
 
-def added_tokens(shape: str) -> list[tuple[str, bool]]:
+def _bos(shape: str, template: str) -> str | None:
+    """A chatml tokenizer of a llama-shape checkpoint has Llama's BOS, as it always had."""
+    if template == DEFAULT and shape == "llama":
+        return BEGIN_OF_TEXT
+    return style(template).bos
+
+
+def added_tokens(shape: str, template: str = DEFAULT) -> list[tuple[str, bool]]:
     """Added tokens as ``(content, special)``, in id order."""
-    tokens = [(ENDOFTEXT, True), (IM_START, True), (IM_END, True)]
-    if shape == "llama":
-        tokens.append((BEGIN_OF_TEXT, True))
-    tokens += [(t, False) for t in THINK_TOKENS + TOOL_CALL_TOKENS]
-    return tokens
+    st = style(template)
+    special = list(st.special)
+    bos = _bos(shape, template)
+    if bos is not None and bos not in special:
+        special.append(bos)
+    return [(t, True) for t in special] + [(t, False) for t in st.plain]
 
 
 def corpus_text() -> str:
@@ -52,10 +56,9 @@ def corpus_text() -> str:
     return resources.files(__package__).joinpath("corpus.txt").read_text("utf-8")
 
 
-def chat_template_text() -> str:
-    """The bundled ChatML chat template."""
-    path = resources.files(__package__).joinpath("chat_template.jinja")
-    return path.read_text("utf-8")
+def chat_template_text(template: str = DEFAULT) -> str:
+    """The bundled chat template of style ``template`` (default: ChatML)."""
+    return template_text(template)
 
 
 def _train_bpe(vocab_size: int) -> Tokenizer:
@@ -86,27 +89,33 @@ def _add_tokens(tok: Tokenizer, tokens: list[tuple[str, bool]]) -> None:
             tok.add_tokens(added)
 
 
-def _post_processor(shape: str, bos_id: int | None) -> Any:
+def _post_processor(bos: str | None, bos_id: int | None) -> Any:
     from tokenizers import processors
 
     byte_level = processors.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
-    if shape != "llama":
+    if bos is None:
         return byte_level
     template = processors.TemplateProcessing(
-        single=f"{BEGIN_OF_TEXT}:0 $A:0",
-        pair=f"{BEGIN_OF_TEXT}:0 $A:0 {BEGIN_OF_TEXT}:1 $B:1",
-        special_tokens=[(BEGIN_OF_TEXT, bos_id)],
+        single=f"{bos}:0 $A:0",
+        pair=f"{bos}:0 $A:0 {bos}:1 $B:1",
+        special_tokens=[(bos, bos_id)],
     )
     return processors.Sequence([byte_level, template])
 
 
-def build_tokenizer(shape: str = "qwen3", vocab_size: int = 512) -> Tokenizer:
-    """Train a byte-level BPE whose total size (added tokens included) is ``vocab_size``.
+def _adds_bos(shape: str, template: str) -> bool:
+    return template == DEFAULT and shape == "llama" or style(template).add_bos
+
+
+def build_tokenizer(shape: str = "qwen3", vocab_size: int = 512,
+                    template: str = DEFAULT) -> Tokenizer:
+    """Train a byte-level BPE whose total size (added tokens included) is ``vocab_size``,
+    with the added tokens of style ``template`` (``mlxcel.testing.templates``).
 
     If the corpus cannot supply enough merges, ``<|reserved_N|>`` special tokens pad
     the vocabulary up to the requested size.
     """
-    named = added_tokens(shape)
+    named = added_tokens(shape, template)
     base_size = vocab_size - len(named)
     if base_size < BYTE_ALPHABET_SIZE:
         raise ValueError(f"vocab_size must be at least {BYTE_ALPHABET_SIZE + len(named)}")
@@ -114,25 +123,29 @@ def build_tokenizer(shape: str = "qwen3", vocab_size: int = 512) -> Tokenizer:
     _add_tokens(tok, named)
     missing = vocab_size - tok.get_vocab_size(with_added_tokens=True)
     _add_tokens(tok, [(f"<|reserved_{i}|>", True) for i in range(missing)])
-    ids = special_token_ids(tok)
-    tok.post_processor = _post_processor(shape, ids.bos)
+    bos = _bos(shape, template) if _adds_bos(shape, template) else None
+    tok.post_processor = _post_processor(bos, tok.token_to_id(bos) if bos else None)
     if tok.get_vocab_size(with_added_tokens=True) != vocab_size:  # pragma: no cover
         raise RuntimeError("tokenizer vocabulary does not match vocab_size")
     return tok
 
 
-def special_token_ids(tok: Tokenizer) -> SpecialTokens:
-    """Ids of the special tokens in ``tok``."""
+def special_token_ids(tok: Tokenizer, shape: str = "qwen3",
+                      template: str = DEFAULT) -> SpecialTokens:
+    """Ids of the special tokens of style ``template`` in ``tok``."""
+    st = style(template)
+    bos, pad = _bos(shape, template), st.pad
     return SpecialTokens(
-        endoftext=tok.token_to_id(ENDOFTEXT),
-        im_start=tok.token_to_id(IM_START),
-        im_end=tok.token_to_id(IM_END),
-        bos=tok.token_to_id(BEGIN_OF_TEXT),
+        eos_ids=[tok.token_to_id(t) for t in st.eos],
+        bos=tok.token_to_id(bos) if bos else None,
+        pad=tok.token_to_id(pad) if pad else None,
     )
 
 
-def tokenizer_config(shape: str, tok: Tokenizer, model_max_length: int) -> dict[str, Any]:
+def tokenizer_config(shape: str, tok: Tokenizer, model_max_length: int,
+                     template: str = DEFAULT) -> dict[str, Any]:
     """Contents of tokenizer_config.json for transformers' AutoTokenizer."""
+    st = style(template)
     decoder = {
         str(tid): {
             "content": t.content,
@@ -145,31 +158,35 @@ def tokenizer_config(shape: str, tok: Tokenizer, model_max_length: int) -> dict[
         for tid, t in sorted(tok.get_added_tokens_decoder().items())
     }
     return {
-        "add_bos_token": shape == "llama",
+        "add_bos_token": _adds_bos(shape, template),
         "add_eos_token": False,
         "add_prefix_space": False,
         "added_tokens_decoder": decoder,
-        "bos_token": BEGIN_OF_TEXT if shape == "llama" else None,
-        "chat_template": chat_template_text(),
+        "bos_token": _bos(shape, template),
+        "chat_template": template_text(template),
         "clean_up_tokenization_spaces": False,
-        "eos_token": IM_END,
+        "eos_token": st.eos[0],
         "errors": "replace",
         "model_input_names": ["input_ids", "attention_mask"],
         "model_max_length": model_max_length,
-        "pad_token": ENDOFTEXT,
+        "pad_token": st.pad,
         "split_special_tokens": False,
         "tokenizer_class": "PreTrainedTokenizerFast",
         "unk_token": None,
     }
 
 
-def special_tokens_map(shape: str) -> dict[str, Any]:
-    """Contents of special_tokens_map.json."""
+def special_tokens_map(shape: str, template: str = DEFAULT) -> dict[str, Any]:
+    """Contents of special_tokens_map.json: every special added token but BOS and pad is
+    an additional special token."""
+    st = style(template)
+    bos = _bos(shape, template)
     out: dict[str, Any] = {
-        "additional_special_tokens": [IM_START, IM_END],
-        "eos_token": IM_END,
-        "pad_token": ENDOFTEXT,
+        "additional_special_tokens": [t for t in st.special if t not in (bos, st.pad)],
+        "eos_token": st.eos[0],
     }
-    if shape == "llama":
-        out["bos_token"] = BEGIN_OF_TEXT
+    if st.pad is not None:
+        out["pad_token"] = st.pad
+    if bos is not None:
+        out["bos_token"] = bos
     return out
