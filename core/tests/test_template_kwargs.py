@@ -1,5 +1,5 @@
-"""--chat-template-kwargs: server defaults for template variables, merged under a request's
-own chat_template_kwargs key by key (the spec's "채팅 템플릿 kwargs")."""
+"""Template variables (the spec's "채팅 템플릿 kwargs"): a request's, from the first of
+three forms it uses, merged over --chat-template-kwargs key by key."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import sys
 
 import pytest
 from apphelpers import make_client, wait_ready
+from mlxcel.chat.prompt import pick_template_kwargs
 from mlxcel.options import chat_template_kwargs
 
 
@@ -54,3 +55,52 @@ def test_server_defaults_merge_under_the_requests_kwargs(tiny_checkpoint):
         assert _prompt_tokens(c, extra_body={"preserve_thinking": True}) == closed
         # the request's own value wins
         assert _prompt_tokens(c, chat_template_kwargs={"enable_thinking": True}) == base
+
+
+# -- the request's three forms: first match wins ------------------------------------------
+@pytest.mark.parametrize("top,extra,picked", [
+    ({"a": 1}, {"chat_template_kwargs": {"b": 2}, "preserve_thinking": True}, {"a": 1}),
+    ({}, {"preserve_thinking": True}, {}),  # an empty top-level object is still the form
+    (None, {"chat_template_kwargs": {"b": 2}, "preserve_thinking": True}, {"b": 2}),
+    (None, {"preserve_thinking": False, "enable_thinking": False},
+     {"preserve_thinking": False}),  # DashScope's flat form: that key only
+    (None, {"chat_template_kwargs": "x", "enable_thinking": False}, {}),
+    (None, None, {}),
+])
+def test_the_first_form_present_wins(top, extra, picked):
+    assert pick_template_kwargs(top, extra) == picked
+
+
+def test_the_picked_kwargs_are_a_copy():
+    given = {"a": 1}
+    pick_template_kwargs(given, None)["a"] = 2
+    assert given == {"a": 1}
+
+
+CONVERSATION = [
+    {"role": "user", "content": "q1"},
+    {"role": "assistant", "content": "<think>\n" + "an earlier thought " * 5 + "\n</think>\n\nA1"},
+    {"role": "user", "content": "q2"},
+]
+
+
+@pytest.mark.parametrize("fields,kept", [
+    ({}, False),
+    ({"chat_template_kwargs": {"preserve_thinking": True}}, True),
+    ({"extra_body": {"chat_template_kwargs": {"preserve_thinking": True}}}, True),
+    ({"extra_body": {"preserve_thinking": True}}, True),
+    ({"chat_template_kwargs": {"preserve_thinking": False},
+      "extra_body": {"chat_template_kwargs": {"preserve_thinking": True}}}, False),
+    ({"extra_body": {"chat_template_kwargs": {"preserve_thinking": False},
+                     "preserve_thinking": True}}, False),
+])
+def test_http_each_form_reaches_the_prompt(client, fields, kept):
+    def tokens(**body) -> int:
+        r = client.post("/v1/chat/completions", json={
+            "messages": CONVERSATION, "max_tokens": 1, **body})
+        assert r.status_code == 200, r.text
+        return r.json()["usage"]["prompt_tokens"]
+
+    dropped, preserved = tokens(), tokens(chat_template_kwargs={"preserve_thinking": True})
+    assert preserved > dropped
+    assert tokens(**fields) == (preserved if kept else dropped)

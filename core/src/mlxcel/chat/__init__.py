@@ -3,7 +3,13 @@ and the engine.
 
 * ``request``: sampling resolution (request fields over server defaults, ranges checked),
   stop strings, output limits and loop policy.
-* ``prompt``: template variables and the rules that shape a prompt.
+* ``prompt``: typed messages (``mlxcel.types.messages``) -> rendered, tokenized
+  ``PromptInput``: template variables, ``add_generation_prompt`` /
+  ``continue_final_message``, media refusal, and the order of the rules below.
+* ``tool_choice``: which tools are rendered and the directive to call one.
+* ``thinking``: earlier turns' reasoning (``preserve_thinking``, the rolling-checkpoint
+  rule) and whether a prompt ends inside an open reasoning block.
+* ``tokens``: prompt text -> token ids within the context window.
 
 A dialect maps its wire fields to these and the results back to its frames; it holds no
 rule of its own about sampling or templates.

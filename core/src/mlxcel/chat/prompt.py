@@ -1,11 +1,27 @@
-"""Prompt rules shared by every dialect that renders a chat template."""
+"""Prompt rules shared by every dialect that renders a chat template: typed messages,
+tools and template variables in, the rendered prompt's token ids (``PromptInput``) out.
+
+Order: template variables, the generation-prompt flags, media, ``tool_choice``, earlier
+reasoning, render, the cut for ``continue_final_message``, tokenize within the context.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from mlxcel.errors import InvalidRequest
+from mlxcel.chat.thinking import drop_earlier_reasoning, knows_reasoning, reasoning_open
+from mlxcel.chat.tokens import encode_prompt
+from mlxcel.chat.tool_choice import apply_tool_choice
+from mlxcel.errors import CapabilityNotSupported, InvalidRequest
 from mlxcel.options import RESERVED_TEMPLATE_KEYS
+from mlxcel.types.messages import (
+    MediaPart,
+    Message,
+    PromptInput,
+    PromptRequest,
+    Tool,
+    ToolCall,
+)
 
 
 def template_kwargs(request: dict[str, Any], server: dict[str, Any] | None) -> dict[str, Any]:
@@ -17,3 +33,124 @@ def template_kwargs(request: dict[str, Any], server: dict[str, Any] | None) -> d
         raise InvalidRequest(f"chat_template_kwargs.{key} is set by the server and cannot be "
                              "overridden", param=f"chat_template_kwargs.{key}")
     return {**(server or {}), **request}
+
+
+def pick_template_kwargs(chat_template_kwargs: dict[str, Any] | None,
+                         extra_body: dict[str, Any] | None) -> dict[str, Any]:
+    """The request's template variables from the first of the spec's three forms it uses:
+    a top-level ``chat_template_kwargs`` (llama.cpp), ``extra_body.chat_template_kwargs``
+    (vLLM, the OpenAI SDK), then DashScope's flat ``extra_body.preserve_thinking`` (that
+    key only). Clients of each server send their own form, so all three are read."""
+    if chat_template_kwargs is not None:
+        return dict(chat_template_kwargs)
+    extra = extra_body or {}
+    if isinstance(extra.get("chat_template_kwargs"), dict):
+        return dict(extra["chat_template_kwargs"])
+    if "preserve_thinking" in extra:
+        return {"preserve_thinking": extra["preserve_thinking"]}
+    return {}
+
+
+def refuse_media(messages: tuple[Message, ...]) -> None:
+    """Media parts are refused (501) naming the first one: no media decoder is wired to
+    the prompt yet, so every loaded model takes text only."""
+    for i, message in enumerate(messages):
+        for j, part in enumerate(message.content or ()):
+            if isinstance(part, MediaPart):
+                kind = part.wire_type or part.__struct_config__.tag
+                raise CapabilityNotSupported(
+                    f"the loaded model accepts text only; messages[{i}].content[{j}] is "
+                    f"'{kind}'", param=f"messages[{i}].content")
+
+
+def generation_prompt(request: PromptRequest) -> bool:
+    """``add_generation_prompt`` (default true) and ``continue_final_message`` (default
+    false), as vLLM names and reads them: not both true, and continuing needs a final
+    assistant message; continuing renders without the generation prompt."""
+    param = "continue_final_message"
+    if not request.continue_final_message:
+        return request.add_generation_prompt is not False
+    if request.add_generation_prompt:
+        raise InvalidRequest("'continue_final_message' and 'add_generation_prompt' cannot both "
+                             "be true", param=param)
+    if not request.messages or request.messages[-1].role != "assistant":
+        raise InvalidRequest("'continue_final_message' needs the last message to be an "
+                             "assistant message", param=param)
+    return False
+
+
+def continue_cut(text: str, final: Message) -> str:
+    """The rendered text up to the end of the final message's content, so the model goes on
+    with it; as transformers does, the content is found (its last occurrence) without its
+    surrounding whitespace, and a template that does not render it verbatim is a 400."""
+    param = "continue_final_message"
+    content = final.text or ""
+    core = content.strip()
+    if not core:
+        raise InvalidRequest("'continue_final_message' needs text in the final assistant "
+                             "message to continue", param=param)
+    at = text.rfind(core)
+    if at < 0:
+        raise InvalidRequest("'continue_final_message': the chat template does not render the "
+                             "final assistant message's content verbatim, so it cannot be "
+                             "continued", param=param)
+    lead = content.lstrip()
+    keeps_trailing = text[at:at + len(lead)] == lead
+    return text[:at + (len(lead) if keeps_trailing else len(core))]
+
+
+def _call(call: ToolCall) -> dict[str, Any]:
+    item: dict[str, Any] = {"id": call.id} if call.id is not None else {}
+    return {**item, "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments}}
+
+
+def template_message(message: Message) -> dict[str, Any]:
+    """A message as Hugging Face templates read it (content as one string)."""
+    item: dict[str, Any] = {"role": message.role, "content": message.text}
+    if message.name is not None:
+        item["name"] = message.name
+    if message.tool_calls is not None:
+        item["tool_calls"] = [_call(c) for c in message.tool_calls]
+    if message.tool_call_id is not None:
+        item["tool_call_id"] = message.tool_call_id
+    if message.reasoning is not None:
+        item["reasoning_content"] = message.reasoning
+    return item
+
+
+def _render(request: PromptRequest, template: Any,
+            server_kwargs: dict[str, Any] | None) -> tuple[str, tuple[Tool, ...]]:
+    kwargs = template_kwargs(request.template_kwargs, server_kwargs)
+    if not request.messages:
+        raise InvalidRequest("'messages' must contain at least one message", param="messages")
+    add_generation = generation_prompt(request)
+    refuse_media(request.messages)
+    messages, tools = apply_tool_choice(request.messages, request.tools, request.tool_choice)
+    if knows_reasoning(template.source) and kwargs.get("preserve_thinking") is not True:
+        messages = drop_earlier_reasoning(messages)
+    text = template.render([template_message(m) for m in messages],
+                           tools=[t.definition for t in tools] or None,
+                           add_generation_prompt=add_generation, **kwargs)
+    if request.continue_final_message:
+        text = continue_cut(text, messages[-1])
+    return text, tools
+
+
+def render_chat(request: PromptRequest, template: Any,
+                server_kwargs: dict[str, Any] | None = None) -> str:
+    """The prompt text of ``request`` through ``template`` (a ``ChatTemplate``), with the
+    server's template variables under the request's."""
+    return _render(request, template, server_kwargs)[0]
+
+
+def prompt_input(request: PromptRequest, engine: Any, *,
+                 server_kwargs: dict[str, Any] | None = None,
+                 reasoning_markers: tuple[str, str] | None = None) -> PromptInput:
+    """Render with the loaded checkpoint's template and tokenize within ``engine``'s
+    context window (blocking work: a dialect runs it through ``dialects.prepare``).
+    ``reasoning_markers`` (open, close) are the model's, when it has them."""
+    text, tools = _render(request, engine.checkpoint.template, server_kwargs)
+    ids = encode_prompt(engine, text, "messages", add_special=False)
+    return PromptInput(token_ids=tuple(ids), tools=tools,
+                       reasoning_open=reasoning_open(text, reasoning_markers))

@@ -15,8 +15,11 @@ from typing import Any, TypeVar
 
 from litestar import Request
 
-from mlxcel.engine.tokenizer import TooManyTokens
-from mlxcel.errors import ContextLengthExceeded, InvalidRequest
+# the prompt-size rules live in the chat layer; their names stay importable from here
+from mlxcel.chat.tokens import byte_bound as byte_bound
+from mlxcel.chat.tokens import check_fits as check_fits
+from mlxcel.chat.tokens import encode_prompt as encode_prompt
+from mlxcel.errors import InvalidRequest
 
 T = TypeVar("T")
 PREPARE_THREADS = 2
@@ -34,39 +37,6 @@ async def prepare(size: int, fn: Callable[[], T]) -> T:
 async def prepare_for(request: Request, fn: Callable[[], T]) -> T:
     """``prepare`` sized by the request's (already read, cached) body."""
     return await prepare(len(await request.body()), fn)
-
-
-def byte_bound(engine: Any) -> int | None:
-    """The most UTF-8 bytes a text may have and still fit the context window, or None when
-    the tokenizer gives no such bound (see ``Tokenizer.max_token_bytes``)."""
-    per_token = engine.checkpoint.tokenizer.max_token_bytes
-    return None if per_token is None else engine.context_size * per_token
-
-
-def check_fits(engine: Any, text: str, param: str) -> None:
-    """Refuse a text that cannot fit the context window whatever it tokenizes to, before
-    tokenizing it: every token stands for at most ``max_token_bytes`` bytes of text."""
-    bound = byte_bound(engine)
-    if bound is None or len(text) <= bound // 4 or len(text.encode("utf-8")) <= bound:
-        return
-    raise ContextLengthExceeded(
-        f"'{param}' is too long: no tokenization of it fits the context window of "
-        f"{engine.context_size} tokens", param=param)
-
-
-def encode_prompt(engine: Any, text: str, param: str, add_special: bool) -> list[int]:
-    """Tokenize a prompt that must leave room for one generated token in the context; the
-    byte bound is checked first, and a prompt over the limit is refused before its ids
-    become a Python list."""
-    check_fits(engine, text, param)
-    ctx = engine.context_size
-    try:
-        return engine.checkpoint.tokenizer.encode(text, add_special, max_tokens=ctx - 1)
-    except TooManyTokens as exc:
-        raise ContextLengthExceeded(
-            f"the prompt has {exc.count} tokens, more than the context window of {ctx} "
-            "tokens allows (leave room for at least one generated token)", param=param
-        ) from None
 
 
 def check_token_ids(tokenizer: Any, ids: list[int], param: str) -> None:

@@ -65,6 +65,8 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     tool_choice: str | dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     extra_body: dict[str, Any] | None = None
+    add_generation_prompt: bool | None = None  # None: true, unless continuing (vLLM's rule)
+    continue_final_message: bool = False
 
 
 class CompletionRequest(SamplingFields, kw_only=True):

@@ -1,4 +1,4 @@
-"""OpenAI request -> prompt tokens + GenerationRequest."""
+"""OpenAI request -> the chat layer's typed request and prompt, + GenerationRequest."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 import msgspec
 
-from mlxcel.chat.prompt import template_kwargs
+from mlxcel.chat.prompt import pick_template_kwargs, prompt_input
 from mlxcel.chat.request import (
     max_tokens,
     request_loop_policy,
@@ -18,35 +18,66 @@ from mlxcel.chat.request import (
 from mlxcel.context import AppContext
 from mlxcel.dialects.jsondepth import MAX_JSON_DEPTH, too_deep
 from mlxcel.dialects.prepare import check_token_ids, encode_prompt
-from mlxcel.errors import CapabilityNotSupported, InvalidRequest
+from mlxcel.errors import InvalidRequest
 from mlxcel.types import GenerationRequest
+from mlxcel.types.messages import (
+    AudioPart,
+    FunctionChoice,
+    ImagePart,
+    Message,
+    Part,
+    PromptInput,
+    PromptRequest,
+    TextPart,
+    Tool,
+    ToolCall,
+    ToolChoice,
+    VideoPart,
+)
 
 from .schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields
 
 LOOP_FIELDS = ("min_pattern_size", "max_pattern_size", "min_count")
 
 
-def _text_part(part: Any, where: str) -> str:
+MEDIA = {  # wire part type -> typed part, and the key that holds its reference
+    "image_url": (ImagePart, "image_url"), "input_image": (ImagePart, "image_url"),
+    "video_url": (VideoPart, "video_url"), "input_audio": (AudioPart, "input_audio"),
+    "audio_url": (AudioPart, "audio_url"),
+}
+
+
+def _media(kind: str, ref: Any) -> Part:
+    """A media part with its reference as given: a URL string, or an object with ``url``,
+    or ``data`` and ``format``; nothing is checked, since nothing decodes it yet."""
+    cls, _ = MEDIA[kind]
+    if isinstance(ref, str):
+        return cls(url=ref, wire_type=kind)
+    fields = {k: ref[k] for k in ("url", "data", "format")
+              if isinstance(ref, dict) and isinstance(ref.get(k), str)}
+    return cls(**fields, wire_type=kind)
+
+
+def _part(part: Any, where: str) -> Part:
     if not isinstance(part, dict):
         raise InvalidRequest(f"{where} must be an object with a 'type'", param=where)
     kind = part.get("type")
     if kind in ("text", "input_text"):
         if not isinstance(part.get("text"), str):
             raise InvalidRequest(f"{where}.text must be a string", param=f"{where}.text")
-        return part["text"]
-    index = where.split(".", 1)[0]
-    if kind in ("image_url", "input_image", "video_url", "input_audio", "audio_url"):
-        raise CapabilityNotSupported(
-            f"the loaded model accepts text only; {where} is '{kind}'",
-            param=f"{index}.content")
+        return TextPart(text=part["text"])
+    if isinstance(kind, str) and kind in MEDIA:
+        return _media(kind, part.get(MEDIA[kind][1]))
     raise InvalidRequest(f"{where} has an unknown type", param=f"{where}.type")
 
 
-def _text_content(msg: ChatMessage, index: int) -> str | None:
-    if msg.content is None or isinstance(msg.content, str):
-        return msg.content
-    return "".join(_text_part(part, f"messages[{index}].content[{j}]")
-                   for j, part in enumerate(msg.content))
+def _content(msg: ChatMessage, index: int) -> tuple[Part, ...] | None:
+    if msg.content is None:
+        return None
+    if isinstance(msg.content, str):
+        return (TextPart(text=msg.content),)
+    return tuple(_part(part, f"messages[{index}].content[{j}]")
+                 for j, part in enumerate(msg.content))
 
 
 def _arguments(value: Any, where: str) -> Any:
@@ -69,64 +100,82 @@ def _arguments(value: Any, where: str) -> Any:
     return parsed if isinstance(parsed, dict) else value
 
 
-def _tool_calls(calls: list[dict[str, Any]], index: int) -> list[dict[str, Any]]:
-    out = []
-    for j, call in enumerate(calls):
-        where = f"messages[{index}].tool_calls[{j}]"
-        if not isinstance(call, dict):
-            raise InvalidRequest(f"{where} must be an object", param=where)
-        fn = call.get("function")
-        if not isinstance(fn, dict):
-            raise InvalidRequest(f"{where}.function must be an object with 'name' and "
-                                 "'arguments'", param=f"{where}.function")
-        fn = dict(fn)
-        if "arguments" in fn:
-            fn["arguments"] = _arguments(fn["arguments"], f"{where}.function.arguments")
-        out.append({**call, "function": fn})
-    return out
+def _tool_call(call: Any, where: str) -> ToolCall:
+    if not isinstance(call, dict):
+        raise InvalidRequest(f"{where} must be an object", param=where)
+    fn = call.get("function")
+    if not isinstance(fn, dict):
+        raise InvalidRequest(f"{where}.function must be an object with 'name' and "
+                             "'arguments'", param=f"{where}.function")
+    if not isinstance(fn.get("name"), str):
+        raise InvalidRequest(f"{where}.function.name must be a string",
+                             param=f"{where}.function.name")
+    call_id = call.get("id")
+    return ToolCall(id=call_id if isinstance(call_id, str) else None, name=fn["name"],
+                    arguments=_arguments(fn.get("arguments"), f"{where}.function.arguments"))
 
 
-def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
-    if not messages:
-        raise InvalidRequest("'messages' must contain at least one message", param="messages")
-    out = []
-    for i, msg in enumerate(messages):
-        item = {k: v for k, v in msgspec.structs.asdict(msg).items()
-                if v is not msgspec.UNSET}
-        item["content"] = _text_content(msg, i)
-        if msg.tool_calls is not msgspec.UNSET:
-            item["tool_calls"] = _tool_calls(msg.tool_calls, i)
-        out.append(item)
-    return out
+def _message(msg: ChatMessage, index: int) -> Message:
+    calls = None if msg.tool_calls is msgspec.UNSET else tuple(
+        _tool_call(call, f"messages[{index}].tool_calls[{j}]")
+        for j, call in enumerate(msg.tool_calls))
+    return Message(role=msg.role, content=_content(msg, index),
+                   name=_given(msg.name), tool_calls=calls,
+                   tool_call_id=_given(msg.tool_call_id), reasoning=_given(msg.reasoning_content))
 
 
-def _template_kwargs(body: ChatCompletionRequest,
-                     server: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The request's template variables, in the spec's order of forms (top-level
-    ``chat_template_kwargs``, ``extra_body.chat_template_kwargs``, then DashScope's flat
-    ``extra_body.preserve_thinking``), over ``--chat-template-kwargs`` (``server``; the
-    merge rule is ``mlxcel.chat.prompt.template_kwargs``)."""
-    if body.chat_template_kwargs is not None:
-        kwargs = dict(body.chat_template_kwargs)
-    else:
-        extra = body.extra_body or {}
-        if isinstance(extra.get("chat_template_kwargs"), dict):
-            kwargs = dict(extra["chat_template_kwargs"])
-        else:
-            kwargs = {"preserve_thinking": extra["preserve_thinking"]} \
-                if "preserve_thinking" in extra else {}
-    return template_kwargs(kwargs, server)
+def _given(value: Any) -> Any:
+    return None if value is msgspec.UNSET else value
+
+
+def _tool(tool: dict[str, Any]) -> Tool:
+    fn = tool.get("function")
+    name = fn.get("name") if isinstance(fn, dict) else None
+    return Tool(name=name if isinstance(name, str) else "", definition=tool)
+
+
+def _tool_choice(value: Any) -> ToolChoice:
+    """OpenAI's forms: absent, ``"auto"``, ``"none"``, ``"required"`` or
+    ``{"type": "function", "function": {"name": ...}}``; anything else is a 400."""
+    if value is None:
+        return "auto"
+    if isinstance(value, str) and value in ("auto", "none", "required"):
+        return value  # type: ignore[return-value]
+    if isinstance(value, dict):
+        if value.get("type") != "function":
+            raise InvalidRequest("'tool_choice' type must be \"function\"", param="tool_choice")
+        fn = value.get("function")
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if not isinstance(name, str):
+            raise InvalidRequest("'tool_choice' must name a function: {\"type\": \"function\", "
+                                 "\"function\": {\"name\": ...}}", param="tool_choice")
+        return FunctionChoice(name=name)
+    raise InvalidRequest("'tool_choice' must be \"auto\", \"none\", \"required\" or "
+                         "{\"type\": \"function\", \"function\": {\"name\": ...}}",
+                         param="tool_choice")
+
+
+def prompt_request(body: ChatCompletionRequest) -> PromptRequest:
+    """The chat request's wire fields as the chat layer's typed request (wire shapes are
+    checked here; the prompt rules are ``mlxcel.chat.prompt``'s)."""
+    return PromptRequest(
+        messages=tuple(_message(m, i) for i, m in enumerate(body.messages)),
+        tools=tuple(_tool(t) for t in body.tools or ()),
+        tool_choice=_tool_choice(body.tool_choice),
+        template_kwargs=pick_template_kwargs(body.chat_template_kwargs, body.extra_body),
+        add_generation_prompt=body.add_generation_prompt,
+        continue_final_message=body.continue_final_message)
+
+
+def chat_prompt_input(ctx: AppContext, body: ChatCompletionRequest) -> PromptInput:
+    """Render and tokenize (blocking work: run it through ``prepare``)."""
+    return prompt_input(prompt_request(body), ctx.engine,
+                        server_kwargs=ctx.settings.chat_template_kwargs)
 
 
 def chat_prompt(ctx: AppContext, body: ChatCompletionRequest) -> list[int]:
-    """Render and tokenize; a rendered text too long for the context is refused before
-    tokenizing (blocking work: run it through ``prepare``)."""
-    ckpt = ctx.engine.checkpoint
-    tools = body.tools if body.tool_choice != "none" else None
-    text = ckpt.template.render(template_messages(body.messages), tools=tools or None,
-                                add_generation_prompt=True,
-                                **_template_kwargs(body, ctx.settings.chat_template_kwargs))
-    return encode_prompt(ctx.engine, text, "messages", add_special=False)
+    """``chat_prompt_input``'s token ids."""
+    return list(chat_prompt_input(ctx, body).token_ids)
 
 
 def completion_prompt(ctx: AppContext, body: CompletionRequest) -> list[int]:

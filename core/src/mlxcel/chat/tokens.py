@@ -1,0 +1,45 @@
+"""A prompt's text to token ids, within the context window.
+
+The checks run before (or while) tokenizing, so that a prompt too long for the context is
+refused without holding the GIL for a list of ids that will be thrown away.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mlxcel.engine.tokenizer import TooManyTokens
+from mlxcel.errors import ContextLengthExceeded
+
+
+def byte_bound(engine: Any) -> int | None:
+    """The most UTF-8 bytes a text may have and still fit the context window, or None when
+    the tokenizer gives no such bound (see ``Tokenizer.max_token_bytes``)."""
+    per_token = engine.checkpoint.tokenizer.max_token_bytes
+    return None if per_token is None else engine.context_size * per_token
+
+
+def check_fits(engine: Any, text: str, param: str) -> None:
+    """Refuse a text that cannot fit the context window whatever it tokenizes to, before
+    tokenizing it: every token stands for at most ``max_token_bytes`` bytes of text."""
+    bound = byte_bound(engine)
+    if bound is None or len(text) <= bound // 4 or len(text.encode("utf-8")) <= bound:
+        return
+    raise ContextLengthExceeded(
+        f"'{param}' is too long: no tokenization of it fits the context window of "
+        f"{engine.context_size} tokens", param=param)
+
+
+def encode_prompt(engine: Any, text: str, param: str, add_special: bool) -> list[int]:
+    """Tokenize a prompt that must leave room for one generated token in the context; the
+    byte bound is checked first, and a prompt over the limit is refused before its ids
+    become a Python list."""
+    check_fits(engine, text, param)
+    ctx = engine.context_size
+    try:
+        return engine.checkpoint.tokenizer.encode(text, add_special, max_tokens=ctx - 1)
+    except TooManyTokens as exc:
+        raise ContextLengthExceeded(
+            f"the prompt has {exc.count} tokens, more than the context window of {ctx} "
+            "tokens allows (leave room for at least one generated token)", param=param
+        ) from None
