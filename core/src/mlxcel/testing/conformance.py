@@ -7,12 +7,19 @@ finished request whose context the next prompt extends (the agent-turn case ever
 kind supports), with the tokens of a cold run. Core's own families pass it
 (``core/tests/test_conformance.py``); a family distribution's test calls it on a tiny
 checkpoint of its types. Each check raises ``AssertionError`` naming what failed.
+
+``check_tool_format(tool_format, fixtures)``: each fixture (model output text, the calls it
+holds, optionally the content around them) parses to the same events fed whole, one
+character at a time and in seeded random chunkings (adjacent content and argument fragments
+merged, empty ones dropped), since a stream is cut wherever tokens end; and the events up to
+``finish()`` give exactly the expected calls (name and parsed JSON arguments), every call
+started is ended, and indices count up from 0.
 """
 
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import Any, NamedTuple
 
 from mlxcel.testing.engine import engine_for, request, run, solo_tokens
 
@@ -85,3 +92,129 @@ def _keys(doc: Any) -> Any:
     if isinstance(doc, dict):
         return {k: _keys(v) for k, v in doc.items()}
     return type(doc).__name__ if not isinstance(doc, (str, type(None))) else "scalar"
+
+
+class ToolFixture(NamedTuple):
+    """Model output ``text``, the ``calls`` in it (``{"name", "arguments"}`` with the
+    arguments parsed), and the user-visible ``content`` (None: not checked)."""
+
+    text: str
+    calls: list[dict[str, Any]]
+    content: str | None = None
+
+
+def check_tool_format(tool_format: Any, fixtures: Any, *, tools: Any = (),
+                      template: str | None = None, chunkings: int = 32, seed: int = 0) -> None:
+    """Run the tool-format checks (see the module docstring) on every fixture.
+
+    ``tool_format``: an installed format's name (then ``template``, if given, must select
+    it among every installed format) or a ``ToolFormat``; ``fixtures``: ``ToolFixture``s or
+    tuples of their fields; ``tools``: what ``new_parser(tools)`` is given."""
+    from mlxcel.lazy import resolve
+
+    fmt = _installed_format(tool_format, template) if isinstance(tool_format, str) \
+        else tool_format
+    if template is not None:
+        assert fmt.detect(template), f"{fmt.name}: detect() rejects the template"
+    new_parser, rng = resolve(fmt.parser), random.Random(seed)
+    for n, fixture in enumerate(ToolFixture(*f) for f in fixtures):
+        where = f"{fmt.name} fixture {n}"
+        whole = _parse(new_parser, list(tools), [fixture.text], where)
+        want = [{"name": c["name"], "arguments": c["arguments"]} for c in fixture.calls]
+        got = _calls(whole, where)
+        assert got == want, f"{where}: calls {got} != expected {want}"
+        if fixture.content is not None:
+            content = "".join(text for kind, text, _, _ in whole if kind == "content")
+            assert content == fixture.content, f"{where}: content {content!r} != " \
+                                               f"expected {fixture.content!r}"
+        for pieces in _chunkings(fixture.text, rng, chunkings):
+            split = _parse(new_parser, list(tools), pieces, where)
+            assert split == whole, _difference(where, pieces, split, whole)
+
+
+def _installed_format(name: str, template: str | None) -> Any:
+    from mlxcel.errors import StartupError
+    from mlxcel.plugins import load_plugins
+
+    formats = load_plugins().tool_formats
+    assert name in formats, f"no installed tool format {name!r} (installed: {sorted(formats)})"
+    if template is not None:
+        try:
+            picked = formats.select(template)
+        except StartupError as exc:
+            raise AssertionError(f"{name}: {exc}") from None
+        assert picked is not None and picked.name == name, \
+            f"the template selects {picked and picked.name!r}, not {name!r}"
+    return formats.get(name)
+
+
+def _chunkings(text: str, rng: random.Random, count: int) -> list[list[str]]:
+    """One character at a time, then ``count`` random cuts with pieces of 1 to 2..16 chars."""
+    out = [list(text)]
+    for _ in range(count):
+        top, pieces, i = rng.choice((2, 3, 5, 8, 16)), [], 0
+        while i < len(text):
+            step = rng.randint(1, top)
+            pieces.append(text[i:i + step])
+            i += step
+        out.append(pieces)
+    return out
+
+
+def _parse(new_parser: Any, tools: list, pieces: list[str], where: str) -> list[tuple]:
+    """Every event of one parser fed ``pieces`` then finished, as merged tuples."""
+    from mlxcel.toolcalls.api import ParseEvent
+
+    parser = new_parser(tools)
+    events = [e for piece in pieces for e in parser.feed(piece)] + list(parser.finish())
+    merged: list[tuple] = []
+    for e in events:
+        assert isinstance(e, ParseEvent), f"{where}: {e!r} is not a ParseEvent"
+        if e.kind in ("content", "call_arguments") and not e.text:
+            continue
+        last = merged[-1] if merged else None
+        if last and e.kind == last[0] and e.kind in ("content", "call_arguments") \
+                and e.index == last[2]:
+            merged[-1] = (e.kind, last[1] + e.text, e.index, None)
+        else:
+            merged.append((e.kind, e.text, e.index, e.name))
+    return merged
+
+
+def _difference(where: str, pieces: list[str], split: list[tuple], whole: list[tuple]) -> str:
+    """The first event where a chunking and the whole text part ways, and the chunking."""
+    at = next((i for i, (a, b) in enumerate(zip(split, whole, strict=False)) if a != b),
+              min(len(split), len(whole)))
+    got, want = (events[at] if at < len(events) else "no event" for events in (split, whole))
+    shown = repr(pieces) if len(pieces) <= 40 else f"{pieces[:40]!r}... ({len(pieces)} pieces)"
+    return f"{where}: fed as {shown}, event {at} is {got}; the whole text gives {want}"
+
+
+def _calls(events: list[tuple], where: str) -> list[dict[str, Any]]:
+    """The calls the events describe; each must start (with a name), take argument
+    fragments only while open, end, and parse as JSON."""
+    import json
+
+    calls: list[dict[str, Any]] = []
+    open_ = None
+    for kind, text, index, name in events:
+        if kind == "call_start":
+            assert open_ is None, f"{where}: call {index} starts inside call {open_}"
+            assert index == len(calls), f"{where}: call index {index}, expected {len(calls)}"
+            assert name, f"{where}: call {index} starts without a name"
+            calls.append({"name": name, "arguments": ""})
+            open_ = index
+        elif kind in ("call_arguments", "call_end"):
+            assert open_ == index, f"{where}: {kind} for call {index} while {open_} is open"
+            if kind == "call_end":
+                open_ = None
+            else:
+                calls[index]["arguments"] += text
+    assert open_ is None, f"{where}: call {open_} never ends (finish() must end it)"
+    for n, call in enumerate(calls):
+        try:
+            call["arguments"] = json.loads(call["arguments"])
+        except ValueError:
+            raise AssertionError(f"{where}: call {n} arguments are not JSON: "
+                                 f"{call['arguments']!r}") from None
+    return calls
