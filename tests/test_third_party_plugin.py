@@ -1,11 +1,14 @@
 """A real third-party distribution, built and installed into a target dir, seen by the CLI.
 
-Three throwaway distributions are built once per module (hatchling, via uv or pip):
+Three distributions are built once per module (hatchling, via uv or pip):
 
-* ``acme-mlxcel-plugin``: entry point ``toolcall-acme``, a tool format and a family;
-* ``acme-llama-plugin``: entry point ``family-acme-llama``, claims model_type ``llama``,
-  which the builtin ``family-text`` already owns;
-* ``acme-broken-plugin``: entry point ``toolcall-broken``, whose module raises ImportError.
+* ``acme-mlxcel-plugin``: the tutorial's example package, ``docs/examples/toolcall-acme``
+  (entry point ``toolcall-acme``: a tool format and a family), built from its source so
+  the tutorial and this test share one copy;
+* ``acme-llama-plugin`` (throwaway): entry point ``family-acme-llama``, claims model_type
+  ``llama``, which the builtin ``family-text`` already owns;
+* ``acme-broken-plugin`` (throwaway): entry point ``toolcall-broken``, whose module raises
+  ImportError.
 
 Each is installed into its own ``--target`` dir, so a test picks the set it wants through
 ``PYTHONPATH``.
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -26,72 +30,7 @@ import pytest
 pytestmark = pytest.mark.slow
 
 BUILTINS = ("dialect-llamacpp", "dialect-openai", "family-text")
-
-ACME_PLUGIN = '''
-"""acme: a tool-call format and a model family. Heavy code is named, not imported."""
-
-from mlxcel.families.api import Family
-from mlxcel import hookimpl
-from mlxcel.toolcalls.api import ToolFormat
-
-
-@hookimpl
-def mlxcel_register_tool_formats(registry):
-    registry.add(ToolFormat(
-        name="acme-xml",
-        detect=lambda t: "<acme_call>" in t,
-        parser="acme_mlxcel.parser:new_parser",
-    ))
-
-
-@hookimpl
-def mlxcel_register_families(registry):
-    registry.add(Family(
-        name="acme",
-        model_types=("acme_lm",),
-        loader="acme_mlxcel.loader:load",
-        default_tool_format="acme-xml",
-    ))
-'''
-
-ACME_PARSER = """
-import json
-
-from mlxcel.toolcalls.api import ParseEvent
-
-OPEN, CLOSE = "<acme_call>", "</acme_call>"
-
-
-class AcmeParser:
-    def __init__(self, tools):
-        self.tools = tools
-        self.buf = ""
-
-    def feed(self, text):
-        self.buf += text
-        return []
-
-    def finish(self):
-        head, sep, rest = self.buf.partition(OPEN)
-        events = [ParseEvent(kind="content", text=head)] if head else []
-        if sep:
-            call = json.loads(rest.partition(CLOSE)[0])
-            events += [
-                ParseEvent(kind="call_start", name=call["name"]),
-                ParseEvent(kind="call_arguments", text=json.dumps(call["arguments"])),
-                ParseEvent(kind="call_end"),
-            ]
-        return events
-
-
-def new_parser(tools):
-    return AcmeParser(tools)
-"""
-
-ACME_LOADER = """
-def load(path, options):
-    raise NotImplementedError("acme checkpoints are not real")
-"""
+EXAMPLE = Path(__file__).resolve().parents[1] / "docs" / "examples" / "toolcall-acme"
 
 LLAMA_PLUGIN = """
 from mlxcel.families.api import Family
@@ -156,14 +95,11 @@ def _install(src: Path, target: Path) -> Path:
 @pytest.fixture(scope="module")
 def sites(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("third-party")
+    # a copy, so the build never writes into (or races over) the source tree
+    example = shutil.copytree(EXAMPLE, root / "toolcall-acme", ignore=shutil.ignore_patterns(
+        "__pycache__", "*.egg-info", ".tox", "build", "dist"))
     srcs = {
-        "acme": _write_dist(
-            root,
-            "acme-mlxcel-plugin",
-            "acme_mlxcel",
-            "toolcall-acme",
-            {"plugin": ACME_PLUGIN, "parser": ACME_PARSER, "loader": ACME_LOADER},
-        ),
+        "acme": example,
         "llama": _write_dist(
             root, "acme-llama-plugin", "acme_llama", "family-acme-llama", {"plugin": LLAMA_PLUGIN}
         ),
@@ -220,6 +156,20 @@ def test_text_listing_shows_third_party_plugin(sites) -> None:
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("toolcall-acme"))
     assert "acme-mlxcel-plugin 1.2.3" in line
     assert "tool formats: acme-xml" in line and "families: acme" in line
+
+
+def test_the_docs_show_the_real_listing(sites) -> None:
+    """The tutorial and the how-to print what ``mlxcel-server plugins`` prints with the
+    example package installed, line for line."""
+    proc = _cli([sites["acme"]])
+    assert proc.returncode == 0, proc.stderr
+    real = proc.stdout.splitlines()
+    for page in ("tutorial/first-tool-format.md", "howto/selecting-plugins.md"):
+        text = (EXAMPLE.parents[1] / page).read_text()
+        shown = re.findall(r"^((?:dialect|family|toolcall)-[\w-]+  .+)$", text, re.M)
+        assert any(line.startswith("toolcall-acme") for line in shown), page
+        for line in shown:
+            assert line in real, f"{page} shows {line!r}; mlxcel-server plugins prints {real}"
 
 
 def test_third_party_registrations_are_usable_and_lazy(sites) -> None:
