@@ -1,0 +1,1 @@
+"""{{dist}}: the {{tool_format}} tool-call format for mlxcel."""

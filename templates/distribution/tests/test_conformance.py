@@ -1,0 +1,23 @@
+"""{{tool_format}} passes mlxcel's tool-format conformance runner.
+
+Add a fixture for every shape the model writes: several calls, nested JSON, unicode,
+strings that contain the tags, a call cut off by the end of the output, no call at all.
+"""
+
+from mlxcel.testing.conformance import ToolFixture, check_tool_format
+
+TEMPLATE = '{%- if tools %}Call a tool as <{{tool_format}}>{"name": ..., "arguments": ...}{%- endif %}'
+
+FIXTURES = [
+    ToolFixture(
+        text='Sure. <{{tool_format}}>{"name": "get_weather", "arguments": {"city": "Paris"}}'
+             "</{{tool_format}}>",
+        calls=[{"name": "get_weather", "arguments": {"city": "Paris"}}],
+        content="Sure. ",
+    ),
+    ToolFixture(text="no call here", calls=[], content="no call here"),
+]
+
+
+def test_the_tool_format_conforms():
+    check_tool_format("{{tool_format}}", FIXTURES, template=TEMPLATE)
