@@ -28,12 +28,19 @@ sysdeps:
 serve: install
 	$(BIN)/mlxcel-server $(if $(MODEL),--model $(MODEL),--demo) --host $(HOST) --port $(PORT)
 
-# In-process tests get the same OpenBLAS preload the server gives itself (mlxcel.backend);
-# MLXCEL_NO_FAST_BLAS=1 runs them on MLX's bundled reference BLAS.
+# Every tox env (`tox -l`): each distribution's tests in an env holding core plus that
+# distribution only, then lint and the cross-distribution tests. `make test TOX_ARGS="-e
+# core"` runs one env. .ci/pytest gives in-process tests the OpenBLAS preload the server
+# gives itself (mlxcel.backend); MLXCEL_NO_FAST_BLAS=1 runs them on MLX's reference BLAS.
+TOX_ARGS ?=
 test: install
+	$(BIN)/tox run $(TOX_ARGS)
+
+# The quick loop: core's and the cross-distribution tests in .venv, where every
+# distribution is installed together (no per-distribution isolation).
+test-fast: install
 	$(BIN)/ruff check .
-	blas="$$($(BIN)/python -m mlxcel.backend)"; \
-	LD_PRELOAD="$$blas$${LD_PRELOAD:+$${blas:+:}$$LD_PRELOAD}" $(BIN)/python -m pytest
+	PYTHON=$(BIN)/python bash .ci/pytest
 
 lint: install
 	$(BIN)/ruff check .

@@ -22,3 +22,25 @@ def test_readme_gives_the_two_setup_commands_that_ci_runs():
     readme = (ROOT / "README.md").read_text()
     assert "make serve" in readme and "make test" in readme
     assert "make test" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_readme_says_how_to_run_one_distributions_tests():
+    readme = (ROOT / "README.md").read_text()
+    assert "tox -e family-<name>" in readme and "tox -l" in readme
+
+
+def test_the_docs_index_links_every_tutorial_and_how_to_page():
+    index = (ROOT / "docs" / "README.md").read_text()
+    pages = sorted((ROOT / "docs").glob("tutorial/*.md")) + sorted(
+        (ROOT / "docs").glob("howto/*.md"))
+    assert len(pages) >= 3
+    for page in pages:
+        assert f"]({page.relative_to(ROOT / 'docs').as_posix()})" in index, page.name
+
+
+def test_the_selecting_plugins_how_to_names_the_real_flags_and_env_twins():
+    howto = (ROOT / "docs" / "howto" / "selecting-plugins.md").read_text()
+    rows = {dest: (flags, env) for flags, dest, _type, _default, env, _help in OPTIONS}
+    for dest in ("plugins", "disable_plugins"):
+        flags, env = rows[dest]
+        assert f"`{flags[0]}" in howto and f"`{env}`" in howto, dest

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import configparser
 import pathlib
 import subprocess
 import sys
@@ -34,27 +33,6 @@ def test_hookimpl_comes_from_the_top_package_cheaply():
     loaded = _modules_after("from mlxcel import hookimpl")
     assert "pluggy" in loaded
     assert not [m for m in loaded if m.split(".")[0] in ("mlx", "mlx_lm", "litestar")]
-
-
-def _distributions() -> list[pathlib.Path]:
-    return sorted(p for kind in ("families", "plugins") for p in (ROOT / kind).iterdir()
-                  if p.is_dir() and not p.name.startswith((".", "_")))
-
-
-def test_every_families_and_plugins_folder_is_a_distribution():
-    """A folder under ``families/`` or ``plugins/`` is a separately installed package: a
-    pyproject with an ``mlxcel`` entry point named after the folder, a tox env of that
-    name, and tests of its own (its conformance test among them)."""
-    tox = configparser.ConfigParser(interpolation=None)
-    tox.read(ROOT / "tox.ini")
-    for folder in _distributions():
-        import tomllib  # Python 3.11+; the test machines have it
-
-        project = tomllib.loads((folder / "pyproject.toml").read_text())["project"]
-        points = project.get("entry-points", {}).get("mlxcel", {})
-        assert folder.name in points, f"{folder}: no mlxcel entry point named {folder.name}"
-        assert f"testenv:{folder.name}" in tox, f"tox.ini has no env {folder.name}"
-        assert list((folder / "tests").glob("test_*conformance*.py")), folder
 
 
 def test_the_chat_layer_imports_no_dialect_no_web_framework_and_no_mlx():
