@@ -7,7 +7,7 @@ import json
 
 import msgspec
 import pytest
-from mlxcel.chat.prompt import prompt_input, render_chat
+from mlxcel.chat.prompt import render_chat
 from mlxcel.chat.tool_choice import place_directive
 from mlxcel.chat_template import ChatTemplate, load_chat_template
 from mlxcel.dialects.openai.schemas import ChatCompletionRequest
@@ -76,16 +76,6 @@ def test_a_named_function_renders_only_it_and_a_directive_to_call_it(template):
                   tool_choice=FunctionChoice(name="get_time"))
     assert '"name": "get_time"' in text and "get_weather" not in text
     assert NAMED in text
-
-
-def test_prompt_input_hands_on_the_tools_it_rendered(client):
-    engine = client.app.state["ctx"].engine
-    base = PromptRequest(messages=(msg("user", "hi"),), tools=TOOLS)
-    assert prompt_input(base, engine).tools == TOOLS
-    none = msgspec.structs.replace(base, tool_choice="none")
-    assert prompt_input(none, engine).tools == ()
-    named = msgspec.structs.replace(base, tool_choice=FunctionChoice(name="get_weather"))
-    assert [t.name for t in prompt_input(named, engine).tools] == ["get_weather"]
 
 
 # -- refusals -----------------------------------------------------------------------------

@@ -19,7 +19,6 @@ from mlxcel.types.messages import (
     Message,
     PromptInput,
     PromptRequest,
-    Tool,
     ToolCall,
 )
 
@@ -119,8 +118,10 @@ def template_message(message: Message) -> dict[str, Any]:
     return item
 
 
-def _render(request: PromptRequest, template: Any,
-            server_kwargs: dict[str, Any] | None) -> tuple[str, tuple[Tool, ...]]:
+def render_chat(request: PromptRequest, template: Any,
+                server_kwargs: dict[str, Any] | None = None) -> str:
+    """The prompt text of ``request`` through ``template`` (a ``ChatTemplate``), with the
+    server's template variables under the request's."""
     kwargs = template_kwargs(request.template_kwargs, server_kwargs)
     if not request.messages:
         raise InvalidRequest("'messages' must contain at least one message", param="messages")
@@ -134,14 +135,7 @@ def _render(request: PromptRequest, template: Any,
                            add_generation_prompt=add_generation, **kwargs)
     if request.continue_final_message:
         text = continue_cut(text, messages[-1])
-    return text, tools
-
-
-def render_chat(request: PromptRequest, template: Any,
-                server_kwargs: dict[str, Any] | None = None) -> str:
-    """The prompt text of ``request`` through ``template`` (a ``ChatTemplate``), with the
-    server's template variables under the request's."""
-    return _render(request, template, server_kwargs)[0]
+    return text
 
 
 def prompt_input(request: PromptRequest, engine: Any, *,
@@ -150,7 +144,7 @@ def prompt_input(request: PromptRequest, engine: Any, *,
     """Render with the loaded checkpoint's template and tokenize within ``engine``'s
     context window (blocking work: a dialect runs it through ``dialects.prepare``).
     ``reasoning_markers`` (open, close) are the model's, when it has them."""
-    text, tools = _render(request, engine.checkpoint.template, server_kwargs)
+    text = render_chat(request, engine.checkpoint.template, server_kwargs)
     ids = encode_prompt(engine, text, "messages", add_special=False)
-    return PromptInput(token_ids=tuple(ids), tools=tools,
+    return PromptInput(token_ids=tuple(ids),
                        reasoning_open=reasoning_open(text, reasoning_markers))

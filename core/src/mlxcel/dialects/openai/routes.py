@@ -25,7 +25,7 @@ from mlxcel.dialects.wire import (
 from . import schemas as s
 from .stream import ChatEncoder, CompletionEncoder
 from .translate import (
-    chat_prompt,
+    chat_prompt_input,
     check_completion_options,
     completion_prompt,
     echo_text,
@@ -37,10 +37,11 @@ class _Run:
     """A submitted request: its event stream, its answer's state machine and what every
     response frame repeats."""
 
-    def __init__(self, ctx: AppContext, body: s.SamplingFields, req: Any) -> None:
+    def __init__(self, ctx: AppContext, body: s.SamplingFields, req: Any,
+                 machine: OutputMachine) -> None:
         self.started = time.perf_counter()
         self.stream = ctx.engine.submit(req)
-        self.machine = OutputMachine(stops=req.stop)
+        self.machine = machine
         self.tok = ctx.engine.checkpoint.tokenizer
         self.created, self.model = int(time.time()), body.model or ctx.model_name
         self.head = (req.request_id, self.created, self.model, self.tok)
@@ -69,11 +70,12 @@ def build(ctx: AppContext) -> list[Any]:
                         if body.max_completion_tokens is not None else (body.max_tokens,
                                                                         "max_tokens"))
         rid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
-        prompt = await prepare_for(request, lambda: chat_prompt(ctx, body))
-        req = generation_request(ctx, body, prompt, rid, limit, field,
+        prompt = await prepare_for(request, lambda: chat_prompt_input(ctx, body))
+        req = generation_request(ctx, body, list(prompt.token_ids), rid, limit, field,
                                  priority=request_priority(request), logprobs=body.logprobs,
                                  top_logprobs=body.top_logprobs or 0)
-        run = _Run(ctx, body, req)
+        run = _Run(ctx, body, req, OutputMachine(stops=req.stop,
+                                                 reasoning_open=prompt.reasoning_open))
         encoder = ChatEncoder(*run.head, include_usage=_include_usage(body),
                               logprobs=body.logprobs)
         if not body.stream:
@@ -93,7 +95,8 @@ def build(ctx: AppContext) -> list[Any]:
         req = generation_request(ctx, body, prompt, rid, body.max_tokens, "max_tokens",
                                  priority=request_priority(request), logprobs=want,
                                  top_logprobs=body.logprobs or 0)
-        run = _Run(ctx, body, req)  # streamed completions are not recorded in metrics
+        # streamed completions are not recorded in metrics
+        run = _Run(ctx, body, req, OutputMachine(stops=req.stop))
         encoder = CompletionEncoder(*run.head, include_usage=_include_usage(body),
                                     logprobs=want,
                                     echoed=echo_text(ctx, body, prompt) if body.echo else "")

@@ -173,11 +173,6 @@ def chat_prompt_input(ctx: AppContext, body: ChatCompletionRequest) -> PromptInp
                         server_kwargs=ctx.settings.chat_template_kwargs)
 
 
-def chat_prompt(ctx: AppContext, body: ChatCompletionRequest) -> list[int]:
-    """``chat_prompt_input``'s token ids."""
-    return list(chat_prompt_input(ctx, body).token_ids)
-
-
 def completion_prompt(ctx: AppContext, body: CompletionRequest) -> list[int]:
     """A string, a one-string list, or a list of token ids (blocking work: run it through
     ``prepare``)."""
