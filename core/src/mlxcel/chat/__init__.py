@@ -10,7 +10,11 @@ and the engine.
 * ``thinking``: earlier turns' reasoning (``preserve_thinking``, the rolling-checkpoint
   rule) and whether a prompt ends inside an open reasoning block.
 * ``tokens``: prompt text -> token ids within the context window.
+* ``output``: the per-answer state machine, engine events -> typed deltas
+  (``mlxcel.types.deltas``): stop strings, the reasoning split and the tool parser, the
+  one place that holds text back at token boundaries.
+* ``answer``: the deltas of a whole answer gathered, for non-streaming responses.
 
 A dialect maps its wire fields to these and the results back to its frames; it holds no
-rule of its own about sampling or templates.
+rule of its own about sampling, templates or output parsing.
 """
