@@ -180,7 +180,8 @@ def test_hundred_mixed_requests_at_parallel_4(start_server):
     """100 requests (streamed, whole, cancelled, bad) 16 at a time at --parallel 4 with room
     in the queue for all of them: every valid one completes (no 503, no 500, no hung
     stream), every bad one is a 400, and every slot is free afterwards."""
-    srv = start_server("--parallel", "4", "--max-queue-depth", "16")
+    # 16 in flight, plus room for cancelled ones the engine has not yet reaped between steps
+    srv = start_server("--parallel", "4", "--max-queue-depth", "24")
     rss = rss_bytes(srv)
     rng = random.Random(12)
 
