@@ -207,3 +207,31 @@ def test_engine_events_keep_special_tokens_and_content_drops_them(tiny_checkpoin
         content = texts(deltas, ContentDelta)
         assert content == tok.decode(sink.tokens, skip_special=True)
         assert not any(marker in content for marker in specials)
+
+
+def test_a_family_with_reasoning_markers_answers_reasoning_first(tiny_checkpoint):
+    """A prompt that leaves the answer inside an open ``<think>`` block (the family's
+    markers): what the model writes up to ``</think>`` is ``reasoning_content``, the rest
+    content, streamed and not; nothing is lost between them."""
+    import msgspec
+    from apphelpers import make_client, wait_ready
+
+    with make_client(tiny_checkpoint) as client:
+        wait_ready(client)
+        ckpt = client.app.state["ctx"].engine.checkpoint
+        ckpt.family = msgspec.structs.replace(ckpt.family, reasoning_markers=THINK)
+        body = {"messages": [{"role": "user", "content": "hi"},
+                             {"role": "assistant", "content": "<think>\nlet me see"}],
+                "continue_final_message": True, "max_tokens": 12, "temperature": 0,
+                "ignore_eos": True}
+        whole = client.post("/v1/chat/completions", json=body).json()
+        message = whole["choices"][0]["message"]
+        streamed = client.post("/v1/chat/completions", json={**body, "stream": True})
+        frames = [json.loads(line[6:]) for line in streamed.text.split("\n\n")
+                  if line.startswith("data: {")]
+        deltas = [f["choices"][0]["delta"] for f in frames if f["choices"]]
+    assert message["reasoning_content"] and whole["usage"]["completion_tokens"] == 12
+    assert "".join(d.get("reasoning_content", "") for d in deltas) == \
+        message["reasoning_content"]
+    assert "".join(d.get("content", "") for d in deltas) == (message["content"] or "")
+    assert "<think>" not in message["reasoning_content"]

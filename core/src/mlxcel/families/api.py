@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Protocol
 
 import msgspec
@@ -80,10 +79,9 @@ class LoadOptions(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class LoadedModel(Protocol):
-    """What the engine drives. ``model(inputs, cache=...)`` returns logits [B, T, V]."""
+    """What the engine drives: an mlx-lm style model. ``model(inputs, cache)`` returns
+    logits [B, T, V]; ``make_cache()`` gives one cache per layer."""
 
-    model: Any
-    config: dict
-    path: Path
+    def __call__(self, inputs: Any, cache: Any = None) -> Any: ...
 
     def make_cache(self) -> list[Any]: ...

@@ -74,7 +74,8 @@ def build(ctx: AppContext) -> list[Any]:
         req = generation_request(ctx, body, list(prompt.token_ids), rid, limit, field,
                                  priority=request_priority(request), logprobs=body.logprobs,
                                  top_logprobs=body.top_logprobs or 0)
-        run = _Run(ctx, body, req, OutputMachine(stops=req.stop,
+        markers = ctx.engine.checkpoint.family.reasoning_markers
+        run = _Run(ctx, body, req, OutputMachine(stops=req.stop, reasoning=markers,
                                                  reasoning_open=prompt.reasoning_open))
         encoder = ChatEncoder(*run.head, include_usage=_include_usage(body),
                               logprobs=body.logprobs)

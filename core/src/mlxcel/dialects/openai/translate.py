@@ -170,7 +170,8 @@ def prompt_request(body: ChatCompletionRequest) -> PromptRequest:
 def chat_prompt_input(ctx: AppContext, body: ChatCompletionRequest) -> PromptInput:
     """Render and tokenize (blocking work: run it through ``prepare``)."""
     return prompt_input(prompt_request(body), ctx.engine,
-                        server_kwargs=ctx.settings.chat_template_kwargs)
+                        server_kwargs=ctx.settings.chat_template_kwargs,
+                        reasoning_markers=ctx.engine.checkpoint.family.reasoning_markers)
 
 
 def completion_prompt(ctx: AppContext, body: CompletionRequest) -> list[int]:
