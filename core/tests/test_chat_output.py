@@ -8,7 +8,6 @@ import random
 
 import pytest
 from mlxcel.chat.output import OutputMachine, merge, pieces
-from mlxcel.toolcalls.api import ParseEvent
 from mlxcel.types import (
     ContentDelta,
     Finish,
@@ -20,6 +19,7 @@ from mlxcel.types import (
     ToolCallStart,
     Usage,
 )
+from mlxcel.types.toolcalls import CallArguments, CallStart, ParsedCall, ParseResult, ToolText
 
 USAGE = Usage(prompt_tokens=3, completion_tokens=9)
 THINK = ("<think>", "</think>")
@@ -149,38 +149,66 @@ def test_failure_finish_carries_the_engine_message():
 
 
 class _WrapperParser:
-    """A tool format as a plugin would write one: ``[CALL]{json}`` after a special token;
-    it holds everything and parses at the end (the simplest correct parser)."""
+    """A tool format as a plugin would write one: ``<|call|>{json}`` after a special token.
+    ``stream`` decides how much it streams: nothing until the end (the simplest correct
+    parser), or the call's start and a first argument fragment as soon as it sees them."""
 
-    def __init__(self) -> None:
-        self.buf = ""
+    def __init__(self, stream: bool = False, fragment: str = "{") -> None:
+        self.buf, self.stream, self.fragment, self.started = "", stream, fragment, False
 
-    def feed(self, text: str) -> list[ParseEvent]:
+    def feed(self, text: str, token_ids=()) -> list:
         self.buf += text
+        if self.stream and not self.started and '"name": "f"' in self.buf:
+            self.started = True
+            return [CallStart(index=0, name="f", id="call_streamed"),
+                    CallArguments(index=0, text=self.fragment)]
         return []
 
-    def finish(self) -> list[ParseEvent]:
+    def finish(self) -> ParseResult:
         head, sep, rest = self.buf.partition("<|call|>")
-        out = [ParseEvent(kind="content", text=head)] if head else []
+        events = [ToolText(text=head)] if head and not self.started else []
+        calls = ()
         if sep:
             call = json.loads(rest)
-            out += [ParseEvent(kind="call_start", name=call["name"]),
-                    ParseEvent(kind="call_arguments", text=json.dumps(call["arguments"])),
-                    ParseEvent(kind="call_end")]
-        return out
+            calls = (ParsedCall(name=call["name"], arguments=json.dumps(call["arguments"])),)
+        return ParseResult(events=tuple(events), calls=calls)
+
+
+CALL_PARTS = [("Sure", False), ("<|pad|>", True), (".", False), ("<|call|>", True),
+              ('{"name": "f", "arguments": {"x": 1}}', False)]
 
 
 def test_tool_parser_sees_special_tokens_and_its_content_loses_them():
-    parts = [("Sure", False), ("<|pad|>", True), (".", False), ("<|call|>", True),
-             ('{"name": "f", "arguments": {"x": 1}}', False)]
     m = OutputMachine(tool_parser=_WrapperParser(), special_texts=("<|pad|>", "<|call|>"))
-    deltas = merge(run(m, events(parts, random.Random(3))))
+    deltas = merge(run(m, events(CALL_PARTS, random.Random(3))))
     assert texts(deltas, ContentDelta) == "Sure."
     start = next(d for d in deltas if isinstance(d, ToolCallStart))
     assert start.name == "f" and start.id.startswith("call_")
     assert texts(deltas, ToolCallArguments) == '{"x": 1}'
     assert any(isinstance(d, ToolCallEnd) for d in deltas)
     assert deltas[-1].reason == "tool_calls"
+    assert deltas[-1].calls == (ParsedCall(name="f", arguments='{"x": 1}', id=start.id),)
+
+
+def test_a_streamed_call_keeps_its_id_and_gets_the_rest_of_its_arguments():
+    m = OutputMachine(tool_parser=_WrapperParser(stream=True), special_texts=("<|call|>",))
+    deltas = merge(run(m, events(CALL_PARTS, random.Random(4))))
+    starts = [d for d in deltas if isinstance(d, ToolCallStart)]
+    assert [s.id for s in starts] == ["call_streamed"]
+    assert texts(deltas, ToolCallArguments) == '{"x": 1}'
+    assert deltas[-1].calls[0].id == "call_streamed"
+
+
+def test_a_stream_that_diverged_is_logged_and_the_whole_parse_wins():
+    from structlog.testing import capture_logs
+
+    m = OutputMachine(tool_parser=_WrapperParser(stream=True, fragment="[wrong"),
+                      special_texts=("<|call|>",), request_id="r1")
+    with capture_logs() as logs:
+        deltas = run(m, events(CALL_PARTS, None))
+    assert any(e["event"] == "tool_call_divergence" and e["request_id"] == "r1" for e in logs)
+    assert deltas[-1].calls == (ParsedCall(name="f", arguments='{"x": 1}',
+                                           id="call_streamed"),)
 
 
 def test_engine_events_keep_special_tokens_and_content_drops_them(tiny_checkpoint):

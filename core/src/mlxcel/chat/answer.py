@@ -49,6 +49,8 @@ class Answer:
             self.calls[-1].arguments += delta.text
         elif isinstance(delta, Finish):
             self.finish = delta
+            if delta.calls:  # the whole answer's parse is authoritative
+                self.calls = [Call(c.id or "", c.name, c.arguments) for c in delta.calls]
 
 
 def failure(finish: Finish) -> str:

@@ -23,8 +23,10 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable
 
+import structlog
+
 from mlxcel.engine.stops import StopMatcher, partial_suffix
-from mlxcel.toolcalls.api import ParseEvent, ToolCallParser
+from mlxcel.toolcalls.api import ToolCallParser
 from mlxcel.types import (
     ContentDelta,
     Delta,
@@ -36,6 +38,16 @@ from mlxcel.types import (
     ToolCallEnd,
     ToolCallStart,
 )
+from mlxcel.types.toolcalls import (
+    CallArguments,
+    CallEnd,
+    CallStart,
+    ParsedCall,
+    ToolEvent,
+    ToolText,
+)
+
+log = structlog.get_logger("mlxcel.chat")
 
 Piece = tuple[str, bool]  # (text, is a special token's text)
 
@@ -99,44 +111,82 @@ class _Reasoning:
 
 class _Tools:
     """Adapts a tool parser's events to deltas; without a parser, answer text is content
-    and special tokens' text is dropped."""
+    and special tokens' text is dropped. At the end the parser's whole-answer calls are
+    authoritative: a streamed call keeps its id and gets the arguments it is missing, a
+    call never streamed is sent whole, and a stream that went another way is logged."""
 
-    def __init__(self, parser: ToolCallParser | None, specials: Iterable[str]) -> None:
+    def __init__(self, parser: ToolCallParser | None, specials: Iterable[str],
+                 request_id: str | None) -> None:
         self.parser = parser
         self.specials = tuple(sorted(set(specials), key=len, reverse=True))
-        self.ids: dict[int, str] = {}
-        self.calls = 0
+        self.request_id = request_id
+        self.streamed: dict[int, list] = {}  # index -> [id, name, arguments so far, ended]
 
     def feed(self, text: str, special: bool) -> list[Delta]:
         if self.parser is None:
             return [] if special else [ContentDelta(text=text)]
         return self._deltas(self.parser.feed(text))
 
-    def finish(self) -> list[Delta]:
-        return [] if self.parser is None else self._deltas(self.parser.finish())
+    def finish(self) -> tuple[list[Delta], tuple[ParsedCall, ...]]:
+        if self.parser is None:
+            return [], ()
+        result = self.parser.finish()
+        out = self._deltas(result.events)
+        calls = []
+        for i, call in enumerate(result.calls):
+            out += self._settle(i, call)
+            calls.append(ParsedCall(name=call.name, arguments=call.arguments,
+                                    id=self.streamed[i][0]))
+        if len(self.streamed) > len(result.calls):
+            log.warning("tool_call_divergence", request_id=self.request_id,
+                        streamed=len(self.streamed), parsed=len(result.calls))
+        return out, tuple(calls)
+
+    def _settle(self, i: int, call: ParsedCall) -> list[Delta]:
+        """The deltas that bring streamed call ``i`` to the authoritative ``call``."""
+        if i not in self.streamed:
+            self.streamed[i] = [call.id or _call_id(), call.name, "", False]
+            out: list[Delta] = [ToolCallStart(index=i, id=self.streamed[i][0], name=call.name)]
+        else:
+            out = []
+        cid, name, sent, ended = self.streamed[i]
+        if name != call.name or not call.arguments.startswith(sent):
+            log.warning("tool_call_divergence", request_id=self.request_id, index=i)
+        elif len(call.arguments) > len(sent):
+            out.append(ToolCallArguments(index=i, text=call.arguments[len(sent):]))
+        return out if ended else [*out, ToolCallEnd(index=i)]
 
     def _visible(self, text: str) -> str:
         for marker in self.specials:
             text = text.replace(marker, "")
         return text
 
-    def _deltas(self, events: list[ParseEvent]) -> list[Delta]:
+    def _deltas(self, events: Iterable[ToolEvent]) -> list[Delta]:
         out: list[Delta] = []
         for e in events:
-            if e.kind == "content":
-                text = self._visible(e.text)
-                if text:
+            if isinstance(e, ToolText):
+                if text := self._visible(e.text):
                     out.append(ContentDelta(text=text))
-            elif e.kind == "call_start":
-                self.ids[e.index] = f"call_{uuid.uuid4().hex[:24]}"
-                self.calls += 1
-                out.append(ToolCallStart(index=e.index, id=self.ids[e.index],
-                                         name=e.name or ""))
-            elif e.kind == "call_arguments":
+            elif isinstance(e, CallStart):
+                self.streamed[e.index] = [e.id or _call_id(), e.name, "", False]
+                out.append(ToolCallStart(index=e.index, id=self.streamed[e.index][0],
+                                         name=e.name))
+            elif isinstance(e, CallArguments):
+                self.streamed[e.index][2] += e.text
                 out.append(ToolCallArguments(index=e.index, text=e.text))
-            else:
+            elif isinstance(e, CallEnd):
+                self.streamed[e.index][3] = True
                 out.append(ToolCallEnd(index=e.index))
+            else:  # markup that does not parse: nothing of the answer is lost
+                log.warning("tool_call_unparsed", request_id=self.request_id,
+                            reason=e.message)
+                if text := self._visible(e.text):
+                    out.append(ContentDelta(text=text))
         return out
+
+
+def _call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
 
 
 class OutputMachine:
@@ -145,10 +195,11 @@ class OutputMachine:
     def __init__(self, *, stops: tuple[str, ...] = (),
                  reasoning: tuple[str, str] | None = None, reasoning_open: bool = False,
                  tool_parser: ToolCallParser | None = None,
-                 special_texts: Iterable[str] = ()) -> None:
+                 special_texts: Iterable[str] = (), request_id: str | None = None) -> None:
         self._stops = StopMatcher(stops)
         self._reasoning = _Reasoning(reasoning, reasoning_open)
-        self._tools = _Tools(tool_parser, special_texts)
+        self._tools = _Tools(tool_parser, special_texts, request_id)
+        self._calls: tuple[ParsedCall, ...] = ()
         self._stopped = False  # a stop string matched: later text is not the answer's
         self.done = False
 
@@ -172,9 +223,10 @@ class OutputMachine:
         if event.finish_reason is not None:
             self.done = True
             reason = event.finish_reason
-            if reason == "stop" and self._tools.calls:
+            if reason == "stop" and self._calls:
                 reason = "tool_calls"
-            out.append(Finish(reason=reason, usage=event.usage, error=event.error))
+            out.append(Finish(reason=reason, usage=event.usage, error=event.error,
+                              calls=self._calls))
         return out
 
     def _route(self, text: str, special: bool) -> list[Delta]:
@@ -193,7 +245,8 @@ class OutputMachine:
         out = [] if self._stopped else self._route(self._stops.flush(), False)
         for inside, run, special in self._reasoning.flush():
             out += [ReasoningDelta(text=run)] if inside else self._tools.feed(run, special)
-        return out + self._tools.finish()
+        settled, self._calls = self._tools.finish()
+        return out + settled
 
     @staticmethod
     def _with_logprobs(out: list[Delta], lps: tuple[TokenLogprob, ...]) -> list[Delta]:

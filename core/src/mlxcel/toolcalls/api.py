@@ -1,42 +1,65 @@
-"""Tool-call format contract: detect a template's format, parse model output into calls."""
+"""Tool-call format contract, v1: detect a template's format, parse an answer into calls.
+
+A format is a ``ToolFormat`` registered through ``mlxcel_register_tool_formats``. Its
+``parser`` names ``new_parser(tools) -> ToolCallParser``; one parser serves one answer.
+
+The parser is fed the answer text in the pieces the model produced them in, with the text
+of special tokens kept (``<|python_tag|>``, ``[TOOL_CALLS]``, harmony's channel tokens:
+``GenerationEvent.specials``) and the token ids behind each piece. It returns typed events
+(``mlxcel.types.toolcalls``): answer text, a call's start, argument fragments, its end, or
+markup that does not parse. It holds back whatever the text seen so far does not settle
+(a partial marker at a token boundary), so its events, merged, are the same however the
+text was cut; ``finish()`` gives back what it still held and the authoritative calls of
+the whole answer. ``mlxcel.testing.conformance.check_tool_format`` checks all of this.
+
+Selection: ``--tool-call-format`` names one; else the family's ``default_tool_format``;
+else every installed format's ``detect(template)`` is asked, and the most specific match
+wins (``specificity``: a template that writes Qwen3-Coder's ``<function=`` also contains
+Hermes' ``<tool_call>``). Two matches of equal, highest specificity are an error naming
+both.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 import msgspec
 
-
-class ParseEvent(msgspec.Struct, frozen=True, kw_only=True):
-    """``content`` text for the user, or a tool call (whole or streamed in pieces)."""
-
-    kind: Literal["content", "call_start", "call_arguments", "call_end"]
-    text: str = ""
-    index: int = 0
-    name: str | None = None
+from mlxcel.types.toolcalls import ParseResult, ToolEvent
 
 
 class ToolCallParser(Protocol):
-    """One per request; all state lives here. Same events whatever the chunking."""
+    """One per answer; all its state lives here."""
 
-    def feed(self, text: str) -> list[ParseEvent]: ...
+    def feed(self, text: str, token_ids: tuple[int, ...] = ()) -> list[ToolEvent]:
+        """The events ``text`` settles (``token_ids``: the tokens behind it)."""
+        ...
 
-    def finish(self) -> list[ParseEvent]: ...
+    def finish(self) -> ParseResult:
+        """At the end of the answer: the events still held, and every call, parsed from
+        the whole answer (what a response reports)."""
+        ...
 
 
 class ToolFormat(msgspec.Struct, frozen=True, kw_only=True):
     """A tool-call wire format.
 
-    ``detect`` takes the chat template source and says whether it uses this format.
-    ``parser`` is a ``"module:attr"`` naming ``new_parser(tools) -> ToolCallParser``.
-    ``grammar`` optionally names ``grammar(tools, choice)`` for JSON-in-wrapper formats.
+    ``detect``: takes a chat template's source, says whether the template writes this
+    format. ``specificity``: breaks a tie between formats that both detect a template;
+    higher wins (a format whose markers contain another's is more specific).
+    ``parser``: ``"module:attr"`` naming ``new_parser(tools) -> ToolCallParser``, where
+    ``tools`` are the request's function tools after ``tool_choice``
+    (``mlxcel.types.messages.Tool``, each with its wire ``definition``).
+    ``grammar``: optional ``"module:attr"`` naming ``grammar(tools, choice) -> Constraint |
+    None``, the output constraint that forces a call when ``tool_choice`` requires one.
     """
 
     name: str
     detect: Callable[[str], bool]
     parser: str
+    specificity: int = 0
     grammar: str | None = None
 
 
-NewParser = Callable[[list[dict[str, Any]]], ToolCallParser]
+NewParser = Callable[[tuple[Any, ...]], ToolCallParser]

@@ -13,6 +13,7 @@ from typing import Literal
 import msgspec
 
 from mlxcel.types.events import TokenLogprob, Usage
+from mlxcel.types.toolcalls import ParsedCall
 
 
 class ContentDelta(msgspec.Struct, frozen=True, kw_only=True, tag="content"):
@@ -53,12 +54,14 @@ AnswerFinish = Literal["stop", "length", "tool_calls", "error", "cancelled"]
 
 
 class Finish(msgspec.Struct, frozen=True, kw_only=True, tag="finish"):
-    """The last delta: why the answer ended, its usage, and the engine's message when it
-    failed (``error``) or was cancelled."""
+    """The last delta: why the answer ended, its usage, the engine's message when it
+    failed (``error``) or was cancelled, and the answer's tool calls as parsed from the
+    whole answer (authoritative; with the ids their streamed deltas had)."""
 
     reason: AnswerFinish
     usage: Usage | None = None
     error: str | None = None
+    calls: tuple[ParsedCall, ...] = ()
 
     @property
     def ok(self) -> bool:
