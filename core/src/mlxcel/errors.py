@@ -36,6 +36,22 @@ class ContextLengthExceeded(InvalidRequest):
     code = "context_length_exceeded"
 
 
+class UnsupportedSchema(InvalidRequest):
+    """A constraint's schema uses a feature the grammar engine cannot enforce (``not``,
+    ``if``/``then``/``else``, ...) or is one that no output satisfies; the message names
+    the feature, never the schema."""
+
+
+class ConstraintTooComplex(InvalidRequest):
+    """A constraint is over a size limit, or did not compile within
+    ``--grammar-compile-timeout``: refused instead of stalling the requests behind it."""
+
+
+class UnsupportedTokenizer(InvalidRequest):
+    """Constrained decoding needs token bytes this model's tokenizer cannot give; the
+    message starts with ``UnsupportedTokenizer``, as the spec says."""
+
+
 class CapabilityNotSupported(MlxcelError):
     status = 501
 

@@ -1,0 +1,205 @@
+"""Compiling constraints off the engine thread, once per schema and tokenizer.
+
+A compile can take seconds at a large vocabulary, and native code cannot be interrupted,
+so it runs on a daemon worker thread and the caller gets a ``Future``: the engine thread
+polls ``done()`` between steps, a request handler awaits ``asyncio.wrap_future``, a test
+calls ``result()``. The future fails with ``ConstraintTooComplex`` when the timeout
+passes; the compile itself goes on, and its result is cached, so the same schema asked
+again later is served at once. Equal requests in flight share one compile.
+
+Results are kept in memory and on disk under ``cache_dir`` (``mlxcel.engine.constraints.
+store``), keyed by a hash of the backend's tag, the constraint's ``cache_text`` and the
+vocabulary's fingerprint, so a restarted server does not compile again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mlxcel.engine.constraints.outlines import OutlinesBackend
+from mlxcel.engine.constraints.protocol import Compiled, ConstraintBackend
+from mlxcel.engine.constraints.store import DiskStore, MemoryStore
+from mlxcel.engine.constraints.vocabulary import TokenVocabulary
+from mlxcel.errors import ConstraintTooComplex, MlxcelError
+from mlxcel.types.constraints import Constraint
+
+DEFAULT_TIMEOUT = 60.0  # the options table's default for --grammar-compile-timeout
+
+
+def default_cache_dir() -> Path:
+    """Where compiled indexes persist when the caller names no directory."""
+    return Path("~/.cache/mlxcel").expanduser() / "constraints"
+
+
+@dataclass(frozen=True)
+class CacheBudget:
+    """Bytes of serialized index: kept in memory, kept on disk, and the most one schema
+    may compile to (past it the request gets ``ConstraintTooComplex``)."""
+
+    memory_bytes: int = 2 << 30
+    disk_bytes: int = 8 << 30
+    index_bytes: int = 1 << 30
+
+
+@dataclass
+class CompileStats:
+    """Counters for logs, metrics and tests."""
+
+    compiled: int = 0
+    memory_hits: int = 0
+    disk_hits: int = 0
+    timeouts: int = 0
+
+
+class ConstraintCompiler:
+    """Compiles constraints for one tokenizer (``vocabulary``: a ``TokenVocabulary``, or
+    a callable that builds one, called once on a worker thread so that a slow or failing
+    build never touches the engine thread; a failure is re-raised for each request)."""
+
+    def __init__(self, vocabulary: TokenVocabulary | Callable[[], TokenVocabulary], *,
+                 backend: ConstraintBackend | None = None,
+                 cache_dir: str | os.PathLike | None = None, timeout: float = DEFAULT_TIMEOUT,
+                 budget: CacheBudget = CacheBudget(), workers: int = 2) -> None:
+        if not timeout > 0:
+            raise ValueError("the compile timeout must be > 0")
+        self.backend: ConstraintBackend = backend or OutlinesBackend()
+        self.timeout, self.budget, self.stats = timeout, budget, CompileStats()
+        self._source = vocabulary
+        self._vocabulary: TokenVocabulary | MlxcelError | None = \
+            vocabulary if isinstance(vocabulary, TokenVocabulary) else None
+        root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+        tag = hashlib.sha256(self.backend.cache_tag.encode()).hexdigest()[:12]
+        self._disk = DiskStore(root / f"{self.backend.name}-{tag}", budget.disk_bytes)
+        self._memory = MemoryStore(budget.memory_bytes)
+        self._inflight: dict[str, Future] = {}
+        self._lock = threading.Lock()
+        self._slots = threading.Semaphore(workers)
+
+    @classmethod
+    def for_tokenizer(cls, tokenizer: Any, eos_ids: set[int] | None = None,
+                      **options: Any) -> ConstraintCompiler:
+        """For an ``mlxcel.engine.tokenizer.Tokenizer``; ``eos_ids``: the model's."""
+        return cls(lambda: TokenVocabulary.from_tokenizer(tokenizer, eos_ids), **options)
+
+    def check(self, constraint: Constraint) -> None:
+        """The backend's cheap checks (limits, unsupported keywords), on the caller's
+        thread: the request path refuses a bad schema before it queues anything."""
+        self.backend.check(constraint)
+
+    def submit(self, constraint: Constraint) -> Future[Compiled]:
+        """A future of the compiled constraint; checks raise here, before any thread."""
+        self.check(constraint)
+        key = constraint.cache_text
+        out: Future[Compiled] = Future()
+        with self._lock:
+            hit = self._memory.get(key)
+            if hit is not None:
+                self.stats.memory_hits += 1
+                out.set_result(hit)
+                return out
+            job = self._inflight.get(key)
+            if job is None:
+                job = self._inflight[key] = Future()
+                threading.Thread(target=self._run, args=(key, constraint, job),
+                                 name="mlxcel-constraint-compile", daemon=True).start()
+        self._chain(job, out)
+        return out
+
+    def compile(self, constraint: Constraint) -> Compiled:
+        """Blocking: the compiled constraint, or the error (``ConstraintTooComplex`` on
+        timeout). Never call this on the engine thread."""
+        return self.submit(constraint).result()
+
+    def vocabulary(self) -> TokenVocabulary:
+        """The vocabulary, built on first use; a build error is kept and raised again."""
+        with self._lock:
+            if self._vocabulary is None:
+                try:
+                    self._vocabulary = self._source()
+                except MlxcelError as exc:
+                    self._vocabulary = exc
+            if isinstance(self._vocabulary, MlxcelError):
+                raise type(self._vocabulary)(self._vocabulary.message)
+            return self._vocabulary
+
+    def _chain(self, job: Future, out: Future) -> None:
+        """``out`` follows ``job``, or fails with ``ConstraintTooComplex`` at the timeout."""
+        timer = threading.Timer(self.timeout, self._expire, args=(out,))
+        timer.daemon = True
+
+        def copy(done: Future) -> None:
+            timer.cancel()
+            error = done.exception()
+            _settle(out, error=error) if error is not None else _settle(out, result=done.result())
+
+        job.add_done_callback(copy)
+        if not job.done():
+            timer.start()
+
+    def _expire(self, out: Future) -> None:
+        if _settle(out, error=ConstraintTooComplex(
+                f"the JSON schema did not compile within {self.timeout:g} s; a simpler "
+                "schema compiles faster")):
+            with self._lock:
+                self.stats.timeouts += 1
+
+    def _run(self, key: str, constraint: Constraint, job: Future) -> None:
+        deadline = time.monotonic() + self.timeout
+        try:
+            with self._slots:
+                if time.monotonic() > deadline:  # every waiter has given up already
+                    raise ConstraintTooComplex("the constraint compile queue is full")
+                compiled, size = self._load_or_build(key, constraint)
+        except Exception as exc:  # the future carries every failure to its waiters
+            with self._lock:
+                self._inflight.pop(key, None)
+            job.set_exception(exc)
+            return
+        with self._lock:
+            self._inflight.pop(key, None)
+            self._memory.put(key, compiled, size)
+        job.set_result(compiled)
+
+    def _load_or_build(self, key: str, constraint: Constraint) -> tuple[Compiled, int]:
+        vocabulary = self.vocabulary()
+        name = hashlib.sha256(f"{key}\0{vocabulary.fingerprint}".encode()).hexdigest()[:40]
+        data = self._disk.read(name)
+        if data is not None and len(data) <= self.budget.index_bytes:
+            try:
+                compiled = self.backend.load(data, constraint, vocabulary)
+            except Exception:  # unreadable: compile again and overwrite it
+                pass
+            else:
+                with self._lock:
+                    self.stats.disk_hits += 1
+                return compiled, len(data)
+        compiled = self.backend.compile(constraint, vocabulary)
+        data = self.backend.dump(compiled)
+        with self._lock:
+            self.stats.compiled += 1
+        if len(data) > self.budget.index_bytes:
+            raise ConstraintTooComplex(
+                f"the JSON schema compiles to more than {self.budget.index_bytes >> 20} MiB "
+                "for this model's vocabulary; bound fewer string lengths or array sizes")
+        self._disk.write(name, data)
+        return compiled, len(data)
+
+
+def _settle(future: Future, *, result: Any = None, error: BaseException | None = None) -> bool:
+    """Complete ``future`` unless it already is (a timeout and a result may race)."""
+    try:
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+    except Exception:  # InvalidStateError: the other one came first
+        return False
+    return True

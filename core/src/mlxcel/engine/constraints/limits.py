@@ -1,0 +1,106 @@
+"""Limits a JSON schema must pass before it is compiled, each a 400 that never quotes it.
+
+The grammar build grows with the schema and runs in native code that cannot be stopped,
+so the cheap checks come first: the serialized size (64 KiB), the nesting of the document
+(32 levels) and the number of ``$ref`` (64), as the spec sets them. Keywords the grammar
+engine cannot enforce and would not refuse by itself are refused here by name
+(``REJECTED``); those it ignores but that cannot make an output wrong by much are
+documented instead (docs/explanation/structured-output.md). The walk follows schema
+keywords only, so a property named ``not`` or an ``enum`` value holding ``"$ref"`` is data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import msgspec
+
+from mlxcel.errors import ConstraintTooComplex, UnsupportedSchema
+from mlxcel.types.constraints import JsonSchemaConstraint
+
+MAX_SCHEMA_BYTES = 64 * 1024
+MAX_DEPTH = 32
+MAX_REFS = 64
+# keywords whose meaning the grammar cannot express: refused, never silently dropped
+REJECTED = ("not", "if", "then", "else")
+DEFINITIONS = ("$defs", "definitions")
+_SCHEMA_MAPS = ("properties", "patternProperties", *DEFINITIONS, "dependentSchemas")
+_SCHEMA_ONE = ("additionalProperties", "additionalItems", "items", "contains",
+               "propertyNames", "unevaluatedItems", "unevaluatedProperties", *REJECTED)
+_SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
+
+
+def check_json_schema(constraint: JsonSchemaConstraint) -> Any:
+    """Raise the limit's error, or return the decoded schema (an object or a boolean)."""
+    if len(constraint.schema.encode()) > MAX_SCHEMA_BYTES:
+        raise ConstraintTooComplex(
+            f"the JSON schema is larger than {MAX_SCHEMA_BYTES // 1024} KiB serialized")
+    too_deep = ConstraintTooComplex(f"the JSON schema nests deeper than {MAX_DEPTH} levels")
+    try:
+        schema = msgspec.json.decode(constraint.schema)
+    except RecursionError:
+        raise too_deep from None
+    except msgspec.DecodeError:
+        raise UnsupportedSchema("the JSON schema is not valid JSON") from None
+    if _depth(schema) > MAX_DEPTH:
+        raise too_deep
+    if not isinstance(schema, dict | bool):
+        raise UnsupportedSchema("a JSON schema must be an object or a boolean")
+    if schema is False:
+        raise UnsupportedSchema("the JSON schema `false` matches no output")
+    refs = 0
+    for node in subschemas(schema):
+        for keyword in REJECTED:
+            if keyword in node:
+                raise UnsupportedSchema(f"the JSON schema keyword `{keyword}` is not supported")
+        refs += "$ref" in node
+    if refs > MAX_REFS:
+        raise ConstraintTooComplex(f"the JSON schema has more than {MAX_REFS} `$ref`")
+    return schema
+
+
+def _depth(value: Any) -> int:
+    """Nesting of objects and arrays in a JSON document, without recursion (a scalar is
+    0): a hostile document must not exhaust Python's stack before it is refused."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        node, level = stack.pop()
+        children = node.values() if isinstance(node, dict) else node \
+            if isinstance(node, list) else None
+        if children is None:
+            continue
+        deepest = max(deepest, level)
+        if level <= MAX_DEPTH:
+            stack.extend((child, level + 1) for child in children)
+    return deepest
+
+
+def children(node: dict) -> Iterator[tuple[str, str | None, Any]]:
+    """The direct subschemas of a schema object: (keyword, name in its map or None,
+    subschema)."""
+    for key in _SCHEMA_MAPS:
+        if isinstance(node.get(key), dict):
+            for name, child in node[key].items():
+                yield key, name, child
+    for key in _SCHEMA_ONE:
+        if isinstance(node.get(key), dict):
+            yield key, None, node[key]
+    for key in _SCHEMA_LISTS:
+        if isinstance(node.get(key), list):
+            for child in node[key]:
+                yield key, None, child
+
+
+def subschemas(schema: Any, definitions: bool = True) -> Iterator[dict]:
+    """Every schema object reachable through schema keywords (not through ``$ref``),
+    ``schema`` first; without ``definitions``, the ``$defs`` / ``definitions`` maps are
+    skipped (what only a ``$ref`` reaches)."""
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if not isinstance(node, dict):
+            continue
+        yield node
+        stack.extend(child for key, _name, child in children(node)
+                     if definitions or key not in DEFINITIONS)

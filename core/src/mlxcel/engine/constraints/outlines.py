@@ -1,0 +1,207 @@
+"""The outlines-core backend: JSON schema -> regex -> token index, masks per state.
+
+outlines-core's ``Guide`` knows one EOS id and raises on ``advance(eos)``, so this module
+never hands it an EOS: the matcher tracks the end itself, and every EOS id of the model
+is set in the mask of an accepting state. outlines-core's error messages quote the
+schema, so none of them reaches a client; each becomes a short message of this module's.
+What the schema is changed into first is ``outlines_schema``'s.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from importlib.metadata import version
+
+import msgspec
+import numpy as np
+import outlines_core
+
+from mlxcel.engine.constraints.limits import check_json_schema
+from mlxcel.engine.constraints.outlines_schema import prepare
+from mlxcel.engine.constraints.protocol import mask_words
+from mlxcel.engine.constraints.vocabulary import TokenVocabulary
+from mlxcel.errors import ConstraintTooComplex, UnsupportedSchema
+from mlxcel.types.constraints import Constraint, JsonSchemaConstraint
+
+# masks kept per compiled index; a state's mask is one row, so the bound is in bytes
+MASK_CACHE_BYTES = 32 << 20
+_FORMATS = "date, date-time, time, email, uri, uuid"
+RULES_VERSION = "1"  # bump when outlines_schema changes what it hands outlines-core
+
+
+def _build_index(regex: str, vocabulary: outlines_core.Vocabulary) -> outlines_core.Index:
+    """The slow step (outlines-core releases the GIL while it builds)."""
+    return outlines_core.Index(regex, vocabulary)
+
+
+class OutlinesBackend:
+    """JSON-schema constraints through outlines-core. ``whitespace`` is the regex the
+    schema's optional whitespace may match (outlines-core's default ``[ ]?`` when None).
+    The schema is first prepared by ``mlxcel.engine.constraints.outlines_schema``."""
+
+    name = "outlines-core"
+
+    def __init__(self, whitespace: str | None = None) -> None:
+        self.whitespace = whitespace
+        self.cache_tag = f"{version('outlines-core')}:ws={whitespace!r}:rules={RULES_VERSION}"
+        self._lock = threading.Lock()
+        self._vocab: tuple[str, outlines_core.Vocabulary] | None = None
+
+    def check(self, constraint: Constraint) -> None:
+        self.regex(constraint)
+
+    def regex(self, constraint: Constraint) -> str:
+        """The regex the output must match; every refusal is a short message."""
+        if not isinstance(constraint, JsonSchemaConstraint):
+            raise UnsupportedSchema(f"constraints of kind {type(constraint).__name__} are "
+                                    "not supported by the outlines-core backend")
+        schema, unroll = prepare(check_json_schema(constraint))
+        try:
+            return outlines_core.json_schema.build_regex_from_schema(
+                msgspec.json.encode(schema).decode(), self.whitespace, unroll)
+        except (ValueError, TypeError) as exc:
+            if str(exc).startswith("Format "):
+                raise UnsupportedSchema(
+                    f"the JSON schema uses a string format that is not supported "
+                    f"(supported: {_FORMATS})") from None
+            raise UnsupportedSchema(
+                "the JSON schema uses a structure or keyword that is not supported") from None
+
+    def compile(self, constraint: Constraint, vocabulary: TokenVocabulary) -> OutlinesCompiled:
+        regex = self.regex(constraint)
+        try:
+            index = _build_index(regex, self.vocabulary(vocabulary))
+        except ValueError as exc:
+            if "size limit" in str(exc):
+                raise ConstraintTooComplex("the JSON schema is too large to compile") from None
+            raise UnsupportedSchema(
+                "no output this model's tokenizer can write matches the JSON schema") from None
+        return OutlinesCompiled(index, vocabulary)
+
+    def dump(self, compiled: OutlinesCompiled) -> bytes:
+        _loader, (data,) = compiled.index.__reduce__()
+        return data
+
+    def load(self, data: bytes, constraint: Constraint,
+             vocabulary: TokenVocabulary) -> OutlinesCompiled:
+        return OutlinesCompiled(outlines_core.Index.from_binary(data), vocabulary)
+
+    def vocabulary(self, vocabulary: TokenVocabulary) -> outlines_core.Vocabulary:
+        """outlines-core's vocabulary for ``vocabulary``, built once per fingerprint: the
+        lowest EOS id is its one EOS, the others are added to the masks."""
+        with self._lock:
+            if self._vocab is None or self._vocab[0] != vocabulary.fingerprint:
+                self._vocab = (vocabulary.fingerprint, _outlines_vocabulary(vocabulary))
+            return self._vocab[1]
+
+
+def _outlines_vocabulary(vocabulary: TokenVocabulary) -> outlines_core.Vocabulary:
+    if not vocabulary.eos_ids:
+        raise UnsupportedSchema("constrained decoding needs a model with an end-of-sequence "
+                                "token")
+    keys: dict[bytes, list[int]] = {}
+    for token, raw in vocabulary.tokens.items():
+        if raw:
+            keys.setdefault(raw, []).append(token)
+    return outlines_core.Vocabulary(min(vocabulary.eos_ids), keys)
+
+
+class OutlinesCompiled:
+    """An outlines-core index plus the per-state mask cache its matchers share."""
+
+    def __init__(self, index: outlines_core.Index, vocabulary: TokenVocabulary) -> None:
+        self.index = index
+        self.eos_ids = tuple(sorted(vocabulary.eos_ids))
+        self.words = mask_words(vocabulary.size)
+        self.final_states = frozenset(index.get_final_states())
+        self._masks: OrderedDict[int, np.ndarray] = OrderedDict()
+        self._capacity = max(1, MASK_CACHE_BYTES // (4 * self.words))
+
+    def matcher(self, *, active: bool = True) -> OutlinesMatcher:
+        return OutlinesMatcher(self, active)
+
+    def state_mask(self, guide: outlines_core.Guide) -> np.ndarray:
+        """The mask of ``guide``'s state, with every EOS id set in an accepting state;
+        cached per state (least recently used beyond the byte bound)."""
+        state = guide.get_state()
+        mask = self._masks.get(state)
+        if mask is not None:
+            self._masks.move_to_end(state)
+            return mask
+        mask = np.zeros(self.words, np.int32)
+        guide.write_mask_into(mask.ctypes.data, mask.size, 4)
+        if state in self.final_states:
+            set_tokens(mask, self.eos_ids)
+        self._masks[state] = mask
+        if len(self._masks) > self._capacity:
+            self._masks.popitem(last=False)
+        return mask
+
+    def eos_mask(self) -> np.ndarray:
+        mask = np.zeros(self.words, np.int32)
+        set_tokens(mask, self.eos_ids)
+        return mask
+
+
+def set_tokens(mask: np.ndarray, tokens: tuple[int, ...]) -> None:
+    """Set the bits of ``tokens`` in a mask row."""
+    bits = mask.view(np.uint32)
+    for t in tokens:
+        bits[t // 32] |= np.uint32(1 << (t % 32))
+
+
+class OutlinesMatcher:
+    """``Matcher`` over an outlines-core ``Guide``: see the protocol for the rules."""
+
+    def __init__(self, compiled: OutlinesCompiled, active: bool) -> None:
+        self._compiled = compiled
+        self._guide = outlines_core.Guide(compiled.index, max_rollback=0)
+        self._active = active
+        self._finished = False
+
+    @property
+    def active(self) -> bool:
+        return self._active
+
+    @property
+    def accepting(self) -> bool:
+        return self._active and self._guide.get_state() in self._compiled.final_states
+
+    @property
+    def finished(self) -> bool:
+        return self._finished
+
+    @property
+    def state(self) -> int:
+        """outlines-core's state id (its ``Index.get_transitions()`` keys)."""
+        return self._guide.get_state()
+
+    def start(self) -> None:
+        self._active = True
+
+    def write_mask_into(self, row: np.ndarray) -> None:
+        words = self._compiled.words
+        if row.dtype != np.int32 or row.ndim != 1 or row.size < words:
+            raise ValueError(f"a mask row is int32 of at least {words} words")
+        if not self._active:
+            row[:] = -1
+            return
+        mask = self._compiled.eos_mask() if self._finished else \
+            self._compiled.state_mask(self._guide)
+        row[:words] = mask
+        row[words:] = 0
+
+    def advance(self, token: int) -> bool:
+        if not self._active:
+            return True
+        if self._finished:
+            return False
+        if token in self._compiled.eos_ids:
+            self._finished = self.accepting
+            return self._finished
+        try:
+            self._guide.advance(token, return_tokens=False)
+        except ValueError:
+            return False
+        return True

@@ -1,0 +1,233 @@
+"""The constraint compiler: memory and disk caches, shared compiles, the timeout, and the
+matcher rules the engine step relies on (inactive until started, masks per row)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+from mlxcel.engine.constraints import (
+    CacheBudget,
+    ConstraintCompiler,
+    TokenVocabulary,
+    mask_words,
+)
+from mlxcel.engine.tokenizer import Tokenizer
+from mlxcel.errors import ConstraintTooComplex
+from mlxcel.types.constraints import JsonSchemaConstraint
+
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+                                           "n": {"type": "integer"}},
+          "required": ["name", "n"]}
+# ~2 s to compile at the tiny vocabulary: optional properties multiply the regex
+HUGE = {"type": "object", "properties": {
+    f"p{i}": {"type": "string", "minLength": 5, "maxLength": 60} for i in range(30)}}
+
+
+@pytest.fixture(scope="module")
+def checkpoint(mlxcel_checkpoint_cache):
+    from mlxcel.testing.checkpoint import cached_checkpoint
+
+    return cached_checkpoint("qwen3", cache_dir=mlxcel_checkpoint_cache, dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def vocabulary(checkpoint):
+    return TokenVocabulary.from_tokenizer(Tokenizer.from_dir(checkpoint))
+
+
+def _allowed(matcher, size: int) -> list[int]:
+    row = np.zeros(mask_words(size), np.int32)
+    matcher.write_mask_into(row)
+    return np.flatnonzero(np.unpackbits(row.view(np.uint8), bitorder="little")).tolist()
+
+
+def _join_compiles() -> None:
+    for thread in threading.enumerate():
+        if thread.name == "mlxcel-constraint-compile":
+            thread.join()
+
+
+FRESH_PROCESS = """
+import json, pathlib, sys
+from mlxcel.engine.constraints import (
+    CacheBudget,
+    ConstraintCompiler,
+    TokenVocabulary,
+    mask_words,
+)
+from mlxcel.engine.constraints import outlines
+from mlxcel.engine.tokenizer import Tokenizer
+from mlxcel.types.constraints import JsonSchemaConstraint
+import numpy as np
+
+def no_compiling(*args):
+    raise AssertionError("compiled again")
+
+outlines._build_index = no_compiling
+ckpt, cache, schema = sys.argv[1:]
+vocab = TokenVocabulary.from_tokenizer(Tokenizer.from_dir(pathlib.Path(ckpt)))
+compiler = ConstraintCompiler(vocab, cache_dir=cache)
+matcher = compiler.compile(JsonSchemaConstraint(schema=schema)).matcher()
+row = np.zeros(mask_words(vocab.size), np.int32)
+matcher.write_mask_into(row)
+print(json.dumps({"disk_hits": compiler.stats.disk_hits, "compiled": compiler.stats.compiled,
+                  "mask": row.tolist()}))
+"""
+
+
+def test_a_fresh_process_loads_the_index_from_disk_without_compiling(tmp_path, checkpoint,
+                                                                      vocabulary):
+    constraint = JsonSchemaConstraint.from_schema(SCHEMA)
+    first = ConstraintCompiler(vocabulary, cache_dir=tmp_path)
+    matcher = first.compile(constraint).matcher()
+    assert first.stats.compiled == 1 and len(list(tmp_path.rglob("*.idx"))) == 1
+    row = np.zeros(mask_words(vocabulary.size), np.int32)
+    matcher.write_mask_into(row)
+    proc = subprocess.run([sys.executable, "-c", FRESH_PROCESS, str(checkpoint), str(tmp_path),
+                           constraint.schema], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    seen = json.loads(proc.stdout.splitlines()[-1])
+    assert (seen["disk_hits"], seen["compiled"]) == (1, 0)
+    assert seen["mask"] == row.tolist() and any(seen["mask"])
+
+
+def test_a_fresh_compiler_object_reads_the_disk_and_the_same_one_reads_memory(tmp_path,
+                                                                             vocabulary):
+    constraint = JsonSchemaConstraint.from_schema(SCHEMA)
+    ConstraintCompiler(vocabulary, cache_dir=tmp_path).compile(constraint)
+    again = ConstraintCompiler(vocabulary, cache_dir=tmp_path)
+    first = again.compile(constraint)
+    assert again.compile(constraint) is first
+    assert (again.stats.compiled, again.stats.disk_hits, again.stats.memory_hits) == (0, 1, 1)
+
+
+def test_another_tokenizer_or_schema_is_another_key(tmp_path, vocabulary):
+    compiler = ConstraintCompiler(vocabulary, cache_dir=tmp_path)
+    compiler.compile(JsonSchemaConstraint.from_schema(SCHEMA))
+    compiler.compile(JsonSchemaConstraint.from_schema({**SCHEMA, "required": ["n"]}))
+    other = TokenVocabulary(tokens={i: b for i, b in vocabulary.tokens.items() if i != 300},
+                            eos_ids=vocabulary.eos_ids, size=vocabulary.size,
+                            fingerprint=vocabulary.fingerprint + "-other")
+    ConstraintCompiler(other, cache_dir=tmp_path).compile(JsonSchemaConstraint.from_schema(SCHEMA))
+    assert len(list(tmp_path.rglob("*.idx"))) == 3
+
+
+def test_a_damaged_cache_file_is_compiled_again_and_replaced(tmp_path, vocabulary):
+    constraint = JsonSchemaConstraint.from_schema(SCHEMA)
+    ConstraintCompiler(vocabulary, cache_dir=tmp_path).compile(constraint)
+    (path,) = tmp_path.rglob("*.idx")
+    path.write_bytes(b"not an index")
+    fresh = ConstraintCompiler(vocabulary, cache_dir=tmp_path)
+    fresh.compile(constraint)
+    assert fresh.stats.compiled == 1 and path.read_bytes() != b"not an index"
+
+
+def test_the_disk_keeps_what_fits_its_byte_budget_newest_first(tmp_path, vocabulary):
+    probe = ConstraintCompiler(vocabulary, cache_dir=tmp_path / "probe")
+    probe.compile(JsonSchemaConstraint.from_schema({"enum": [10]}))
+    (one,) = (tmp_path / "probe").rglob("*.idx")
+    budget = CacheBudget(disk_bytes=one.stat().st_size * 5 // 2)
+    compiler = ConstraintCompiler(vocabulary, cache_dir=tmp_path / "kept", budget=budget)
+    for n in (11, 12, 13):
+        compiler.compile(JsonSchemaConstraint.from_schema({"enum": [n]}))
+        time.sleep(0.01)  # distinct modification times
+    assert len(list((tmp_path / "kept").rglob("*.idx"))) == 2
+    fresh = ConstraintCompiler(vocabulary, cache_dir=tmp_path / "kept")
+    fresh.compile(JsonSchemaConstraint.from_schema({"enum": [13]}))
+    fresh.compile(JsonSchemaConstraint.from_schema({"enum": [11]}))
+    assert (fresh.stats.disk_hits, fresh.stats.compiled) == (1, 1), "the oldest went"
+
+
+def test_memory_keeps_what_fits_its_byte_budget(tmp_path, vocabulary):
+    compiler = ConstraintCompiler(vocabulary, cache_dir=tmp_path, budget=CacheBudget(
+        memory_bytes=1))
+    constraint = JsonSchemaConstraint.from_schema(SCHEMA)
+    compiler.compile(constraint)
+    compiler.compile(constraint)
+    assert (compiler.stats.memory_hits, compiler.stats.disk_hits) == (0, 1)
+
+
+def test_an_index_over_the_budget_is_refused_and_not_kept(tmp_path, vocabulary):
+    compiler = ConstraintCompiler(vocabulary, cache_dir=tmp_path, budget=CacheBudget(
+        index_bytes=1 << 20))
+    long_string = {"type": "object", "properties": {"s": {"type": "string", "maxLength": 800}}}
+    with pytest.raises(ConstraintTooComplex, match="more than 1 MiB") as caught:
+        compiler.compile(JsonSchemaConstraint.from_schema(long_string))
+    assert caught.value.status == 400 and not list(tmp_path.rglob("*.idx"))
+
+
+def test_equal_requests_in_flight_share_one_compile(tmp_path, vocabulary):
+    compiler = ConstraintCompiler(vocabulary, cache_dir=tmp_path)
+    constraint = JsonSchemaConstraint.from_schema({**SCHEMA, "title": "shared"})
+    futures = [compiler.submit(constraint) for _ in range(4)]
+    results = {id(f.result(timeout=60)) for f in futures}
+    assert len(results) == 1 and compiler.stats.compiled == 1
+
+
+def test_the_timeout_answers_while_other_threads_run_and_the_compile_still_lands(tmp_path,
+                                                                               vocabulary):
+    compiler = ConstraintCompiler(vocabulary, cache_dir=tmp_path, timeout=0.25)
+    ticks, stop = [0], threading.Event()
+
+    def stream() -> None:  # stands for the engine thread decoding other rows
+        while not stop.is_set():
+            ticks[0] += 1
+
+    other = threading.Thread(target=stream)
+    other.start()
+    started = time.monotonic()
+    future = compiler.submit(JsonSchemaConstraint.from_schema(HUGE))
+    with pytest.raises(ConstraintTooComplex, match="did not compile within 0.25 s") as caught:
+        future.result(timeout=30)
+    waited, during = time.monotonic() - started, ticks[0]
+    stop.set()
+    other.join()
+    assert caught.value.status == 400 and "p29" not in caught.value.message
+    assert waited < 1.0 and during > 10_000 and compiler.stats.timeouts == 1
+    _join_compiles()
+    assert compiler.stats.compiled == 1
+    assert compiler.submit(JsonSchemaConstraint.from_schema(HUGE)).result(timeout=0) is not None
+    assert compiler.stats.memory_hits == 1
+
+
+def test_a_timeout_must_be_positive(vocabulary):
+    with pytest.raises(ValueError):
+        ConstraintCompiler(vocabulary, timeout=0)
+
+
+def test_an_inactive_matcher_allows_everything_until_started(tmp_path, vocabulary):
+    compiled = ConstraintCompiler(vocabulary, cache_dir=tmp_path).compile(
+        JsonSchemaConstraint.from_schema(SCHEMA))
+    matcher = compiled.matcher(active=False)
+    row = np.zeros(mask_words(vocabulary.size) + 2, np.int32)
+    matcher.write_mask_into(row)
+    assert (row == -1).all() and not matcher.accepting
+    assert matcher.advance(5) and matcher.advance(next(iter(vocabulary.eos_ids)))
+    assert not matcher.finished
+    matcher.start()
+    assert matcher.active and _allowed(matcher, vocabulary.size) == \
+        _allowed(compiled.matcher(), vocabulary.size)
+
+
+def test_rows_of_one_schema_advance_independently(tmp_path, vocabulary):
+    compiled = ConstraintCompiler(vocabulary, cache_dir=tmp_path).compile(
+        JsonSchemaConstraint.from_schema(SCHEMA))
+    a, b = compiled.matcher(), compiled.matcher()
+    brace = next(t for t, raw in vocabulary.tokens.items() if raw == b"{")
+    before = _allowed(b, vocabulary.size)
+    assert brace in before and a.advance(brace)
+    assert _allowed(b, vocabulary.size) == before != _allowed(a, vocabulary.size)
+    assert not a.advance(brace), "a token the mask refuses is refused"
+
+
+def test_a_mask_row_narrower_than_the_vocabulary_is_an_error(tmp_path, vocabulary):
+    matcher = ConstraintCompiler(vocabulary, cache_dir=tmp_path).compile(
+        JsonSchemaConstraint.from_schema(SCHEMA)).matcher()
+    with pytest.raises(ValueError):
+        matcher.write_mask_into(np.zeros(mask_words(vocabulary.size) - 1, np.int32))
