@@ -85,7 +85,8 @@ def _prepare_model(settings: Settings) -> Settings:
 
 
 POSITIVE = ("parallel", "prefill_chunk_size", "max_queue_depth", "max_connections",
-            "idle_timeout", "body_timeout", "timeout", "shutdown_timeout")
+            "idle_timeout", "body_timeout", "timeout", "shutdown_timeout",
+            "grammar_compile_timeout")
 
 
 def check_limits(settings: Settings) -> None:

@@ -46,6 +46,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     disable_plugins: str | None = None
     prefill_chunk_size: int = 512
     max_queue_depth: int = 32
+    grammar_compile_timeout: float = 60.0  # seconds; mlxcel.engine.constraints
     slots: bool = False
     metrics: bool = False
     metrics_port: int = 0
