@@ -1,0 +1,30 @@
+"""The entry point: register the ``qwen3_coder`` tool format. The parser is named, not imported.
+
+mlxcel imports this module at every start-up, so it imports only mlxcel's contracts; the
+parser is a ``"module:attr"`` string, imported the first time a request needs it.
+"""
+
+from mlxcel import hookimpl
+from mlxcel.toolcalls.api import ToolFormat
+
+NAME = "qwen3_coder"
+MARKERS = ("<tool_call>", "<function=", "<parameter=")
+# Above Hermes' <tool_call> JSON (10): a Qwen3-Coder template writes <tool_call> as well.
+SPECIFICITY = 30
+
+
+def detect(template: str) -> bool:
+    """A template that writes ``<function=`` and ``<parameter=`` inside ``<tool_call>``
+    teaches the model this format; all three must appear, since each alone is common."""
+    return all(marker in template for marker in MARKERS)
+
+
+@hookimpl
+def mlxcel_register_tool_formats(registry):
+    registry.add(ToolFormat(
+        name=NAME,
+        detect=detect,
+        parser="mlxcel_toolcall_qwen3_coder.parser:new_parser",
+        specificity=SPECIFICITY,
+        grammar=None,  # the forced-call grammar waits for the constraint core (README)
+    ))
