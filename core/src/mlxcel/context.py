@@ -22,3 +22,17 @@ class AppContext(msgspec.Struct, kw_only=True):
     metrics: Metrics
     created: int = msgspec.field(default_factory=lambda: int(time.time()))
     extra: dict[str, Any] = {}
+
+    def constraint_compiler(self) -> Any:
+        """The loaded model's constraint compiler, made on first use (its vocabulary is
+        built on a worker thread then): a server that never sees a schema never pays for
+        it, nor imports outlines-core."""
+        compiler = self.extra.get("constraint_compiler")
+        if compiler is None:
+            from mlxcel.engine.constraints import ConstraintCompiler
+
+            tok = self.engine.checkpoint.tokenizer
+            compiler = ConstraintCompiler.for_tokenizer(
+                tok, eos_ids=set(tok.eos_ids), timeout=self.settings.grammar_compile_timeout)
+            self.extra["constraint_compiler"] = compiler
+        return compiler

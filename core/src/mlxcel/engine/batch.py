@@ -19,6 +19,7 @@ from mlxcel.backend import on_cuda
 from mlxcel.engine import penalties as pen
 from mlxcel.engine import sampling as samp
 from mlxcel.engine.kvcache import BatchCache, KVRows
+from mlxcel.engine.masks import apply_masks, guided_rows
 from mlxcel.engine.penalties import Penalties
 from mlxcel.engine.sampling import BatchSampler, logprob_arrays
 from mlxcel.engine.scheduler import aligned, leave_now
@@ -163,6 +164,7 @@ class DecodeBatch:
         self.penalties: Penalties | None = None
         self.top_logprobs = -1  # -1: no row wants logprobs
         self.top: tuple[int, ...] = ()  # per row (Step.top)
+        self.guided = False  # some row has an output constraint (``masks``)
 
     def __len__(self) -> int:
         """Rows still decoding for a request."""
@@ -220,8 +222,9 @@ class DecodeBatch:
 
     @property
     def needs_sync(self) -> bool:
-        """Penalties read the previous token, so steps cannot overlap."""
-        return self.penalties is not None
+        """Penalties and output constraints read the previous token, so steps cannot
+        overlap; a batch with neither keeps overlapping them."""
+        return self.penalties is not None or self.guided
 
     def _compose(self) -> None:
         """Per-row settings first, each row guarded (``fail_alone``): a row whose params
@@ -236,6 +239,7 @@ class DecodeBatch:
             else None
         self.top = tuple(r[0].top_logprobs for r in rows)
         self.top_logprobs = max(self.top, default=-1)
+        self.guided = any(s.matcher is not None for s in self.rows)
 
     def _guard(self, i: int, fn: Any, *args: Any) -> Any:
         return fail_alone(self.rows[i], fn, *args)
@@ -253,9 +257,11 @@ class DecodeBatch:
         if self.penalties is not None:
             plan = self.penalties.prepare([None if s.finished else s.context for s in self.rows],
                                           [s.generated_ids for s in self.rows], self._guard)
+        guided = guided_rows(self.rows) if self.guided else []
         logits = self.model(self.inputs[:, None], self.cache)[:, -1, :]
         self.steps += 1  # every row's cache takes one more token
-        scored = logits if plan is None else self.penalties(logits, plan=plan)
+        scored = apply_masks(logits, self.rows, guided, self._guard) if guided else logits
+        scored = scored if plan is None else self.penalties(scored, plan=plan)
         sampled = self.sampler(scored).astype(mx.uint32)
         extras = logprob_arrays(logits, sampled, self.top_logprobs) \
             if self.top_logprobs >= 0 else ()

@@ -52,6 +52,9 @@ class Sequence:
         self.defer_finish = False  # hold the finish event until release_finish()
         self._final: GenerationEvent | None = None
         self.submitted_at = time.perf_counter()
+        guide = req.guide
+        self.matcher = None if guide is None else guide.matcher(active=req.guide_after is None)
+        self._before_guide = ""  # the output's tail while the constraint waits to start
 
     def __lt__(self, other: Sequence) -> bool:  # heap order: priority lane, then arrival
         return (self.req.priority, self.order) < (other.req.priority, other.order)
@@ -75,11 +78,15 @@ class Sequence:
         self.generated += 1
         self.context.append(token)
         lps = (logprob,) if logprob is not None else ()
-        if token in self.eos_ids:
+        if self.matcher is not None and not self.matcher.advance(token):
+            raise RuntimeError(f"token {token} is outside the output constraint")
+        if token in self.eos_ids or (self.matcher is not None and self.matcher.finished):
             self.finish("stop", self.detok.flush(), logprobs=lps)
             return
         text, span = self.detok.add(token)
         specials = () if span is None else (span,)
+        if self.matcher is not None and not self.matcher.active:
+            self._start_guide(text)
         if self._stop_in(text, span) or (self.loop is not None and self._looping()):
             self.finish("stop", text, token, logprobs=lps, specials=specials)
         elif self.generated >= self.req.max_tokens:
@@ -90,6 +97,15 @@ class Sequence:
         else:
             self.emit(GenerationEvent(text=text, token_ids=(token,), logprobs=lps,
                                       specials=specials))
+
+    def _start_guide(self, text: str) -> None:
+        """Start the constraint once the output holds ``guide_after`` (it may arrive
+        split over tokens, so a tail as long as the marker is kept)."""
+        marker = self.req.guide_after or ""
+        seen = self._before_guide + text
+        if marker in seen:
+            self.matcher.start()
+        self._before_guide = seen[-len(marker):] if marker else ""
 
     def _stop_in(self, text: str, span: tuple[int, int] | None) -> bool:
         """Whether a stop string completes in ``text``. Stops match ordinary text only, and

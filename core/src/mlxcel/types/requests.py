@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 
@@ -52,7 +54,14 @@ class LoopPolicy(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
-    """One generation: token ids in, events out."""
+    """One generation: token ids in, events out.
+
+    ``guide``: the compiled constraint (``mlxcel.engine.constraints.Compiled``) every
+    generated token must obey, compiled before the request is queued so that the engine
+    never waits for a compile. ``guide_after``: text that starts the constraint once the
+    output contains it (the end of a reasoning block the prompt opened); None = from the
+    first token.
+    """
 
     request_id: str
     prompt_tokens: tuple[int, ...]
@@ -63,3 +72,5 @@ class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
     priority: int = 1  # 0 high, 1 normal, 2 low
     loop: LoopPolicy | None = None
     cache_prompt: bool = True  # False: prefill cold and leave nothing in the prompt cache
+    guide: Any = None
+    guide_after: str | None = None

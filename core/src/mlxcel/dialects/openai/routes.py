@@ -10,6 +10,7 @@ from litestar import Request, Response, get, post
 
 from mlxcel.chat.answer import Answer, collect
 from mlxcel.chat.output import OutputMachine
+from mlxcel.chat.structured import compile_constraint, response_constraint
 from mlxcel.context import AppContext
 from mlxcel.dialects.prepare import prepare_for
 from mlxcel.dialects.wire import (
@@ -58,6 +59,13 @@ class _Run:
         return answer
 
 
+async def _guide(ctx: AppContext, constraint: Any) -> Any:
+    """The compiled constraint of a structured-output request (None: free generation)."""
+    if constraint is None:
+        return None
+    return await compile_constraint(ctx.constraint_compiler(), constraint)
+
+
 def _include_usage(body: s.SamplingFields) -> bool:
     return body.stream_options is not None and body.stream_options.include_usage
 
@@ -70,11 +78,16 @@ def build(ctx: AppContext) -> list[Any]:
                         if body.max_completion_tokens is not None else (body.max_tokens,
                                                                         "max_tokens"))
         rid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
+        constraint = response_constraint(body.response_format)
         prompt = await prepare_for(request, lambda: chat_prompt_input(ctx, body))
+        markers = ctx.engine.checkpoint.family.reasoning_markers
+        guide = await _guide(ctx, constraint)
+        after = markers[1] if guide is not None and markers and prompt.reasoning_open \
+            else None
         req = generation_request(ctx, body, list(prompt.token_ids), rid, limit, field,
                                  priority=request_priority(request), logprobs=body.logprobs,
-                                 top_logprobs=body.top_logprobs or 0)
-        markers = ctx.engine.checkpoint.family.reasoning_markers
+                                 top_logprobs=body.top_logprobs or 0, guide=guide,
+                                 guide_after=after)
         run = _Run(ctx, body, req, OutputMachine(stops=req.stop, reasoning=markers,
                                                  reasoning_open=prompt.reasoning_open))
         encoder = ChatEncoder(*run.head, include_usage=_include_usage(body),
@@ -92,10 +105,12 @@ def build(ctx: AppContext) -> list[Any]:
         check_completion_options(body)
         rid = f"cmpl-{uuid.uuid4().hex[:24]}"
         want = body.logprobs is not None
+        constraint = response_constraint(body.response_format)
         prompt = await prepare_for(request, lambda: completion_prompt(ctx, body))
         req = generation_request(ctx, body, prompt, rid, body.max_tokens, "max_tokens",
                                  priority=request_priority(request), logprobs=want,
-                                 top_logprobs=body.logprobs or 0)
+                                 top_logprobs=body.logprobs or 0,
+                                 guide=await _guide(ctx, constraint))
         # streamed completions are not recorded in metrics
         run = _Run(ctx, body, req, OutputMachine(stops=req.stop))
         encoder = CompletionEncoder(*run.head, include_usage=_include_usage(body),

@@ -54,6 +54,7 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     min_pattern_size: int | None = None
     min_count: int | None = None
     cache_prompt: bool | None = None  # honoured by the prompt cache
+    response_format: dict[str, Any] | None = None  # structured output (chat.structured)
 
 
 class ChatCompletionRequest(SamplingFields, kw_only=True):

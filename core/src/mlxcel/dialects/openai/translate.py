@@ -227,7 +227,8 @@ def echo_text(ctx: AppContext, body: CompletionRequest, prompt: list[int]) -> st
 def generation_request(ctx: AppContext, body: SamplingFields, prompt: list[int],
                        request_id: str, limit: int | None, limit_field: str, *,
                        priority: int = 1, logprobs: bool = False,
-                       top_logprobs: int = 0) -> GenerationRequest:
+                       top_logprobs: int = 0, guide: Any = None,
+                       guide_after: str | None = None) -> GenerationRequest:
     if body.n != 1:
         raise InvalidRequest("only 'n': 1 is supported", param="n")
     ckpt = ctx.engine.checkpoint
@@ -242,4 +243,5 @@ def generation_request(ctx: AppContext, body: SamplingFields, prompt: list[int],
     return GenerationRequest(request_id=request_id, prompt_tokens=tuple(prompt),
                              max_tokens=ctx.engine.fit(len(prompt), wanted), sampling=sampling,
                              stop=stops, ignore_eos=body.ignore_eos, priority=priority,
-                             loop=loop, cache_prompt=body.cache_prompt is not False)
+                             loop=loop, cache_prompt=body.cache_prompt is not False,
+                             guide=guide, guide_after=guide_after)
