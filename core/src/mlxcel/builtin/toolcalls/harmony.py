@@ -1,0 +1,182 @@
+"""Harmony (gpt-oss): the answer is a run of messages, each a header and a body::
+
+  <|channel|>analysis<|message|>REASONING<|end|>
+  <|start|>assistant<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{..}<|call|>
+  <|start|>assistant to=functions.NAME<|channel|>commentary json<|message|>{..}<|call|>
+  <|start|>assistant<|channel|>final<|message|>ANSWER<|return|>
+
+The generation prompt ends ``<|start|>assistant``, so the answer opens inside the first
+message's header (usually with ``<|channel|>``). A header runs to ``<|message|>``; a body
+to ``<|end|>``, ``<|call|>`` or ``<|return|>``, or to the end of the answer, since
+``<|call|>`` and ``<|return|>`` are stop tokens whose text the answer does not carry.
+
+Routing by header: a recipient (``to=functions.NAME``, before or after the channel, on any
+channel) makes the body a call, sent whole when the body ends, its arguments the model's
+JSON text verbatim; a recipient outside ``functions.`` (a builtin tool the request did not
+offer) is a ``CallError``. A ``final`` body, and a ``commentary`` body without a recipient
+(a preamble the user is meant to see), is answer text, streamed. An ``analysis`` body is
+reasoning: this parser emits nothing for it; the chat layer's reasoning split is what
+routes it to ``reasoning_content``, so text that reaches here is never put into content.
+
+Text that cannot be a header (a newline, an end marker, or more than ``HEADER_LIMIT``
+characters before ``<|message|>``) is answer text, for a model that does not follow the
+format. mlx-lm has no harmony decoder.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from mlxcel.builtin.toolcalls.markup_stream import (
+    Decoded,
+    MarkupError,
+    call_events,
+    first_of,
+    held_back,
+)
+from mlxcel.builtin.toolcalls.markup_values import call_name, json_object_text
+from mlxcel.types.toolcalls import CallError, ParsedCall, ParseResult, ToolEvent, ToolText
+
+START, CHANNEL, MESSAGE, CONSTRAIN = "<|start|>", "<|channel|>", "<|message|>", "<|constrain|>"
+ENDS = ("<|end|>", "<|call|>", "<|return|>")
+HEADER_LIMIT = 256
+_NOT_HEADER = ("\n", *ENDS)
+_LONGEST = max(map(len, (MESSAGE, START, *_NOT_HEADER)))
+_RECIPIENT = re.compile(r"to=([^\s<]+)")
+_CHANNEL = re.compile(r"<\|channel\|>\s*([^\s<]*)")
+_ROLE = re.compile(r"\s*[A-Za-z_]*\s*")
+
+
+class HarmonyParser:
+    """One answer's parser. States: ``header`` (before ``<|message|>``), ``body`` (of a
+    message routed as ``text``, ``hidden`` or ``call``), ``plain`` (text that is no
+    message, until one starts)."""
+
+    def __init__(self) -> None:
+        self._state, self._buf, self._scan = "header", "", 0
+        self._kind, self._recipient = "", ""
+        self._role_next = False  # the header follows <|start|>, so it opens with a role
+        self.calls: list[ParsedCall] = []
+
+    def feed(self, text: str, token_ids: tuple[int, ...] = ()) -> list[ToolEvent]:
+        """The events ``text`` settles (the markers are matched as text)."""
+        self._buf += text
+        events: list[ToolEvent] = []
+        while getattr(self, f"_{self._state}")(events):
+            pass
+        return events
+
+    def finish(self) -> ParseResult:
+        """The open message ends with the answer: a call's body is decoded, answer text
+        flushed; an unfinished header is dropped unless it is plain text."""
+        events: list[ToolEvent] = []
+        buf, self._buf = self._buf, ""
+        if self._state == "plain" or (self._state == "body" and self._kind == "text"):
+            events += [ToolText(text=buf)] if buf else []
+        elif self._state == "body" and self._kind == "call":
+            self._call(events, buf)
+        elif self._state == "header" and self._stray(buf):
+            events.append(ToolText(text=buf))
+        self._state = "header"
+        return ParseResult(events=tuple(events), calls=tuple(self.calls))
+
+    def _header(self, events: list[ToolEvent]) -> bool:
+        at, marker = first_of(self._buf, (MESSAGE, START, *_NOT_HEADER), self._scan)
+        if at < 0 or at > HEADER_LIMIT:
+            self._scan = max(0, len(self._buf) - _LONGEST + 1)
+            if len(self._buf) < HEADER_LIMIT + _LONGEST:
+                return False  # a marker within the limit may still complete
+            return self._give_up(events, HEADER_LIMIT)
+        self._scan = 0
+        if marker in _NOT_HEADER:
+            return self._give_up(events, at + len(marker))
+        head, self._buf = self._buf[:at], self._buf[at + len(marker):]
+        if self._stray(head):  # words, not a header: answer text
+            events.append(ToolText(text=head))
+        if marker == START:  # a new message begins; what came before was no header
+            self._role_next = True
+        else:
+            self._open(head)
+        return True
+
+    def _stray(self, head: str) -> bool:
+        """Whether text where a header belongs is answer text: not blank, no header
+        marker in it, and not the role word that follows ``<|start|>``."""
+        return bool(head.strip()) and not _header_like(head) \
+            and not (self._role_next and _ROLE.fullmatch(head))
+
+    def _give_up(self, events: list[ToolEvent], cut: int) -> bool:
+        """The first ``cut`` characters are no header: answer text."""
+        events.append(ToolText(text=self._buf[:cut]))
+        self._buf, self._state, self._scan = self._buf[cut:], "plain", 0
+        self._role_next = False
+        return True
+
+    def _plain(self, events: list[ToolEvent]) -> bool:
+        at, marker = first_of(self._buf, (START, CHANNEL))
+        cut = len(self._buf) - held_back(self._buf, (START, CHANNEL)) if at < 0 else at
+        if cut:
+            events.append(ToolText(text=self._buf[:cut]))
+        if at < 0:
+            self._buf = self._buf[cut:]
+            return False
+        skip = len(START) if marker == START else 0  # a channel marker is the header's
+        self._buf, self._state, self._role_next = self._buf[at + skip:], "header", bool(skip)
+        return True
+
+    def _open(self, header: str) -> None:
+        """Route the message whose header this is."""
+        recipient = _RECIPIENT.search(header)
+        channel = _CHANNEL.search(header)
+        self._recipient = recipient.group(1) if recipient else ""
+        if self._recipient:
+            self._kind = "call"
+        elif channel and channel.group(1) == "analysis":
+            self._kind = "hidden"
+        else:
+            self._kind = "text"
+        self._state = "body"
+
+    def _body(self, events: list[ToolEvent]) -> bool:
+        at, marker = first_of(self._buf, ENDS, self._scan)
+        if self._kind == "call":
+            if at < 0:
+                self._scan = max(0, len(self._buf) - _LONGEST + 1)
+                return False
+            body, self._buf, self._scan = self._buf[:at], self._buf[at + len(marker):], 0
+            self._call(events, body)
+            self._state, self._role_next = "header", False
+            return True
+        cut = len(self._buf) - held_back(self._buf, ENDS) if at < 0 else at
+        if cut and self._kind == "text":
+            events.append(ToolText(text=self._buf[:cut]))
+        if at < 0:
+            self._buf = self._buf[cut:]
+            return False
+        self._buf, self._state = self._buf[at + len(marker):], "header"
+        self._role_next = False
+        return True
+
+    def _call(self, events: list[ToolEvent], body: str) -> None:
+        """A call's body: its events, or a ``CallError`` holding the body."""
+        try:
+            namespace, dot, function = self._recipient.partition(".")
+            if namespace != "functions" or not dot:
+                raise MarkupError(f"a message to {self._recipient!r}, not to a function")
+            call = Decoded(call_name(function), json_object_text(body))
+        except MarkupError as exc:
+            events.append(CallError(message=str(exc), text=body))
+            return
+        events += call_events(len(self.calls), call)
+        self.calls.append(ParsedCall(name=call.name, arguments=call.arguments))
+
+
+def _header_like(text: str) -> bool:
+    """Whether unfinished text is a message header (markup), not words of an answer."""
+    return CHANNEL in text or CONSTRAIN in text or _RECIPIENT.search(text) is not None
+
+
+def new_parser(tools: tuple[Any, ...]) -> HarmonyParser:
+    """A parser for one harmony answer (the JSON arguments need no schema)."""
+    return HarmonyParser()
