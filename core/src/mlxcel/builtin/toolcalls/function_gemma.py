@@ -17,7 +17,7 @@ import math
 from typing import Any
 
 from mlxcel.builtin.toolcalls.markup_stream import BlockParser, Blocks, Decoded, MarkupError
-from mlxcel.builtin.toolcalls.markup_values import arguments_json, call_name
+from mlxcel.builtin.toolcalls.markup_values import arguments_json, call_name, skip_space
 
 OPEN, CLOSE = "<start_function_call>", "<end_function_call>"
 ESCAPE = "<escape>"
@@ -44,22 +44,17 @@ def decode(body: str) -> Decoded:
     return Decoded(name, arguments_json(arguments))
 
 
-def _space(text: str, pos: int) -> int:
-    while pos < len(text) and text[pos].isspace():
-        pos += 1
-    return pos
-
 
 def _object(text: str, pos: int) -> tuple[dict[str, Any], int]:
     """``{key:value,...}`` starting at ``pos``; the object and where it ends."""
     out: dict[str, Any] = {}
-    pos = _space(text, pos + 1)
+    pos = skip_space(text, pos + 1)
     if text[pos] == "}":
         return out, pos + 1
     while True:
-        key, pos = _key(text, _space(text, pos))
+        key, pos = _key(text, skip_space(text, pos))
         out[key], pos = _value(text, pos)
-        pos = _space(text, pos)
+        pos = skip_space(text, pos)
         if text[pos] == "}":
             return out, pos + 1
         if text[pos] != ",":
@@ -71,7 +66,7 @@ def _key(text: str, pos: int) -> tuple[str, int]:
     """A key (bare or escaped) and the position after its ``:``."""
     if text.startswith(ESCAPE, pos):
         end = text.index(ESCAPE, pos + len(ESCAPE))
-        key, pos = text[pos + len(ESCAPE):end], _space(text, end + len(ESCAPE))
+        key, pos = text[pos + len(ESCAPE):end], skip_space(text, end + len(ESCAPE))
         if text[pos] != ":":
             raise MarkupError(f"the key {key!r} has no ':'")
         return key, pos + 1
@@ -84,13 +79,13 @@ def _key(text: str, pos: int) -> tuple[str, int]:
 
 def _array(text: str, pos: int) -> tuple[list[Any], int]:
     out: list[Any] = []
-    pos = _space(text, pos + 1)
+    pos = skip_space(text, pos + 1)
     if text[pos] == "]":
         return out, pos + 1
     while True:
         value, pos = _value(text, pos)
         out.append(value)
-        pos = _space(text, pos)
+        pos = skip_space(text, pos)
         if text[pos] == "]":
             return out, pos + 1
         if text[pos] != ",":
@@ -101,7 +96,7 @@ def _array(text: str, pos: int) -> tuple[list[Any], int]:
 def _value(text: str, pos: int) -> tuple[Any, int]:
     """One value at ``pos`` (after spaces): escaped string, object, array or bare
     scalar."""
-    pos = _space(text, pos)
+    pos = skip_space(text, pos)
     if text.startswith(ESCAPE, pos):
         end = text.index(ESCAPE, pos + len(ESCAPE))
         return text[pos + len(ESCAPE):end], end + len(ESCAPE)

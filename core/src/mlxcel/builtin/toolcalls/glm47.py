@@ -19,6 +19,7 @@ from mlxcel.builtin.toolcalls.markup_values import (
     call_name,
     parameter_schemas,
     property_schema,
+    skip_space,
     typed_value,
 )
 
@@ -37,22 +38,17 @@ def decode_pairs(body: str, schemas: dict[str, dict],
     arguments: dict[str, Any] = {}
     pos = len(body) if at < 0 else at
     while True:
-        pos = _skip_space(body, pos)
+        pos = skip_space(body, pos)
         if pos == len(body):
             return Decoded(name, arguments_json(arguments))
         key, pos = _tagged(body, pos, key_open, key_close, "an argument key")
         key = key.strip()
         if not key:
             raise MarkupError(f"{name}: an argument key is empty")
-        value, pos = _tagged(body, _skip_space(body, pos), value_open, value_close,
+        value, pos = _tagged(body, skip_space(body, pos), value_open, value_close,
                              f"the value of {key!r}")
         arguments[key] = typed_value(value, property_schema(params, key))
 
-
-def _skip_space(text: str, pos: int) -> int:
-    while pos < len(text) and text[pos].isspace():
-        pos += 1
-    return pos
 
 
 def _tagged(body: str, pos: int, open_: str, close: str, what: str) -> tuple[str, int]:

@@ -205,6 +205,13 @@ def call_name(text: str) -> str:
     return name
 
 
+def skip_space(text: str, pos: int) -> int:
+    """The first position from ``pos`` that is not whitespace (or the end)."""
+    while pos < len(text) and text[pos].isspace():
+        pos += 1
+    return pos
+
+
 def unquote(text: str) -> str:
     """``"x"`` or ``'x'`` -> ``x``; other text stripped."""
     s = text.strip()

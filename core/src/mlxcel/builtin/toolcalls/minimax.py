@@ -36,6 +36,7 @@ from mlxcel.builtin.toolcalls.markup_values import (
     item_schema,
     parameter_schemas,
     property_schema,
+    skip_space,
     typed_value,
     types_of,
     unquote,
@@ -61,7 +62,7 @@ def decode_m2(body: str, schemas: dict[str, dict]) -> Decoded:
     arguments: dict[str, Any] = {}
     pos = gt + 1
     open_, close = M2_PARAMETER
-    while (pos := _skip_space(body, pos)) < len(body):
+    while (pos := skip_space(body, pos)) < len(body):
         if not body.startswith(open_, pos):
             raise MarkupError(f"{name}: expected a parameter at {body[pos:pos + 20]!r}")
         gt = body.find(">", pos)
@@ -75,11 +76,6 @@ def decode_m2(body: str, schemas: dict[str, dict]) -> Decoded:
         pos = end + len(close)
     return Decoded(name, arguments_json(arguments))
 
-
-def _skip_space(text: str, pos: int) -> int:
-    while pos < len(text) and text[pos].isspace():
-        pos += 1
-    return pos
 
 
 class _Node:
