@@ -17,6 +17,7 @@ BUILTINS = {
     "family-text": "mlxcel.builtin.text_family",
     "dialect-openai": "mlxcel.dialects.openai.plugin",
     "dialect-llamacpp": "mlxcel.dialects.llamacpp.plugin",
+    "toolcall-builtin": "mlxcel.builtin.toolcalls.plugin",
 }
 
 # Prints one JSON line: what was loaded and which heavy modules (or submodules) got imported.
@@ -50,6 +51,7 @@ _BUILD_PLUGIN_MANAGER = _PRELUDE + textwrap.dedent(
         "infos": {i.name: i.status for i in plugins.infos},
         "families": sorted(plugins.families),
         "dialects": sorted(plugins.dialects),
+        "tool_formats": sorted(plugins.tool_formats),
         "heavy": heavy_loaded(),
     }))
     """
@@ -87,3 +89,4 @@ def test_building_the_plugin_manager_imports_no_heavy_module() -> None:
         assert result["infos"].get(name) == "loaded", result["infos"]
     assert "mlx-lm-text" in result["families"]
     assert {"openai", "llamacpp"} <= set(result["dialects"])
+    assert {"hermes", "llama3", "mistral_bracketed"} <= set(result["tool_formats"])

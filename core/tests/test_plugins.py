@@ -22,6 +22,7 @@ BUILTINS = {
     "family-text": "mlxcel.builtin.text_family",
     "dialect-openai": "mlxcel.dialects.openai.plugin",
     "dialect-llamacpp": "mlxcel.dialects.llamacpp.plugin",
+    "toolcall-builtin": "mlxcel.builtin.toolcalls.plugin",
 }
 
 
@@ -179,6 +180,8 @@ def test_load_plugins_finds_the_builtins() -> None:
     assert plugins.families.owner("mlx-lm-generic") == "family-text"
     assert plugins.dialects.owner("openai") == "dialect-openai"
     assert plugins.dialects.get("llamacpp").routes == "mlxcel.dialects.llamacpp.routes:build"
+    assert "hermes" in infos["toolcall-builtin"].registers["tool formats"]
+    assert plugins.tool_formats.owner("hermes") == "toolcall-builtin"
 
 
 @pytest.mark.parametrize("deny", ["dialect-openai", " dialect-openai , ", ["dialect-openai"]])

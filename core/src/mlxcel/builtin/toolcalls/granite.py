@@ -1,0 +1,51 @@
+"""IBM Granite: ``<|tool_call|>[{"name": ..., "arguments": {...}}, ...]``.
+
+That is what Granite 3.0-3.3 templates ask for ("respond only with <|tool_call|> followed
+by a JSON list of tools used"). Granite 3.3's thinking mode wraps the answer text in
+``<response>...</response>`` after its ``<think>`` block, and those tags are markup, which
+also covers the spec's ``<response><tool_call>...</tool_call></response>`` reading.
+``<tool_call>`` opens calls too, with an optional ``</tool_call>``: Granite 3.1 wrote it as
+text, and Granite 4.0 templates write Hermes-style blocks. A list or a single object
+follows; calls stream."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mlxcel.builtin.toolcalls.json_stream import StreamParser
+
+OPENERS, CLOSE = ("<|tool_call|>", "<tool_call>"), "</tool_call>"
+DROPPED = ("<response>", "</response>")
+
+
+class GraniteParser(StreamParser):
+    resync = (CLOSE,)
+    openers = OPENERS
+
+    def content(self) -> bool:
+        found = self.scan((*OPENERS, *DROPPED))
+        if found is None or found in DROPPED:
+            return found is not None
+        self.opened(len(found))
+        self.state = self._body
+        return True
+
+    def _body(self) -> bool:
+        c = self.peek()
+        if c is None:
+            return self.wait()
+        if c == "[":
+            self.pos += 1
+            return self.items(then=self._close)
+        if c == "{":
+            return self.objects(then=self._close)
+        return self.broken("<|tool_call|> is not followed by a JSON list of calls")
+
+    def _close(self) -> bool:
+        if self.match(CLOSE, skip_space=True) is None:
+            return self.wait()
+        return self.done_body()
+
+
+def new_parser(tools: tuple[Any, ...] = ()) -> GraniteParser:
+    return GraniteParser(tools)

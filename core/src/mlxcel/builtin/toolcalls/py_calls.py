@@ -1,0 +1,121 @@
+"""Python-syntax calls: ``[get_weather(city="Paris", days=2)]`` (pythonic) and Llama's
+built-in ``brave_search.call(query="...")``.
+
+``PyExtent`` finds where a bracketed Python expression ends as its text grows (strings in
+either quote, with escapes, and nesting tracked). The finished text is parsed with
+Python's own ``ast`` and only literals are taken (``ast.literal_eval``), never evaluated;
+``true``/``false``/``null`` are read as JSON's, since templates render nested values as
+JSON. Keyword arguments become a JSON object's text, in the order written: these bodies
+are not JSON, so there is no model text to keep verbatim.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+
+_OUTSIDE = re.compile(r"""[\[\](){}'"]""")
+_INSIDE = {"'": re.compile(r"['\\]"), '"': re.compile(r'["\\]')}
+_JSON_NAMES = {"true": True, "false": False, "null": None}
+
+
+class PyExtent:
+    """The extent of one bracketed Python expression: ``end`` is the index past its
+    closing bracket once the text holds it (-1 before)."""
+
+    __slots__ = ("depth", "end", "escape", "quote")
+
+    def __init__(self) -> None:
+        self.depth, self.quote, self.escape, self.end = 0, "", False, -1
+
+    def advance(self, text: str, i: int) -> int:
+        n = len(text)
+        while i < n:
+            if self.escape:
+                self.escape, i = False, i + 1
+            elif self.quote:
+                m = _INSIDE[self.quote].search(text, i)
+                if m is None:
+                    return n
+                i = m.start() + 1
+                if text[i - 1] == "\\":
+                    self.escape = True
+                else:
+                    self.quote = ""
+            else:
+                m = _OUTSIDE.search(text, i)
+                if m is None:
+                    return n
+                c, i = m.group(), m.start() + 1
+                if c in "'\"":
+                    self.quote = c
+                    continue
+                self.depth += 1 if c in "([{" else -1
+                if self.depth <= 0:
+                    self.end = i
+                    return i
+        return n
+
+
+class _JsonNames(ast.NodeTransformer):
+    def visit_Name(self, node: ast.Name) -> ast.AST:
+        if node.id in _JSON_NAMES:
+            return ast.copy_location(ast.Constant(_JSON_NAMES[node.id]), node)
+        return node
+
+
+def _expression(src: str) -> ast.expr:
+    try:
+        return ast.parse(src.strip(), mode="eval").body
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        raise ValueError("the call is not Python syntax") from None
+
+
+def _dotted(node: ast.expr) -> str:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return f"{_dotted(node.value)}.{node.attr}"
+    raise ValueError("a called name is not a plain (dotted) name")
+
+
+def _arguments(node: ast.Call) -> str:
+    """The keyword arguments of ``node`` as a JSON object's text."""
+    if node.args:
+        raise ValueError("a call has positional arguments")
+    values = {}
+    for keyword in node.keywords:
+        if keyword.arg is None:
+            raise ValueError("a call unpacks **arguments")
+        try:
+            values[keyword.arg] = ast.literal_eval(_JsonNames().visit(keyword.value))
+        except (ValueError, TypeError, SyntaxError, RecursionError):
+            raise ValueError(f"the value of {keyword.arg!r} is not a literal") from None
+    try:
+        return json.dumps(values, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError):
+        raise ValueError("an argument has no JSON form") from None
+
+
+def call_list(src: str) -> list[tuple[str, str]]:
+    """``[f(a=1), g(b="x")]`` as (name, arguments) pairs; ValueError if it is anything
+    else (an empty list, a positional argument, a value that is not a literal)."""
+    tree = _expression(src)
+    if not isinstance(tree, ast.List) or not tree.elts:
+        raise ValueError("the calls are not a non-empty list")
+    out = []
+    for node in tree.elts:
+        if not isinstance(node, ast.Call):
+            raise ValueError("the list holds something other than a call")
+        out.append((_dotted(node.func), _arguments(node)))
+    return out
+
+
+def builtin_call(src: str) -> tuple[str, str]:
+    """Llama's ``name.call(k=v, ...)`` as (name, arguments)."""
+    node = _expression(src)
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "call" and isinstance(node.func.value, ast.Name)):
+        raise ValueError("a built-in call is not NAME.call(...)")
+    return node.func.value.id, _arguments(node)

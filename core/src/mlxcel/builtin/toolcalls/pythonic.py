@@ -1,0 +1,84 @@
+"""Pythonic calls: ``[get_weather(city="Paris", days=2), ...]``, as Llama 3.2/4's pythonic
+templates ask for, optionally between ``<|tool_call_start|>`` and ``<|tool_call_end|>``
+(LFM2, some Nemotron templates).
+
+The list is parsed with Python's ``ast`` once its ``]`` arrives (literals only), and its
+calls are sent whole: a Python call is not JSON, so there is no text to stream verbatim.
+Without the markers, a list at the answer's start is a call only if it begins
+``[NAME(`` and parses; anything else is content. Between the markers it is a call or a
+``CallError``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from mlxcel.builtin.toolcalls.json_stream import StreamParser
+from mlxcel.builtin.toolcalls.py_calls import PyExtent, call_list
+
+START, END = "<|tool_call_start|>", "<|tool_call_end|>"
+_HEAD = re.compile(r"\[\s*[A-Za-z_][\w.]*\s*\(")
+_HEAD_PREFIX = re.compile(r"\[\s*(?:[A-Za-z_][\w.]*\s*)?")
+
+
+class PythonicParser(StreamParser):
+    resync = (END,)
+    openers = (START,)
+
+    def start(self) -> bool:
+        self.guess()
+        self.state = self._lead
+        return True
+
+    def _lead(self) -> bool:
+        c = self.peek()
+        if c is None:
+            return self.wait()
+        if c == "[" and _HEAD.match(self.buf, self.pos):
+            return self._list()
+        if c == "[" and _HEAD_PREFIX.fullmatch(self.buf, self.pos) and not self.final:
+            return False
+        return self.abort()
+
+    def content(self) -> bool:
+        if self.scan(self.openers) is None:
+            return False
+        self.opened(len(START))
+        self.state = self._open
+        return True
+
+    def _open(self) -> bool:
+        c = self.peek()
+        if c is None:
+            return self.wait()
+        return self._list() if c == "[" else self.broken(f"{START} is not followed by [")
+
+    def _list(self) -> bool:
+        self._extent, self._from, self.state = PyExtent(), self.pos, self._calls_list
+        return True
+
+    def _calls_list(self) -> bool:
+        self.pos = self._extent.advance(self.buf, self.pos)
+        if self._extent.end < 0:
+            return self.wait()
+        try:
+            calls = call_list(self.buf[self._from:self.pos])
+        except ValueError as exc:
+            return self.broken(str(exc))
+        if self.tentative and self.tool_names and \
+                any(name not in self.tool_names for name, _ in calls):
+            return self.abort()
+        for name, arguments in calls:
+            self.whole_call(name, arguments)
+        self.state = self._close
+        return True
+
+    def _close(self) -> bool:
+        if self.match(END, skip_space=True) is None:
+            return self.wait()
+        return self.done_body()
+
+
+def new_parser(tools: tuple[Any, ...] = ()) -> PythonicParser:
+    return PythonicParser(tools)

@@ -1,0 +1,282 @@
+"""The builtin JSON-body tool formats (``mlxcel.builtin.toolcalls.json_formats``).
+
+Fixture model outputs per format (``data/toolcalls/json_<format>.txt``, written from each
+family's templates and docs) parse to the same events and calls fed whole, one character
+at a time and in random cuts; JSON arguments are the model's text verbatim; names and
+argument fragments stream while the JSON grows; broken markup is a ``CallError`` and
+nothing of the answer is lost; real-shaped templates select each format.
+
+Fixture files: ``# ...`` comment lines first; ``=== title`` starts a fixture, the model
+output follows verbatim up to ``--- calls`` (a JSON list of ``{"name", "arguments"[,
+"id"]}``); ``--- content`` (a JSON string: what a client sees, ``CallError`` text
+included); ``--- errors`` marks a fixture whose markup does not parse.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import pytest
+from mlxcel.builtin.toolcalls import json_formats
+from mlxcel.lazy import resolve
+from mlxcel.plugins import load_plugins
+from mlxcel.testing.templates import template_text
+from mlxcel.types.messages import Tool
+from mlxcel.types.toolcalls import CallArguments, CallEnd, CallError, CallStart, ToolText
+
+DATA = Path(__file__).parent / "data" / "toolcalls"
+FORMATS = {fmt.name: fmt for fmt in json_formats.FORMATS}
+STREAMING = ("hermes", "mistral_nemo", "mistral_bracketed", "llama3", "generic_json",
+             "functionary_v3_1", "functionary_v3_2", "command_r", "granite")
+SPECIFICITY = {"hermes": 10, "generic_json": 10, "mistral_nemo": 20, "mistral_bracketed": 20,
+               "llama3": 20, "command_r": 20, "functionary_v3_1": 30, "functionary_v3_2": 30,
+               "granite": 30, "pythonic": 30}
+
+
+class Fixture(NamedTuple):
+    title: str
+    text: str
+    calls: list[dict[str, Any]]
+    content: str | None
+    errors: bool
+
+
+def fixtures(name: str) -> list[Fixture]:
+    out: list[Fixture] = []
+    for block in (DATA / f"json_{name}.txt").read_text("utf-8").split("\n=== ")[1:]:
+        title, _, rest = block.partition("\n")
+        text, _, rest = rest.partition("\n--- calls\n")
+        calls, _, rest = rest.partition("\n--- content\n")
+        content, _, errors = rest.partition("\n--- errors")
+        out.append(Fixture(title, text, json.loads(calls),
+                           json.loads(content) if content.strip() else None, bool(_)))
+    assert out, name
+    return out
+
+
+def parse(name: str, pieces: list[str], tools: tuple = ()) -> tuple[list, tuple, list[int]]:
+    """Feed ``pieces`` to a fresh parser: merged events, finish().calls, and for each event
+    (unmerged) the piece it came back from (len(pieces) for finish())."""
+    parser = resolve(FORMATS[name].parser)(tools)
+    events, at = [], []
+    for n, piece in enumerate(pieces):
+        got = parser.feed(piece, ())
+        events += got
+        at += [n] * len(got)
+    result = parser.finish()
+    events += result.events
+    at += [len(pieces)] * len(result.events)
+    return merge(events), result.calls, [a for a, _ in zip(at, events, strict=True)]
+
+
+def merge(events: list) -> list:
+    out: list = []
+    for e in events:
+        if isinstance(e, ToolText | CallArguments) and not e.text:
+            continue
+        last = out[-1] if out else None
+        if isinstance(e, ToolText) and isinstance(last, ToolText):
+            out[-1] = ToolText(text=last.text + e.text)
+        elif isinstance(e, CallArguments) and isinstance(last, CallArguments) \
+                and last.index == e.index:
+            out[-1] = CallArguments(index=e.index, text=last.text + e.text)
+        else:
+            out.append(e)
+    return out
+
+
+def cuts(text: str, rng: random.Random, count: int = 24) -> list[list[str]]:
+    out = [list(text)]
+    for _ in range(count):
+        top, pieces, i = rng.choice((2, 3, 5, 8, 16)), [], 0
+        while i < len(text):
+            step = rng.randint(1, top)
+            pieces.append(text[i:i + step])
+            i += step
+        out.append(pieces)
+    return out
+
+
+def as_dicts(calls: tuple, want: list[dict]) -> list[dict]:
+    return [{"name": c.name, "arguments": json.loads(c.arguments),
+             **({"id": c.id} if "id" in w else {})} for c, w in zip(calls, want, strict=False)]
+
+
+@pytest.mark.parametrize("name", sorted(FORMATS))
+def test_fixtures_parse_the_same_whole_and_however_cut(name: str) -> None:
+    rng = random.Random(name)
+    for fx in fixtures(name):
+        where = f"{name}: {fx.title}"
+        events, calls, _ = parse(name, [fx.text])
+        assert len(calls) == len(fx.calls) and as_dicts(calls, fx.calls) == fx.calls, \
+            (where, calls)
+        assert any(isinstance(e, CallError) for e in events) == fx.errors, (where, events)
+        seen = "".join(e.text for e in events if isinstance(e, ToolText | CallError))
+        assert fx.content is None or seen == fx.content, (where, seen)
+        streamed = [e for e in events if isinstance(e, CallStart)]
+        if not fx.errors:
+            assert [e.name for e in streamed] == [c.name for c in calls], where
+            assert [e.index for e in streamed] == list(range(len(calls))), where
+            assert [e.text for e in events if isinstance(e, CallArguments)] == \
+                [c.arguments for c in calls], where
+        for pieces in cuts(fx.text, rng):
+            again, again_calls, _ = parse(name, pieces)
+            assert (again, again_calls) == (events, calls), (where, pieces)
+
+
+@pytest.mark.parametrize("name", [n for n in sorted(FORMATS) if n != "pythonic"])
+def test_json_arguments_are_the_models_text_verbatim(name: str) -> None:
+    """The first fixture of each file spells numbers as 1.50 and 1e3, with unicode and
+    odd spacing: each call's arguments must be a slice of the model's text."""
+    fx = fixtures(name)[0]
+    _, calls, _ = parse(name, [fx.text])
+    assert calls
+    for call in calls:
+        assert call.arguments in fx.text, (name, call.arguments)
+    joined = "".join(c.arguments for c in calls)
+    assert "1.50" in joined and "1e3" in joined, (name, joined)
+
+
+def _pieces(text: str, size: int = 4) -> list[str]:
+    return [text[i:i + size] for i in range(0, len(text), size)]
+
+
+@pytest.mark.parametrize("name", STREAMING)
+def test_names_and_arguments_stream_while_the_json_grows(name: str) -> None:
+    fx = fixtures(name)[0]
+    pieces = _pieces(fx.text)
+    events, calls, _ = parse(name, pieces)
+    parser = resolve(FORMATS[name].parser)(())
+    arrived: dict[type, list[int]] = {CallStart: [], CallArguments: [], CallEnd: []}
+    for n, piece in enumerate(pieces):
+        for e in parser.feed(piece, ()):
+            if type(e) in arrived and e.index == 0:
+                arrived[type(e)].append(n)
+    assert parser.finish().calls == calls
+    first_args = calls[0].arguments
+    done_at = (fx.text.index(first_args) + len(first_args) - 1) // 4  # the piece closing it
+    assert arrived[CallStart] and arrived[CallStart][0] < done_at, (name, arrived)
+    assert len(set(arrived[CallArguments])) >= 2, (name, arrived)
+    assert arrived[CallArguments][0] < done_at, (name, arrived)
+    assert arrived[CallEnd] and arrived[CallEnd][0] < len(pieces), (name, arrived)
+
+
+def test_the_call_starts_when_its_name_is_whole_and_fragments_follow_the_text() -> None:
+    parser = resolve(FORMATS["hermes"].parser)(())
+    assert parser.feed('Hi <tool_call>\n{"name": "get_wea', ()) == [ToolText(text="Hi ")]
+    assert parser.feed('ther", "argu', ()) == [CallStart(index=0, name="get_weather")]
+    assert parser.feed('ments": {"city": "Pa', ()) == \
+        [CallArguments(index=0, text='{"city": "Pa')]
+    assert parser.feed('ris"}}\n</tool_call>', ()) == \
+        [CallArguments(index=0, text='ris"}'), CallEnd(index=0)]
+    assert parser.finish().calls[0].arguments == '{"city": "Paris"}'
+
+
+def test_pythonic_calls_are_sent_whole_when_the_list_closes() -> None:
+    parser = resolve(FORMATS["pythonic"].parser)(())
+    assert parser.feed('[get_weather(city="Pa', ()) == []
+    assert parser.feed('ris"), f(x=1)', ()) == []
+    out = parser.feed("]", ())
+    assert [type(e) for e in out] == [CallStart, CallArguments, CallEnd] * 2
+    assert out[1].text == '{"city": "Paris"}' and out[4].text == '{"x": 1}'
+
+
+@pytest.mark.parametrize(("name", "marker", "after"), [
+    ("hermes", "<tool_call>", '{"name": "f", "arguments": {}}</tool_call>'),
+    ("mistral_bracketed", "[TOOL_CALLS]", 'f[ARGS]{}'),
+    ("llama3", "<|python_tag|>", '{"name": "f", "parameters": {}}'),
+    ("granite", "<|tool_call|>", '[{"name": "f", "arguments": {}}]'),
+    ("pythonic", "<|tool_call_start|>", "[f()]<|tool_call_end|>"),
+    ("command_r", "<|START_ACTION|>", '[{"tool_name": "f", "parameters": {}}]'),
+])
+def test_a_partial_marker_is_held_until_the_text_decides(name, marker, after) -> None:
+    cut = len(marker) - 3
+    parser = resolve(FORMATS[name].parser)(())
+    assert merge(parser.feed("Hi! " + marker[:cut], ())) == [ToolText(text="Hi! ")]
+    got = parser.feed(marker[cut:] + after, ()) + list(parser.finish().events)
+    assert not [e for e in got if isinstance(e, ToolText | CallError)], got
+    assert [e.name for e in got if isinstance(e, CallStart)] == ["f"]
+    held = resolve(FORMATS[name].parser)(())
+    assert merge(held.feed("Hi! " + marker[:cut], ())) == [ToolText(text="Hi! ")]
+    assert merge(held.feed("!", ())) == [ToolText(text=marker[:cut] + "!")]
+    ended = resolve(FORMATS[name].parser)(())
+    ended.feed(marker[:cut], ())
+    assert merge(list(ended.finish().events)) == [ToolText(text=marker[:cut])]
+
+
+def _tool(name: str) -> Tool:
+    return Tool(name=name, definition={"type": "function", "function": {
+        "name": name, "parameters": {"type": "object", "properties": {}}}})
+
+
+@pytest.mark.parametrize(("name", "text"), [
+    ("llama3", '{"name": "%s", "parameters": {"q": 1}}'),
+    ("generic_json", '[{"name": "%s", "arguments": {"q": 1}}]'),
+    ("pythonic", "[%s(q=1)]"),
+])
+def test_unmarked_json_is_a_call_only_under_a_declared_name(name, text) -> None:
+    tools = (_tool("lookup"), _tool("get_weather"))
+    events, calls, _ = parse(name, [text % "get_weather"], tools)
+    assert [c.name for c in calls] == ["get_weather"]
+    events, calls, _ = parse(name, [text % "undeclared"], tools)
+    assert calls == () and events == [ToolText(text=text % "undeclared")]
+
+
+def test_a_call_that_breaks_after_it_started_ends_and_is_reported_whole() -> None:
+    block = '<tool_call>{"name": "a", "arguments": {"b": tru}}</tool_call>'
+    events, calls, _ = parse("hermes", [block + " ok"])
+    assert events == [CallStart(index=0, name="a"), CallArguments(index=0, text='{"b": tru}'),
+                      CallEnd(index=0), CallError(message=events[3].message, text=block),
+                      ToolText(text=" ok")]
+    assert calls == ()
+    cut_short = '[TOOL_CALLS]get_weather[ARGS]{"city": "Par'
+    events, calls, _ = parse("mistral_bracketed", _pieces(cut_short))
+    assert [type(e) for e in events] == [CallStart, CallArguments, CallEnd, CallError]
+    assert events[-1].text == cut_short and calls == ()
+
+
+def test_mistral_ids_reach_the_calls_and_a_call_id_the_start() -> None:
+    events, calls, _ = parse("mistral_bracketed", ["[TOOL_CALLS]f[CALL_ID]abc123XYZ[ARGS]{}"])
+    assert events[0] == CallStart(index=0, name="f", id="abc123XYZ")
+    events, calls, _ = parse("mistral_nemo",
+                             ['[TOOL_CALLS][{"name": "f", "arguments": {}, "id": "Q1w2E3r4T"}]'])
+    assert events[0] == CallStart(index=0, name="f") and calls[0].id == "Q1w2E3r4T"
+
+
+@pytest.mark.parametrize(("template", "name"), [
+    (template_text("chatml"), "hermes"),
+    (template_text("llama3"), "llama3"),
+    (template_text("mistral"), "mistral_bracketed"),
+    *[((DATA / "json_templates" / f"{stem}.jinja").read_text("utf-8"), name) for stem, name in (
+        ("mistral_nemo", "mistral_nemo"), ("functionary_v3_1", "functionary_v3_1"),
+        ("functionary_v3_2", "functionary_v3_2"), ("command_r7b", "command_r"),
+        ("command_r_plus", "command_r"), ("granite_3_3", "granite"), ("lfm2", "pythonic"),
+        ("llama3_2_pythonic", "pythonic"), ("generic_json", "generic_json"))],
+])
+def test_a_real_shaped_template_selects_its_format(template: str, name: str) -> None:
+    fmt, why = load_plugins().tool_formats.choose(template)
+    assert (fmt and fmt.name, why) == (name, "detected in the chat template")
+
+
+def test_the_builtin_plugin_registers_every_format_at_its_specificity() -> None:
+    plugins = load_plugins()
+    info = next(i for i in plugins.infos if i.name == "toolcall-builtin")
+    assert info.status == "loaded"
+    assert set(SPECIFICITY) <= set(info.registers["tool formats"])
+    assert {n: plugins.tool_formats.get(n).specificity for n in SPECIFICITY} == SPECIFICITY
+    assert all(plugins.tool_formats.owner(n) == "toolcall-builtin" for n in SPECIFICITY)
+
+
+def test_the_parsers_import_no_heavy_module() -> None:
+    modules = sorted({FORMATS[n].parser.partition(":")[0] for n in FORMATS})
+    code = (f"import sys; import {', '.join(modules)}; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('mlx', 'mlx_lm', 'numpy', 'jinja2')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "[]", out.stdout
