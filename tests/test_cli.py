@@ -64,6 +64,38 @@ def test_plugins_lists_name_distribution_version_and_registrations():
     assert "dialect-openai" in out and "dialects: openai" in out
 
 
+def test_plugins_lists_the_tool_formats_most_specific_first():
+    from mlxcel.plugins import load_plugins
+
+    formats = load_plugins().tool_formats
+    lines = run_cli("plugins").stdout.splitlines()
+    if not len(formats):
+        assert "tool formats: none installed" in lines
+        return
+    at = lines.index("tool formats, most specific first:")
+    shown = [ln.split() for ln in lines[at + 1:at + 1 + len(formats)]]
+    assert [(name, int(n), owner) for name, _, n, _, owner in shown] == sorted(
+        ((k, f.specificity, formats.owner(k)) for k, f in formats.items()),
+        key=lambda row: (-row[1], row[0]))
+
+
+def test_plugins_with_a_model_says_which_tool_format_it_gets_and_why(tiny_checkpoint):
+    from mlxcel.plugins import load_plugins
+
+    formats = load_plugins().tool_formats
+    line = run_cli("plugins", "--model", str(tiny_checkpoint)).stdout.splitlines()[-1]
+    assert line.startswith(f"tool format for {tiny_checkpoint}: ")
+    assert line.endswith("; family mlx-lm-text)")
+    if len(formats):  # any installed one can be forced
+        name = next(iter(formats))
+        proc = run_cli("plugins", "--model", str(tiny_checkpoint), "--tool-call-format", name)
+        assert proc.stdout.splitlines()[-1] == \
+            f"tool format for {tiny_checkpoint}: {name} (--tool-call-format; family mlx-lm-text)"
+    proc = run_cli("plugins", "--model", str(tiny_checkpoint), "--tool-call-format", "nope")
+    assert "--tool-call-format nope: no tool format named 'nope'" in one_line_error(proc)
+    assert proc.stdout == ""
+
+
 @pytest.mark.slow
 def test_env_twins_configure_the_server(tiny_checkpoint):
     srv = Server([], env={"LLAMA_ARG_MODEL": str(tiny_checkpoint), "LLAMA_ARG_N_PARALLEL": "3",
@@ -139,6 +171,8 @@ def test_a_model_that_fails_to_load_stops_the_server_with_a_clear_error(tiny_che
     ({}, ["--port=-1"], "--port"),
     ({}, ["--metrics-port", "70000"], "--metrics-port"),
     ({}, ["--host", "203.0.113.7"], "cannot listen on 203.0.113.7"),
+    ({}, ["--tool-call-format", "nope"], "--tool-call-format nope: no tool format named 'nope'"),
+    ({"MLXCEL_TOOL_CALL_FORMAT": "nope"}, [], "--tool-call-format nope: no tool format"),
 ])
 def test_bad_startup_configuration_refuses_to_start(tiny_checkpoint, env, args, needle):
     proc = run_cli("--model", str(tiny_checkpoint), *args, env=env)

@@ -41,6 +41,6 @@ def test_the_docs_index_links_every_tutorial_and_how_to_page():
 def test_the_selecting_plugins_how_to_names_the_real_flags_and_env_twins():
     howto = (ROOT / "docs" / "howto" / "selecting-plugins.md").read_text()
     rows = {dest: (flags, env) for flags, dest, _type, _default, env, _help in OPTIONS}
-    for dest in ("plugins", "disable_plugins"):
+    for dest in ("plugins", "disable_plugins", "tool_call_format"):
         flags, env = rows[dest]
         assert f"`{flags[0]}" in howto and f"`{env}`" in howto, dest

@@ -8,7 +8,9 @@ Three distributions are built once per module (hatchling, via uv or pip):
 * ``acme-llama-plugin`` (throwaway): entry point ``family-acme-llama``, claims model_type
   ``llama``, which the builtin ``family-text`` already owns;
 * ``acme-broken-plugin`` (throwaway): entry point ``toolcall-broken``, whose module raises
-  ImportError.
+  ImportError;
+* ``acme-twin-plugin`` (throwaway): entry point ``toolcall-acme-twin``, a second format that
+  detects ``<acme_call>`` as specifically as acme-xml does (a true tie).
 
 Each is installed into its own ``--target`` dir, so a test picks the set it wants through
 ``PYTHONPATH``.
@@ -46,6 +48,20 @@ def mlxcel_register_families(registry):
 BROKEN_PLUGIN = """
 raise ImportError("acme_broken needs libacme >= 9")
 """
+
+TWIN_PLUGIN = """
+from mlxcel import hookimpl
+from mlxcel.toolcalls.api import ToolFormat
+
+
+@hookimpl
+def mlxcel_register_tool_formats(registry):
+    registry.add(ToolFormat(name="acme-json", detect=lambda t: "<acme_call>" in t,
+                            parser="acme_twin.parser:new_parser"))
+"""
+
+ACME_TEMPLATE = ("{% for m in messages %}{{ m.content }}{% endfor %}"
+                 "{% if tools %}Call tools as <acme_call>{...}</acme_call>{% endif %}")
 
 
 def _write_dist(root: Path, dist: str, package: str, ep_name: str, modules: dict[str, str]) -> Path:
@@ -105,6 +121,9 @@ def sites(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         ),
         "broken": _write_dist(
             root, "acme-broken-plugin", "acme_broken", "toolcall-broken", {"plugin": BROKEN_PLUGIN}
+        ),
+        "twin": _write_dist(
+            root, "acme-twin-plugin", "acme_twin", "toolcall-acme-twin", {"plugin": TWIN_PLUGIN}
         ),
     }
     return {key: _install(src, root / f"site-{key}") for key, src in srcs.items()}
@@ -166,7 +185,8 @@ def test_the_docs_show_the_real_listing(sites) -> None:
     real = proc.stdout.splitlines()
     for page in ("tutorial/first-tool-format.md", "howto/selecting-plugins.md"):
         text = (EXAMPLE.parents[1] / page).read_text()
-        shown = re.findall(r"^((?:dialect|family|toolcall)-[\w-]+  .+)$", text, re.M)
+        shown = re.findall(r"^((?:dialect|family|toolcall)-[\w-]+  .+|tool formats.*"
+                           r"|  [\w.-]+  specificity -?\d+  from .+)$", text, re.M)
         assert any(line.startswith("toolcall-acme") for line in shown), page
         for line in shown:
             assert line in real, f"{page} shows {line!r}; mlxcel-server plugins prints {real}"
@@ -175,6 +195,7 @@ def test_the_docs_show_the_real_listing(sites) -> None:
 def test_third_party_registrations_are_usable_and_lazy(sites) -> None:
     code = textwrap.dedent("""
         import json, sys
+        import msgspec
         from mlxcel.lazy import resolve
         from mlxcel.plugins import load_plugins
 
@@ -183,13 +204,15 @@ def test_third_party_registrations_are_usable_and_lazy(sites) -> None:
         family = p.families.for_model_type("acme_lm")
         fmt = p.tool_formats.select("{% if tools %}<acme_call>{% endif %}")
         by_default = p.tool_formats.select(None, family_default=family.default_tool_format)
-        parser = resolve(fmt.parser)([])
-        events = parser.feed('Sure. <acme_call>{"name": "f", "arguments": {"x": 1}}')
-        events += parser.feed("</acme_call>") + parser.finish()
+        parser = resolve(fmt.parser)(())
+        events = parser.feed('Sure. <acme_call>{"name": "f", "arguments": {"x": 1}}', ())
+        events += parser.feed("</acme_call>", ())
+        result = parser.finish()
         print(json.dumps({
             "eager": eager, "family": family.name, "owner": p.families.owner("acme"),
             "fmt": fmt.name, "by_default": by_default.name,
-            "events": [[e.kind, e.text, e.name] for e in events],
+            "events": msgspec.to_builtins([*events, *result.events]),
+            "calls": msgspec.to_builtins(result.calls),
         }))
     """)
     proc = subprocess.run(
@@ -205,11 +228,12 @@ def test_third_party_registrations_are_usable_and_lazy(sites) -> None:
     assert out["family"] == "acme" and out["owner"] == "toolcall-acme"
     assert out["fmt"] == "acme-xml" and out["by_default"] == "acme-xml"
     assert out["events"] == [
-        ["content", "Sure. ", None],
-        ["call_start", "", "f"],
-        ["call_arguments", '{"x": 1}', None],
-        ["call_end", "", None],
+        {"type": "text", "text": "Sure. "},
+        {"type": "call_start", "index": 0, "name": "f", "id": None},
+        {"type": "call_arguments", "index": 0, "text": '{"x": 1}'},
+        {"type": "call_end", "index": 0},
     ]
+    assert out["calls"] == [{"name": "f", "arguments": '{"x": 1}', "id": None}]
 
 
 def test_duplicate_model_type_fails_naming_both_owners(sites) -> None:
@@ -308,3 +332,65 @@ def test_model_needing_a_family_that_failed_to_import_says_what_to_install(
     assert "broken_lm" in proc.stderr and "toolcall-broken" in proc.stderr
     assert "pip install --force-reinstall acme-broken-plugin" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def _picked(proc: subprocess.CompletedProcess) -> str:
+    """What ``mlxcel-server plugins --model M`` says M gets: its last line, after the path."""
+    assert proc.returncode == 0, f"rc={proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout.strip().splitlines()[-1].split(": ", 1)[1]
+
+
+def _acme_model(checkpoint: Path, dest: Path) -> Path:
+    """The tiny Llama checkpoint under acme's own model_type (family acme)."""
+    shutil.copytree(checkpoint, dest)
+    cfg = json.loads((dest / "config.json").read_text())
+    (dest / "config.json").write_text(json.dumps({**cfg, "model_type": "acme_lm"}))
+    return dest
+
+
+def test_the_acme_format_is_picked_by_flag_family_default_or_template(
+        sites, tiny_checkpoint, tiny_llama_checkpoint, tmp_path) -> None:
+    template = tmp_path / "acme.jinja"
+    template.write_text(ACME_TEMPLATE)
+    model = str(tiny_checkpoint)
+    assert _picked(_cli([sites["acme"]], "--model", model, "--tool-call-format", "acme-xml")) \
+        == "acme-xml (--tool-call-format; family mlx-lm-text)"
+    assert _picked(_cli([sites["acme"]], "--model", model, "--chat-template-file",
+                        str(template))) == "acme-xml (detected in the chat template; " \
+                                           "family mlx-lm-text)"
+    acme = _acme_model(tiny_llama_checkpoint, tmp_path / "acme-model")
+    assert _picked(_cli([sites["acme"]], "--model", str(acme))) == \
+        "acme-xml (the model family's default; family acme)"
+    listing = _cli([sites["acme"]]).stdout.splitlines()
+    assert "  acme-xml  specificity 0  from toolcall-acme" in listing
+
+
+def test_a_tie_between_two_plugins_fails_naming_both_and_the_flag_settles_it(
+        sites, tiny_checkpoint, tmp_path) -> None:
+    template = tmp_path / "acme.jinja"
+    template.write_text(ACME_TEMPLATE)
+    args = ["--model", str(tiny_checkpoint), "--chat-template-file", str(template)]
+    proc = _cli([sites["acme"], sites["twin"]], *args)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout
+    assert "'acme-xml'" in proc.stderr and "'acme-json'" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+    assert _picked(_cli([sites["acme"], sites["twin"]], *args, "--tool-call-format",
+                        "acme-json")).startswith("acme-json (--tool-call-format")
+    server = subprocess.run([sys.executable, "-m", "mlxcel.cli", *args], capture_output=True,
+                            text=True, env=_env([sites["acme"], sites["twin"]]), timeout=120)
+    assert server.returncode == 2 and "'acme-json'" in server.stderr, server.stderr
+
+
+def test_the_server_selects_the_acme_format_through_the_flag(sites, tiny_checkpoint) -> None:
+    import httpx
+    from mlxcel.testing.servers import MlxcelServer
+
+    srv = MlxcelServer(["--model", str(tiny_checkpoint), "--tool-call-format", "acme-xml",
+                        "--log-format", "json"], env=_env([sites["acme"]]))
+    try:
+        assert httpx.get(srv.base_url + "/health").json()["tool_call_parser"] == "mlxcel"
+        records = [json.loads(ln) for ln in srv.log().splitlines() if ln.startswith("{")]
+        picked = [r for r in records if r.get("event") == "tool_format_selected"]
+        assert [(r["name"], r["why"]) for r in picked] == [("acme-xml", "--tool-call-format")]
+    finally:
+        srv.stop()

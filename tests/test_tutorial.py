@@ -11,6 +11,8 @@ import importlib.util
 import re
 from pathlib import Path
 
+from mlxcel.types.toolcalls import CallArguments, CallEnd, CallStart, ParsedCall, ToolText
+
 ROOT = Path(__file__).resolve().parents[1]
 TUTORIAL = ROOT / "docs" / "tutorial" / "first-tool-format.md"
 PACKAGE = ROOT / "docs" / "examples" / "toolcall-acme"
@@ -46,11 +48,13 @@ def test_the_sample_output_parses_as_the_tutorial_says():
     parser_module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(parser_module)
     sample = next(b for b in _blocks("text") if "<acme_call>" in b).strip()
-    parser = parser_module.new_parser([])
-    events = parser.feed(sample) + parser.finish()
-    assert [(e.kind, e.text, e.name) for e in events] == [
-        ("content", "Let me check. ", None), ("call_start", "", "get_weather"),
-        ("call_arguments", '{"city": "Paris"}', None), ("call_end", "", None)]
+    parser = parser_module.new_parser(())
+    events = parser.feed(sample, ())
+    result = parser.finish()
+    assert [*events, *result.events] == [
+        ToolText(text="Let me check. "), CallStart(index=0, name="get_weather"),
+        CallArguments(index=0, text='{"city": "Paris"}'), CallEnd(index=0)]
+    assert result.calls == (ParsedCall(name="get_weather", arguments='{"city": "Paris"}'),)
 
 
 def test_the_commands_name_real_paths_and_tox_envs():

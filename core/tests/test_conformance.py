@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from mlxcel.testing.checkpoint import cached_checkpoint
-from mlxcel.testing.conformance import check_family
+from mlxcel.testing.conformance import ToolFixture, check_family, check_tool_format
+from mlxcel.types.toolcalls import (
+    CallArguments,
+    CallEnd,
+    CallError,
+    CallStart,
+    ParsedCall,
+    ParseResult,
+    ToolText,
+)
 
 
 @pytest.mark.parametrize("shape,family", [("qwen3", "mlx-lm-text"),
@@ -34,50 +45,65 @@ def test_builtin_dialects_conform(tiny_checkpoint):
 
 
 class _Toy:
-    """A toy format, ``text <<name {json}>> text``, parsed as it streams; ``hold=False``
-    forgets to keep back a ``<`` at a chunk's end, the bug a chunking check must catch."""
+    """A toy format, ``text <<name {json}>> text``: each call is sent when its ``>>``
+    arrives, text as soon as it cannot start ``<<``. The switches are the bugs the runner
+    must catch: ``hold=False`` forgets to keep back a ``<`` at a chunk's end, ``end=False``
+    never ends a call, ``final`` rewrites the arguments ``finish()`` reports, ``ids`` gives
+    the calls ids (``streamed_ids`` others in the stream), ``stream=False`` sends no call
+    before ``finish()`` (which is allowed)."""
 
-    def __init__(self, tools, hold=True, end=True):
-        self.buf, self.name, self.inside, self.n, self.hold, self.end = "", None, False, 0, \
-            hold, end
+    def __init__(self, tools, hold=True, end=True, final=None, ids=False, streamed_ids=None,
+                 stream=True):
+        self.buf, self.inside, self.calls = "", False, []
+        self.hold, self.end, self.final, self.stream = hold, end, final, stream
+        self.ids, self.streamed_ids = ids, streamed_ids
 
-    def _ev(self, kind, text="", name=None):
-        from mlxcel.toolcalls.api import ParseEvent
+    def feed(self, text, token_ids=()):
+        return self._sent(self._feed(text))
 
-        return ParseEvent(kind=kind, text=text, index=self.n, name=name)
+    def _sent(self, events):
+        calls = (CallStart, CallArguments, CallEnd)
+        return events if self.stream else [e for e in events if not isinstance(e, calls)]
 
-    def feed(self, text):
+    def _feed(self, text):
         self.buf += text
         out = []
         while True:
             if not self.inside:
                 i = self.buf.find("<<")
-                if i < 0:
-                    cut = len(self.buf) - (self.hold and self.buf.endswith("<"))
-                    out.append(self._ev("content", self.buf[:cut]))
-                    self.buf = self.buf[cut:]
-                    return out
-                out.append(self._ev("content", self.buf[:i]))
-                self.buf, self.inside, self.name = self.buf[i + 2:], True, None
-            elif self.name is None:
-                if " " not in self.buf:
-                    return out
-                self.name, _, self.buf = self.buf.partition(" ")
-                out.append(self._ev("call_start", name=self.name))
-            else:
-                i = self.buf.find(">>")
-                cut = len(self.buf) - self.buf.endswith(">") if i < 0 else i
-                out.append(self._ev("call_arguments", self.buf[:cut]))
+                cut = len(self.buf) - (self.hold and self.buf.endswith("<")) if i < 0 else i
+                out.append(ToolText(text=self.buf[:cut]))
                 self.buf = self.buf[cut:]
                 if i < 0:
                     return out
-                if self.end:
-                    out.append(self._ev("call_end"))
-                self.buf, self.inside, self.n = self.buf[2:], False, self.n + 1
+                self.buf, self.inside = self.buf[2:], True
+            else:
+                i = self.buf.find(">>")
+                if i < 0:
+                    return out
+                body, self.buf, self.inside = self.buf[:i], self.buf[i + 2:], False
+                out += self._call(body)
+
+    def _call(self, body):
+        name, _, arguments = body.partition(" ")
+        try:
+            json.loads(arguments)
+        except ValueError:
+            return [CallError(message="not JSON", text=f"<<{body}>>")]
+        n = len(self.calls)
+        self.calls.append((name, arguments))
+        cid = (self.streamed_ids or "call_{}").format(n) if self.ids else None
+        events = [CallStart(index=n, name=name, id=cid), CallArguments(index=n, text=arguments)]
+        return events + [CallEnd(index=n)] if self.end else events
 
     def finish(self):
-        out = self.feed("")
-        return out + [self._ev("content", self.buf)] if self.buf else out
+        out = self._feed("")
+        if self.buf:
+            out.append(ToolText(text=("<<" if self.inside else "") + self.buf))
+        calls = tuple(ParsedCall(name=name, arguments=(self.final or str)(arguments),
+                                 id=f"call_{n}" if self.ids else None)
+                      for n, (name, arguments) in enumerate(self.calls))
+        return ParseResult(events=tuple(self._sent(out)), calls=calls)
 
 
 def _toy(**kw):
@@ -85,10 +111,12 @@ def _toy(**kw):
 
 
 TOY_FIXTURES = [
-    ('Sure <3. <<get {"city": "Paris", "n": [1, 2]}>><<now {}>> done', [
+    ToolFixture('Sure <3. <<get {"city": "Paris", "n": [1, 2]}>><<now {}>> done', [
         {"name": "get", "arguments": {"city": "Paris", "n": [1, 2]}},
         {"name": "now", "arguments": {}}], "Sure <3.  done"),
-    ("no call at all, just < and > and <", [], "no call at all, just < and > and <"),
+    ToolFixture("no call at all, just < and > and <", [], "no call at all, just < and > and <"),
+    ToolFixture("<<get {oops>> then <<now {}>>", [{"name": "now", "arguments": {}}],
+                "<<get {oops>> then ", errors=True),
 ]
 
 
@@ -98,15 +126,13 @@ def _fmt(parser):
     return ToolFormat(name="toy", detect=lambda t: "<<" in t, parser=parser)
 
 
-def test_a_streaming_tool_format_conforms():
-    from mlxcel.testing.conformance import check_tool_format
-
-    check_tool_format(_fmt(_toy()), TOY_FIXTURES, template="{% if tools %}<<{% endif %}")
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_tool_format_conforms_streaming_or_reporting_at_finish(stream):
+    check_tool_format(_fmt(_toy(stream=stream)), TOY_FIXTURES,
+                      template="{% if tools %}<<{% endif %}")
 
 
 def test_the_tool_format_runner_catches_a_chunking_bug():
-    from mlxcel.testing.conformance import check_tool_format
-
     with pytest.raises(AssertionError, match="fixture 0: fed as"):
         check_tool_format(_fmt(_toy(hold=False)), TOY_FIXTURES)
 
@@ -114,20 +140,33 @@ def test_the_tool_format_runner_catches_a_chunking_bug():
 @pytest.mark.parametrize("fixture,match", [
     (("<<get {}>>", [{"name": "got", "arguments": {}}]), "calls .* != expected"),
     (("<<get {}>>", [{"name": "get", "arguments": {}}], "x"), "content '' != expected 'x'"),
-    (("<<get {oops>>", [{"name": "get", "arguments": {}}]), "arguments are not JSON"),
+    (("<<get [1]>>", [{"name": "get", "arguments": [1]}]), "not a JSON object's text"),
+    (("<<get {oops>>", []), "unexpected CallError"),
+    (("<<get {}>>", [{"name": "get", "arguments": {}}], None, True), "gave no CallError"),
 ])
-def test_the_tool_format_runner_compares_calls_and_content(fixture, match):
-    from mlxcel.testing.conformance import check_tool_format
-
+def test_the_tool_format_runner_compares_calls_content_and_errors(fixture, match):
     with pytest.raises(AssertionError, match=match):
         check_tool_format(_fmt(_toy()), [fixture])
 
 
-def test_the_tool_format_runner_wants_every_call_ended_and_an_installed_name():
-    from mlxcel.testing.conformance import check_tool_format
+def test_the_streamed_calls_must_be_the_calls_finish_reports():
+    spaced = _fmt(_toy(final=lambda a: json.dumps(json.loads(a), indent=1)))
+    with pytest.raises(AssertionError, match="call 0 streamed as 'get' '{\"a\": 1}'; finish"):
+        check_tool_format(spaced, [('<<get {"a": 1}>>', [{"name": "get", "arguments": {"a": 1}}])])
+    check_tool_format(_fmt(_toy(ids=True)), [("<<f {}>>", [{"name": "f", "arguments": {},
+                                                             "id": "call_0"}])])
+    with pytest.raises(AssertionError, match="calls .* != expected"):
+        check_tool_format(_fmt(_toy(ids=True)), [("<<f {}>>", [{"name": "f", "arguments": {},
+                                                                 "id": "call_9"}])])
+    with pytest.raises(AssertionError, match="streamed with id 'x0'; finish"):
+        check_tool_format(_fmt(_toy(ids=True, streamed_ids="x{}")),
+                          [("<<f {}>>", [{"name": "f", "arguments": {}}])])
 
+
+def test_the_tool_format_runner_wants_every_call_ended_and_an_installed_name():
     with pytest.raises(AssertionError, match="call 0 never ends"):
-        check_tool_format(_fmt(_toy(end=False)), [("<<get {}>>", [])])
+        check_tool_format(_fmt(_toy(end=False)), [("<<get {}>>", [{"name": "get",
+                                                                     "arguments": {}}])])
     with pytest.raises(AssertionError, match="no installed tool format 'no-such-format'"):
         check_tool_format("no-such-format", [])
     with pytest.raises(AssertionError, match="detect\\(\\) rejects the template"):

@@ -73,7 +73,9 @@ def create_app(settings: Settings, plugins: Plugins | None = None,
         model = settings.model
         engine = EngineClient(
             lambda: load_checkpoint(model, plugins.families, dtype=settings.dtype,
-                                    chat_template_file=settings.chat_template_file),
+                                    chat_template_file=settings.chat_template_file,
+                                    tool_formats=plugins.tool_formats,
+                                    tool_call_format=settings.tool_call_format),
             parallel=settings.parallel, ctx_size=settings.ctx_size,
             prefill_chunk=settings.prefill_chunk_size, max_queue_depth=settings.max_queue_depth,
             prompt_cache=prompt_cache_from(settings), config=EngineConfig.from_settings(settings))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import msgspec
 
@@ -19,11 +20,17 @@ def _fail(message: str) -> int:
 
 
 def list_plugins(argv: Sequence[str]) -> int:
+    """``mlxcel-server plugins``: every plugin, then the tool formats by specificity, and
+    with ``--model`` the format that model would get and why (what the server logs as
+    ``tool_format_selected``), so a choice can be checked before serving."""
     from mlxcel.plugins import load_plugins
 
     parser = argparse.ArgumentParser(prog="mlxcel-server plugins")
     parser.add_argument("--plugins", default=env_default("plugins"))
     parser.add_argument("--disable-plugins", default=env_default("disable_plugins"))
+    parser.add_argument("-m", "--model", help="show the tool format this model would get")
+    parser.add_argument("--chat-template-file", default=env_default("chat_template_file"))
+    parser.add_argument("--tool-call-format", default=env_default("tool_call_format"))
     parser.add_argument("--json", action="store_true", help="print JSON")
     args = parser.parse_args(argv)
     from mlxcel.logging import configure
@@ -33,13 +40,35 @@ def list_plugins(argv: Sequence[str]) -> int:
     if args.json:
         print(msgspec.json.encode(plugins.infos).decode())
         return 0
+    formats = _tool_format_lines(plugins, args)  # before any output: it may fail
     for info in plugins.infos:
         regs = "; ".join(f"{k}: {', '.join(v)}" for k, v in info.registers.items()) or "-"
         status = "" if info.status == "loaded" else f" [{info.status}]"
         print(f"{info.name}{status}  {info.distribution} {info.version}  {regs}")
         if info.error:
             print(f"    error: {info.error}")
+    for line in formats:
+        print(line)
     return 0
+
+
+def _tool_format_lines(plugins: Any, args: argparse.Namespace) -> list[str]:
+    """The installed tool formats, most specific first; with ``--model``, its pick."""
+    from mlxcel.engine.loader import check_checkpoint, resolve_model_path
+
+    formats = sorted((fmt for _, fmt in plugins.tool_formats.items()),
+                     key=lambda f: (-f.specificity, f.name))
+    lines = [f"  {f.name}  specificity {f.specificity}  from "
+             f"{plugins.tool_formats.owner(f.name)}" for f in formats]
+    lines = ["tool formats, most specific first:", *lines] if lines \
+        else ["tool formats: none installed"]
+    if args.model:
+        family, picked, why = check_checkpoint(
+            resolve_model_path(args.model), plugins.families, args.chat_template_file,
+            tool_formats=plugins.tool_formats, tool_call_format=args.tool_call_format)
+        lines.append(f"tool format for {args.model}: {picked.name if picked else 'none'} "
+                     f"({why}; family {family.name})")
+    return lines
 
 
 def _build_demo_checkpoint() -> str:
@@ -56,7 +85,8 @@ def _build_demo_checkpoint() -> str:
 
 
 def _prepare_model(settings: Settings) -> Settings:
-    """Resolve --demo / --model to a local directory and check it before serving."""
+    """Resolve --demo / --model to a local directory and check it before serving (its
+    tool format too, so an unknown --tool-call-format or a tie is one line, pre-fork)."""
     from mlxcel.engine.loader import check_checkpoint, resolve_model_path
     from mlxcel.plugins import load_plugins
 
@@ -72,7 +102,9 @@ def _prepare_model(settings: Settings) -> Settings:
         raise StartupError("no model given: pass --model PATH_OR_HF_ID (or --demo)")
     path = resolve_model_path(settings.model)
     try:
-        check_checkpoint(path, plugins.families, settings.chat_template_file)
+        check_checkpoint(path, plugins.families, settings.chat_template_file,
+                         tool_formats=plugins.tool_formats,
+                         tool_call_format=settings.tool_call_format)
     except UnknownModelType as exc:  # perhaps the family that handles it failed to import
         failed = [f"{i.name} ({i.distribution}: {i.error}; reinstall it with "
                   f"pip install --force-reinstall {i.distribution})"

@@ -182,6 +182,9 @@ OPTIONS: list[tuple[tuple[str, ...], str, Any, Any, str, str]] = [
      "LLAMA_ARG_CHAT_TEMPLATE_KWARGS",
      "JSON object of chat-template variables for every request, e.g. "
      "'{\"enable_thinking\": false}'; a request's own chat_template_kwargs win key by key"),
+    (("--tool-call-format",), "tool_call_format", str, None, "MLXCEL_TOOL_CALL_FORMAT",
+     "tool-call format the model's answers are parsed with, by name (mlxcel-server plugins "
+     "lists them); default: the model family's, else the one its chat template shows"),
     (("--log-format",), "log_format", str, "console", "MLXCEL_LOG_FORMAT",
      "log line format: json or console"),
     (("--plugins",), "plugins", str, None, "MLXCEL_PLUGINS",

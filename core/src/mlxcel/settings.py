@@ -41,6 +41,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     n_predict: int = -1
     chat_template_file: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    tool_call_format: str | None = None
     log_format: str = "console"
     plugins: str | None = None
     disable_plugins: str | None = None

@@ -1,7 +1,9 @@
 """{{tool_format}} passes mlxcel's tool-format conformance runner.
 
 Add a fixture for every shape the model writes: several calls, nested JSON, unicode,
-strings that contain the tags, a call cut off by the end of the output, no call at all.
+strings that contain the tags, a call cut off by the end of the answer, tags around
+something that is not a call (``errors=True``: the parser reports a ``CallError``), no call
+at all.
 """
 
 from mlxcel.testing.conformance import ToolFixture, check_tool_format
@@ -14,6 +16,12 @@ FIXTURES = [
              "</{{tool_format}}>",
         calls=[{"name": "get_weather", "arguments": {"city": "Paris"}}],
         content="Sure. ",
+    ),
+    ToolFixture(
+        text="<{{tool_format}}>not a call</{{tool_format}}> then",
+        calls=[],
+        content="<{{tool_format}}>not a call</{{tool_format}}> then",
+        errors=True,
     ),
     ToolFixture(text="no call here", calls=[], content="no call here"),
 ]

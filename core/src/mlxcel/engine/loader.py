@@ -17,6 +17,8 @@ from mlxcel.errors import StartupError, UnknownModelType
 from mlxcel.families.api import Family, LoadOptions
 from mlxcel.families.registry import FamilyRegistry
 from mlxcel.lazy import resolve
+from mlxcel.toolcalls.api import ToolFormat
+from mlxcel.toolcalls.registry import ToolFormatRegistry
 
 log = structlog.get_logger("mlxcel.loader")
 ALLOW_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "tokenizer.model", "*.txt", "*.py"]
@@ -45,6 +47,8 @@ class LoadedCheckpoint(msgspec.Struct, kw_only=True):
     dtype: str = "unknown"  # floating dtype the model computes in (after --dtype)
     device: str = "cpu"  # MLX's default device: cpu or gpu
     blas: str = "none"  # BLAS behind MLX's CPU matmuls (see mlxcel.backend.blas_in_use)
+    tool_format: ToolFormat | None = None  # what parses answers' tool calls (None: nothing)
+    tool_format_reason: str = "no tool formats given"  # why that one (select_tool_format)
 
 
 def _looks_like_hf_id(model: str) -> bool:
@@ -113,10 +117,24 @@ def select_family(families: FamilyRegistry, config: dict, path: Path) -> Family:
     return family
 
 
+def select_tool_format(formats: ToolFormatRegistry, family: Family, template: ChatTemplate,
+                       flag: str | None = None) -> tuple[ToolFormat | None, str]:
+    """The tool format of a checkpoint and why: ``--tool-call-format``, else the family's
+    default, else the most specific format its chat template shows (a tie or an unknown
+    name is a ``StartupError``). Chosen once per model, so every answer parses alike."""
+    try:
+        return formats.choose(template.source, flag=flag,
+                              family_default=family.default_tool_format)
+    except StartupError as exc:
+        raise StartupError(f"--tool-call-format {flag}: {exc}" if flag else str(exc)) from None
+
+
 def load_checkpoint(model: str, families: FamilyRegistry, *,
-                    chat_template_file: str | None = None,
-                    dtype: str | None = None) -> LoadedCheckpoint:
-    """Load ``model``; ``dtype`` is --dtype (None: auto)."""
+                    chat_template_file: str | None = None, dtype: str | None = None,
+                    tool_formats: ToolFormatRegistry | None = None,
+                    tool_call_format: str | None = None) -> LoadedCheckpoint:
+    """Load ``model``; ``dtype`` is --dtype (None: auto); ``tool_formats`` (the installed
+    ones) and ``tool_call_format`` (the flag) select its tool format."""
     started = time.perf_counter()
     requested = dtype or "auto"
     device = backend.mlx_device()
@@ -130,6 +148,8 @@ def load_checkpoint(model: str, families: FamilyRegistry, *,
     template = load_chat_template(
         path, tokenizer.config, override=Path(chat_template_file) if chat_template_file else None,
         bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token)
+    tool_format, why = (select_tool_format(tool_formats, family, template, tool_call_format)
+                        if tool_formats is not None else (None, "no tool formats given"))
     quantized = "quantization" in config
     cast = backend.resolve_dtype(requested, device, fast_blas=backend.is_fast_blas(blas),
                                  quantized=quantized)
@@ -142,23 +162,30 @@ def load_checkpoint(model: str, families: FamilyRegistry, *,
              chat_template=template.origin, seconds=round(time.perf_counter() - started, 2))
     log.info("backend", device=device, dtype=actual, requested_dtype=requested, blas=blas,
              checkpoint_dtype=config.get("torch_dtype"), quantized=quantized)
+    log.info("tool_format_selected", name=tool_format and tool_format.name, why=why)
     if cast and actual not in (cast, "unknown"):
         log.warning("dtype_not_applied", requested=cast, dtype=actual, family=family.name,
                     reason="the family's loader kept its own dtype")
     return LoadedCheckpoint(path=path, family=family, model=loaded, config=loaded.config,
                             tokenizer=tokenizer, template=template, defaults=defaults,
                             context_length=min(ctx, 1 << 20), dtype=actual, device=device,
-                            blas=blas)
+                            blas=blas, tool_format=tool_format, tool_format_reason=why)
 
 
 def check_checkpoint(path: Path, families: FamilyRegistry,
-                     chat_template_file: str | None = None) -> None:
-    """Cheap checks (no MLX) so a bad --model fails before the server starts."""
+                     chat_template_file: str | None = None, *,
+                     tool_formats: ToolFormatRegistry | None = None,
+                     tool_call_format: str | None = None) -> tuple[Family, ToolFormat | None, str]:
+    """Cheap checks (no MLX) so a bad --model fails before the server starts; its family,
+    and the tool format ``load_checkpoint`` will select and why."""
     config = _read_json(path / "config.json")
-    select_family(families, config, path)
+    family = select_family(families, config, path)
     if not any(path.glob("*.safetensors")):
         raise StartupError(f"{path} has no *.safetensors weights")
     tokenizer = Tokenizer.from_dir(path)
-    load_chat_template(path, tokenizer.config,
-                       override=Path(chat_template_file) if chat_template_file else None,
-                       bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token)
+    template = load_chat_template(
+        path, tokenizer.config, override=Path(chat_template_file) if chat_template_file else None,
+        bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token)
+    if tool_formats is None:
+        return family, None, "no tool formats given"
+    return (family, *select_tool_format(tool_formats, family, template, tool_call_format))

@@ -8,12 +8,19 @@ kind supports), with the tokens of a cold run. Core's own families pass it
 (``core/tests/test_conformance.py``); a family distribution's test calls it on a tiny
 checkpoint of its types. Each check raises ``AssertionError`` naming what failed.
 
-``check_tool_format(tool_format, fixtures)``: each fixture (model output text, the calls it
-holds, optionally the content around them) parses to the same events fed whole, one
-character at a time and in seeded random chunkings (adjacent content and argument fragments
-merged, empty ones dropped), since a stream is cut wherever tokens end; and the events up to
-``finish()`` give exactly the expected calls (name and parsed JSON arguments), every call
-started is ended, and indices count up from 0.
+``check_tool_format(tool_format, fixtures)``: tool-format contract v1
+(``mlxcel.toolcalls.api``), on fixture model outputs. Fed whole, one character at a time
+and in seeded random chunkings (``feed(piece, ())``: no token ids), a parser gives the same
+events (adjacent text and one call's adjacent argument fragments merged, empty ones
+dropped), since a stream is cut wherever tokens end, and the same ``finish().calls``.
+Those calls are the fixture's (name, parsed arguments, id where the fixture gives one),
+each ``arguments`` a JSON object's text. Calls the events stream start with a name, count
+up from 0, take fragments only while open and end by ``finish()``; each agrees with the
+call of its index in ``finish().calls`` (name, the fragments joined = its arguments, its
+id), because a client keeps what was streamed. A parser may stream nothing and report
+every call at ``finish()``. ``CallError`` comes where, and only where, a fixture says its
+text holds broken markup; the content a client sees is the text and ``CallError`` events'
+text, in order.
 """
 
 from __future__ import annotations
@@ -22,6 +29,15 @@ import random
 from typing import Any, NamedTuple
 
 from mlxcel.testing.engine import engine_for, request, run, solo_tokens
+from mlxcel.types.toolcalls import (
+    CallArguments,
+    CallEnd,
+    CallError,
+    CallStart,
+    ParsedCall,
+    ParseResult,
+    ToolText,
+)
 
 
 def _prompts(vocab: int, seed: int = 3) -> list[list[int]]:
@@ -95,12 +111,15 @@ def _keys(doc: Any) -> Any:
 
 
 class ToolFixture(NamedTuple):
-    """Model output ``text``, the ``calls`` in it (``{"name", "arguments"}`` with the
-    arguments parsed), and the user-visible ``content`` (None: not checked)."""
+    """Model output ``text``; the ``calls`` in it (``{"name", "arguments"}``, the arguments
+    parsed; an ``"id"`` too where the format writes one); the ``content`` a client sees
+    (None: not checked); ``errors``: the text holds markup that opens a call and does not
+    parse, which the parser must report as a ``CallError``."""
 
     text: str
     calls: list[dict[str, Any]]
     content: str | None = None
+    errors: bool = False
 
 
 def check_tool_format(tool_format: Any, fixtures: Any, *, tools: Any = (),
@@ -109,7 +128,8 @@ def check_tool_format(tool_format: Any, fixtures: Any, *, tools: Any = (),
 
     ``tool_format``: an installed format's name (then ``template``, if given, must select
     it among every installed format) or a ``ToolFormat``; ``fixtures``: ``ToolFixture``s or
-    tuples of their fields; ``tools``: what ``new_parser(tools)`` is given."""
+    tuples of their fields; ``tools``: what ``new_parser(tools)`` is given (a tuple of
+    ``mlxcel.types.messages.Tool``)."""
     from mlxcel.lazy import resolve
 
     fmt = _installed_format(tool_format, template) if isinstance(tool_format, str) \
@@ -119,17 +139,14 @@ def check_tool_format(tool_format: Any, fixtures: Any, *, tools: Any = (),
     new_parser, rng = resolve(fmt.parser), random.Random(seed)
     for n, fixture in enumerate(ToolFixture(*f) for f in fixtures):
         where = f"{fmt.name} fixture {n}"
-        whole = _parse(new_parser, list(tools), [fixture.text], where)
-        want = [{"name": c["name"], "arguments": c["arguments"]} for c in fixture.calls]
-        got = _calls(whole, where)
-        assert got == want, f"{where}: calls {got} != expected {want}"
-        if fixture.content is not None:
-            content = "".join(text for kind, text, _, _ in whole if kind == "content")
-            assert content == fixture.content, f"{where}: content {content!r} != " \
-                                               f"expected {fixture.content!r}"
+        whole, calls = _parse(new_parser, tuple(tools), [fixture.text], where)
+        _check_answer(whole, calls, fixture, where)
         for pieces in _chunkings(fixture.text, rng, chunkings):
-            split = _parse(new_parser, list(tools), pieces, where)
+            split, split_calls = _parse(new_parser, tuple(tools), pieces, where)
             assert split == whole, _difference(where, pieces, split, whole)
+            assert split_calls == calls, \
+                f"{where}: fed as {_shown(pieces)}, finish() gives the calls {split_calls}; " \
+                f"the whole text gives {calls}"
 
 
 def _installed_format(name: str, template: str | None) -> Any:
@@ -161,60 +178,110 @@ def _chunkings(text: str, rng: random.Random, count: int) -> list[list[str]]:
     return out
 
 
-def _parse(new_parser: Any, tools: list, pieces: list[str], where: str) -> list[tuple]:
-    """Every event of one parser fed ``pieces`` then finished, as merged tuples."""
-    from mlxcel.toolcalls.api import ParseEvent
-
+def _parse(new_parser: Any, tools: tuple, pieces: list[str], where: str) -> tuple[list, tuple]:
+    """One parser fed ``pieces`` (no token ids) then finished: its events, merged (adjacent
+    text, adjacent fragments of one call; empty ones dropped), and ``finish().calls``."""
     parser = new_parser(tools)
-    events = [e for piece in pieces for e in parser.feed(piece)] + list(parser.finish())
-    merged: list[tuple] = []
-    for e in events:
-        assert isinstance(e, ParseEvent), f"{where}: {e!r} is not a ParseEvent"
-        if e.kind in ("content", "call_arguments") and not e.text:
+    events = [e for piece in pieces for e in parser.feed(piece, ())]
+    result = parser.finish()
+    assert isinstance(result, ParseResult), f"{where}: finish() gave {result!r}, not a " \
+                                            "ParseResult"
+    merged: list[Any] = []
+    for e in [*events, *result.events]:
+        assert isinstance(e, ToolText | CallStart | CallArguments | CallEnd | CallError), \
+            f"{where}: {e!r} is not a ToolEvent (mlxcel.types.toolcalls)"
+        if isinstance(e, ToolText | CallArguments) and not e.text:
             continue
         last = merged[-1] if merged else None
-        if last and e.kind == last[0] and e.kind in ("content", "call_arguments") \
-                and e.index == last[2]:
-            merged[-1] = (e.kind, last[1] + e.text, e.index, None)
+        if isinstance(e, ToolText) and isinstance(last, ToolText):
+            merged[-1] = ToolText(text=last.text + e.text)
+        elif isinstance(e, CallArguments) and isinstance(last, CallArguments) \
+                and e.index == last.index:
+            merged[-1] = CallArguments(index=e.index, text=last.text + e.text)
         else:
-            merged.append((e.kind, e.text, e.index, e.name))
-    return merged
+            merged.append(e)
+    return merged, tuple(result.calls)
 
 
-def _difference(where: str, pieces: list[str], split: list[tuple], whole: list[tuple]) -> str:
+def _shown(pieces: list[str]) -> str:
+    return repr(pieces) if len(pieces) <= 40 else f"{pieces[:40]!r}... ({len(pieces)} pieces)"
+
+
+def _difference(where: str, pieces: list[str], split: list, whole: list) -> str:
     """The first event where a chunking and the whole text part ways, and the chunking."""
     at = next((i for i, (a, b) in enumerate(zip(split, whole, strict=False)) if a != b),
               min(len(split), len(whole)))
     got, want = (events[at] if at < len(events) else "no event" for events in (split, whole))
-    shown = repr(pieces) if len(pieces) <= 40 else f"{pieces[:40]!r}... ({len(pieces)} pieces)"
-    return f"{where}: fed as {shown}, event {at} is {got}; the whole text gives {want}"
+    return f"{where}: fed as {_shown(pieces)}, event {at} is {got}; the whole text gives {want}"
 
 
-def _calls(events: list[tuple], where: str) -> list[dict[str, Any]]:
-    """The calls the events describe; each must start (with a name), take argument
-    fragments only while open, end, and parse as JSON."""
+def _check_answer(events: list, calls: tuple, fixture: ToolFixture, where: str) -> None:
+    """The whole text's events and calls against the fixture and against each other."""
+    errors = [e for e in events if isinstance(e, CallError)]
+    assert not errors or fixture.errors, f"{where}: unexpected {errors[0]!r}"
+    assert errors or not fixture.errors, \
+        f"{where}: the fixture's broken markup gave no CallError"
+    got = _calls(calls, where)
+    want = [{"name": c["name"], "arguments": c["arguments"],
+             **({"id": c["id"]} if "id" in c else {})} for c in fixture.calls]
+    seen = [{k: g[k] for k in w} for g, w in zip(got, want, strict=False)] \
+        if len(got) == len(want) else got
+    assert seen == want, f"{where}: calls {seen} != expected {want}"
+    if fixture.content is not None:
+        content = "".join(e.text for e in events if isinstance(e, ToolText | CallError))
+        assert content == fixture.content, \
+            f"{where}: content {content!r} != expected {fixture.content!r}"
+    for n, (name, cid, arguments) in enumerate(_streamed(events, where)):
+        if n >= len(calls):
+            assert fixture.errors, \
+                f"{where}: call {n} streamed, but finish() has {len(calls)} calls"
+            continue
+        final = calls[n]
+        assert (name, arguments) == (final.name, final.arguments), \
+            f"{where}: call {n} streamed as {name!r} {arguments!r}; finish() has " \
+            f"{final.name!r} {final.arguments!r}"
+        assert cid is None or final.id in (None, cid), \
+            f"{where}: call {n} streamed with id {cid!r}; finish() has {final.id!r}"
+
+
+def _calls(calls: tuple, where: str) -> list[dict[str, Any]]:
+    """``finish().calls`` as dicts with parsed arguments; each must be a ``ParsedCall``
+    whose ``arguments`` is a JSON object's text."""
     import json
 
-    calls: list[dict[str, Any]] = []
+    out = []
+    for n, call in enumerate(calls):
+        assert isinstance(call, ParsedCall), f"{where}: finish().calls[{n}] is {call!r}"
+        try:
+            arguments = json.loads(call.arguments)
+        except (TypeError, ValueError):
+            arguments = None
+        assert isinstance(arguments, dict), \
+            f"{where}: call {n} arguments are not a JSON object's text: {call.arguments!r}"
+        out.append({"name": call.name, "arguments": arguments, "id": call.id})
+    return out
+
+
+def _streamed(events: list, where: str) -> list[tuple[str, str | None, str]]:
+    """The calls the events stream, as (name, id, arguments): each starts with a name,
+    takes fragments only while open and ends; indices count up from 0."""
+    calls: list[list[Any]] = []
     open_ = None
-    for kind, text, index, name in events:
-        if kind == "call_start":
-            assert open_ is None, f"{where}: call {index} starts inside call {open_}"
-            assert index == len(calls), f"{where}: call index {index}, expected {len(calls)}"
-            assert name, f"{where}: call {index} starts without a name"
-            calls.append({"name": name, "arguments": ""})
-            open_ = index
-        elif kind in ("call_arguments", "call_end"):
-            assert open_ == index, f"{where}: {kind} for call {index} while {open_} is open"
-            if kind == "call_end":
+    for e in events:
+        if isinstance(e, CallStart):
+            assert open_ is None, f"{where}: call {e.index} starts inside call {open_}"
+            assert e.index == len(calls), \
+                f"{where}: call index {e.index}, expected {len(calls)}"
+            assert e.name, f"{where}: call {e.index} starts without a name"
+            calls.append([e.name, e.id, ""])
+            open_ = e.index
+        elif isinstance(e, CallArguments | CallEnd):
+            kind = type(e).__name__
+            assert open_ == e.index, f"{where}: {kind} for call {e.index} while " \
+                                     f"{open_} is open"
+            if isinstance(e, CallEnd):
                 open_ = None
             else:
-                calls[index]["arguments"] += text
+                calls[e.index][2] += e.text
     assert open_ is None, f"{where}: call {open_} never ends (finish() must end it)"
-    for n, call in enumerate(calls):
-        try:
-            call["arguments"] = json.loads(call["arguments"])
-        except ValueError:
-            raise AssertionError(f"{where}: call {n} arguments are not JSON: "
-                                 f"{call['arguments']!r}") from None
-    return calls
+    return [tuple(c) for c in calls]

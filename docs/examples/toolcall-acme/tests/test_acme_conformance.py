@@ -2,7 +2,8 @@
 
 The fixtures are what an acme model writes: prose, then calls; several calls; nested JSON,
 unicode and strings that contain the tags; a call with its keys the other way round; a
-call cut off by the end of the output; and text with no call at all.
+call cut off by the end of the answer, after and inside its arguments; tags around
+something that is not a call; and text with no call at all.
 """
 
 from __future__ import annotations
@@ -51,6 +52,18 @@ FIXTURES = [
         text='<acme_call>{"name": "cut", "arguments": {"x": [1, 2]}}',
         calls=[{"name": "cut", "arguments": {"x": [1, 2]}}],
         content="",
+    ),
+    ToolFixture(
+        text='Writing. <acme_call>{"name": "write", "arguments": {"text": "unfinished',
+        calls=[],
+        content="Writing. ",
+        errors=True,
+    ),
+    ToolFixture(
+        text="<acme_call>not json</acme_call> and <acme_call>{\"name\": 7}</acme_call>",
+        calls=[],
+        content="<acme_call>not json</acme_call> and <acme_call>{\"name\": 7}</acme_call>",
+        errors=True,
     ),
     ToolFixture(
         text="a < b and <acme> is not <acme_call without a closing tag",

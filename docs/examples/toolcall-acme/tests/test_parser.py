@@ -4,38 +4,56 @@ not pin down (it compares chunkings with each other, not with a moment in the st
 from __future__ import annotations
 
 from acme_mlxcel.parser import new_parser
-from mlxcel.toolcalls.api import ParseEvent
-
-
-def _kinds(events):
-    return [(e.kind, e.text, e.name) for e in events]
+from mlxcel.types.toolcalls import (
+    CallArguments,
+    CallEnd,
+    CallError,
+    CallStart,
+    ParsedCall,
+    ParseResult,
+    ToolText,
+)
 
 
 def test_a_partial_open_tag_is_held_back_until_settled():
-    parser = new_parser([])
-    assert _kinds(parser.feed("Hi <acme_")) == [("content", "Hi ", None)]
-    assert _kinds(parser.feed("cake>")) == [("content", "<acme_cake>", None)]
-    assert parser.finish() == []
+    parser = new_parser(())
+    assert parser.feed("Hi <acme_") == [ToolText(text="Hi ")]
+    assert parser.feed("cake>") == [ToolText(text="<acme_cake>")]
+    assert parser.finish() == ParseResult()
 
 
 def test_the_name_and_argument_fragments_stream_while_generated():
-    parser = new_parser([])
+    parser = new_parser(())
     assert parser.feed('<acme_call>{"name": "f", "argu') == []
-    assert _kinds(parser.feed('ments": {"city": "Pa')) == [
-        ("call_start", "", "f"), ("call_arguments", '{"city": "Pa', None)]
-    assert _kinds(parser.feed('ris"}} </acme_')) == [("call_arguments", 'ris"}', None)]
-    assert parser.feed("call>") == [ParseEvent(kind="call_end", index=0)]
+    assert parser.feed('ments": {"city": "Pa') == [
+        CallStart(index=0, name="f"), CallArguments(index=0, text='{"city": "Pa')]
+    assert parser.feed('ris"}} </acme_') == [CallArguments(index=0, text='ris"}')]
+    assert parser.feed("call>") == [CallEnd(index=0)]
+    assert parser.finish() == ParseResult(
+        calls=(ParsedCall(name="f", arguments='{"city": "Paris"}'),))
 
 
 def test_calls_are_numbered_in_order():
-    parser = new_parser([])
+    parser = new_parser(())
     text = '<acme_call>{"name": "a", "arguments": {}}</acme_call>' * 2
-    events = parser.feed(text) + parser.finish()
-    assert [(e.kind, e.index) for e in events if e.kind != "call_arguments"] == [
-        ("call_start", 0), ("call_end", 0), ("call_start", 1), ("call_end", 1)]
+    events = parser.feed(text)
+    assert [e for e in events if not isinstance(e, CallArguments)] == [
+        CallStart(index=0, name="a"), CallEnd(index=0),
+        CallStart(index=1, name="a"), CallEnd(index=1)]
+    assert [c.name for c in parser.finish().calls] == ["a", "a"]
 
 
-def test_a_call_that_is_not_json_stays_visible_as_content():
-    parser = new_parser([])
+def test_a_call_that_is_not_json_is_an_error_that_keeps_its_text():
+    parser = new_parser(())
     text = "<acme_call>not json</acme_call>"
-    assert _kinds(parser.feed(text) + parser.finish()) == [("content", text, None)]
+    assert parser.feed(text) == [CallError(message="not a JSON call", text=text)]
+    assert parser.finish() == ParseResult()
+
+
+def test_an_answer_cut_off_inside_the_arguments_ends_the_call_and_reports_none():
+    parser = new_parser(())
+    events = parser.feed('<acme_call>{"name": "f", "arguments": {"x": [1, ')
+    assert events == [CallStart(index=0, name="f"), CallArguments(index=0, text='{"x": [1, ')]
+    result = parser.finish()
+    assert result.calls == ()
+    assert [type(e) for e in result.events] == [CallEnd, CallError]

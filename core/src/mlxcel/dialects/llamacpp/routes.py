@@ -27,7 +27,10 @@ def _engine_error(message: str) -> tuple[int, dict[str, Any]]:
 
 def health_payload(ctx: AppContext) -> tuple[int, dict[str, Any]]:
     """llama-server's shapes; an engine that failed (or whose checkpoint cannot be read)
-    is a 503 ``error`` with its message, so that a supervisor can restart the server."""
+    is a 503 ``error`` with its message, so that a supervisor can restart the server.
+    ``tool_call_parser`` is the spec's ``"mlxcel"`` when the loaded model has a tool format
+    (selected once at startup), else null: it says whether tool calls are parsed, and the
+    format's name is in the ``tool_format_selected`` log line and ``mlxcel-server plugins``."""
     engine = ctx.engine
     if engine.state == "loading":
         return 503, {"status": "loading model", "tool_call_parser": None}
@@ -48,7 +51,7 @@ def health_payload(ctx: AppContext) -> tuple[int, dict[str, Any]]:
         "observability": {**{k: getattr(stats, k, 0) for k in OBSERVABILITY},
                           "current_batch_size": active, "cache_pool_active": active},
         "context_size": engine.context_size,
-        "tool_call_parser": "mlxcel" if ckpt.template.supports_tools else None,
+        "tool_call_parser": "mlxcel" if ckpt.tool_format is not None else None,
     }
 
 

@@ -1,10 +1,11 @@
 """The acme-xml parser: ``<acme_call>{"name": ..., "arguments": {...}}</acme_call>``.
 
-Text outside the tags is content; each tagged JSON object is one call. The parser streams:
-content as soon as it cannot be the start of ``<acme_call>``, the call's start once its name
-is known, and its arguments as they are generated. A stream is cut wherever tokens end, so
-every decision waits until the text seen so far settles it, and the events are the same
-however the text is cut.
+Text outside the tags is answer text; each tagged JSON object is one call. The parser
+streams: text as soon as it cannot be the start of ``<acme_call>``, the call's start once
+its name is known, and its arguments as they are generated. A stream is cut wherever tokens
+end, so every decision waits until the text seen so far settles it, and the events are the
+same however the text is cut. ``finish()`` reports every call it read, with the arguments
+exactly as streamed, so what a client saw streamed and the final calls always agree.
 """
 
 from __future__ import annotations
@@ -12,7 +13,16 @@ from __future__ import annotations
 import json
 import re
 
-from mlxcel.toolcalls.api import ParseEvent
+from mlxcel.types.toolcalls import (
+    CallArguments,
+    CallEnd,
+    CallError,
+    CallStart,
+    ParsedCall,
+    ParseResult,
+    ToolEvent,
+    ToolText,
+)
 
 OPEN, CLOSE = "<acme_call>", "</acme_call>"
 # A call's head, up to the "{" that opens its arguments: the name streams from there on.
@@ -44,53 +54,59 @@ def close_outside_strings(text: str) -> int:
 
 
 class AcmeParser:
-    """One per request. States: outside a call, in its head (name not yet known), in its
+    """One per answer. States: outside a call, in its head (name not yet known), in its
     arguments (``depth`` open brackets, maybe inside a JSON string), or after them."""
 
-    def __init__(self, tools: list[dict]) -> None:
+    def __init__(self, tools: tuple) -> None:
         self.tools = tools
         self.buf = ""  # text seen but not yet turned into events
         self.state = "outside"  # outside | head | arguments | tail
-        self.index = 0  # the current (or next) call's index
+        self.calls: list[ParsedCall] = []  # the calls read so far; the next one's index
+        self.name, self.arguments = "", ""  # the call being read
         self.depth, self.in_string, self.escaped = 0, False, False
 
-    def feed(self, text: str) -> list[ParseEvent]:
+    def feed(self, text: str, token_ids: tuple[int, ...] = ()) -> list[ToolEvent]:
         self.buf += text
-        events: list[ParseEvent] = []
+        events: list[ToolEvent] = []
         while getattr(self, f"_{self.state}")(events):
             pass
         return events
 
-    def finish(self) -> list[ParseEvent]:
-        """The end of the output: held-back text is content, an unclosed call is ended."""
+    def finish(self) -> ParseResult:
+        """The end of the answer: held-back text is answer text, a call whose arguments
+        are complete is ended, a call cut off before that is an error; then every call."""
         events = self.feed("")
         if self.state == "outside" and self.buf:
-            events.append(ParseEvent(kind="content", text=self.buf))
-        elif self.state == "head":  # a call cut off before its arguments began
-            events += self._whole(self.buf) or [ParseEvent(kind="content", text=OPEN + self.buf)]
-        elif self.state in ("arguments", "tail"):
-            events.append(ParseEvent(kind="call_end", index=self.index))
+            events.append(ToolText(text=self.buf))
+        elif self.state == "head":  # cut off before its arguments began: parse it whole
+            events += self._whole(self.buf) or [CallError(message="an unclosed call",
+                                                          text=OPEN + self.buf)]
+        elif self.state == "tail":
+            events += self._end()
+        elif self.state == "arguments":  # its start and fragments went out: end it there
+            events += [CallEnd(index=len(self.calls)),
+                       CallError(message="the answer ended inside a call's arguments")]
         self.buf, self.state = "", "outside"
-        return events
+        return ParseResult(events=tuple(events), calls=tuple(self.calls))
 
     # Each step turns what it can of ``buf`` into events; True: call the next state's step.
 
-    def _outside(self, events: list[ParseEvent]) -> bool:
+    def _outside(self, events: list[ToolEvent]) -> bool:
         at = self.buf.find(OPEN)
         cut = len(self.buf) - held_back(self.buf, OPEN) if at < 0 else at
         if cut:
-            events.append(ParseEvent(kind="content", text=self.buf[:cut]))
+            events.append(ToolText(text=self.buf[:cut]))
         if at < 0:
             self.buf = self.buf[cut:]
             return False
         self.buf, self.state = self.buf[at + len(OPEN):], "head"
         return True
 
-    def _head(self, events: list[ParseEvent]) -> bool:
+    def _head(self, events: list[ToolEvent]) -> bool:
         head = HEAD.match(self.buf)
         if head:
-            name = json.loads(head.group(1))
-            events.append(ParseEvent(kind="call_start", index=self.index, name=name))
+            self.name, self.arguments = json.loads(head.group(1)), ""
+            events.append(CallStart(index=len(self.calls), name=self.name))
             self.buf, self.state = "{" + self.buf[head.end():], "arguments"
             self.depth, self.in_string, self.escaped = 0, False, False
             return True
@@ -99,27 +115,33 @@ class AcmeParser:
             return False  # not settled yet: wait for more text
         # Not the streamed shape (say, "arguments" before "name"): parse the call whole.
         body, self.buf, self.state = self.buf[:at], self.buf[at + len(CLOSE):], "outside"
-        events += self._whole(body) or [ParseEvent(kind="content", text=OPEN + body + CLOSE)]
+        events += self._whole(body) or [CallError(message="not a JSON call",
+                                                  text=OPEN + body + CLOSE)]
         return True
 
-    def _arguments(self, events: list[ParseEvent]) -> bool:
+    def _arguments(self, events: list[ToolEvent]) -> bool:
         end = self._scan()
         if end:
-            events.append(ParseEvent(kind="call_arguments", index=self.index,
-                                     text=self.buf[:end]))
-            self.buf = self.buf[end:]
+            fragment, self.buf = self.buf[:end], self.buf[end:]
+            self.arguments += fragment
+            events.append(CallArguments(index=len(self.calls), text=fragment))
         if self.depth:
             return False
         self.state = "tail"
         return True
 
-    def _tail(self, events: list[ParseEvent]) -> bool:
+    def _tail(self, events: list[ToolEvent]) -> bool:
         at = self.buf.find(CLOSE)  # what is left of the object is its closing "}"
         if at < 0:
             return False
-        events.append(ParseEvent(kind="call_end", index=self.index))
-        self.buf, self.state, self.index = self.buf[at + len(CLOSE):], "outside", self.index + 1
+        events += self._end()
+        self.buf, self.state = self.buf[at + len(CLOSE):], "outside"
         return True
+
+    def _end(self) -> list[ToolEvent]:
+        """The call being read is complete: it ends, and counts among the calls."""
+        self.calls.append(ParsedCall(name=self.name, arguments=self.arguments))
+        return [CallEnd(index=len(self.calls) - 1)]
 
     def _scan(self) -> int:
         """Walk ``buf`` through the arguments' JSON; the length that belongs to them."""
@@ -141,21 +163,22 @@ class AcmeParser:
                     return i + 1
         return len(self.buf)
 
-    def _whole(self, body: str) -> list[ParseEvent]:
+    def _whole(self, body: str) -> list[ToolEvent]:
         """A call written in any key order, parsed once it is complete; [] if it is not."""
         try:
             call = json.loads(body)
             name, arguments = call["name"], call["arguments"]
         except (ValueError, TypeError, KeyError):
             return []
-        events = [ParseEvent(kind="call_start", index=self.index, name=name),
-                  ParseEvent(kind="call_arguments", index=self.index,
-                             text=json.dumps(arguments, ensure_ascii=False)),
-                  ParseEvent(kind="call_end", index=self.index)]
-        self.index += 1
-        return events
+        if not isinstance(name, str) or not isinstance(arguments, dict):
+            return []
+        self.name, self.arguments = name, json.dumps(arguments, ensure_ascii=False)
+        index = len(self.calls)
+        return [CallStart(index=index, name=name),
+                CallArguments(index=index, text=self.arguments), *self._end()]
 
 
-def new_parser(tools: list[dict]) -> AcmeParser:
-    """What ``ToolFormat.parser`` names: a fresh parser for one request's ``tools``."""
+def new_parser(tools: tuple) -> AcmeParser:
+    """What ``ToolFormat.parser`` names: a fresh parser for one answer, given the request's
+    function tools (``mlxcel.types.messages.Tool``; acme's calls do not need them)."""
     return AcmeParser(tools)
