@@ -15,16 +15,15 @@ included); ``--- errors`` marks a fixture whose markup does not parse.
 from __future__ import annotations
 
 import json
-import random
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, NamedTuple
 
 import pytest
 from mlxcel.builtin.toolcalls import json_formats
 from mlxcel.lazy import resolve
 from mlxcel.plugins import load_plugins
+from mlxcel.testing.conformance import ToolFixture, check_tool_format
 from mlxcel.testing.templates import template_text
 from mlxcel.types.messages import Tool
 from mlxcel.types.toolcalls import CallArguments, CallEnd, CallError, CallStart, ToolText
@@ -38,23 +37,18 @@ SPECIFICITY = {"hermes": 10, "generic_json": 10, "mistral_nemo": 20, "mistral_br
                "granite": 30, "pythonic": 30}
 
 
-class Fixture(NamedTuple):
-    title: str
-    text: str
-    calls: list[dict[str, Any]]
-    content: str | None
-    errors: bool
+KIT = {"hermes": "chatml", "llama3": "llama3", "mistral_bracketed": "mistral"}
 
 
-def fixtures(name: str) -> list[Fixture]:
-    out: list[Fixture] = []
+def fixtures(name: str) -> list[ToolFixture]:
+    out: list[ToolFixture] = []
     for block in (DATA / f"json_{name}.txt").read_text("utf-8").split("\n=== ")[1:]:
-        title, _, rest = block.partition("\n")
+        _title, _, rest = block.partition("\n")
         text, _, rest = rest.partition("\n--- calls\n")
         calls, _, rest = rest.partition("\n--- content\n")
-        content, _, errors = rest.partition("\n--- errors")
-        out.append(Fixture(title, text, json.loads(calls),
-                           json.loads(content) if content.strip() else None, bool(_)))
+        content, errors, _ = rest.partition("\n--- errors")
+        out.append(ToolFixture(text, json.loads(calls),
+                               json.loads(content) if content.strip() else None, bool(errors)))
     assert out, name
     return out
 
@@ -90,43 +84,13 @@ def merge(events: list) -> list:
     return out
 
 
-def cuts(text: str, rng: random.Random, count: int = 24) -> list[list[str]]:
-    out = [list(text)]
-    for _ in range(count):
-        top, pieces, i = rng.choice((2, 3, 5, 8, 16)), [], 0
-        while i < len(text):
-            step = rng.randint(1, top)
-            pieces.append(text[i:i + step])
-            i += step
-        out.append(pieces)
-    return out
-
-
-def as_dicts(calls: tuple, want: list[dict]) -> list[dict]:
-    return [{"name": c.name, "arguments": json.loads(c.arguments),
-             **({"id": c.id} if "id" in w else {})} for c, w in zip(calls, want, strict=False)]
-
-
 @pytest.mark.parametrize("name", sorted(FORMATS))
-def test_fixtures_parse_the_same_whole_and_however_cut(name: str) -> None:
-    rng = random.Random(name)
-    for fx in fixtures(name):
-        where = f"{name}: {fx.title}"
-        events, calls, _ = parse(name, [fx.text])
-        assert len(calls) == len(fx.calls) and as_dicts(calls, fx.calls) == fx.calls, \
-            (where, calls)
-        assert any(isinstance(e, CallError) for e in events) == fx.errors, (where, events)
-        seen = "".join(e.text for e in events if isinstance(e, ToolText | CallError))
-        assert fx.content is None or seen == fx.content, (where, seen)
-        streamed = [e for e in events if isinstance(e, CallStart)]
-        if not fx.errors:
-            assert [e.name for e in streamed] == [c.name for c in calls], where
-            assert [e.index for e in streamed] == list(range(len(calls))), where
-            assert [e.text for e in events if isinstance(e, CallArguments)] == \
-                [c.arguments for c in calls], where
-        for pieces in cuts(fx.text, rng):
-            again, again_calls, _ = parse(name, pieces)
-            assert (again, again_calls) == (events, calls), (where, pieces)
+def test_each_format_passes_the_conformance_runner_on_its_fixtures(name: str) -> None:
+    """Whole, one character at a time and in random cuts: the same events and calls, the
+    fixture's calls and content, CallError only where the fixture says; the test kit's
+    template of the family, where there is one, selects the format among all installed."""
+    template = template_text(KIT[name]) if name in KIT else None
+    check_tool_format(name, fixtures(name), template=template, chunkings=24)
 
 
 @pytest.mark.parametrize("name", [n for n in sorted(FORMATS) if n != "pythonic"])
