@@ -120,6 +120,7 @@ class _Row:
         self.context = list(prompt)
         self.cached = self.fed_from = 0
         self.finished = False
+        self.matcher = None  # warm-up rows are never constrained
 
     @property
     def generated_ids(self) -> list[int]:
