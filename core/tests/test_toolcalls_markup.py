@@ -3,10 +3,12 @@ M2/M3, Kimi K2, GLM-4.7, LongCat-Flash, Harmony and FunctionGemma.
 
 Fixtures (``data/toolcalls/markup_fixtures.json``) are model outputs written from each
 format's documentation and templates, each with the calls it holds, the content a client
-sees, and whether it holds broken markup. Every fixture is parsed whole, one character at
-a time and in seeded random chunkings, with the same merged events and calls. Calls are
-also round-tripped: a template of each family's shape (``data/toolcalls/markup_templates``)
-writes a call back, and the parser reads the same call out of what it wrote.
+sees, and whether it holds broken markup; ``check_tool_format`` parses each whole, one
+character at a time and in seeded random chunkings, and wants the same merged events and
+calls, and the family's template must select the format among every installed one. Calls
+are also round-tripped: a template of each family's shape
+(``data/toolcalls/markup_templates``) writes a call back, and the parser reads the same
+call out of what it wrote.
 """
 
 from __future__ import annotations
@@ -22,12 +24,12 @@ from mlxcel.builtin.toolcalls.markup_formats import FORMATS
 from mlxcel.builtin.toolcalls.markup_values import typed_value
 from mlxcel.chat_template import ChatTemplate
 from mlxcel.lazy import resolve
+from mlxcel.testing.conformance import ToolFixture, check_tool_format
 from mlxcel.testing.templates import STYLES, template_text
 from mlxcel.types.messages import Tool
 from mlxcel.types.toolcalls import (
     CallArguments,
     CallEnd,
-    CallError,
     CallStart,
     ParseResult,
     ToolText,
@@ -117,28 +119,11 @@ def streamed(events: list) -> list[tuple]:
     return [tuple(c) for c in calls]
 
 
-def check_fixture(name: str, n: int, fixture: dict) -> None:
-    where = f"{name} fixture {n} ({fixture['why']})"
-    whole, calls = parse(name, [fixture["text"]])
-    got = [{"name": c.name, "arguments": json.loads(c.arguments),
-            **({"id": c.id} if "id" in want else {})}
-           for c, want in zip(calls, fixture["calls"], strict=False)]
-    assert len(calls) == len(fixture["calls"]) and got == fixture["calls"], \
-        f"{where}: calls {calls}"
-    assert streamed(whole) == [(c.name, c.id, c.arguments) for c in calls], where
-    errors = [e for e in whole if isinstance(e, CallError)]
-    assert bool(errors) == fixture["errors"], f"{where}: errors {errors}"
-    if fixture["content"] is not None:
-        content = "".join(e.text for e in whole if isinstance(e, ToolText | CallError))
-        assert content == fixture["content"], f"{where}: content {content!r}"
-    for pieces in chunkings(fixture["text"], seed=n):
-        assert parse(name, pieces) == (whole, calls), f"{where}: fed as {pieces!r}"
-
-
 @pytest.mark.parametrize("name", sorted(FIXTURES))
-def test_fixtures_parse_the_same_however_cut(name):
-    for n, fixture in enumerate(FIXTURES[name]):
-        check_fixture(name, n, fixture)
+def test_fixtures_conform_and_the_template_selects_the_format(name):
+    fixtures = [ToolFixture(f["text"], f["calls"], f["content"], f["errors"])
+                for f in FIXTURES[name]]
+    check_tool_format(name, fixtures, tools=TOOLS, template=_template(TEMPLATES[name][0]))
 
 
 def test_every_format_has_fixtures_with_several_calls_and_broken_markup():
