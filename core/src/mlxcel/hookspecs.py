@@ -34,7 +34,19 @@ def mlxcel_register_families(registry: FamilyRegistry) -> None:
 
 @hookspec
 def mlxcel_register_tool_formats(registry: ToolFormatRegistry) -> None:
-    """Register tool-call wire formats: ``registry.add(ToolFormat(...))``."""
+    """Register tool-call wire formats: ``registry.add(ToolFormat(...))``.
+
+    A ``ToolFormat`` (``mlxcel.toolcalls.api``, whose module docstring is contract v1)
+    names its parser as ``"module:attr"`` of ``new_parser(tools) -> ToolCallParser``: fed
+    the answer text with special tokens' text kept and the token ids behind it, it
+    returns typed events (``mlxcel.types.toolcalls``) that are the same however the text
+    is cut, and ``finish()`` gives the authoritative calls of the whole answer.
+    ``detect(template)`` and ``specificity`` choose the format of a chat template: the
+    most specific match wins, a tie is a startup error. ``grammar`` optionally names
+    ``grammar(tools, choice) -> Constraint | None``, the output constraint of a forced
+    ``tool_choice``. ``mlxcel.testing.conformance.check_tool_format`` is what a format
+    must pass.
+    """
 
 
 @hookspec

@@ -121,11 +121,12 @@ class _Tools:
         self.specials = tuple(sorted(set(specials), key=len, reverse=True))
         self.request_id = request_id
         self.streamed: dict[int, list] = {}  # index -> [id, name, arguments so far, ended]
+        self.token_ids: tuple[int, ...] = ()  # the tokens behind the event being fed
 
     def feed(self, text: str, special: bool) -> list[Delta]:
         if self.parser is None:
             return [] if special else [ContentDelta(text=text)]
-        return self._deltas(self.parser.feed(text))
+        return self._deltas(self.parser.feed(text, self.token_ids))
 
     def finish(self) -> tuple[list[Delta], tuple[ParsedCall, ...]]:
         if self.parser is None:
@@ -207,6 +208,7 @@ class OutputMachine:
         """The deltas one event settles. Its logprobs ride on the last text delta it
         produced, or on an empty content delta when it produced none."""
         out: list[Delta] = []
+        self._tools.token_ids = event.token_ids
         for text, special in pieces(event):
             if self._stopped:
                 break
