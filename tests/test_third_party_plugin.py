@@ -31,7 +31,7 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-BUILTINS = ("dialect-llamacpp", "dialect-openai", "family-text")
+BUILTINS = ("dialect-llamacpp", "dialect-openai", "family-text", "toolcall-builtin")
 EXAMPLE = Path(__file__).resolve().parents[1] / "docs" / "examples" / "toolcall-acme"
 
 LLAMA_PLUGIN = """

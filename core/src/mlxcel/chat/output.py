@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable
+from typing import Any
 
 import structlog
 
 from mlxcel.engine.stops import StopMatcher, partial_suffix
+from mlxcel.lazy import resolve
 from mlxcel.toolcalls.api import ToolCallParser
 from mlxcel.types import (
     ContentDelta,
@@ -278,3 +280,16 @@ def merge(deltas: Iterable[Delta]) -> list[Delta]:
         else:
             out.append(d)
     return out
+
+
+def answer_machine(checkpoint: Any, req: Any, prompt: Any,
+                   reasoning: tuple[str, str] | None = None) -> OutputMachine:
+    """The state machine of one chat answer: the request's stops, the model's reasoning
+    markers, and the checkpoint's tool format when the prompt declared tools (a parser
+    per answer, fed special tokens' text, which content never shows)."""
+    fmt = checkpoint.tool_format if prompt.tools else None
+    parser = resolve(fmt.parser)(prompt.tools) if fmt is not None else None
+    specials = checkpoint.tokenizer.special_texts.values() if parser is not None else ()
+    return OutputMachine(stops=req.stop, reasoning=reasoning,
+                         reasoning_open=prompt.reasoning_open, tool_parser=parser,
+                         special_texts=specials, request_id=req.request_id)

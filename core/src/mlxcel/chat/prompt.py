@@ -19,6 +19,7 @@ from mlxcel.types.messages import (
     Message,
     PromptInput,
     PromptRequest,
+    Tool,
     ToolCall,
 )
 
@@ -122,6 +123,11 @@ def render_chat(request: PromptRequest, template: Any,
                 server_kwargs: dict[str, Any] | None = None) -> str:
     """The prompt text of ``request`` through ``template`` (a ``ChatTemplate``), with the
     server's template variables under the request's."""
+    return _render(request, template, server_kwargs)[0]
+
+
+def _render(request: PromptRequest, template: Any,
+            server_kwargs: dict[str, Any] | None) -> tuple[str, tuple[Tool, ...]]:
     kwargs = template_kwargs(request.template_kwargs, server_kwargs)
     if not request.messages:
         raise InvalidRequest("'messages' must contain at least one message", param="messages")
@@ -135,7 +141,7 @@ def render_chat(request: PromptRequest, template: Any,
                            add_generation_prompt=add_generation, **kwargs)
     if request.continue_final_message:
         text = continue_cut(text, messages[-1])
-    return text
+    return text, tuple(tools)
 
 
 def prompt_input(request: PromptRequest, engine: Any, *,
@@ -144,7 +150,7 @@ def prompt_input(request: PromptRequest, engine: Any, *,
     """Render with the loaded checkpoint's template and tokenize within ``engine``'s
     context window (blocking work: a dialect runs it through ``dialects.prepare``).
     ``reasoning_markers`` (open, close) are the model's, when it has them."""
-    text = render_chat(request, engine.checkpoint.template, server_kwargs)
+    text, tools = _render(request, engine.checkpoint.template, server_kwargs)
     ids = encode_prompt(engine, text, "messages", add_special=False)
-    return PromptInput(token_ids=tuple(ids),
+    return PromptInput(token_ids=tuple(ids), tools=tools,
                        reasoning_open=reasoning_open(text, reasoning_markers))

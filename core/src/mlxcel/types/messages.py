@@ -107,9 +107,11 @@ class PromptRequest(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class PromptInput(msgspec.Struct, frozen=True, kw_only=True):
-    """The rendered prompt's token ids and what it implies for the output:
+    """The rendered prompt's token ids and what it implies for the output: the ``tools``
+    it declared (after ``tool_choice``: the calls a tool parser may report), and
     ``reasoning_open`` when it ends inside an open reasoning block, so the first generated
     tokens are reasoning."""
 
     token_ids: tuple[int, ...]
+    tools: tuple[Tool, ...] = ()
     reasoning_open: bool = False

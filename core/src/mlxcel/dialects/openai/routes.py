@@ -9,7 +9,7 @@ from typing import Any
 from litestar import Request, Response, get, post
 
 from mlxcel.chat.answer import Answer, collect
-from mlxcel.chat.output import OutputMachine
+from mlxcel.chat.output import OutputMachine, answer_machine
 from mlxcel.chat.structured import compile_constraint, response_constraint
 from mlxcel.context import AppContext
 from mlxcel.dialects.prepare import prepare_for
@@ -88,8 +88,8 @@ def build(ctx: AppContext) -> list[Any]:
                                  priority=request_priority(request), logprobs=body.logprobs,
                                  top_logprobs=body.top_logprobs or 0, guide=guide,
                                  guide_after=after)
-        run = _Run(ctx, body, req, OutputMachine(stops=req.stop, reasoning=markers,
-                                                 reasoning_open=prompt.reasoning_open))
+        run = _Run(ctx, body, req, answer_machine(ctx.engine.checkpoint, req, prompt,
+                                                  markers))
         encoder = ChatEncoder(*run.head, include_usage=_include_usage(body),
                               logprobs=body.logprobs)
         if not body.stream:
