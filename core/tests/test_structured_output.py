@@ -134,3 +134,14 @@ def test_a_constraint_can_wait_for_the_end_of_a_reasoning_block(tiny_checkpoint)
     seq.accept(digit)
     with pytest.raises(RuntimeError, match="outside the output constraint"):
         seq.accept(letter)
+
+
+def test_serving_without_a_schema_never_imports_outlines_core():
+    import subprocess
+    import sys
+
+    code = ("import sys, mlxcel.app, mlxcel.engine.worker, mlxcel.engine.batch; "
+            "print('outlines_core' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert out == "False"

@@ -3,21 +3,27 @@ vocabulary it matches against, and the compiler that caches its indexes.
 
 The engine step fills one int32 ``(B, W)`` mask buffer per step, one row per constrained
 row, through each row's ``Matcher.write_mask_into`` (``protocol`` is the reference).
+Names are imported on first use: the engine step imports ``protocol`` on every server's
+start, and outlines-core loads only for a server that sees a schema.
 """
 
-from mlxcel.engine.constraints.compiler import (
-    CacheBudget,
-    CompileStats,
-    ConstraintCompiler,
-    default_cache_dir,
-)
-from mlxcel.engine.constraints.limits import MAX_DEPTH, MAX_REFS, MAX_SCHEMA_BYTES
-from mlxcel.engine.constraints.outlines import OutlinesBackend
-from mlxcel.engine.constraints.protocol import Compiled, ConstraintBackend, Matcher, mask_words
-from mlxcel.engine.constraints.vocabulary import TokenVocabulary
+from __future__ import annotations
 
-__all__ = [
-    "MAX_DEPTH", "MAX_REFS", "MAX_SCHEMA_BYTES", "CacheBudget", "CompileStats", "Compiled",
-    "ConstraintBackend", "ConstraintCompiler", "Matcher", "OutlinesBackend", "TokenVocabulary",
-    "default_cache_dir", "mask_words",
-]
+import importlib
+from typing import Any
+
+_HOMES = {
+    "CacheBudget": "compiler", "CompileStats": "compiler", "ConstraintCompiler": "compiler",
+    "default_cache_dir": "compiler", "MAX_DEPTH": "limits", "MAX_REFS": "limits",
+    "MAX_SCHEMA_BYTES": "limits", "OutlinesBackend": "outlines", "Compiled": "protocol",
+    "ConstraintBackend": "protocol", "Matcher": "protocol", "mask_words": "protocol",
+    "TokenVocabulary": "vocabulary",
+}
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{home}"), name)
