@@ -19,7 +19,7 @@ from mlxcel.engine import mixed_batch
 from mlxcel.engine.accel import attention, cpu_blas, fused_proj
 from mlxcel.engine.accel.warmup import warm_mixed, warm_up
 from mlxcel.engine.admission import Admission
-from mlxcel.engine.batch import DecodeBatch, PrefillJob, row_logprobs
+from mlxcel.engine.batch import DecodeBatch, PrefillJob, read_back
 from mlxcel.engine.cache_kinds import reuse_rule
 from mlxcel.engine.kvcache import shared_position_rope
 from mlxcel.engine.memory import compute_dtype_bytes, request_budget
@@ -357,30 +357,11 @@ class EngineWorker(Admission, threading.Thread):
         self.inflight = step
 
     def _read_back(self) -> list[Sequence]:
-        """Hand the previous step's tokens to their sequences (one bad row fails alone);
-        the sequences that finished, whose finish events wait for ``_settle``."""
+        """Hand the previous step's tokens to their sequences (``batch.read_back``)."""
         if self.inflight is None:
             return []
         step, self.inflight = self.inflight, None
-        tokens = step.sampled.tolist()
-        logprobs = row_logprobs(step, len(tokens))
-        done: list[Sequence] = []
-        for i, (seq, token) in enumerate(zip(step.rows, tokens, strict=True)):
-            if seq.finished:
-                continue
-            self.stats.total_decode_tokens += 1
-            seq.defer_finish = True
-            try:
-                seq.accept(token, logprobs[i] if seq.req.sampling.logprobs else None)
-            except Exception as exc:
-                log.exception("row_failed", request_id=seq.req.request_id)
-                seq.finish("error", error=f"generation failed: {exc}")
-            if seq.finished:
-                self.stats.sequences_completed += 1
-                done.append(seq)
-            else:
-                seq.release_finish()
-        return done
+        return read_back(step, self.stats)
 
     def _settle(self, done: list[Sequence]) -> None:
         """Send finished sequences' finish events, then store them in the prompt cache.
