@@ -7,6 +7,14 @@ on an asyncio loop without any HTTP, and reports tok/s and engine steps/s; with
 printed; with ``--timing`` the engine's phases (prefill chunk, join, decode launch, read-back,
 row drop, prompt-cache store) are wall-clocked and summarised; ``--repeat R`` runs the load
 R times in one process (the first run pays one-time costs such as kernel compilation).
+Every run also reports the steady decode step (median interval between consecutive decode
+launches of a full batch) and the CPU time per step of the engine thread and of the
+consuming (asyncio) thread. ``--raw-steps S`` then times S steps of a raw decode loop
+(``bench/gpu/raw_loop.py``'s pipelined greedy loop) on the same model object and the
+engine's own cache kind at batch C, in the same process; ``--host-only`` swaps the model's
+forward for a trivial one (each cache takes a one-head key/value, logits are a cheap
+element-wise function of the input), so engine and raw loop measure host work only;
+``--emit-first on|off`` overrides the policy's step order.
 
 Rule: compare it with ``bench/gpu/raw_loop.py`` (model only) and ``bench/serving.py`` (full
 server) on the same checkpoint and prompts (``bench_prompt``), so a gap splits into engine
@@ -14,6 +22,8 @@ and HTTP/streaming costs.
 
     blas=$(python -m mlxcel.backend); LD_PRELOAD=$blas python bench/engine_profile.py \
         --checkpoint tiny --concurrency 16 --requests 32 --max-tokens 64 [--profile]
+    ... --concurrency 64 --requests 64 --max-tokens 256 --repeat 3 --raw-steps 256 \
+        [--host-only]
 """
 
 from __future__ import annotations
@@ -24,7 +34,9 @@ import cProfile
 import io
 import pathlib
 import pstats
+import statistics
 import sys
+import threading
 import time
 import uuid
 
@@ -73,36 +85,145 @@ async def drive(client, tokenizer, template_render, c: int, n: int, max_tokens: 
     }
 
 
-def install_timers() -> dict[str, list[float]]:
-    """Wall-clock the engine's phases (wrapping the methods in place)."""
+class HostOnly:
+    """A loaded model whose forward costs (almost) nothing: every cache takes a key/value
+    of one head per token (so caches grow, join, leave and are stored as usual) and the
+    logits are a cheap element-wise function of the inputs (-|f - frac(0.618 x)|, f fixed
+    per token), so greedy tokens vary."""
+
+    def __init__(self, inner) -> None:
+        import mlx.core as mx
+
+        self.inner = inner
+        self.model = inner.model
+        self.config = inner.config
+        self.path = inner.path
+        cfg = inner.config.get("text_config", inner.config)
+        vocab = cfg["vocab_size"]
+        self.head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+        self.freqs = mx.random.uniform(0.0, 1.0, (vocab,), key=mx.random.key(0))
+
+    def make_cache(self):
+        return self.inner.make_cache()
+
+    def __call__(self, inputs, cache):
+        import mlx.core as mx
+
+        b, t = inputs.shape
+        kv = mx.zeros((b, 1, t, self.head_dim), mx.float32)
+        for c in cache:
+            c.update_and_fetch(kv, kv)
+        target = mx.remainder(inputs.astype(mx.float32)[..., None] * 0.6180339, 1.0)
+        return -mx.abs(self.freqs - target)
+
+
+def launch_recorder() -> list[tuple[float, float, int]]:
+    """(wall, engine-thread CPU, rows) at every decode launch."""
+    from mlxcel.engine import batch
+
+    marks: list[tuple[float, float, int]] = []
+    launch = batch.DecodeBatch.launch
+
+    def recorded(self):
+        marks.append((time.perf_counter(), time.thread_time(), len(self.rows)))
+        return launch(self)
+
+    batch.DecodeBatch.launch = recorded
+    return marks
+
+
+def steady(marks: list[tuple[float, float, int]], rows: int) -> tuple[float, float, int]:
+    """Median wall and engine-CPU ms between consecutive launches of ``rows`` rows."""
+    walls, cpus = [], []
+    for (w0, c0, r0), (w1, c1, r1) in zip(marks, marks[1:], strict=False):
+        if r0 == r1 == rows:
+            walls.append(w1 - w0)
+            cpus.append(c1 - c0)
+    if not walls:
+        return float("nan"), float("nan"), 0
+    return statistics.median(walls) * 1e3, statistics.median(cpus) * 1e3, len(walls)
+
+
+def switches(native_id: int) -> int:
+    """A thread's context switches so far (Linux; 0 elsewhere)."""
+    try:
+        with open(f"/proc/self/task/{native_id}/status") as f:
+            return sum(int(line.split()[1]) for line in f if "ctxt_switches" in line)
+    except OSError:
+        return 0
+
+
+def raw_loop(worker, batch: int, steps: int, prompt_len: int = 48) -> dict:
+    """``bench/gpu/raw_loop.py``'s pipelined greedy loop on the engine's model and cache
+    kind (shared-position ``BatchCache`` or the mixed path's merged mlx-lm caches)."""
+    import mlx.core as mx
+    from mlxcel.engine.kvcache import BatchCache
+
+    model = worker.checkpoint.model
+    if worker.path == "shared":
+        cache = [BatchCache([0] * batch, worker.rope) for _ in model.make_cache()]
+    else:
+        cache = worker.merge([model.make_cache() for _ in range(batch)])
+    prompt = mx.random.randint(300, 400, (batch, prompt_len)).astype(mx.uint32)
+
+    def step(y):
+        return mx.argmax(model(y[:, None], cache)[:, -1, :], axis=-1).astype(mx.uint32)
+
+    y = mx.argmax(model(prompt, cache)[:, -1, :], axis=-1).astype(mx.uint32)
+    mx.eval(y)
+    for _ in range(8):
+        y = step(y)
+        mx.eval(y)
+    c0, t0 = time.thread_time(), time.perf_counter()
+    nxt = step(y)
+    mx.async_eval(nxt)
+    for i in range(steps):
+        cur = nxt
+        if i < steps - 1:
+            nxt = step(cur)
+            mx.async_eval(nxt)
+        cur.tolist()
+    wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
+    return {"ms_per_step": wall / steps * 1e3, "cpu_ms_per_step": cpu / steps * 1e3,
+            "tok_s": batch * steps / wall}
+
+
+def install_timers() -> dict[str, list[tuple[float, float]]]:
+    """Wall-clock and engine-thread CPU time of the engine's phases (wrapping the methods
+    in place)."""
     from mlxcel.engine import batch, worker
 
-    timings: dict[str, list[float]] = {}
+    timings: dict[str, list[tuple[float, float]]] = {}
     targets = [(batch.PrefillJob, "step", "prefill chunk"), (batch.DecodeBatch, "join", "join"),
-               (batch.DecodeBatch, "launch", "decode launch"),
+               (batch.DecodeBatch, "launch", "decode launch"), (batch.Step, "start", "queue"),
                (batch.DecodeBatch, "drop_finished", "drop rows"),
                (worker.EngineWorker, "_read_back", "read back"),
-               (worker.EngineWorker, "_remember", "prompt-cache store")]
+               (worker.EngineWorker, "_settle", "settle"),
+               (worker.EngineWorker, "_plan", "plan"), (worker.EngineWorker, "_drain", "drain"),
+               (worker.EngineWorker, "_remember", "prompt-cache store"),
+               (worker.EngineWorker, "_iteration", "iteration (all)")]
     for cls, name, label in targets:
         def wrap(fn, label=label):
             def timed(*a, **kw):
-                t = time.perf_counter()
+                t, c = time.perf_counter(), time.thread_time()
                 try:
                     return fn(*a, **kw)
                 finally:
-                    timings.setdefault(label, []).append(time.perf_counter() - t)
+                    timings.setdefault(label, []).append(
+                        (time.perf_counter() - t, time.thread_time() - c))
             return timed
         setattr(cls, name, wrap(getattr(cls, name)))
     return timings
 
 
-def timing_table(timings: dict[str, list[float]], wall: float) -> str:
+def timing_table(timings: dict[str, list[tuple[float, float]]], wall: float) -> str:
     rows = [f"  {'phase':20s} {'calls':>6s} {'total s':>8s} {'share':>6s} {'p50 ms':>8s} "
-            f"{'max ms':>8s}"]
-    for label, xs in timings.items():
-        xs = sorted(xs)
+            f"{'max ms':>8s} {'cpu s':>7s} {'cpu p50 ms':>10s}"]
+    for label, pairs in timings.items():
+        xs, cs = sorted(p[0] for p in pairs), sorted(p[1] for p in pairs)
         rows.append(f"  {label:20s} {len(xs):6d} {sum(xs):8.3f} {sum(xs) / wall:6.1%} "
-                    f"{xs[len(xs) // 2] * 1e3:8.2f} {xs[-1] * 1e3:8.2f}")
+                    f"{xs[len(xs) // 2] * 1e3:8.3f} {xs[-1] * 1e3:8.2f} {sum(cs):7.3f} "
+                    f"{cs[len(cs) // 2] * 1e3:10.3f}")
     return "\n".join(rows)
 
 
@@ -117,6 +238,12 @@ def main() -> int:
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--timing", action="store_true")
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--raw-steps", type=int, default=0,
+                    help="then time this many raw-loop steps at batch C (0: none)")
+    ap.add_argument("--host-only", action="store_true",
+                    help="a trivial forward: measure host work only")
+    ap.add_argument("--emit-first", choices=("auto", "on", "off"), default="auto",
+                    help="the policy's step order (auto: this device's)")
     ap.add_argument("--no-cache-prompt", action="store_true",
                     help="turn the prompt cache off (the server's default has it on)")
     args = ap.parse_args()
@@ -143,12 +270,29 @@ def main() -> int:
 
         EngineWorker.run = profiled
     timings = install_timers() if args.timing else None
+    marks = launch_recorder()
+
+    def load():
+        ck = load_checkpoint(str(path), families, dtype=args.dtype)
+        if args.host_only:
+            ck.model = HostOnly(ck.model)
+        return ck
+
+    policy = None
+    if args.emit_first != "auto":
+        import msgspec
+        from mlxcel.engine.policy import resolve_policy
+        from mlxcel.settings import EngineConfig
+
+        policy = msgspec.structs.replace(resolve_policy(EngineConfig()),
+                                         emit_first=args.emit_first == "on")
     client = EngineClient(
-        lambda: load_checkpoint(str(path), families, dtype=args.dtype),
+        load,
         args.concurrency,
         prefill_chunk=512,
         max_queue_depth=10_000,
         prompt_cache=prompt_cache_from(Settings(no_cache_prompt=args.no_cache_prompt)),
+        policy=policy,
     )
     client.start()
     client.worker.ready.wait()
@@ -160,30 +304,63 @@ def main() -> int:
 
     async def one() -> dict:
         s0 = client.worker.stats.decode_steps_processed
+        c0 = time.thread_time()
+        x0 = switches(client.worker.native_id), switches(threading.get_native_id())
         r = await drive(
             client, ck.tokenizer, render, args.concurrency, args.requests, args.max_tokens
         )
-        r["decode_steps"] = client.worker.stats.decode_steps_processed - s0
+        steps = r["decode_steps"] = max(1, client.worker.stats.decode_steps_processed - s0)
+        r["consumer_cpu_ms"] = (time.thread_time() - c0) * 1e3 / steps
+        r["engine_switches"] = (switches(client.worker.native_id) - x0[0]) / steps
+        r["consumer_switches"] = (switches(threading.get_native_id()) - x0[1]) / steps
         return r
+
+    stats: dict[str, list[float]] = {}
 
     try:
         asyncio.run(drive(client, ck.tokenizer, render, args.concurrency, args.concurrency, 4))
         for run in range(args.repeat):
             if timings is not None:
                 timings.clear()
+            marks.clear()
             r = asyncio.run(one())
             steps = r["decode_steps"]
+            step_ms, cpu_ms, n = steady(marks, args.concurrency)
+            for key, value in (("tok_s", r["tok_s"]), ("step_ms", step_ms),
+                               ("engine_cpu_ms", cpu_ms),
+                               ("consumer_cpu_ms", r["consumer_cpu_ms"]),
+                               ("engine_switches", r["engine_switches"]),
+                               ("consumer_switches", r["consumer_switches"])):
+                stats.setdefault(key, []).append(value)
             print(
                 f"[run {run + 1}] engine only, C={args.concurrency} N={args.requests} "
                 f"max_tokens={args.max_tokens}: {r['tok_s']:.1f} tok/s, TTFT p50 "
                 f"{r['ttft_p50_ms']:.0f} ms, {steps} decode steps, "
                 f"{r['wall_s'] / steps * 1e3:.2f} ms per engine iteration, "
-                f"mean batch {r['tokens'] / steps:.2f}", flush=True
+                f"mean batch {r['tokens'] / steps:.2f}; steady step {step_ms:.3f} ms "
+                f"({n} intervals), engine thread CPU {cpu_ms:.3f} ms/step, consumer "
+                f"thread CPU {r['consumer_cpu_ms']:.3f} ms/step; context switches per step: "
+                f"engine {r['engine_switches']:.1f}, consumer {r['consumer_switches']:.1f}",
+                flush=True
             )
             if timings is not None:
                 print(timing_table(timings, r["wall_s"]), flush=True)
     finally:
         client.shutdown()
+    print("engine medians over runs: " + ", ".join(
+        f"{k} {statistics.median(v):.3f}" for k, v in stats.items()), flush=True)
+    if args.raw_steps:  # the engine thread has ended: this thread may use MLX now
+        raws = [raw_loop(client.worker, args.concurrency, args.raw_steps)
+                for _ in range(max(1, args.repeat))]
+        for i, raw in enumerate(raws):
+            print(f"[raw {i + 1}] B={args.concurrency}: {raw['tok_s']:.1f} tok/s, "
+                  f"{raw['ms_per_step']:.3f} ms/step, CPU {raw['cpu_ms_per_step']:.3f} "
+                  "ms/step", flush=True)
+        raw_ms = statistics.median(r["ms_per_step"] for r in raws)
+        print(f"raw medians: ms_per_step {raw_ms:.3f}, cpu_ms_per_step "
+              f"{statistics.median(r['cpu_ms_per_step'] for r in raws):.3f}; engine steady "
+              f"step / raw step = {statistics.median(stats['step_ms']) / raw_ms:.3f}",
+              flush=True)
     if prof is not None:
         out = io.StringIO()
         pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(30)

@@ -38,6 +38,8 @@ class Admission:
     def _drain(self, block: bool) -> int:
         """Move submitted requests to the waiting heap; how many arrived."""
         arrived = 0
+        if not block and not self.inbox.queue:  # the usual busy step: nothing arrived
+            return 0  # (an item put right after this is taken next iteration)
         try:
             item = self.inbox.get(timeout=0.5) if block else self.inbox.get_nowait()
             while True:

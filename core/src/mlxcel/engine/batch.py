@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import mlx.core as mx
+import structlog
 from mlx_lm.models.cache import KVCache
 
 from mlxcel.backend import on_cuda
@@ -25,6 +26,8 @@ from mlxcel.engine.sampling import BatchSampler, logprob_arrays
 from mlxcel.engine.scheduler import aligned, leave_now
 from mlxcel.engine.sequence import Sequence, fail_alone
 from mlxcel.types import TokenLogprob
+
+log = structlog.get_logger("mlxcel.engine")
 
 
 class Step(NamedTuple):
@@ -170,6 +173,10 @@ class DecodeBatch:
         """Rows still decoding for a request."""
         return sum(not s.finished for s in self.rows)
 
+    def __bool__(self) -> bool:
+        """Whether a row still decodes for a request (stops at the first one)."""
+        return any(not s.finished for s in self.rows)
+
     def join(self, jobs: list[PrefillJob]) -> None:
         """Prefilled groups become rows: one cache merge per layer for all of them (which
         also drops the finished rows ``lazy_leave`` kept)."""
@@ -303,6 +310,34 @@ class SharedOps:
 
 def _row_settings(p: Any, vocab: int) -> tuple[samp.RowSampling, pen.PenaltyRow]:
     return samp.row_sampling(p, vocab), pen.penalty_row(p)
+
+
+def read_back(step: Step, stats: Any) -> list[Sequence]:
+    """Hand ``step``'s tokens to its rows (one bad row fails alone), counting them in
+    ``stats`` (``EngineStats``); the rows that finished, whose finish events are held
+    (``Sequence.defer_finish``) until the caller releases them."""
+    tokens = step.sampled.tolist()
+    logprobs = row_logprobs(step, len(tokens)) if step.logprobs else None
+    done: list[Sequence] = []
+    taken = 0
+    for i, seq in enumerate(step.rows):
+        if seq.finished:
+            continue
+        taken += 1
+        seq.defer_finish = True
+        try:
+            seq.accept(tokens[i], logprobs[i] if logprobs is not None
+                       and seq.req.sampling.logprobs else None)
+        except Exception as exc:
+            log.exception("row_failed", request_id=seq.req.request_id)
+            seq.finish("error", error=f"generation failed: {exc}")
+        if seq.finished:
+            done.append(seq)
+        else:
+            seq.release_finish()
+    stats.total_decode_tokens += taken  # before the finish events go out
+    stats.sequences_completed += len(done)
+    return done
 
 
 def row_logprobs(step: Any, n: int) -> list[TokenLogprob | None]:

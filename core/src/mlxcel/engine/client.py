@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import weakref
 from collections import deque
@@ -28,12 +29,16 @@ from mlxcel.types import GenerationEvent, GenerationRequest
 MAX_BUFFERED_EVENTS = 64
 
 
+_held = threading.local()  # per thread: posts whose wake-up waits (HeldWakeups)
+
+
 class Mailbox:
     """Hands engine-thread events to one asyncio loop, waking it once per burst.
 
     ``call_soon_threadsafe`` per event writes to the loop's self-pipe every time (a batch
     of 64 rows = 64 wake-ups per step); posts made while a drain is already scheduled ride
-    along with it.
+    along with it, and posts made while the posting thread holds its wake-ups
+    (``HeldWakeups``) wait for its ``flush``, so a decode step wakes each loop once.
     """
 
     _by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Mailbox] = \
@@ -43,7 +48,7 @@ class Mailbox:
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = weakref.ref(loop)  # the registry's key: no strong reference to it
         self._lock = threading.Lock()
-        self._items: list[tuple[Callable[[Any], None], Any]] = []
+        self._items: list[tuple[Callable[[Any], None], Any, Callable[[], None] | None]] = []
         self._scheduled = False
 
     @classmethod
@@ -54,10 +59,21 @@ class Mailbox:
                 box = cls._by_loop[loop] = cls(loop)
             return box
 
-    def post(self, fn: Callable[[Any], None], arg: Any) -> None:
-        """Run ``fn(arg)`` on the loop soon; raises RuntimeError if the loop is closed."""
+    def post(self, fn: Callable[[Any], None], arg: Any,
+             lost: Callable[[], None] | None = None) -> None:
+        """Run ``fn(arg)`` on the loop soon; raises RuntimeError if the loop is closed.
+        While this thread holds its wake-ups the post waits for the flush, and ``lost``
+        is called if the loop turns out to be gone then."""
+        held = getattr(_held, "posts", None)
+        if held is not None:
+            held.append((self, fn, arg, lost))
+            return
+        self._put([(fn, arg, lost)])
+
+    def _put(self, items: list[tuple[Callable[[Any], None], Any,
+                                     Callable[[], None] | None]]) -> None:
         with self._lock:
-            self._items.append((fn, arg))
+            self._items.extend(items)
             if self._scheduled:
                 return
             self._scheduled = True
@@ -68,15 +84,47 @@ class Mailbox:
             loop.call_soon_threadsafe(self._drain)
         except RuntimeError:
             with self._lock:
-                self._items.clear()
-                self._scheduled = False
+                items, self._items, self._scheduled = self._items, [], False
+            for _, _, lost in items:
+                if lost is not None:
+                    lost()
             raise
 
     def _drain(self) -> None:
         with self._lock:
             items, self._items, self._scheduled = self._items, [], False
-        for fn, arg in items:
+        for fn, arg, _ in items:
             fn(arg)
+
+
+class HeldWakeups:
+    """The engine thread's per-step delivery: inside ``with held:`` its posts queue without
+    taking a lock or waking their loops, and ``flush()`` (and the end of the block) hands
+    them over, each loop woken once. A step of 64 rows then costs one self-pipe write and
+    one loop wake-up, not one per event that found no drain scheduled."""
+
+    def __enter__(self) -> HeldWakeups:
+        if getattr(_held, "posts", None) is None:
+            _held.posts = []
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.flush()
+        finally:
+            _held.posts = None
+
+    def flush(self) -> None:
+        posts = getattr(_held, "posts", None)
+        if not posts:
+            return
+        _held.posts = []
+        by_box: dict[Mailbox, list] = {}
+        for box, fn, arg, lost in posts:
+            by_box.setdefault(box, []).append((fn, arg, lost))
+        for box, items in by_box.items():
+            with contextlib.suppress(RuntimeError):  # ``lost`` told their streams
+                box._put(items)
 
 
 def merged(first: GenerationEvent, then: GenerationEvent) -> GenerationEvent:
@@ -96,18 +144,24 @@ class EventStream:
                  loop: asyncio.AbstractEventLoop) -> None:
         self._client = client
         self.request = req
+        self._loop = loop
         self._mailbox = Mailbox.of(loop)
         self._buffer: deque[GenerationEvent] = deque()
-        self._ready = asyncio.Event()
+        # the reader's future while it waits: one bare future per wait, set by ``_push``
+        # (an asyncio.Event adds a coroutine and a waiter list per event)
+        self._waiter: asyncio.Future[None] | None = None
         self.done = False
         self.cancelled = False  # read by the engine thread between steps
 
     def emit(self, event: GenerationEvent) -> None:
         """Called from the engine thread; never raises into it."""
         try:
-            self._mailbox.post(self._push, event)
+            self._mailbox.post(self._push, event, self._lost)
         except RuntimeError:  # the consumer's event loop is gone: stop generating for it
             self.cancelled = True
+
+    def _lost(self) -> None:
+        self.cancelled = True
 
     def _push(self, event: GenerationEvent) -> None:
         buf = self._buffer
@@ -116,7 +170,11 @@ class EventStream:
             buf[-1] = merged(buf[-1], event)
         else:
             buf.append(event)
-        self._ready.set()
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
 
     @property
     def buffered(self) -> int:
@@ -129,8 +187,8 @@ class EventStream:
         if self.done:
             raise StopAsyncIteration
         while not self._buffer:
-            self._ready.clear()
-            await self._ready.wait()
+            self._waiter = self._loop.create_future()
+            await self._waiter
         event = self._buffer.popleft()
         if event.finish_reason is not None:
             self.done = True
@@ -169,6 +227,7 @@ class EngineClient:
         instead of this device's (tests)."""
         self.worker = EngineWorker(load, parallel, prefill_chunk, prompt_cache, config,
                                    policy)
+        self.worker.deliveries = HeldWakeups()  # one loop wake-up per engine step
         self.prompt_cache = self.worker.prompt_cache
         self.requested_ctx = ctx_size
         self.max_queue_depth = max_queue_depth

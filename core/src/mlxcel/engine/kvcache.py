@@ -105,6 +105,7 @@ class BatchCache:
         self.keys: mx.array | None = None
         self.values: mx.array | None = None
         self.pads = list(pads)  # per row: leading slots that hold no token
+        self._padded = any(self.pads)  # read every step (make_mask): kept with ``pads``
         self.rope = rope  # None: absolute positions
         self.base = 0  # shared mode: position of slot 0
         self._idx = 0  # next slot to write (the same for every row)
@@ -166,7 +167,7 @@ class BatchCache:
 
     def make_mask(self, N: int, return_array: bool = False, window_size: int | None = None,
                   **_: Any) -> mx.array | None:
-        padded = any(self.pads)
+        padded = self._padded
         if N == 1 and not padded and window_size is None:
             return None  # one query over all of its own keys: nothing to hide
         return create_causal_mask(N, offset=self._idx, window_size=window_size,
@@ -185,6 +186,7 @@ class BatchCache:
     # -- what the engine calls --------------------------------------------------------------
     def _set_pads(self, pads: list[int]) -> None:
         self.pads, self._pad_array, self._offsets = pads, None, None
+        self._padded = any(pads)
 
     def filter(self, keep: list[int]) -> None:
         """Keep rows ``keep`` (in that order); drop padding every remaining row has."""

@@ -153,18 +153,33 @@ def hold_group(limits: Limits, next_tail: int | None, free: int, held: int,
     return aligned(next_tail, limits.align) <= limits.prefill_chunk
 
 
+def _row_scan(rows: Sequence[Any]) -> tuple[list[Any], int]:
+    """The batch's rows to cancel (client gone, not finished) and how many rows are no
+    longer live (finished or cancelled), in one pass: the plan runs every step."""
+    cancel: list[Any] = []
+    gone = 0
+    for s in rows:
+        if s.finished:
+            gone += 1
+        elif s.sink.cancelled:
+            gone += 1
+            cancel.append(s)
+    return cancel, gone
+
+
 def schedule(view: View, limits: Limits, tail: Callable[[Any], int]) -> Plan:
     """The next iteration's plan (see the module docstring)."""
-    cancel = tuple(s for s in [*view.waiting, *view.rows, *(view.prefilling or ()),
-                               *(s for g in view.held for s in g)]
-                   if s.sink.cancelled and not s.finished)
-    finished = sum(s.finished or s.sink.cancelled for s in view.rows)
-    leave = leave_now(finished, len(view.rows), limits.lazy_leave)
+    row_cancel, gone = _row_scan(view.rows)
+    cancel = tuple([*(s for s in view.waiting if s.sink.cancelled and not s.finished),
+                    *row_cancel,
+                    *(s for s in [*(view.prefilling or ()), *(s for g in view.held for s in g)]
+                      if s.sink.cancelled and not s.finished)])
+    leave = leave_now(gone, len(view.rows), limits.lazy_leave)
     held = [g for g in view.held if _live(g)]
     job = _live(view.prefilling) if view.prefilling is not None else None
     drop_job = job is not None and not job
-    decoding = len(_live(view.rows))
-    free = free_slots(limits, view)
+    decoding = len(view.rows) - gone
+    free = limits.parallel - decoding - sum(len(_live(g)) for g in view.held)
     waiting = _live(view.waiting)
     group: list[Any] = []
     step_budget = 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import queue
 import sys
@@ -18,11 +19,7 @@ from mlxcel.engine import mixed_batch
 from mlxcel.engine.accel import attention, cpu_blas, fused_proj
 from mlxcel.engine.accel.warmup import warm_mixed, warm_up
 from mlxcel.engine.admission import Admission
-from mlxcel.engine.batch import (
-    DecodeBatch,
-    PrefillJob,
-    row_logprobs,
-)
+from mlxcel.engine.batch import DecodeBatch, PrefillJob, read_back
 from mlxcel.engine.cache_kinds import reuse_rule
 from mlxcel.engine.kvcache import shared_position_rope
 from mlxcel.engine.memory import compute_dtype_bytes, request_budget
@@ -38,6 +35,13 @@ from mlxcel.types import GenerationRequest
 log = structlog.get_logger("mlxcel.engine")
 
 IDLE_RELEASE_S = 2.0  # idle this long after work: MLX's buffer cache goes back (see below)
+
+
+class Deliveries(contextlib.nullcontext):
+    """How a step's events reach their consumers: as emitted (this, with no client); an
+    ``EngineClient`` installs ``client.HeldWakeups`` (one loop wake-up per block or flush)."""
+
+    def flush(self) -> None: ...
 
 
 class EngineStats(msgspec.Struct, kw_only=True):
@@ -93,6 +97,7 @@ class EngineWorker(Admission, threading.Thread):
         self._stopping = threading.Event()
         self.ready = threading.Event()
         self.trace: NullTrace = NullTrace()  # --engine-trace (mlxcel.engine.trace)
+        self.deliveries = Deliveries()  # one wake-up per iteration (EngineClient's)
         self.closed = False  # the thread ended: submits are refused (guarded by _queue_lock)
         self._dirty = False  # work ran since MLX's buffer cache was last cleared
         self._clear_requested = False  # set from other threads (prompt-cache reset)
@@ -205,7 +210,8 @@ class EngineWorker(Admission, threading.Thread):
     def _serve(self) -> None:
         while not self._stopping.is_set():
             try:
-                self._iteration()
+                with self.deliveries:
+                    self._iteration()
             except Exception as exc:  # not attributable to a row: fail the running batch
                 log.exception("engine_step_failed")
                 self._fail_running(f"engine error: {type(exc).__name__}: {exc}")
@@ -320,10 +326,11 @@ class EngineWorker(Admission, threading.Thread):
 
         The order of the last two depends on the backend (``EnginePolicy.emit_first``). On CUDA,
         queuing a step (``mx.async_eval``) encodes its kernels on this thread with the GIL
-        released, for several ms: handing out step n's tokens just before it lets the HTTP
-        side write them during the encoding rather than while this thread builds the next
-        graph in Python. Elsewhere queuing is quick and the device computes the step, so
-        it is queued first and nothing waits on Python.
+        released, for several ms: step n's tokens go out (``deliveries.flush``: one wake-up
+        of the HTTP side for all of them) just before it, so the HTTP side writes them
+        during the encoding rather than while this thread builds the next graph in Python.
+        Elsewhere queuing is quick and the device computes the step, so it is queued first
+        and nothing waits on Python.
         """
         if self.batch.needs_sync:  # penalties need the previous token before the next step
             self._settle(self._read_back())
@@ -338,6 +345,7 @@ class EngineWorker(Admission, threading.Thread):
         try:
             if self.policy.emit_first:
                 done = self.trace.timed("read_back_ms", self._read_back)
+                self.deliveries.flush()  # the consumers run while this thread encodes
                 self.trace.timed("queue_ms", step.start)
             else:
                 self.trace.timed("queue_ms", step.start)
@@ -349,30 +357,11 @@ class EngineWorker(Admission, threading.Thread):
         self.inflight = step
 
     def _read_back(self) -> list[Sequence]:
-        """Hand the previous step's tokens to their sequences (one bad row fails alone);
-        the sequences that finished, whose finish events wait for ``_settle``."""
+        """Hand the previous step's tokens to their sequences (``batch.read_back``)."""
         if self.inflight is None:
             return []
         step, self.inflight = self.inflight, None
-        tokens = step.sampled.tolist()
-        logprobs = row_logprobs(step, len(tokens))
-        done: list[Sequence] = []
-        for i, (seq, token) in enumerate(zip(step.rows, tokens, strict=True)):
-            if seq.finished:
-                continue
-            self.stats.total_decode_tokens += 1
-            seq.defer_finish = True
-            try:
-                seq.accept(token, logprobs[i] if seq.req.sampling.logprobs else None)
-            except Exception as exc:
-                log.exception("row_failed", request_id=seq.req.request_id)
-                seq.finish("error", error=f"generation failed: {exc}")
-            if seq.finished:
-                self.stats.sequences_completed += 1
-                done.append(seq)
-            else:
-                seq.release_finish()
-        return done
+        return read_back(step, self.stats)
 
     def _settle(self, done: list[Sequence]) -> None:
         """Send finished sequences' finish events, then store them in the prompt cache.
@@ -390,6 +379,7 @@ class EngineWorker(Admission, threading.Thread):
         try:
             for seq in done:
                 seq.release_finish()
+            self.deliveries.flush()  # finish events go out before the store
         finally:
             if keep:
                 try:
