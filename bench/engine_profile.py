@@ -32,6 +32,7 @@ import argparse
 import asyncio
 import cProfile
 import io
+import json
 import pathlib
 import pstats
 import statistics
@@ -44,7 +45,10 @@ from mlxcel.testing.bench_checkpoints import CHECKPOINTS, bench_checkpoint
 from mlxcel.testing.servers import bench_prompt
 
 
-async def drive(client, tokenizer, template_render, c: int, n: int, max_tokens: int) -> dict:
+async def drive(client, tokenizer, template_render, c: int, n: int, max_tokens: int,
+                guided: int = 0, guide=None) -> dict:
+    """``guided`` of the ``c`` streams send their requests with ``guide()`` (a compiled
+    output constraint, fetched per request as a server does: from the compile cache)."""
     from mlxcel.types import GenerationRequest
     from mlxcel.types.requests import SamplingParams
 
@@ -53,18 +57,19 @@ async def drive(client, tokenizer, template_render, c: int, n: int, max_tokens: 
     ttfts: list[float] = []
     tokens = 0
 
-    async def stream() -> None:
+    async def stream(k: int) -> None:
         nonlocal tokens
         while pending:
             i = pending.pop()
+            t0 = time.perf_counter()
             req = GenerationRequest(
                 request_id=uuid.uuid4().hex,
                 prompt_tokens=tuple(prompts[i]),
                 max_tokens=max_tokens,
                 ignore_eos=True,
                 sampling=SamplingParams(temperature=0.0),
+                guide=guide() if k < guided else None,
             )
-            t0 = time.perf_counter()
             first = None
             async for ev in client.submit(req):
                 if first is None and ev.text:
@@ -74,7 +79,7 @@ async def drive(client, tokenizer, template_render, c: int, n: int, max_tokens: 
             ttfts.append(first or 0.0)
 
     t0 = time.perf_counter()
-    await asyncio.gather(*(stream() for _ in range(c)))
+    await asyncio.gather(*(stream(k) for k in range(c)))
     wall = time.perf_counter() - t0
     ttfts.sort()
     return {
@@ -244,6 +249,10 @@ def main() -> int:
                     help="a trivial forward: measure host work only")
     ap.add_argument("--emit-first", choices=("auto", "on", "off"), default="auto",
                     help="the policy's step order (auto: this device's)")
+    ap.add_argument("--schema", default=None,
+                    help="a JSON schema (its text, or a file): --guided of the streams obey it")
+    ap.add_argument("--guided", type=int, default=0,
+                    help="streams whose requests carry the --schema constraint")
     ap.add_argument("--no-cache-prompt", action="store_true",
                     help="turn the prompt cache off (the server's default has it on)")
     args = ap.parse_args()
@@ -307,7 +316,8 @@ def main() -> int:
         c0 = time.thread_time()
         x0 = switches(client.worker.native_id), switches(threading.get_native_id())
         r = await drive(
-            client, ck.tokenizer, render, args.concurrency, args.requests, args.max_tokens
+            client, ck.tokenizer, render, args.concurrency, args.requests, args.max_tokens,
+            args.guided if guide else 0, guide,
         )
         steps = r["decode_steps"] = max(1, client.worker.stats.decode_steps_processed - s0)
         r["consumer_cpu_ms"] = (time.thread_time() - c0) * 1e3 / steps
@@ -316,6 +326,19 @@ def main() -> int:
         return r
 
     stats: dict[str, list[float]] = {}
+    guide = None
+    if args.schema:  # compiled once (a cold compile is not what this measures)
+        from mlxcel.engine.constraints import ConstraintCompiler
+        from mlxcel.types.constraints import JsonSchemaConstraint
+
+        compiler = ConstraintCompiler.for_tokenizer(ck.tokenizer, eos_ids=ck.tokenizer.eos_ids)
+        text = args.schema if args.schema.lstrip().startswith("{") \
+            else pathlib.Path(args.schema).read_text()
+        constraint = JsonSchemaConstraint.from_schema(json.loads(text))
+        compiler.compile(constraint)
+
+        def guide():
+            return compiler.submit(constraint).result()
 
     try:
         asyncio.run(drive(client, ck.tokenizer, render, args.concurrency, args.concurrency, 4))
