@@ -27,15 +27,12 @@ class CommandRParser(StreamParser):
     args_keys = ("parameters", "arguments")
     resync = (END,)
     openers = (ACTION,)
+    plain = (PLAIN,)
+    dropped = RESPONSE
 
-    def content(self) -> bool:
-        found = self.scan((ACTION, PLAIN, *RESPONSE))
-        if found is None or found in RESPONSE:
-            return found is not None
-        self.opened(len(found), tentative=found == PLAIN)
-        self._closer = END if found == ACTION else ""
-        self.state = self._body if found == ACTION else self._fence
-        return True
+    def opens(self, marker: str) -> Any:
+        self.closer = END if marker == ACTION else ""
+        return self._body if marker == ACTION else self._fence
 
     def _fence(self) -> bool:
         c = self.peek()
@@ -48,25 +45,14 @@ class CommandRParser(StreamParser):
                 return self.wait()
             if not found:
                 return self.abort()
-            self._closer = FENCE
+            self.closer = FENCE
         self.state = self._body
         return True
 
     def _body(self) -> bool:
-        c = self.peek()
-        if c is None:
-            return self.wait()
-        if c == "[":
-            self.pos += 1
-            return self.items(then=self._close, tentative=self.tentative)
-        if c == "{":
-            return self.objects(then=self._close, tentative=self.tentative)
-        return self.broken(f"{ACTION} is not followed by a JSON list of calls")
-
-    def _close(self) -> bool:
-        if self._closer and self.match(self._closer, skip_space=True) is None:
-            return self.wait()
-        return self.done_body()
+        read = self.json_calls(then=self.close_body, tentative=self.tentative)
+        return self.broken(f"{ACTION} is not followed by a JSON list of calls") \
+            if read is None else read
 
 
 def new_parser(tools: tuple[Any, ...] = ()) -> CommandRParser:

@@ -9,10 +9,9 @@ followed by a name, ``>`` and a JSON object is a ``CallError`` up to its ``</fun
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from mlxcel.builtin.toolcalls.json_stream import DONE, MORE, StreamParser
+from mlxcel.builtin.toolcalls.json_stream import StreamParser
 
 OPEN, CLOSE, TAG = "<function=", "</function>", "<|python_tag|>"
 
@@ -20,14 +19,10 @@ OPEN, CLOSE, TAG = "<function=", "</function>", "<|python_tag|>"
 class FunctionaryV31Parser(StreamParser):
     resync = (CLOSE,)
     openers = (OPEN, TAG)
+    closer = CLOSE
 
-    def content(self) -> bool:
-        found = self.scan(self.openers)
-        if found is None:
-            return False
-        self.opened(len(found))
-        self.state = self._name if found == OPEN else self._code
-        return True
+    def opens(self, marker: str) -> Any:
+        return self._name if marker == OPEN else self.python_code
 
     def _name(self) -> bool:
         name = self.name_before(">")
@@ -41,33 +36,7 @@ class FunctionaryV31Parser(StreamParser):
         return True
 
     def _args(self) -> bool:
-        if self.value is None:
-            c = self.peek()
-            if c is None:
-                return self.wait()
-            if c != "{":
-                return self.broken(f"{OPEN}...> is not followed by a JSON object")
-            self.begin_value()
-        r = self.pump_value()
-        if r == MORE:
-            return False
-        if r != DONE:
-            return self.broken(self.why)
-        self.state = self._close
-        return True
-
-    def _close(self) -> bool:
-        if self.match(CLOSE, skip_space=True) is None:
-            return self.wait()
-        return self.done_body()
-
-    def _code(self) -> bool:
-        if not self.final:
-            return False
-        code = self.buf[self.pos:].removesuffix("<|eom_id|>")
-        self.whole_call("python", json.dumps({"code": code}, ensure_ascii=False))
-        self.pos = len(self.buf)
-        return self.done_body()
+        return self.arguments(self.close_body, f"{OPEN}...> is not followed by a JSON object")
 
 
 def new_parser(tools: tuple[Any, ...] = ()) -> FunctionaryV31Parser:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from mlxcel.builtin.toolcalls.json_stream import DONE, MORE, StreamParser
+from mlxcel.builtin.toolcalls.json_stream import StreamParser
 
 HEADER = ">>>"
 
@@ -22,22 +22,19 @@ HEADER = ">>>"
 class FunctionaryV32Parser(StreamParser):
     openers = (HEADER,)
 
+    plain = (HEADER,)
+
     def start(self) -> bool:
-        self.guess()
         found = self.match(HEADER)
         if found is None:
             return self.wait()
+        self.guess(self._recipient)
         if found:  # the answer wrote the first ">>>" itself
             self.opened(len(HEADER), tentative=True)
-        self.state = self._recipient
         return True
 
-    def content(self) -> bool:
-        if self.scan(self.openers) is None:
-            return False
-        self.opened(len(HEADER), tentative=True)
-        self.state = self._recipient
-        return True
+    def opens(self, marker: str) -> Any:
+        return self._recipient
 
     def _recipient(self) -> bool:
         name = self.name_before("\n", limit=64)
@@ -52,25 +49,12 @@ class FunctionaryV32Parser(StreamParser):
         elif name == "python":
             self.tentative, self.state = False, self._code
         else:
-            self._call, self.state = name, self._open
-        return True
-
-    def _open(self) -> bool:
-        c = self.peek()
-        if c is None:
-            return self.wait()
-        if c != "{":
-            return self.abort()
-        self.start_call(self._call)
-        self.begin_value()
-        self.state = self._args
+            self._call, self.state = name, self._args
         return True
 
     def _args(self) -> bool:
-        r = self.pump_value()
-        if r == MORE:
-            return False
-        return self.done_body() if r == DONE else self.broken(self.why)
+        """Tentative until its ``{`` starts the call: anything else is content."""
+        return self.arguments(self.done_body, "no JSON object", call=self._call)
 
     def _code(self) -> bool:
         j = self.buf.find(HEADER, self.pos)

@@ -17,24 +17,11 @@ from mlxcel.builtin.toolcalls.json_stream import StreamParser
 
 class GenericJsonParser(StreamParser):
     def start(self) -> bool:
-        self.guess()
-        self.state = self._lead
-        return True
+        return self.guess(self._lead)
 
     def _lead(self) -> bool:
-        c = self.peek()
-        if c is None:
-            return self.wait()
-        if c == "{":
-            return self.objects(then=self.done_body, tentative=True)
-        if c == "[":
-            self.pos += 1
-            return self.items(then=self.done_body, tentative=True)
-        return self.abort()
-
-    def content(self) -> bool:
-        self.scan(())
-        return False
+        read = self.json_calls(then=self.done_body, tentative=True)
+        return self.abort() if read is None else read
 
 
 def new_parser(tools: tuple[Any, ...] = ()) -> GenericJsonParser:

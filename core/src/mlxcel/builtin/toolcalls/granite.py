@@ -21,30 +21,17 @@ DROPPED = ("<response>", "</response>")
 class GraniteParser(StreamParser):
     resync = (CLOSE,)
     openers = OPENERS
+    dropped = DROPPED
+    closer = CLOSE
 
-    def content(self) -> bool:
-        found = self.scan((*OPENERS, *DROPPED))
-        if found is None or found in DROPPED:
-            return found is not None
-        self.opened(len(found))
-        self.state = self._body
-        return True
+    def opens(self, marker: str) -> Any:
+        return self._body
 
     def _body(self) -> bool:
-        c = self.peek()
-        if c is None:
-            return self.wait()
-        if c == "[":
-            self.pos += 1
-            return self.items(then=self._close)
-        if c == "{":
-            return self.objects(then=self._close)
-        return self.broken("<|tool_call|> is not followed by a JSON list of calls")
-
-    def _close(self) -> bool:
-        if self.match(CLOSE, skip_space=True) is None:
-            return self.wait()
-        return self.done_body()
+        read = self.json_calls(then=self.close_body)
+        if read is None:
+            return self.broken("<|tool_call|> is not followed by a JSON list of calls")
+        return read
 
 
 def new_parser(tools: tuple[Any, ...] = ()) -> GraniteParser:

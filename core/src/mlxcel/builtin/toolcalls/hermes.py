@@ -21,26 +21,18 @@ class HermesParser(StreamParser):
     resync = (CLOSE,)
     openers = (OPEN,)
 
-    def content(self) -> bool:
-        if self.scan(self.openers) is None:
-            return False
-        self.opened(len(OPEN))
-        self._base, self.state = len(self._calls), self._block
-        return True
+    def opens(self, marker: str) -> Any:
+        self._base = len(self._calls)
+        return self._block
 
     def _block(self) -> bool:
-        c = self.peek()
         whole = len(self._calls) > self._base
-        if c is None:
-            if self.final and whole:  # no </tool_call> before the end: the calls stand
-                self.mark = -1
-                return False
-            return self.wait()
-        if c == "{":
-            return self.objects(then=self._next)
-        if c == "[":
-            self.pos += 1
-            return self.items(then=self._next)
+        if self.final and whole and self.peek() is None:
+            self.mark = -1  # no </tool_call> before the end: the calls stand
+            return False
+        read = self.json_calls(then=self._next)
+        if read is not None:
+            return read
         closed = self.match(CLOSE)
         if closed is None:
             return self.wait()

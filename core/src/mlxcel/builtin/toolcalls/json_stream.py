@@ -4,7 +4,7 @@ A ``StreamParser`` is a small state machine over the answer text seen so far: ea
 method consumes what it can from ``buf[pos:]`` and returns True to go on, False to wait
 for more text (or, after ``finish()``, to stop). The base holds content back at a
 possible marker, turns call objects, lists of them and bare argument objects into call
-events as their text grows (``json_scan``), keeps the bookkeeping (indices, the calls of
+events as their text grows (``json_bodies``), keeps the bookkeeping (indices, the calls of
 the whole answer), and hands a broken call's markup back whole in a ``CallError``.
 
 Three rules every format follows, so a stream and the whole text agree:
@@ -20,10 +20,12 @@ Three rules every format follows, so a stream and the whole text agree:
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
-from mlxcel.builtin.toolcalls.json_scan import WHITESPACE, CallObject, JsonExtent, json_object
+from mlxcel.builtin.toolcalls.json_bodies import ENDS_INSIDE, JsonBodies
+from mlxcel.builtin.toolcalls.json_scan import WHITESPACE, CallObject, JsonExtent
 from mlxcel.engine.stops import partial_suffix
 from mlxcel.types.toolcalls import (
     CallArguments,
@@ -36,17 +38,18 @@ from mlxcel.types.toolcalls import (
     ToolText,
 )
 
-MORE, DONE, BROKEN, ABORT = range(4)
-ENDS_INSIDE = "the answer ends inside a tool call"
 NAME = re.compile(r"[\w.\-]+")
 
 
-class StreamParser:
-    """Base of the builtin JSON-body parsers; a subclass defines ``start`` (the first state)
-    and ``content`` (the state between calls), and its keys and markers.
+class StreamParser(JsonBodies):
+    """Base of the builtin JSON-body parsers; a subclass defines ``opens`` (the state after
+    an opener), ``start`` where the answer may open with an unmarked call, and its keys and
+    markers.
 
     ``resync``: markers that end a broken call's markup (taken into it); ``openers``:
-    markers that begin the next call (a broken call's markup stops before one).
+    markers that begin the next call (a broken call's markup stops before one); ``plain``:
+    markers that open a tentative call; ``dropped``: markup between calls, dropped;
+    ``closer``: an optional marker that ends the calls' markup (``close_body``).
     """
 
     name_keys: tuple[str, ...] = ("name",)
@@ -54,6 +57,9 @@ class StreamParser:
     id_keys: tuple[str, ...] = ()
     resync: tuple[str, ...] = ()
     openers: tuple[str, ...] = ()
+    plain: tuple[str, ...] = ()
+    dropped: tuple[str, ...] = ()
+    closer = ""
 
     def __init__(self, tools: tuple[Any, ...] = ()) -> None:
         self.tool_names = frozenset(getattr(t, "name", t) for t in tools)
@@ -79,6 +85,16 @@ class StreamParser:
         return True
 
     def content(self) -> bool:
+        """Content up to the next opener, which opens a call's markup (``opens``)."""
+        found = self.scan((*self.openers, *self.plain, *self.dropped))
+        if found is None or found in self.dropped:
+            return found is not None
+        self.opened(len(found), tentative=found in self.plain)
+        self.state = self.opens(found)
+        return True
+
+    def opens(self, marker: str) -> Any:
+        """The state that reads what ``marker`` (just consumed) opens."""
         raise NotImplementedError
 
     # --- the parser protocol -----------------------------------------------------------
@@ -175,9 +191,12 @@ class StreamParser:
         self.mark, self._held_space = self.pos - length, ""
         self.tentative, self._skip_len = tentative, length if tentative else 0
 
-    def guess(self) -> None:
-        """The answer's start may be a call with no marker: held from here, tentatively."""
+    def guess(self, then: Any) -> bool:
+        """A call with no marker may start here (the answer's start): held from here,
+        tentatively, and read by state ``then``."""
         self.mark, self.tentative, self._skip_len = self.pos, True, 0
+        self.state = then
+        return True
 
     def peek(self) -> str | None:
         """The next character after whitespace (consumed), or None if the text ends first."""
@@ -271,117 +290,18 @@ class StreamParser:
         self.state = self.content
         return True
 
-    # --- call objects, lists of them, bare argument objects ---------------------------------
-
-    def objects(self, then: Any, tentative: bool = False) -> bool:
-        """Read one call object, then go to state ``then``."""
-        self._begin(tentative)
-        self._then, self.state = then, self._one_object
-        return True
-
-    def items(self, then: Any, tentative: bool = False) -> bool:
-        """Read a list of call objects (its ``[`` consumed), then go to state ``then``."""
-        self._then, self._first, self.tentative = then, True, tentative
-        self.state = self._list_item
-        return True
-
-    def _begin(self, tentative: bool) -> None:
-        self.obj = CallObject(self.pos, self.name_keys, self.args_keys, self.id_keys)
-        self.tentative = tentative
-
-    def pump_object(self) -> int:
-        """Advance the call object: MORE (wants text), DONE, BROKEN (``why``) or ABORT (a
-        tentative one is not a call). The object pauses at its first key and its name, so
-        the call starts at the same point of the text however the text was cut."""
-        obj = self.obj
-        while True:
-            self.pos = obj.advance(self.buf, self.pos)
-            if self._open_call is None and obj.error is None:
-                if obj.name is not None:
-                    if self.tentative and self.tool_names and obj.name not in self.tool_names:
-                        return ABORT
-                    self.start_call(obj.name, obj.start_id)
-                elif self.tentative and obj.first_key not in (None, *self._keys):
-                    return ABORT
-            if self._open_call is not None:
-                self.add_args(obj.take())
-            if not obj.paused:
-                break
-            obj.paused = False
-        if obj.error is not None:
-            self.why = obj.error
-            return ABORT if self.tentative else BROKEN
-        if obj.end >= 0:
-            self.obj = None
-            self.end_call(obj.id)
-            return DONE
-        if self.final:
-            return ABORT if self.tentative else BROKEN
-        return MORE
-
-    def _one_object(self) -> bool:
-        r = self.pump_object()
-        if r == MORE:
-            return False
-        if r == DONE:
-            self.state = self._then
-            return True
-        return self.abort() if r == ABORT else self.broken(self.why)
-
-    def _list_item(self) -> bool:
-        c = self.peek()
-        if c is None:
+    def close_body(self) -> bool:
+        """The optional ``closer`` (whitespace before it too), then ``done_body``."""
+        if self.closer and self.match(self.closer, skip_space=True) is None:
             return self.wait()
-        if c == "{":
-            self._begin(self.tentative and self._first)
-            self.state = self._list_object
-            return True
-        if c == "]" and self._first and not self.tentative:
-            self.pos += 1
-            self.state = self._then
-            return True
-        return self.broken("a tool-call list holds something other than a call object")
+        return self.done_body()
 
-    def _list_object(self) -> bool:
-        r = self.pump_object()
-        if r == MORE:
+    def python_code(self) -> bool:
+        """Code to the end of the answer (after Llama 3.1's ``<|python_tag|>``, ended by
+        ``<|eom_id|>``): call ``python`` with ``{"code": ...}``, sent at the end."""
+        if not self.final:
             return False
-        if r == DONE:
-            self.state = self._list_next
-            return True
-        return self.abort() if r == ABORT else self.broken(self.why)
-
-    def _list_next(self) -> bool:
-        c = self.peek()
-        if c is None:  # an unclosed list: its whole calls stand
-            self.state = self._then if self.final else self.state
-            return self.final
-        self.pos += 1
-        if c == ",":
-            self.mark, self._first, self.state = self.pos, False, self._list_item
-            return True
-        if c == "]":
-            self.state = self._then
-            return True
-        self.pos -= 1
-        return self.broken("a tool-call list goes on past a call without a comma")
-
-    def begin_value(self) -> None:
-        """A bare arguments object starts at ``pos`` (its call already started)."""
-        self.value = JsonExtent("{")
-        self._vstart = self._vsent = self.pos
-
-    def pump_value(self) -> int:
-        value = self.value
-        self.pos = value.advance(self.buf, self.pos)
-        stop = self.pos if value.end < 0 else value.end
-        self.add_args(self.buf[self._vsent:stop])
-        self._vsent = stop
-        if value.end >= 0:
-            self.value = None
-            if not json_object(self.buf[self._vstart:value.end]):
-                self.why = "the call's arguments are not a JSON object"
-                return BROKEN
-            self.end_call()
-            return DONE
-        return BROKEN if self.final else MORE
+        code = self.buf[self.pos:].removesuffix("<|eom_id|>")
+        self.whole_call("python", json.dumps({"code": code}, ensure_ascii=False))
+        self.pos = len(self.buf)
+        return self.done_body()

@@ -18,7 +18,6 @@ token, so what follows it is a call or a ``CallError``:
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
@@ -34,37 +33,27 @@ class Llama3Parser(StreamParser):
     openers = (TAG,)
 
     def start(self) -> bool:
-        self.guess()
-        self.state = self._lead
-        return True
+        return self.guess(self._lead)
 
     def _lead(self) -> bool:
-        """The answer's start, or what follows a ``;``: a call, or else content."""
-        c = self.peek()
-        if c is None:
-            if self.final and self.buf.startswith(";", self.mark):
-                self.mark, self.tentative = -1, False  # a trailing separator is markup
-            return self.wait()
-        if c == "{":
-            return self.objects(then=self._after, tentative=True)
-        if c == "[":  # some Llama-based templates ask for a JSON list of calls
-            self.pos += 1
-            return self.items(then=self._after, tentative=True)
-        found = self.match(TAG) if c == "<" else False
+        """The answer's start, or what follows a ``;``: a call (an object, or the JSON list
+        of calls some Llama-based templates ask for), or else content."""
+        if self.peek() is None and self.final and self.buf.startswith(";", self.mark):
+            self.mark, self.tentative = -1, False  # a trailing separator is markup
+        read = self.json_calls(then=self._after, tentative=True)
+        if read is not None:
+            return read
+        found = self.match(TAG) if self.buf[self.pos] == "<" else False
         if found is None:
             return self.wait()
         if found:
             self.opened(len(TAG))
-            self.state = self._tagged
+            self.state = self.opens(TAG)
             return True
         return self.abort()
 
-    def content(self) -> bool:
-        if self.scan(self.openers) is None:
-            return False
-        self.opened(len(TAG))
-        self.state = self._tagged
-        return True
+    def opens(self, marker: str) -> Any:
+        return self._tagged
 
     def _tagged(self) -> bool:
         c = self.peek()
@@ -78,7 +67,7 @@ class Llama3Parser(StreamParser):
             return True
         if _BUILTIN_PREFIX.fullmatch(self.buf, self.pos) and not self.final:
             return False
-        self.state = self._code
+        self.state = self.python_code
         return True
 
     def _builtin(self) -> bool:
@@ -93,14 +82,6 @@ class Llama3Parser(StreamParser):
         self.state = self._after
         return True
 
-    def _code(self) -> bool:
-        if not self.final:
-            return False
-        code = self.buf[self.pos:].removesuffix("<|eom_id|>")
-        self.whole_call("python", json.dumps({"code": code}, ensure_ascii=False))
-        self.pos = len(self.buf)
-        return self.done_body()
-
     def _after(self) -> bool:
         """After a call: ``;`` and another call, or the rest is content."""
         i = self.pos
@@ -110,8 +91,8 @@ class Llama3Parser(StreamParser):
             return False
         if i < len(self.buf) and self.buf[i] == ";":
             self.pos = i + 1
-            self.guess()
-            self.mark, self.state = i, self._lead  # the ";" is content if no call follows
+            self.guess(self._lead)
+            self.mark = i  # the ";" is content if no call follows
             return True
         return self.done_body()
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlxcel.builtin.toolcalls.json_stream import DONE, MORE, StreamParser
+from mlxcel.builtin.toolcalls.json_stream import StreamParser
 
 OPEN, ARGS, CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
 
@@ -26,24 +26,15 @@ class MistralParser(StreamParser):
     id_keys = ("id",)
     openers = (OPEN,)
 
-    def content(self) -> bool:
-        if self.scan(self.openers) is None:
-            return False
-        self.opened(len(OPEN))
-        self.state = self._head
-        return True
+    def opens(self, marker: str) -> Any:
+        return self._head
 
     def _head(self) -> bool:
-        c = self.peek()
-        if c is None:
-            return self.wait()
-        if c == "[":
-            self.pos += 1
-            return self.items(then=self.done_body)
-        if c == "{":
-            return self.objects(then=self.done_body)
-        self.state = self._name
-        return True
+        read = self.json_calls(then=self.done_body)
+        if read is None:
+            self.state = self._name
+            return True
+        return read
 
     def _name(self) -> bool:
         name = self.name_before("[")
@@ -76,17 +67,7 @@ class MistralParser(StreamParser):
         return True
 
     def _args(self) -> bool:
-        if self.value is None:
-            c = self.peek()
-            if c is None:
-                return self.wait()
-            if c != "{":
-                return self.broken(f"{ARGS} is not followed by a JSON object")
-            self.begin_value()
-        r = self.pump_value()
-        if r == MORE:
-            return False
-        return self.done_body() if r == DONE else self.broken(self.why)
+        return self.arguments(self.done_body, f"{ARGS} is not followed by a JSON object")
 
 
 def new_parser(tools: tuple[Any, ...] = ()) -> MistralParser:

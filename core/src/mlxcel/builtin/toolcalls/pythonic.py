@@ -25,11 +25,10 @@ _HEAD_PREFIX = re.compile(r"\[\s*(?:[A-Za-z_][\w.]*\s*)?")
 class PythonicParser(StreamParser):
     resync = (END,)
     openers = (START,)
+    closer = END
 
     def start(self) -> bool:
-        self.guess()
-        self.state = self._lead
-        return True
+        return self.guess(self._lead)
 
     def _lead(self) -> bool:
         c = self.peek()
@@ -41,12 +40,8 @@ class PythonicParser(StreamParser):
             return False
         return self.abort()
 
-    def content(self) -> bool:
-        if self.scan(self.openers) is None:
-            return False
-        self.opened(len(START))
-        self.state = self._open
-        return True
+    def opens(self, marker: str) -> Any:
+        return self._open
 
     def _open(self) -> bool:
         c = self.peek()
@@ -71,13 +66,8 @@ class PythonicParser(StreamParser):
             return self.abort()
         for name, arguments in calls:
             self.whole_call(name, arguments)
-        self.state = self._close
+        self.state = self.close_body
         return True
-
-    def _close(self) -> bool:
-        if self.match(END, skip_space=True) is None:
-            return self.wait()
-        return self.done_body()
 
 
 def new_parser(tools: tuple[Any, ...] = ()) -> PythonicParser:
