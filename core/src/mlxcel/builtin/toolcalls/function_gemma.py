@@ -44,22 +44,34 @@ def decode(body: str) -> Decoded:
     return Decoded(name, arguments_json(arguments))
 
 
+def _items(text: str, pos: int, close: str, item: Any) -> tuple[list[Any], int]:
+    """The ``,``-separated items of the bracket at ``pos`` up to ``close``, each read by
+    ``item(text, pos)``; the items and where the bracket ends."""
+    out: list[Any] = []
+    pos = skip_space(text, pos + 1)
+    if text[pos] == close:
+        return out, pos + 1
+    while True:
+        value, pos = item(text, pos)
+        out.append(value)
+        pos = skip_space(text, pos)
+        if text[pos] == close:
+            return out, pos + 1
+        if text[pos] != ",":
+            raise MarkupError(f"expected ',' or '{close}' at {text[pos:pos + 20]!r}")
+        pos += 1
+
 
 def _object(text: str, pos: int) -> tuple[dict[str, Any], int]:
     """``{key:value,...}`` starting at ``pos``; the object and where it ends."""
-    out: dict[str, Any] = {}
-    pos = skip_space(text, pos + 1)
-    if text[pos] == "}":
-        return out, pos + 1
-    while True:
-        key, pos = _key(text, skip_space(text, pos))
-        out[key], pos = _value(text, pos)
-        pos = skip_space(text, pos)
-        if text[pos] == "}":
-            return out, pos + 1
-        if text[pos] != ",":
-            raise MarkupError(f"expected ',' or '}}' at {text[pos:pos + 20]!r}")
-        pos += 1
+    pairs, end = _items(text, pos, "}", _pair)
+    return dict(pairs), end
+
+
+def _pair(text: str, pos: int) -> tuple[tuple[str, Any], int]:
+    key, pos = _key(text, skip_space(text, pos))
+    value, pos = _value(text, pos)
+    return (key, value), pos
 
 
 def _key(text: str, pos: int) -> tuple[str, int]:
@@ -77,22 +89,6 @@ def _key(text: str, pos: int) -> tuple[str, int]:
     return key, colon + 1
 
 
-def _array(text: str, pos: int) -> tuple[list[Any], int]:
-    out: list[Any] = []
-    pos = skip_space(text, pos + 1)
-    if text[pos] == "]":
-        return out, pos + 1
-    while True:
-        value, pos = _value(text, pos)
-        out.append(value)
-        pos = skip_space(text, pos)
-        if text[pos] == "]":
-            return out, pos + 1
-        if text[pos] != ",":
-            raise MarkupError(f"expected ',' or ']' at {text[pos:pos + 20]!r}")
-        pos += 1
-
-
 def _value(text: str, pos: int) -> tuple[Any, int]:
     """One value at ``pos`` (after spaces): escaped string, object, array or bare
     scalar."""
@@ -103,7 +99,7 @@ def _value(text: str, pos: int) -> tuple[Any, int]:
     if text[pos] == "{":
         return _object(text, pos)
     if text[pos] == "[":
-        return _array(text, pos)
+        return _items(text, pos, "]", _value)
     end = pos
     while end < len(text) and text[end] not in ",}]":
         end += 1

@@ -28,15 +28,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from mlxcel.builtin.toolcalls.markup_stream import (
-    Decoded,
-    MarkupError,
-    call_events,
-    first_of,
-    held_back,
-)
+from mlxcel.builtin.toolcalls.markup_stream import Decoded, MarkupError, TextStates, first_of
 from mlxcel.builtin.toolcalls.markup_values import call_name, json_object_text
-from mlxcel.types.toolcalls import CallError, ParsedCall, ParseResult, ToolEvent, ToolText
+from mlxcel.engine.stops import partial_suffix
+from mlxcel.types.toolcalls import CallError, ParseResult, ToolEvent, ToolText
 
 START, CHANNEL, MESSAGE, CONSTRAIN = "<|start|>", "<|channel|>", "<|message|>", "<|constrain|>"
 ENDS = ("<|end|>", "<|call|>", "<|return|>")
@@ -48,24 +43,15 @@ _CHANNEL = re.compile(r"<\|channel\|>\s*([^\s<]*)")
 _ROLE = re.compile(r"\s*[A-Za-z_]*\s*")
 
 
-class HarmonyParser:
+class HarmonyParser(TextStates):
     """One answer's parser. States: ``header`` (before ``<|message|>``), ``body`` (of a
     message routed as ``text``, ``hidden`` or ``call``), ``plain`` (text that is no
     message, until one starts)."""
 
     def __init__(self) -> None:
-        self._state, self._buf, self._scan = "header", "", 0
+        super().__init__("header")
         self._kind, self._recipient = "", ""
         self._role_next = False  # the header follows <|start|>, so it opens with a role
-        self.calls: list[ParsedCall] = []
-
-    def feed(self, text: str, token_ids: tuple[int, ...] = ()) -> list[ToolEvent]:
-        """The events ``text`` settles (the markers are matched as text)."""
-        self._buf += text
-        events: list[ToolEvent] = []
-        while getattr(self, f"_{self._state}")(events):
-            pass
-        return events
 
     def finish(self) -> ParseResult:
         """The open message ends with the answer: a call's body is decoded, answer text
@@ -115,7 +101,7 @@ class HarmonyParser:
 
     def _plain(self, events: list[ToolEvent]) -> bool:
         at, marker = first_of(self._buf, (START, CHANNEL))
-        cut = len(self._buf) - held_back(self._buf, (START, CHANNEL)) if at < 0 else at
+        cut = len(self._buf) - partial_suffix(self._buf, (START, CHANNEL)) if at < 0 else at
         if cut:
             events.append(ToolText(text=self._buf[:cut]))
         if at < 0:
@@ -148,7 +134,7 @@ class HarmonyParser:
             self._call(events, body)
             self._state, self._role_next = "header", False
             return True
-        cut = len(self._buf) - held_back(self._buf, ENDS) if at < 0 else at
+        cut = len(self._buf) - partial_suffix(self._buf, ENDS) if at < 0 else at
         if cut and self._kind == "text":
             events.append(ToolText(text=self._buf[:cut]))
         if at < 0:
@@ -168,8 +154,7 @@ class HarmonyParser:
         except MarkupError as exc:
             events.append(CallError(message=str(exc), text=body))
             return
-        events += call_events(len(self.calls), call)
-        self.calls.append(ParsedCall(name=call.name, arguments=call.arguments))
+        self.send(events, call)
 
 
 def _header_like(text: str) -> bool:

@@ -26,6 +26,7 @@ from typing import Any
 
 from mlxcel.builtin.toolcalls.json_bodies import ENDS_INSIDE, JsonBodies
 from mlxcel.builtin.toolcalls.json_scan import WHITESPACE, CallObject, JsonExtent
+from mlxcel.builtin.toolcalls.markup_stream import first_of
 from mlxcel.engine.stops import partial_suffix
 from mlxcel.types.toolcalls import (
     CallArguments,
@@ -172,12 +173,8 @@ class StreamParser(JsonBodies):
         when none is in the text so far (a possible beginning of one at the end is held,
         until ``finish()``)."""
         buf, pos = self.buf, self.pos
-        at, found = -1, None
-        for m in markers:
-            j = buf.find(m, pos)
-            if j >= 0 and (at < 0 or j < at or (j == at and len(m) > len(found))):
-                at, found = j, m
-        if found is not None:
+        at, found = first_of(buf, markers, pos)
+        if at >= 0:
             self.text(buf[pos:at])
             self.pos = at + len(found)
             return found

@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
+from mlxcel.engine.stops import partial_suffix
 from mlxcel.types.toolcalls import (
     CallArguments,
     CallEnd,
@@ -64,18 +65,6 @@ class Blocks(NamedTuple):
     bare: bool = True
 
 
-def held_back(text: str, markers: tuple[str, ...]) -> int:
-    """How many characters at the end of ``text`` could be the start of one of
-    ``markers``: what must wait for the next text."""
-    best = 0
-    for marker in markers:
-        for n in range(min(len(marker) - 1, len(text)), best, -1):
-            if text.endswith(marker[:n]):
-                best = n
-                break
-    return best
-
-
 def first_of(text: str, markers: tuple[str, ...], start: int = 0) -> tuple[int, str]:
     """The earliest of ``markers`` in ``text`` from ``start`` (the longest at a tie), as
     (position, marker); (-1, "") when none is there."""
@@ -87,26 +76,13 @@ def first_of(text: str, markers: tuple[str, ...], start: int = 0) -> tuple[int, 
     return best, found
 
 
-def call_events(index: int, call: Decoded) -> list[ToolEvent]:
-    """A whole call's events, in the order a stream sends them."""
-    return [CallStart(index=index, name=call.name, id=call.id),
-            CallArguments(index=index, text=call.arguments), CallEnd(index=index)]
+class TextStates:
+    """A parser whose states are methods ``_<state>(events)`` over the held text: each
+    settles what it can and returns True to go on, False to wait for more text. ``calls``:
+    the calls sent so far, the parse of the whole answer at ``finish()``."""
 
-
-class BlockParser:
-    """One answer's parser for a ``Blocks`` format. States: ``text`` (outside markup),
-    ``section`` (inside a section, between calls), ``unit`` (inside one call)."""
-
-    def __init__(self, blocks: Blocks) -> None:
-        self.blocks = blocks
-        openers, self._closers = blocks.section or ((), ())
-        self._section_openers = openers
-        self._openers = (*openers, blocks.unit[0]) if blocks.bare or not openers else openers
-        self._state, self._buf, self._scan = "text", "", 0
-        self._in_section = False
-        self._fresh = ""  # a section's opener, until a call or an error comes out of it
-        self._gap = ""  # whitespace after a call: dropped if a call or the end follows
-        self._after_call = False
+    def __init__(self, state: str) -> None:
+        self._state, self._buf, self._scan = state, "", 0
         self.calls: list[ParsedCall] = []
 
     def feed(self, text: str, token_ids: tuple[int, ...] = ()) -> list[ToolEvent]:
@@ -116,6 +92,29 @@ class BlockParser:
         while getattr(self, f"_{self._state}")(events):
             pass
         return events
+
+    def send(self, events: list[ToolEvent], call: Decoded) -> None:
+        """A whole call's events, in the order a stream sends them."""
+        index = len(self.calls)
+        events += [CallStart(index=index, name=call.name, id=call.id),
+                   CallArguments(index=index, text=call.arguments), CallEnd(index=index)]
+        self.calls.append(ParsedCall(name=call.name, arguments=call.arguments, id=call.id))
+
+
+class BlockParser(TextStates):
+    """One answer's parser for a ``Blocks`` format. States: ``text`` (outside markup),
+    ``section`` (inside a section, between calls), ``unit`` (inside one call)."""
+
+    def __init__(self, blocks: Blocks) -> None:
+        super().__init__("text")
+        self.blocks = blocks
+        openers, self._closers = blocks.section or ((), ())
+        self._section_openers = openers
+        self._openers = (*openers, blocks.unit[0]) if blocks.bare or not openers else openers
+        self._in_section = False
+        self._fresh = ""  # a section's opener, until a call or an error comes out of it
+        self._gap = ""  # whitespace after a call: dropped if a call or the end follows
+        self._after_call = False
 
     def finish(self) -> ParseResult:
         """Held text is answer text; an open call is decoded as it stands (or is a
@@ -146,7 +145,7 @@ class BlockParser:
     def _text(self, events: list[ToolEvent]) -> bool:
         at, marker = first_of(self._buf, self._openers)
         if at < 0:
-            keep = held_back(self._buf, self._openers)
+            keep = partial_suffix(self._buf, self._openers)
             self._answer(events, self._buf[:len(self._buf) - keep])
             self._buf = self._buf[len(self._buf) - keep:]
             return False
@@ -215,6 +214,5 @@ class BlockParser:
             call = self.blocks.decode(body)
         except (ValueError, LookupError, RecursionError) as exc:  # MarkupError and kin
             return str(exc) or type(exc).__name__
-        events += call_events(len(self.calls), call)
-        self.calls.append(ParsedCall(name=call.name, arguments=call.arguments, id=call.id))
+        self.send(events, call)
         return None
