@@ -55,19 +55,16 @@ def detect_function_gemma(template: str) -> bool:
     return "<start_function_call>" in template
 
 
-FORMATS: tuple[ToolFormat, ...] = (
-    ToolFormat(name="minimax_m2", detect=detect_minimax_m2, specificity=20,
-               parser=f"{_PACKAGE}.minimax:new_parser_m2"),
-    ToolFormat(name="minimax_m3", detect=detect_minimax_m3, specificity=20,
-               parser=f"{_PACKAGE}.minimax:new_parser_m3"),
-    ToolFormat(name="kimi_k2", detect=detect_kimi_k2, specificity=20,
-               parser=f"{_PACKAGE}.kimi_k2:new_parser"),
-    ToolFormat(name="glm47", detect=detect_glm47, specificity=30,
-               parser=f"{_PACKAGE}.glm47:new_parser"),
-    ToolFormat(name="longcat", detect=detect_longcat, specificity=20,
-               parser=f"{_PACKAGE}.longcat:new_parser"),
-    ToolFormat(name="harmony", detect=detect_harmony, specificity=20,
-               parser=f"{_PACKAGE}.harmony:new_parser"),
-    ToolFormat(name="function_gemma", detect=detect_function_gemma, specificity=20,
-               parser=f"{_PACKAGE}.function_gemma:new_parser"),
+FORMATS: tuple[ToolFormat, ...] = tuple(
+    ToolFormat(name=name, detect=detect, specificity=specificity,
+               parser=f"{_PACKAGE}.{parser}")
+    for name, detect, specificity, parser in (
+        ("minimax_m2", detect_minimax_m2, 20, "minimax:new_parser_m2"),
+        ("minimax_m3", detect_minimax_m3, 20, "minimax:new_parser_m3"),
+        ("kimi_k2", detect_kimi_k2, 20, "kimi_k2:new_parser"),
+        ("glm47", detect_glm47, 30, "glm47:new_parser"),
+        ("longcat", detect_longcat, 20, "longcat:new_parser"),
+        ("harmony", detect_harmony, 20, "harmony:new_parser"),
+        ("function_gemma", detect_function_gemma, 20, "function_gemma:new_parser"),
+    )
 )
