@@ -23,7 +23,7 @@ import pytest
 from mlxcel.builtin.toolcalls import json_formats
 from mlxcel.lazy import resolve
 from mlxcel.plugins import load_plugins
-from mlxcel.testing.conformance import ToolFixture, check_tool_format
+from mlxcel.testing.conformance import ToolFixture, check_tool_format, merge_events, parse_pieces
 from mlxcel.testing.templates import template_text
 from mlxcel.types.messages import Tool
 from mlxcel.types.toolcalls import CallArguments, CallEnd, CallError, CallStart, ToolText
@@ -53,35 +53,9 @@ def fixtures(name: str) -> list[ToolFixture]:
     return out
 
 
-def parse(name: str, pieces: list[str], tools: tuple = ()) -> tuple[list, tuple, list[int]]:
-    """Feed ``pieces`` to a fresh parser: merged events, finish().calls, and for each event
-    (unmerged) the piece it came back from (len(pieces) for finish())."""
-    parser = resolve(FORMATS[name].parser)(tools)
-    events, at = [], []
-    for n, piece in enumerate(pieces):
-        got = parser.feed(piece, ())
-        events += got
-        at += [n] * len(got)
-    result = parser.finish()
-    events += result.events
-    at += [len(pieces)] * len(result.events)
-    return merge(events), result.calls, [a for a, _ in zip(at, events, strict=True)]
-
-
-def merge(events: list) -> list:
-    out: list = []
-    for e in events:
-        if isinstance(e, ToolText | CallArguments) and not e.text:
-            continue
-        last = out[-1] if out else None
-        if isinstance(e, ToolText) and isinstance(last, ToolText):
-            out[-1] = ToolText(text=last.text + e.text)
-        elif isinstance(e, CallArguments) and isinstance(last, CallArguments) \
-                and last.index == e.index:
-            out[-1] = CallArguments(index=e.index, text=last.text + e.text)
-        else:
-            out.append(e)
-    return out
+def parse(name: str, pieces: list[str], tools: tuple = ()) -> tuple[list, tuple]:
+    """Feed ``pieces`` to a fresh parser: merged events and finish().calls."""
+    return parse_pieces(resolve(FORMATS[name].parser), tools, pieces, name)
 
 
 @pytest.mark.parametrize("name", sorted(FORMATS))
@@ -98,7 +72,7 @@ def test_json_arguments_are_the_models_text_verbatim(name: str) -> None:
     """The first fixture of each file spells numbers as 1.50 and 1e3, with unicode and
     odd spacing: each call's arguments must be a slice of the model's text."""
     fx = fixtures(name)[0]
-    _, calls, _ = parse(name, [fx.text])
+    _, calls = parse(name, [fx.text])
     assert calls
     for call in calls:
         assert call.arguments in fx.text, (name, call.arguments)
@@ -114,7 +88,7 @@ def _pieces(text: str, size: int = 4) -> list[str]:
 def test_names_and_arguments_stream_while_the_json_grows(name: str) -> None:
     fx = fixtures(name)[0]
     pieces = _pieces(fx.text)
-    events, calls, _ = parse(name, pieces)
+    events, calls = parse(name, pieces)
     parser = resolve(FORMATS[name].parser)(())
     arrived: dict[type, list[int]] = {CallStart: [], CallArguments: [], CallEnd: []}
     for n, piece in enumerate(pieces):
@@ -161,16 +135,16 @@ def test_pythonic_calls_are_sent_whole_when_the_list_closes() -> None:
 def test_a_partial_marker_is_held_until_the_text_decides(name, marker, after) -> None:
     cut = len(marker) - 3
     parser = resolve(FORMATS[name].parser)(())
-    assert merge(parser.feed("Hi! " + marker[:cut], ())) == [ToolText(text="Hi! ")]
+    assert merge_events(parser.feed("Hi! " + marker[:cut], ())) == [ToolText(text="Hi! ")]
     got = parser.feed(marker[cut:] + after, ()) + list(parser.finish().events)
     assert not [e for e in got if isinstance(e, ToolText | CallError)], got
     assert [e.name for e in got if isinstance(e, CallStart)] == ["f"]
     held = resolve(FORMATS[name].parser)(())
-    assert merge(held.feed("Hi! " + marker[:cut], ())) == [ToolText(text="Hi! ")]
-    assert merge(held.feed("!", ())) == [ToolText(text=marker[:cut] + "!")]
+    assert merge_events(held.feed("Hi! " + marker[:cut], ())) == [ToolText(text="Hi! ")]
+    assert merge_events(held.feed("!", ())) == [ToolText(text=marker[:cut] + "!")]
     ended = resolve(FORMATS[name].parser)(())
     ended.feed(marker[:cut], ())
-    assert merge(list(ended.finish().events)) == [ToolText(text=marker[:cut])]
+    assert merge_events(list(ended.finish().events)) == [ToolText(text=marker[:cut])]
 
 
 def _tool(name: str) -> Tool:
@@ -185,29 +159,29 @@ def _tool(name: str) -> Tool:
 ])
 def test_unmarked_json_is_a_call_only_under_a_declared_name(name, text) -> None:
     tools = (_tool("lookup"), _tool("get_weather"))
-    events, calls, _ = parse(name, [text % "get_weather"], tools)
+    events, calls = parse(name, [text % "get_weather"], tools)
     assert [c.name for c in calls] == ["get_weather"]
-    events, calls, _ = parse(name, [text % "undeclared"], tools)
+    events, calls = parse(name, [text % "undeclared"], tools)
     assert calls == () and events == [ToolText(text=text % "undeclared")]
 
 
 def test_a_call_that_breaks_after_it_started_ends_and_is_reported_whole() -> None:
     block = '<tool_call>{"name": "a", "arguments": {"b": tru}}</tool_call>'
-    events, calls, _ = parse("hermes", [block + " ok"])
+    events, calls = parse("hermes", [block + " ok"])
     assert events == [CallStart(index=0, name="a"), CallArguments(index=0, text='{"b": tru}'),
                       CallEnd(index=0), CallError(message=events[3].message, text=block),
                       ToolText(text=" ok")]
     assert calls == ()
     cut_short = '[TOOL_CALLS]get_weather[ARGS]{"city": "Par'
-    events, calls, _ = parse("mistral_bracketed", _pieces(cut_short))
+    events, calls = parse("mistral_bracketed", _pieces(cut_short))
     assert [type(e) for e in events] == [CallStart, CallArguments, CallEnd, CallError]
     assert events[-1].text == cut_short and calls == ()
 
 
 def test_mistral_ids_reach_the_calls_and_a_call_id_the_start() -> None:
-    events, calls, _ = parse("mistral_bracketed", ["[TOOL_CALLS]f[CALL_ID]abc123XYZ[ARGS]{}"])
+    events, calls = parse("mistral_bracketed", ["[TOOL_CALLS]f[CALL_ID]abc123XYZ[ARGS]{}"])
     assert events[0] == CallStart(index=0, name="f", id="abc123XYZ")
-    events, calls, _ = parse("mistral_nemo",
+    events, calls = parse("mistral_nemo",
                              ['[TOOL_CALLS][{"name": "f", "arguments": {}, "id": "Q1w2E3r4T"}]'])
     assert events[0] == CallStart(index=0, name="f") and calls[0].id == "Q1w2E3r4T"
 

@@ -24,14 +24,19 @@ from mlxcel.builtin.toolcalls.markup_formats import FORMATS
 from mlxcel.builtin.toolcalls.markup_values import typed_value
 from mlxcel.chat_template import ChatTemplate
 from mlxcel.lazy import resolve
-from mlxcel.testing.conformance import ToolFixture, check_tool_format
+from mlxcel.testing.conformance import (
+    ToolFixture,
+    check_tool_format,
+    chunkings_of,
+    parse_pieces,
+    streamed_calls,
+)
 from mlxcel.testing.templates import STYLES, template_text
 from mlxcel.types.messages import Tool
 from mlxcel.types.toolcalls import (
     CallArguments,
     CallEnd,
     CallStart,
-    ParseResult,
     ToolText,
 )
 
@@ -67,56 +72,7 @@ TOOLS = (
 def parse(name: str, pieces: list[str]) -> tuple[list, tuple]:
     """One parser of format ``name`` fed ``pieces``: its events merged (adjacent text,
     adjacent fragments of one call; empty ones dropped) and ``finish().calls``."""
-    parser = resolve(BY_NAME[name].parser)(TOOLS)
-    events = [e for piece in pieces for e in parser.feed(piece, ())]
-    result = parser.finish()
-    assert isinstance(result, ParseResult)
-    merged: list = []
-    for e in [*events, *result.events]:
-        if isinstance(e, ToolText | CallArguments) and not e.text:
-            continue
-        last = merged[-1] if merged else None
-        if isinstance(e, ToolText) and isinstance(last, ToolText):
-            merged[-1] = ToolText(text=last.text + e.text)
-        elif isinstance(e, CallArguments) and isinstance(last, CallArguments) \
-                and e.index == last.index:
-            merged[-1] = CallArguments(index=e.index, text=last.text + e.text)
-        else:
-            merged.append(e)
-    return merged, tuple(result.calls)
-
-
-def chunkings(text: str, seed: int, count: int = 24) -> list[list[str]]:
-    """One character at a time, then ``count`` random cuts of 1 to 2..16 characters."""
-    rng, out = random.Random(seed), [list(text)]
-    for _ in range(count):
-        top, pieces, i = rng.choice((2, 3, 5, 8, 16)), [], 0
-        while i < len(text):
-            step = rng.randint(1, top)
-            pieces.append(text[i:i + step])
-            i += step
-        out.append(pieces)
-    return out
-
-
-def streamed(events: list) -> list[tuple]:
-    """The calls the events send, as (name, id, arguments); each starts, takes fragments
-    only while open, and ends, with indices counting from 0."""
-    calls: list[list] = []
-    open_ = None
-    for e in events:
-        if isinstance(e, CallStart):
-            assert open_ is None and e.index == len(calls) and e.name, e
-            calls.append([e.name, e.id, ""])
-            open_ = e.index
-        elif isinstance(e, CallArguments | CallEnd):
-            assert open_ == e.index, e
-            if isinstance(e, CallEnd):
-                open_ = None
-            else:
-                calls[e.index][2] += e.text
-    assert open_ is None, "a call never ends"
-    return [tuple(c) for c in calls]
+    return parse_pieces(resolve(BY_NAME[name].parser), TOOLS, pieces, name)
 
 
 @pytest.mark.parametrize("name", sorted(FIXTURES))
@@ -324,6 +280,6 @@ def test_random_markup_never_raises_and_parses_the_same_however_cut(name):
     for _ in range(150):
         text = "".join(rng.choice(VOCABULARY) for _ in range(rng.randint(1, 30)))
         whole = parse(name, [text])
-        for pieces in chunkings(text, seed=rng.randrange(1 << 30), count=2):
+        for pieces in chunkings_of(text, random.Random(rng.randrange(1 << 30)), 2):
             assert parse(name, pieces) == whole, (name, pieces)
-        streamed(whole[0])
+        streamed_calls(whole[0], name)

@@ -20,7 +20,8 @@ call of its index in ``finish().calls`` (name, the fragments joined = its argume
 id), because a client keeps what was streamed. A parser may stream nothing and report
 every call at ``finish()``. ``CallError`` comes where, and only where, a fixture says its
 text holds broken markup; the content a client sees is the text and ``CallError`` events'
-text, in order.
+text, in order. Its pieces serve a format's own tests too: ``chunkings_of``, ``parse_pieces``
+(``merge_events``) and ``streamed_calls``.
 """
 
 from __future__ import annotations
@@ -139,10 +140,10 @@ def check_tool_format(tool_format: Any, fixtures: Any, *, tools: Any = (),
     new_parser, rng = resolve(fmt.parser), random.Random(seed)
     for n, fixture in enumerate(ToolFixture(*f) for f in fixtures):
         where = f"{fmt.name} fixture {n}"
-        whole, calls = _parse(new_parser, tuple(tools), [fixture.text], where)
+        whole, calls = parse_pieces(new_parser, tuple(tools), [fixture.text], where)
         _check_answer(whole, calls, fixture, where)
-        for pieces in _chunkings(fixture.text, rng, chunkings):
-            split, split_calls = _parse(new_parser, tuple(tools), pieces, where)
+        for pieces in chunkings_of(fixture.text, rng, chunkings):
+            split, split_calls = parse_pieces(new_parser, tuple(tools), pieces, where)
             assert split == whole, _difference(where, pieces, split, whole)
             assert split_calls == calls, \
                 f"{where}: fed as {_shown(pieces)}, finish() gives the calls {split_calls}; " \
@@ -165,7 +166,7 @@ def _installed_format(name: str, template: str | None) -> Any:
     return formats.get(name)
 
 
-def _chunkings(text: str, rng: random.Random, count: int) -> list[list[str]]:
+def chunkings_of(text: str, rng: random.Random, count: int) -> list[list[str]]:
     """One character at a time, then ``count`` random cuts with pieces of 1 to 2..16 chars."""
     out = [list(text)]
     for _ in range(count):
@@ -178,16 +179,23 @@ def _chunkings(text: str, rng: random.Random, count: int) -> list[list[str]]:
     return out
 
 
-def _parse(new_parser: Any, tools: tuple, pieces: list[str], where: str) -> tuple[list, tuple]:
-    """One parser fed ``pieces`` (no token ids) then finished: its events, merged (adjacent
-    text, adjacent fragments of one call; empty ones dropped), and ``finish().calls``."""
+def parse_pieces(new_parser: Any, tools: tuple, pieces: list[str],
+                 where: str = "parser") -> tuple[list, tuple]:
+    """One parser fed ``pieces`` (no token ids) then finished: its events, merged
+    (``merge_events``), and ``finish().calls``."""
     parser = new_parser(tools)
     events = [e for piece in pieces for e in parser.feed(piece, ())]
     result = parser.finish()
     assert isinstance(result, ParseResult), f"{where}: finish() gave {result!r}, not a " \
                                             "ParseResult"
+    return merge_events([*events, *result.events], where), tuple(result.calls)
+
+
+def merge_events(events: list, where: str = "parser") -> list:
+    """``events`` as a client that concatenates them sees them: adjacent text, and adjacent
+    fragments of one call, merged; empty ones dropped. Each must be a ``ToolEvent``."""
     merged: list[Any] = []
-    for e in [*events, *result.events]:
+    for e in events:
         assert isinstance(e, ToolText | CallStart | CallArguments | CallEnd | CallError), \
             f"{where}: {e!r} is not a ToolEvent (mlxcel.types.toolcalls)"
         if isinstance(e, ToolText | CallArguments) and not e.text:
@@ -200,7 +208,7 @@ def _parse(new_parser: Any, tools: tuple, pieces: list[str], where: str) -> tupl
             merged[-1] = CallArguments(index=e.index, text=last.text + e.text)
         else:
             merged.append(e)
-    return merged, tuple(result.calls)
+    return merged
 
 
 def _shown(pieces: list[str]) -> str:
@@ -231,7 +239,7 @@ def _check_answer(events: list, calls: tuple, fixture: ToolFixture, where: str) 
         content = "".join(e.text for e in events if isinstance(e, ToolText | CallError))
         assert content == fixture.content, \
             f"{where}: content {content!r} != expected {fixture.content!r}"
-    for n, (name, cid, arguments) in enumerate(_streamed(events, where)):
+    for n, (name, cid, arguments) in enumerate(streamed_calls(events, where)):
         if n >= len(calls):
             assert fixture.errors, \
                 f"{where}: call {n} streamed, but finish() has {len(calls)} calls"
@@ -262,7 +270,7 @@ def _calls(calls: tuple, where: str) -> list[dict[str, Any]]:
     return out
 
 
-def _streamed(events: list, where: str) -> list[tuple[str, str | None, str]]:
+def streamed_calls(events: list, where: str = "parser") -> list[tuple[str, str | None, str]]:
     """The calls the events stream, as (name, id, arguments): each starts with a name,
     takes fragments only while open and ends; indices count up from 0."""
     calls: list[list[Any]] = []
