@@ -57,7 +57,7 @@ from mlxcel.toolcalls.api import ToolFormat
 @hookimpl
 def mlxcel_register_tool_formats(registry):
     registry.add(ToolFormat(name="acme-json", detect=lambda t: "<acme_call>" in t,
-                            parser="acme_twin.parser:new_parser"))
+                            parser="acme_twin.parser:new_parser", specificity=20))
 """
 
 ACME_TEMPLATE = ("{% for m in messages %}{{ m.content }}{% endfor %}"
@@ -362,7 +362,7 @@ def test_the_acme_format_is_picked_by_flag_family_default_or_template(
     assert _picked(_cli([sites["acme"]], "--model", str(acme))) == \
         "acme-xml (the model family's default; family acme)"
     listing = _cli([sites["acme"]]).stdout.splitlines()
-    assert "  acme-xml  specificity 0  from toolcall-acme" in listing
+    assert "  acme-xml  specificity 20  from toolcall-acme" in listing
 
 
 def test_a_tie_between_two_plugins_fails_naming_both_and_the_flag_settles_it(

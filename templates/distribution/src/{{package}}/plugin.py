@@ -21,4 +21,5 @@ def mlxcel_register_tool_formats(registry):
         name="{{tool_format}}",
         detect=detect,
         parser="{{package}}.parser:new_parser",
+        specificity=20,  # a marker of its own (see the hooks reference for the scale)
     ))

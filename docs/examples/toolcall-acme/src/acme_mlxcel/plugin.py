@@ -23,6 +23,7 @@ def mlxcel_register_tool_formats(registry):
         name="acme-xml",
         detect=detect,
         parser="acme_mlxcel.parser:new_parser",
+        specificity=20,
     ))
 
 
