@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import httpx
@@ -115,3 +116,25 @@ def test_prompt_cache_hit_reported_through_the_sdk(sdk, server):
     stats = httpx.get(server.base_url + "/v1/cache/stats",
                       headers={"Authorization": "Bearer k-e2e"}).json()
     assert stats["hits"] >= 1
+
+
+def test_tool_call_round_trip_through_the_sdk(sdk):
+    """A forced call, its result sent back, and the next turn: what an agent does."""
+    tools = [{"type": "function", "function": {
+        "name": "get_time", "description": "The time in a zone.",
+        "parameters": {"type": "object", "properties": {
+            "tz": {"type": "string", "enum": ["UTC", "CET"]}}, "required": ["tz"]}}}]
+    messages = [{"role": "user", "content": "What time is it?"}]
+    first = sdk.chat.completions.create(model="tiny", messages=messages, tools=tools,
+                                        tool_choice="required", max_tokens=200, seed=1)
+    assert first.choices[0].finish_reason == "tool_calls"
+    call = first.choices[0].message.tool_calls[0]
+    assert call.function.name == "get_time"
+    assert json.loads(call.function.arguments)["tz"] in ("UTC", "CET")
+    messages += [first.choices[0].message.model_dump(exclude_none=True),
+                 {"role": "tool", "tool_call_id": call.id, "content": "12:00"}]
+    second = sdk.chat.completions.create(model="tiny", messages=messages, tools=tools,
+                                         max_tokens=8, temperature=0,
+                                         extra_body={"ignore_eos": True})
+    assert second.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    assert second.usage.prompt_tokens > first.usage.prompt_tokens

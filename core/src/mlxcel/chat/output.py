@@ -198,11 +198,14 @@ class OutputMachine:
     def __init__(self, *, stops: tuple[str, ...] = (),
                  reasoning: tuple[str, str] | None = None, reasoning_open: bool = False,
                  tool_parser: ToolCallParser | None = None,
-                 special_texts: Iterable[str] = (), request_id: str | None = None) -> None:
+                 special_texts: Iterable[str] = (), request_id: str | None = None,
+                 forced: bool = False) -> None:
         self._stops = StopMatcher(stops)
         self._reasoning = _Reasoning(reasoning, reasoning_open)
         self._tools = _Tools(tool_parser, special_texts, request_id)
         self._calls: tuple[ParsedCall, ...] = ()
+        self._forced = forced  # tool_choice required a call: an answer without one is logged
+        self._request_id = request_id
         self._stopped = False  # a stop string matched: later text is not the answer's
         self.done = False
 
@@ -229,6 +232,8 @@ class OutputMachine:
             reason = event.finish_reason
             if reason == "stop" and self._calls:
                 reason = "tool_calls"
+            elif self._forced and not self._calls and reason in ("stop", "length"):
+                log.warning("tool_choice_unmet", request_id=self._request_id)
             out.append(Finish(reason=reason, usage=event.usage, error=event.error,
                               calls=self._calls))
         return out
@@ -292,4 +297,5 @@ def answer_machine(checkpoint: Any, req: Any, prompt: Any,
     specials = checkpoint.tokenizer.special_texts.values() if parser is not None else ()
     return OutputMachine(stops=req.stop, reasoning=reasoning,
                          reasoning_open=prompt.reasoning_open, tool_parser=parser,
-                         special_texts=specials, request_id=req.request_id)
+                         special_texts=specials, request_id=req.request_id,
+                         forced=prompt.forced)

@@ -15,6 +15,7 @@ from mlxcel.chat.tool_choice import apply_tool_choice
 from mlxcel.errors import CapabilityNotSupported, InvalidRequest
 from mlxcel.options import RESERVED_TEMPLATE_KEYS
 from mlxcel.types.messages import (
+    FunctionChoice,
     MediaPart,
     Message,
     PromptInput,
@@ -152,5 +153,7 @@ def prompt_input(request: PromptRequest, engine: Any, *,
     ``reasoning_markers`` (open, close) are the model's, when it has them."""
     text, tools = _render(request, engine.checkpoint.template, server_kwargs)
     ids = encode_prompt(engine, text, "messages", add_special=False)
-    return PromptInput(token_ids=tuple(ids), tools=tools,
+    forced = request.tool_choice == "required" or isinstance(request.tool_choice,
+                                                             FunctionChoice)
+    return PromptInput(token_ids=tuple(ids), tools=tools, forced=forced and bool(tools),
                        reasoning_open=reasoning_open(text, reasoning_markers))

@@ -14,6 +14,7 @@ import asyncio
 from typing import Any
 
 from mlxcel.errors import InvalidRequest
+from mlxcel.lazy import resolve
 from mlxcel.types.constraints import Constraint, JsonSchemaConstraint
 
 PARAM = "response_format"
@@ -49,3 +50,20 @@ async def compile_constraint(compiler: Any, constraint: Constraint) -> Any:
     """The compiled constraint; its checks and compile errors are 400s
     (``InvalidRequest`` subclasses), raised before the request is queued."""
     return await asyncio.wrap_future(compiler.submit(constraint))
+
+
+def tool_constraint(checkpoint: Any, prompt: Any, response: Constraint | None
+                    ) -> Constraint | None:
+    """The output constraint of a forced ``tool_choice``: the checkpoint's tool format's
+    grammar for the tools left (None: not forced, or a format without one, which gets the
+    prompt's directive only). Forcing a call and constraining the answer's JSON both
+    shape one output, so asking for both is refused."""
+    if not prompt.forced:
+        return response
+    if response is not None:
+        raise InvalidRequest("a forced 'tool_choice' cannot be combined with a constrained "
+                             "'response_format'", param="tool_choice")
+    fmt = checkpoint.tool_format
+    if fmt is None or fmt.grammar is None:
+        return None
+    return resolve(fmt.grammar)(prompt.tools, "required")

@@ -44,3 +44,26 @@ class JsonSchemaConstraint(Constraint, tag="json_schema"):
     @property
     def cache_text(self) -> str:
         return f"json_schema:{self.schema}"
+
+
+class WrappedJsonConstraint(Constraint, tag="wrapped_json"):
+    """The output is ``prefix``, then one JSON value valid under ``schema``, then
+    ``suffix``: a tool call in a format that wraps a JSON object in fixed markup (Hermes'
+    ``<tool_call>``, Mistral Nemo's ``[TOOL_CALLS]``), forced by ``tool_choice``."""
+
+    prefix: str
+    schema: str
+    suffix: str = ""
+
+    @classmethod
+    def around(cls, prefix: str, schema: Any, suffix: str = "") -> WrappedJsonConstraint:
+        return cls(prefix=prefix, schema=msgspec.json.encode(schema).decode(), suffix=suffix)
+
+    def json(self) -> JsonSchemaConstraint:
+        """The JSON part alone (what the schema checks and limits apply to)."""
+        return JsonSchemaConstraint(schema=self.schema)
+
+    @property
+    def cache_text(self) -> str:
+        return "wrapped_json:" + msgspec.json.encode([self.prefix, self.schema,
+                                                      self.suffix]).decode()

@@ -114,4 +114,5 @@ class PromptInput(msgspec.Struct, frozen=True, kw_only=True):
 
     token_ids: tuple[int, ...]
     tools: tuple[Tool, ...] = ()
+    forced: bool = False  # tool_choice requires a call (``required`` or a named function)
     reasoning_open: bool = False

@@ -11,8 +11,9 @@ Functionary and the pythonic Llama templates beside Llama 3's ipython header).
 
 Hermes, both Mistral forms, Llama 3, generic JSON, Functionary, Command R and Granite
 stream each call's name and arguments as they are generated; pythonic calls are sent whole
-when their list closes. A forced tool choice gets no grammar from here yet (``grammar``
-None).
+when their list closes. A forced tool choice (``required``, or a named function) is
+constrained for the JSON-in-fixed-markup forms (Hermes, Mistral Nemo, Llama 3:
+``grammars``); the others get the prompt's directive only.
 """
 
 from __future__ import annotations
@@ -81,16 +82,18 @@ def detect_pythonic(template: str) -> bool:
                                        "[func_name1("))
 
 
-def _format(name: str, detect, specificity: int, module: str) -> ToolFormat:
+def _format(name: str, detect, specificity: int, module: str,
+            grammar: str | None = None) -> ToolFormat:
     return ToolFormat(name=name, detect=detect, specificity=specificity,
-                      parser=f"{_PACKAGE}.{module}:new_parser")
+                      parser=f"{_PACKAGE}.{module}:new_parser",
+                      grammar=f"{_PACKAGE}.grammars:{grammar}" if grammar else None)
 
 
 FORMATS: tuple[ToolFormat, ...] = (
-    _format("hermes", detect_hermes, 10, "hermes"),
-    _format("mistral_nemo", detect_mistral_nemo, 20, "mistral"),
+    _format("hermes", detect_hermes, 10, "hermes", "hermes"),
+    _format("mistral_nemo", detect_mistral_nemo, 20, "mistral", "mistral_nemo"),
     _format("mistral_bracketed", detect_mistral_bracketed, 20, "mistral"),
-    _format("llama3", detect_llama3, 20, "llama3"),
+    _format("llama3", detect_llama3, 20, "llama3", "llama3"),
     _format("generic_json", detect_generic_json, 10, "generic_json"),
     _format("functionary_v3_1", detect_functionary_v3_1, 30, "functionary_v31"),
     _format("functionary_v3_2", detect_functionary_v3_2, 30, "functionary_v32"),

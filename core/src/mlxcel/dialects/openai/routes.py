@@ -10,7 +10,7 @@ from litestar import Request, Response, get, post
 
 from mlxcel.chat.answer import Answer, collect
 from mlxcel.chat.output import OutputMachine, answer_machine
-from mlxcel.chat.structured import compile_constraint, response_constraint
+from mlxcel.chat.structured import compile_constraint, response_constraint, tool_constraint
 from mlxcel.context import AppContext
 from mlxcel.dialects.prepare import prepare_for
 from mlxcel.dialects.wire import (
@@ -81,6 +81,7 @@ def build(ctx: AppContext) -> list[Any]:
         constraint = response_constraint(body.response_format)
         prompt = await prepare_for(request, lambda: chat_prompt_input(ctx, body))
         markers = ctx.engine.checkpoint.family.reasoning_markers
+        constraint = tool_constraint(ctx.engine.checkpoint, prompt, constraint)
         guide = await _guide(ctx, constraint)
         after = markers[1] if guide is not None and markers and prompt.reasoning_open \
             else None

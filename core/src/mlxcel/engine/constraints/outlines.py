@@ -22,12 +22,21 @@ from mlxcel.engine.constraints.outlines_schema import prepare
 from mlxcel.engine.constraints.protocol import mask_words
 from mlxcel.engine.constraints.vocabulary import TokenVocabulary
 from mlxcel.errors import ConstraintTooComplex, UnsupportedSchema
-from mlxcel.types.constraints import Constraint, JsonSchemaConstraint
+from mlxcel.types.constraints import Constraint, JsonSchemaConstraint, WrappedJsonConstraint
 
 # masks kept per compiled index; a state's mask is one row, so the bound is in bytes
 MASK_CACHE_BYTES = 32 << 20
 _FORMATS = "date, date-time, time, email, uri, uuid"
 RULES_VERSION = "1"  # bump when outlines_schema changes what it hands outlines-core
+
+
+_META = set("\\.+*?()|[]{}^$#&-~")
+
+
+def literal(text: str) -> str:
+    """``text`` as a regex that matches it alone, in outlines-core's (Rust) syntax: its
+    metacharacters escaped, nothing else (Rust reads ``\\<`` as a word boundary)."""
+    return "".join("\\n" if ch == "\n" else "\\" + ch if ch in _META else ch for ch in text)
 
 
 def _build_index(regex: str, vocabulary: outlines_core.Vocabulary) -> outlines_core.Index:
@@ -53,6 +62,9 @@ class OutlinesBackend:
 
     def regex(self, constraint: Constraint) -> str:
         """The regex the output must match; every refusal is a short message."""
+        if isinstance(constraint, WrappedJsonConstraint):
+            return (literal(constraint.prefix) + self.regex(constraint.json())
+                    + literal(constraint.suffix))
         if not isinstance(constraint, JsonSchemaConstraint):
             raise UnsupportedSchema(f"constraints of kind {type(constraint).__name__} are "
                                     "not supported by the outlines-core backend")
