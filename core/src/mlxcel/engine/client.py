@@ -29,7 +29,7 @@ from mlxcel.types import GenerationEvent, GenerationRequest
 MAX_BUFFERED_EVENTS = 64
 
 
-_held = threading.local()  # per thread: posts whose wake-up waits (HeldWakeups)
+_held = threading.local()  # per thread: mailbox -> posts whose wake-up waits (HeldWakeups)
 
 
 class Mailbox:
@@ -66,7 +66,10 @@ class Mailbox:
         is called if the loop turns out to be gone then."""
         held = getattr(_held, "posts", None)
         if held is not None:
-            held.append((self, fn, arg, lost))
+            items = held.get(self)
+            if items is None:
+                items = held[self] = []
+            items.append((fn, arg, lost))
             return
         self._put([(fn, arg, lost)])
 
@@ -105,7 +108,7 @@ class HeldWakeups:
 
     def __enter__(self) -> HeldWakeups:
         if getattr(_held, "posts", None) is None:
-            _held.posts = []
+            _held.posts = {}
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -118,11 +121,8 @@ class HeldWakeups:
         posts = getattr(_held, "posts", None)
         if not posts:
             return
-        _held.posts = []
-        by_box: dict[Mailbox, list] = {}
-        for box, fn, arg, lost in posts:
-            by_box.setdefault(box, []).append((fn, arg, lost))
-        for box, items in by_box.items():
+        _held.posts = {}
+        for box, items in posts.items():
             with contextlib.suppress(RuntimeError):  # ``lost`` told their streams
                 box._put(items)
 
