@@ -26,3 +26,15 @@ def llama_client(tiny_llama_checkpoint):
     with make_client(tiny_llama_checkpoint, parallel=1) as c:
         wait_ready(c)
         yield c
+
+
+@pytest.fixture(scope="module")
+def template(tiny_checkpoint):
+    """The tiny checkpoint's chat template, loaded as the server loads it."""
+    import json
+
+    from mlxcel.chat_template import load_chat_template
+
+    config = json.loads((tiny_checkpoint / "tokenizer_config.json").read_text())
+    return load_chat_template(tiny_checkpoint, config, override=None, bos_token=None,
+                              eos_token="<|im_end|>")

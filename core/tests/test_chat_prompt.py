@@ -10,7 +10,7 @@ import msgspec
 import pytest
 from mlxcel.chat.prompt import prompt_input, refuse_media, render_chat
 from mlxcel.chat.thinking import reasoning_open
-from mlxcel.chat_template import ChatTemplate, load_chat_template
+from mlxcel.chat_template import ChatTemplate
 from mlxcel.dialects.openai.schemas import ChatCompletionRequest
 from mlxcel.dialects.openai.translate import prompt_request
 from mlxcel.errors import CapabilityNotSupported, InvalidRequest
@@ -31,13 +31,6 @@ THINK = ("<think>", "</think>")
 def msg(role: str, text: str | None = None, **fields) -> Message:
     content = None if text is None else (TextPart(text=text),)
     return Message(role=role, content=content, **fields)  # type: ignore[arg-type]
-
-
-@pytest.fixture(scope="module")
-def template(tiny_checkpoint):
-    config = json.loads((tiny_checkpoint / "tokenizer_config.json").read_text())
-    return load_chat_template(tiny_checkpoint, config, override=None, bos_token=None,
-                              eos_token="<|im_end|>")
 
 
 def render(template, messages, **fields) -> str:

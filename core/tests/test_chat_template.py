@@ -2,21 +2,12 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from mlxcel.chat_template import FALLBACK_CHATML, ChatTemplate, load_chat_template
 from mlxcel.errors import InvalidRequest, StartupError
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "w",
                                            "parameters": {"type": "object", "properties": {}}}}]
-
-
-@pytest.fixture(scope="module")
-def template(tiny_checkpoint):
-    config = json.loads((tiny_checkpoint / "tokenizer_config.json").read_text())
-    return load_chat_template(tiny_checkpoint, config, override=None, bos_token=None,
-                              eos_token="<|im_end|>")
 
 
 def test_tools_rendered_only_when_there_is_at_least_one(template):

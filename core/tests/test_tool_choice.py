@@ -3,13 +3,11 @@ template renders, the directive to call one and where it goes, and every refusal
 
 from __future__ import annotations
 
-import json
-
 import msgspec
 import pytest
 from mlxcel.chat.prompt import render_chat
 from mlxcel.chat.tool_choice import place_directive
-from mlxcel.chat_template import ChatTemplate, load_chat_template
+from mlxcel.chat_template import ChatTemplate
 from mlxcel.dialects.openai.schemas import ChatCompletionRequest
 from mlxcel.dialects.openai.translate import prompt_request
 from mlxcel.errors import InvalidRequest
@@ -32,13 +30,6 @@ NAMED = "You must call the function get_time"
 
 def msg(role: str, text: str) -> Message:
     return Message(role=role, content=(TextPart(text=text),))  # type: ignore[arg-type]
-
-
-@pytest.fixture(scope="module")
-def template(tiny_checkpoint):
-    config = json.loads((tiny_checkpoint / "tokenizer_config.json").read_text())
-    return load_chat_template(tiny_checkpoint, config, override=None, bos_token=None,
-                              eos_token="<|im_end|>")
 
 
 def render(template, messages, **fields) -> str:
