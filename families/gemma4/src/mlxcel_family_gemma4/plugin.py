@@ -1,0 +1,51 @@
+"""The entry point: register the ``gemma4`` family and tool format. Heavy code is named.
+
+mlxcel imports this module at every start-up, so it imports only mlxcel's contracts; the
+loader (core's own mlx-lm text loader: mlx-lm 0.32 implements ``gemma4`` and
+``gemma4_text``) and the parser are ``"module:attr"`` strings, imported on first use.
+"""
+
+from mlxcel import hookimpl
+from mlxcel.families.api import Family, LoopPolicy
+from mlxcel.toolcalls.api import ToolFormat
+
+NAME = "gemma4"
+MODEL_TYPES = ("gemma4", "gemma4_text")
+TOOL_CALL = ("<|tool_call>", "<tool_call|>")
+# Gemma 4 thinks in a channel: <|channel>thought ... <channel|> (<|think|> switches it on).
+REASONING = ("<|channel>", "<channel|>")
+# The spec's Gemma 4 default: a pattern of 1..20 tokens repeated 4 times is a loop.
+LOOP = LoopPolicy(min_pattern_size=1, max_pattern_size=20, min_count=4)
+# Like the other formats with a marker of their own: above <tool_call> JSON's 10.
+SPECIFICITY = 20
+
+
+def detect(template: str) -> bool:
+    """A template that writes ``<|tool_call>`` teaches the model Gemma 4's calls; the
+    marker is Gemma 4's own (Hermes writes ``<tool_call>``, without the bar)."""
+    return TOOL_CALL[0] in template
+
+
+@hookimpl
+def mlxcel_register_tool_formats(registry):
+    registry.add(ToolFormat(
+        name=NAME,
+        detect=detect,
+        parser="mlxcel_family_gemma4.parser:new_parser",
+        specificity=SPECIFICITY,
+        grammar=None,  # the body is not JSON; a regex constraint kind comes first (README)
+    ))
+
+
+@hookimpl
+def mlxcel_register_families(registry):
+    # batch_cache stays None: Gemma 4's rotating and full KV caches have mlx-lm's merge,
+    # so the engine's mixed path batches them (mlxcel.engine.mixed_batch.cache_path).
+    registry.add(Family(
+        name=NAME,
+        model_types=MODEL_TYPES,
+        loader="mlxcel.builtin.text_loader:load",
+        default_tool_format=NAME,
+        reasoning_markers=REASONING,
+        loop_detection=LOOP,
+    ))

@@ -1,0 +1,17 @@
+"""The distribution's tests import their shared fixtures module from this folder."""
+
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def gemma4_checkpoint(mlxcel_checkpoint_cache):
+    """A tiny float32 ``gemma4_text`` checkpoint with Gemma 4's real-shaped template."""
+    from mlxcel.testing.checkpoint import cached_checkpoint
+
+    return cached_checkpoint("gemma4_text", cache_dir=mlxcel_checkpoint_cache,
+                             dtype="float32", template="gemma4")
