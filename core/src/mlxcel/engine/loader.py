@@ -23,6 +23,9 @@ from mlxcel.toolcalls.registry import ToolFormatRegistry
 log = structlog.get_logger("mlxcel.loader")
 ALLOW_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "tokenizer.model", "*.txt", "*.py"]
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p")
+# model_type -> the distribution whose family adds its tool format and reasoning; named in
+# the log when a family that only accepts the type (core's generic one) serves it instead.
+FAMILY_HINTS = {"gemma4": "mlxcel-family-gemma4", "gemma4_text": "mlxcel-family-gemma4"}
 
 
 class GenerationDefaults(msgspec.Struct, frozen=True, kw_only=True):
@@ -117,6 +120,15 @@ def select_family(families: FamilyRegistry, config: dict, path: Path) -> Family:
     return family
 
 
+def family_hint(model_type: Any, family: Family) -> str | None:
+    """The distribution to install for ``model_type`` (``FAMILY_HINTS``) when ``family``
+    does not name the type, so a user whose checkpoint loads without its tool format or
+    reasoning learns what adds them; None when the family names it or no hint exists."""
+    if not isinstance(model_type, str) or model_type in family.model_types:
+        return None
+    return FAMILY_HINTS.get(model_type)
+
+
 def select_tool_format(formats: ToolFormatRegistry, family: Family, template: ChatTemplate,
                        flag: str | None = None) -> tuple[ToolFormat | None, str]:
     """The tool format of a checkpoint and why: ``--tool-call-format``, else the family's
@@ -163,6 +175,9 @@ def load_checkpoint(model: str, families: FamilyRegistry, *,
     log.info("backend", device=device, dtype=actual, requested_dtype=requested, blas=blas,
              checkpoint_dtype=config.get("torch_dtype"), quantized=quantized)
     log.info("tool_format_selected", name=tool_format and tool_format.name, why=why)
+    if hint := family_hint(config.get("model_type"), family):
+        log.info("family_hint", model_type=config.get("model_type"), family=family.name,
+                 install=hint, adds="its tool format and reasoning")
     if cast and actual not in (cast, "unknown"):
         log.warning("dtype_not_applied", requested=cast, dtype=actual, family=family.name,
                     reason="the family's loader kept its own dtype")

@@ -1,0 +1,45 @@
+"""The startup hint: a Gemma 4 checkpoint served by core's generic family names the
+distribution that adds its tool format and reasoning; a family that names the type, or a
+type with no hint, gets none. Tested on the function, so it holds with or without
+mlxcel-family-gemma4 installed."""
+
+from __future__ import annotations
+
+import pytest
+from mlxcel.builtin import text_family
+from mlxcel.engine.loader import FAMILY_HINTS, family_hint
+from mlxcel.families.api import Family
+from mlxcel.families.registry import FamilyRegistry
+
+GEMMA4 = Family(name="gemma4", model_types=("gemma4", "gemma4_text"), loader="x:load")
+
+
+def builtin_family(model_type: str) -> Family:
+    """The family core's own plugin picks for ``model_type`` (no distribution installed)."""
+    registry = FamilyRegistry()
+    text_family.mlxcel_register_families(registry)
+    family = registry.for_model_type(model_type, {"model_type": model_type})
+    assert family is not None
+    return family
+
+
+@pytest.mark.parametrize("model_type", ["gemma4", "gemma4_text"])
+def test_the_generic_family_serving_gemma4_names_the_distribution(model_type):
+    family = builtin_family(model_type)
+    assert family.name == "mlx-lm-generic"
+    assert family_hint(model_type, family) == "mlxcel-family-gemma4"
+
+
+@pytest.mark.parametrize("model_type", ["gemma4", "gemma4_text"])
+def test_the_family_that_names_the_type_gets_no_hint(model_type):
+    assert family_hint(model_type, GEMMA4) is None
+
+
+@pytest.mark.parametrize("model_type", ["llama", "gemma3_text", None, 4])
+def test_a_type_without_a_hint_gets_none(model_type):
+    family = builtin_family("llama")
+    assert family_hint(model_type, family) is None
+
+
+def test_every_hint_names_a_distribution():
+    assert FAMILY_HINTS and all(d.startswith("mlxcel-") for d in FAMILY_HINTS.values())
