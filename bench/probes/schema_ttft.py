@@ -1,5 +1,6 @@
 """How much time to first token does a structured-output request add once its schema is
-in the compile cache?
+in the compile cache (``--mode schema``), and a forced tool call over the same request
+with tools left to the model (``--mode tools``)?
 
 Starts the real ``mlxcel-server`` on a bench checkpoint and sends streamed chat requests
 one at a time, alternating a plain request and the same request with a ``json_schema``
@@ -27,10 +28,17 @@ SCHEMA = {"type": "object", "properties": {
     "legs": {"type": "integer"}}, "required": ["animal", "habitat", "legs"]}
 
 
-def ttft(client: httpx.Client, i: int, schema: dict | None) -> float:
+TOOLS = [{"type": "function", "function": {"name": "describe", "parameters": SCHEMA}}]
+
+
+def ttft(client: httpx.Client, i: int, schema: dict | None, mode: str = "schema") -> float:
+    """``schema``: the constrained variant of the request (None: the plain one)."""
     body = {"messages": [{"role": "user", "content": f"Tell me about animal {i}."}],
             "max_tokens": 4, "stream": True, "temperature": 0, "logprobs": True}
-    if schema is not None:
+    if mode == "tools":
+        body["tools"] = TOOLS
+        body["tool_choice"] = "auto" if schema is None else "required"
+    elif schema is not None:
         body["response_format"] = {"type": "json_schema",
                                    "json_schema": {"name": "a", "schema": schema}}
     t0 = time.perf_counter()
@@ -48,23 +56,25 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--checkpoint", default="30m")
     ap.add_argument("--pairs", type=int, default=20)
+    ap.add_argument("--mode", choices=("schema", "tools"), default="schema")
     args = ap.parse_args()
     kw = dict(CHECKPOINTS[args.checkpoint])
     path = bench_checkpoint(kw.pop("shape"), **kw)
     srv = MlxcelServer(["--model", str(path), "--parallel", "1"])
     try:
         with httpx.Client(base_url=srv.base_url, timeout=120) as client:
-            ttft(client, -1, SCHEMA)  # compiles (and warms the constrained path)
-            ttft(client, -2, None)
+            ttft(client, -1, SCHEMA, args.mode)  # compiles (and warms the constrained path)
+            ttft(client, -2, None, args.mode)
             plain, guided = [], []
             for i in range(args.pairs):
-                plain.append(ttft(client, i, None))
-                guided.append(ttft(client, i, SCHEMA))
+                plain.append(ttft(client, i, None, args.mode))
+                guided.append(ttft(client, i, SCHEMA, args.mode))
     finally:
         srv.stop()
     p, g = statistics.median(plain), statistics.median(guided)
-    print(f"{path.name}, {args.pairs} pairs: TTFT p50 plain {p:.1f} ms, with a cached schema "
-          f"{g:.1f} ms: +{g - p:.1f} ms")
+    what = "with a cached schema" if args.mode == "schema" else "forced (tool_choice required)"
+    print(f"{path.name}, {args.mode}, {args.pairs} pairs: TTFT p50 plain {p:.1f} ms, {what} "
+          f"{g:.1f} ms: {g - p:+.1f} ms")
     return 0
 
 

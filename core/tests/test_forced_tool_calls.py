@@ -107,3 +107,19 @@ def test_each_builtin_grammar_forces_a_call_its_parser_reads(tiny_checkpoint, na
         assert result.calls, tok.decode(ids)
         for call in result.calls:
             check_call(call.name, call.arguments, set(SCHEMAS))
+
+
+def test_with_logprobs_every_token_behind_a_call_gets_a_placeholder_chunk(client):
+    """The spec: one chunk with empty content and filled logprobs per token whose text
+    went into a call, so logprob entries and SSE positions stay one to one."""
+    r = client.post(CHAT, json={**BODY, "tool_choice": "required", "seed": 6, "stream": True,
+                                "logprobs": True})
+    frames = [json.loads(line[6:]) for line in r.text.split("\n\n")
+              if line.startswith("data: {")]
+    choices = [f["choices"][0] for f in frames if f["choices"]]
+    entries = [e for c in choices if c.get("logprobs") for e in c["logprobs"]["content"]]
+    usage = client.post(CHAT, json={**BODY, "tool_choice": "required", "seed": 6}).json()
+    assert len(entries) == usage["usage"]["completion_tokens"]
+    placeholders = [c for c in choices if c.get("logprobs") and c["delta"].get("content") == ""]
+    assert placeholders and all("tool_calls" not in c["delta"] for c in placeholders)
+    assert not "".join(c["delta"].get("content") or "" for c in choices)
