@@ -20,8 +20,10 @@ The stages, in order, for each piece of an event's text:
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Iterable
+from functools import lru_cache
 from typing import Any
 
 import structlog
@@ -120,7 +122,7 @@ class _Tools:
     def __init__(self, parser: ToolCallParser | None, specials: Iterable[str],
                  request_id: str | None) -> None:
         self.parser = parser
-        self.specials = tuple(sorted(set(specials), key=len, reverse=True))
+        self.markers = _marker_pattern(tuple(specials)) if parser is not None else None
         self.request_id = request_id
         self.streamed: dict[int, list] = {}  # index -> [id, name, arguments so far, ended]
         self.token_ids: tuple[int, ...] = ()  # the tokens behind the event being fed
@@ -160,9 +162,7 @@ class _Tools:
         return out if ended else [*out, ToolCallEnd(index=i)]
 
     def _visible(self, text: str) -> str:
-        for marker in self.specials:
-            text = text.replace(marker, "")
-        return text
+        return self.markers.sub("", text) if self.markers is not None else text
 
     def _deltas(self, events: Iterable[ToolEvent]) -> list[Delta]:
         out: list[Delta] = []
@@ -186,6 +186,16 @@ class _Tools:
                 if text := self._visible(e.text):
                     out.append(ContentDelta(text=text))
         return out
+
+
+@lru_cache(maxsize=16)
+def _marker_pattern(markers: tuple[str, ...]) -> re.Pattern[str] | None:
+    """One pass that removes every special token's text (longest first, so a marker that
+    contains another goes whole); made once per tokenizer's marker set."""
+    if not markers:
+        return None
+    return re.compile("|".join(re.escape(m) for m in sorted(set(markers), key=len,
+                                                              reverse=True)))
 
 
 def _call_id() -> str:
@@ -294,7 +304,7 @@ def answer_machine(checkpoint: Any, req: Any, prompt: Any,
     per answer, fed special tokens' text, which content never shows)."""
     fmt = checkpoint.tool_format if prompt.tools else None
     parser = resolve(fmt.parser)(prompt.tools) if fmt is not None else None
-    specials = checkpoint.tokenizer.special_texts.values() if parser is not None else ()
+    specials = checkpoint.tokenizer.special_markers if parser is not None else ()
     return OutputMachine(stops=req.stop, reasoning=reasoning,
                          reasoning_open=prompt.reasoning_open, tool_parser=parser,
                          special_texts=specials, request_id=req.request_id,

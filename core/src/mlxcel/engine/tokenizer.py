@@ -109,6 +109,11 @@ class Tokenizer:
         return {tid: tok.content for tid, tok in self.hf.get_added_tokens_decoder().items()
                 if tok.special}
 
+    @cached_property
+    def special_markers(self) -> tuple[str, ...]:
+        """The special tokens' texts, once each (what answer text must never show)."""
+        return tuple(sorted(set(self.special_texts.values())))
+
     def decode(self, ids: list[int], skip_special: bool = True) -> str:
         return self.hf.decode(ids, skip_special_tokens=skip_special)
 
