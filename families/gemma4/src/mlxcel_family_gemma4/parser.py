@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from mlxcel.engine.stops import partial_suffix
 from mlxcel.types.toolcalls import (
     CallArguments,
     CallEnd,
@@ -38,14 +39,6 @@ from mlxcel.types.toolcalls import (
 from mlxcel_family_gemma4.decode import STR, CallSyntaxError, decode_calls, string_parameters
 
 OPEN, CLOSE = "<|tool_call>", "<tool_call|>"
-
-
-def held_back(text: str, marker: str) -> int:
-    """How many characters at the end of ``text`` could be the start of ``marker``."""
-    for n in range(min(len(text), len(marker) - 1), 0, -1):
-        if marker.startswith(text[-n:]):
-            return n
-    return 0
 
 
 class Gemma4Parser:
@@ -76,7 +69,7 @@ class Gemma4Parser:
 
     def _outside(self, out: list[ToolEvent]) -> bool:
         at = self.buf.find(OPEN)
-        cut = len(self.buf) - held_back(self.buf, OPEN) if at < 0 else at
+        cut = len(self.buf) - partial_suffix(self.buf, (OPEN,)) if at < 0 else at
         if cut:
             out.append(ToolText(text=self.buf[:cut]))
         if at < 0:
