@@ -8,6 +8,7 @@ import random
 
 import pytest
 from mlxcel.chat.output import OutputMachine, merge, pieces
+from mlxcel.families.api import ReasoningSpec
 from mlxcel.types import (
     ContentDelta,
     Finish,
@@ -22,7 +23,7 @@ from mlxcel.types import (
 from mlxcel.types.toolcalls import CallArguments, CallStart, ParsedCall, ParseResult, ToolText
 
 USAGE = Usage(prompt_tokens=3, completion_tokens=9)
-THINK = ("<think>", "</think>")
+THINK = ReasoningSpec(open="<think>", close="</think>")
 
 
 def events(parts: list[tuple[str, bool]], rng: random.Random | None,
@@ -241,13 +242,12 @@ def test_a_family_with_reasoning_markers_answers_reasoning_first(tiny_checkpoint
     """A prompt that leaves the answer inside an open ``<think>`` block (the family's
     markers): what the model writes up to ``</think>`` is ``reasoning_content``, the rest
     content, streamed and not; nothing is lost between them."""
-    import msgspec
     from apphelpers import make_client, wait_ready
 
     with make_client(tiny_checkpoint) as client:
         wait_ready(client)
         ckpt = client.app.state["ctx"].engine.checkpoint
-        ckpt.family = msgspec.structs.replace(ckpt.family, reasoning_markers=THINK)
+        ckpt.reasoning = THINK
         body = {"messages": [{"role": "user", "content": "hi"},
                              {"role": "assistant", "content": "<think>\nlet me see"}],
                 "continue_final_message": True, "max_tokens": 12, "temperature": 0,

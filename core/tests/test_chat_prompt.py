@@ -9,11 +9,12 @@ import json
 import msgspec
 import pytest
 from mlxcel.chat.prompt import prompt_input, refuse_media, render_chat
-from mlxcel.chat.thinking import reasoning_open
+from mlxcel.chat.reasoning import prompt_opens
 from mlxcel.chat_template import ChatTemplate
 from mlxcel.dialects.openai.schemas import ChatCompletionRequest
 from mlxcel.dialects.openai.translate import prompt_request
 from mlxcel.errors import CapabilityNotSupported, InvalidRequest
+from mlxcel.families.api import ReasoningSpec
 from mlxcel.types.messages import (
     AudioPart,
     ImagePart,
@@ -25,7 +26,7 @@ from mlxcel.types.messages import (
 )
 
 CHAT = "/v1/chat/completions"
-THINK = ("<think>", "</think>")
+THINK = ReasoningSpec(open="<think>", close="</think>")
 
 
 def msg(role: str, text: str | None = None, **fields) -> Message:
@@ -133,7 +134,7 @@ def test_continuing_is_refused_when_the_template_changes_the_content():
     assert info.value.param == "continue_final_message"
 
 
-# -- reasoning_open -----------------------------------------------------------------------
+# -- prompt_opens -------------------------------------------------------------------------
 @pytest.mark.parametrize("text,open_", [
     ("<|im_start|>assistant\n<think>\n", True),
     ("<|im_start|>assistant\n<think>\nLet me", True),
@@ -142,22 +143,23 @@ def test_continuing_is_refused_when_the_template_changes_the_content():
     ("<|im_start|>assistant\n", False),
 ])
 def test_reasoning_open_is_the_last_open_marker_after_the_last_close(text, open_):
-    assert reasoning_open(text, THINK) is open_
-    assert reasoning_open(text, ("<think>\n", " </think>\n")) is open_  # whitespace aside
-    assert reasoning_open(text, None) is False
+    assert prompt_opens(text, THINK) is open_
+    spaced = ReasoningSpec(open="<think>\n", close=" </think>\n")
+    assert prompt_opens(text, spaced) is open_  # whitespace aside
+    assert prompt_opens(text, None) is False
 
 
 def test_prompt_input_reports_an_open_reasoning_block(client):
     engine = client.app.state["ctx"].engine
     started = PromptRequest(messages=(PARTIAL[0], msg("assistant", "<think>\nLet me")),
                             continue_final_message=True)
-    result = prompt_input(started, engine, reasoning_markers=THINK)
+    result = prompt_input(started, engine, reasoning=THINK)
     assert result.reasoning_open is True
     tail = engine.checkpoint.tokenizer.decode(list(result.token_ids), skip_special=False)
     assert tail.endswith("<|im_start|>assistant\n<think>\nLet me")
     assert prompt_input(started, engine).reasoning_open is False  # no markers: never open
     closed = PromptRequest(messages=PARTIAL[:1], template_kwargs={"enable_thinking": False})
-    assert prompt_input(closed, engine, reasoning_markers=THINK).reasoning_open is False
+    assert prompt_input(closed, engine, reasoning=THINK).reasoning_open is False
 
 
 # -- media parts --------------------------------------------------------------------------

@@ -87,6 +87,18 @@ def loop_policy(raw: str) -> LoopPolicy:
     return LoopPolicy(min_pattern_size=max(1, low), max_pattern_size=high, min_count=count)
 
 
+def reasoning_budget(raw: str) -> int:
+    """-1 (unrestricted) or a number of tokens >= 0."""
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -2
+    if value < -1:
+        raise argparse.ArgumentTypeError(f"expected -1 (unrestricted) or a number of tokens "
+                                         f">= 0, got {raw!r}")
+    return value
+
+
 def seconds_up_to_1(raw: str) -> float:
     """A number of seconds in (0, 1]: a GIL switch interval beyond a second would stall
     the engine thread for that long."""
@@ -185,6 +197,15 @@ OPTIONS: list[tuple[tuple[str, ...], str, Any, Any, str, str]] = [
     (("--tool-call-format",), "tool_call_format", str, None, "MLXCEL_TOOL_CALL_FORMAT",
      "tool-call format the model's answers are parsed with, by name (mlxcel-server plugins "
      "lists them); default: the model family's, else the one its chat template shows"),
+    (("--reasoning-format",), "reasoning_format", _choice("reasoning_format"), "auto",
+     "LLAMA_ARG_THINK",
+     "where reasoning goes: auto or deepseek = message.reasoning_content (split at the "
+     "model's markers), deepseek-legacy = there and left in the content too, none = left "
+     "in the content"),
+    (("--reasoning-budget",), "reasoning_budget", reasoning_budget, -1,
+     "LLAMA_ARG_THINK_BUDGET",
+     "reasoning tokens an answer may generate before its reasoning block is closed for "
+     "it: -1 = unrestricted, 0 = end it at once; a request's thinking budget wins"),
     (("--log-format",), "log_format", str, "console", "MLXCEL_LOG_FORMAT",
      "log line format: json or console"),
     (("--plugins",), "plugins", str, None, "MLXCEL_PLUGINS",
@@ -273,6 +294,7 @@ OPTIONS: list[tuple[tuple[str, ...], str, Any, Any, str, str]] = [
      "write one JSON line per engine loop turn that did work to this file (diagnosis)"),
 ]
 CHOICES = {"log_format": ["json", "console"],
+           "reasoning_format": ["auto", "deepseek", "deepseek-legacy", "none"],
            "dtype": ["auto", "float32", "float16", "bfloat16"],
            "decode_attention": ["auto", "varlen", "grouped", "composed", "fused"]}
 

@@ -42,6 +42,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     chat_template_file: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     tool_call_format: str | None = None
+    reasoning_format: str = "auto"
+    reasoning_budget: int = -1
     log_format: str = "console"
     plugins: str | None = None
     disable_plugins: str | None = None

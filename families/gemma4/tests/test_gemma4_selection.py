@@ -29,7 +29,8 @@ def test_the_loaded_checkpoint_carries_the_family(gemma4_checkpoint):
                            tool_formats=plugins.tool_formats)
     assert ckpt.config["model_type"] == "gemma4_text"
     assert ckpt.family.name == "gemma4"
-    assert ckpt.family.reasoning_markers == STYLES["gemma4"].reasoning
+    assert (ckpt.reasoning.open, ckpt.reasoning.close) == STYLES["gemma4"].reasoning
+    assert ckpt.reasoning.label == "thought"
     assert ckpt.family.loop_detection == LoopPolicy(min_pattern_size=1, max_pattern_size=20,
                                                     min_count=4)
     assert ckpt.family.batch_cache is None
@@ -37,7 +38,7 @@ def test_the_loaded_checkpoint_carries_the_family(gemma4_checkpoint):
         ("gemma4", plugins.tool_formats.choose("", family_default="gemma4")[1])
     # the markers are single tokens of the checkpoint, so they arrive whole
     tokenizer = ckpt.tokenizer
-    for marker in (*plugin.TOOL_CALL, *plugin.REASONING, '<|"|>'):
+    for marker in (*plugin.TOOL_CALL, plugin.REASONING.open, plugin.REASONING.close, '<|"|>'):
         assert tokenizer.encode(marker) == [tokenizer.hf.token_to_id(marker)], marker
 
 

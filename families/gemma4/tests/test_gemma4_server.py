@@ -62,7 +62,7 @@ def test_an_answer_splits_into_reasoning_content_and_a_call(gemma4_checkpoint):
     ckpt = load_checkpoint(str(gemma4_checkpoint), plugins.families,
                            tool_formats=plugins.tool_formats)
     tok = ckpt.tokenizer
-    machine = OutputMachine(reasoning=ckpt.family.reasoning_markers,
+    machine = OutputMachine(reasoning=ckpt.reasoning,
                             tool_parser=resolve(ckpt.tool_format.parser)(TOOLS),
                             special_texts=tok.special_texts.values())
     answer = "<|channel>thought\nweather, then Paris<channel|>Checking." + WEATHER

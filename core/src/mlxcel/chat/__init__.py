@@ -8,7 +8,9 @@ and the engine.
   ``continue_final_message``, media refusal, and the order of the rules below.
 * ``tool_choice``: which tools are rendered and the directive to call one.
 * ``thinking``: earlier turns' reasoning (``preserve_thinking``, the rolling-checkpoint
-  rule) and whether a prompt ends inside an open reasoning block.
+  rule).
+* ``reasoning``: a checkpoint's reasoning spec (the family's, or detected), whether a
+  prompt ends inside an open reasoning block, and the splitters of the answer's text.
 * ``tokens``: prompt text -> token ids within the context window.
 * ``output``: the per-answer state machine, engine events -> typed deltas
   (``mlxcel.types.deltas``): stop strings, the reasoning split and the tool parser, the

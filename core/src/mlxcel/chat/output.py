@@ -12,8 +12,9 @@ The stages, in order, for each piece of an event's text:
 1. stop strings, on ordinary text (``engine.stops.StopMatcher``, the engine's own rule for
    where generation ends): text after a stop is dropped, a special token ends a partial
    match;
-2. the reasoning split at the reasoning markers, when the model has them (the prompt may
-   leave the answer inside an open block: ``reasoning_open``);
+2. the reasoning split at the model's reasoning markers, when it has them
+   (``chat.reasoning``; the prompt may leave the answer inside an open block:
+   ``reasoning_open``); reasoning text never reaches the tool parser;
 3. the tool parser on the answer text, when the request has tools and the model a format
    (it sees special tokens' text; what it passes through as content loses them).
 """
@@ -28,7 +29,9 @@ from typing import Any
 
 import structlog
 
-from mlxcel.engine.stops import StopMatcher, partial_suffix
+from mlxcel.chat.reasoning import splitter
+from mlxcel.engine.stops import StopMatcher
+from mlxcel.families.api import ReasoningSpec
 from mlxcel.lazy import resolve
 from mlxcel.toolcalls.api import ToolCallParser
 from mlxcel.types import (
@@ -70,47 +73,6 @@ def pieces(event: GenerationEvent) -> list[Piece]:
     if at < len(event.text):
         out.append((event.text[at:], False))
     return out
-
-
-class _Reasoning:
-    """Routes text between reasoning and answer at the markers, holding back a partial
-    marker. Without markers everything is answer text."""
-
-    def __init__(self, markers: tuple[str, str] | None, inside: bool) -> None:
-        self.markers = markers
-        self.inside = bool(markers) and inside
-        self._held = ""
-
-    def _marker(self) -> str:
-        assert self.markers is not None
-        return self.markers[1] if self.inside else self.markers[0]
-
-    def feed(self, text: str, special: bool) -> list[tuple[bool, str, bool]]:
-        """``(in reasoning, text, special)`` runs for one piece."""
-        if self.markers is None:
-            return [(False, text, special)]
-        if special:
-            out = self.flush()
-            if text == self._marker():
-                self.inside = not self.inside
-                return out
-            return [*out, (self.inside, text, True)]
-        out = []
-        buf = self._held + text
-        while (i := buf.find(self._marker())) >= 0:
-            if i:
-                out.append((self.inside, buf[:i], False))
-            buf = buf[i + len(self._marker()):]
-            self.inside = not self.inside
-        keep = partial_suffix(buf, (self._marker(),))
-        self._held = buf[len(buf) - keep:] if keep else ""
-        if len(buf) > keep:
-            out.append((self.inside, buf[:len(buf) - keep], False))
-        return out
-
-    def flush(self) -> list[tuple[bool, str, bool]]:
-        held, self._held = self._held, ""
-        return [(self.inside, held, False)] if held else []
 
 
 class _Tools:
@@ -198,6 +160,11 @@ def _marker_pattern(markers: tuple[str, ...]) -> re.Pattern[str] | None:
                                                               reverse=True)))
 
 
+def _substantial(delta: Delta) -> bool:
+    """A delta that is more than whitespace (or a logprobs placeholder)."""
+    return not isinstance(delta, (ContentDelta, ReasoningDelta)) or bool(delta.text.strip())
+
+
 def _call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
@@ -206,12 +173,14 @@ class OutputMachine:
     """One answer's state: feed it the request's engine events in order, get deltas."""
 
     def __init__(self, *, stops: tuple[str, ...] = (),
-                 reasoning: tuple[str, str] | None = None, reasoning_open: bool = False,
+                 reasoning: ReasoningSpec | None = None, reasoning_open: bool = False,
                  tool_parser: ToolCallParser | None = None,
                  special_texts: Iterable[str] = (), request_id: str | None = None,
-                 forced: bool = False) -> None:
+                 forced: bool = False, legacy_reasoning: bool = False) -> None:
         self._stops = StopMatcher(stops)
-        self._reasoning = _Reasoning(reasoning, reasoning_open)
+        self._reasoning = splitter(reasoning, reasoning_open) if reasoning else None
+        self._legacy = legacy_reasoning  # reasoning also stays in the content, markers too
+        self._emitted: set[type] = set()  # the kinds of delta this answer has produced
         self._tools = _Tools(tool_parser, special_texts, request_id)
         self._calls: tuple[ParsedCall, ...] = ()
         self._forced = forced  # tool_choice required a call: an answer without one is logged
@@ -237,6 +206,7 @@ class OutputMachine:
         if event.finish_reason is not None:
             out += self._finish_text()
         out = self._with_logprobs(out, event.logprobs)
+        self._emitted.update(type(d) for d in out if _substantial(d))
         if event.finish_reason is not None:
             self.done = True
             reason = event.finish_reason
@@ -245,27 +215,41 @@ class OutputMachine:
             elif self._forced and not self._calls and reason in ("stop", "length"):
                 log.warning("tool_choice_unmet", request_id=self._request_id)
             out.append(Finish(reason=reason, usage=event.usage, error=event.error,
-                              calls=self._calls))
+                              calls=self._calls, reasoning_only=self._reasoning_only()))
         return out
 
     def _route(self, text: str, special: bool) -> list[Delta]:
         if not text:
             return []
+        if self._reasoning is None:
+            return self._tools.feed(text, special)
+        return self._runs(self._reasoning.feed(text, special))
+
+    def _runs(self, runs: Iterable[tuple[str, str, bool]]) -> list[Delta]:
         out: list[Delta] = []
-        for inside, run, is_special in self._reasoning.feed(text, special):
-            if inside:
-                if not is_special:
-                    out.append(ReasoningDelta(text=run))
-            else:
-                out += self._tools.feed(run, is_special)
+        for kind, run, special in runs:
+            if kind == "answer":
+                out += self._tools.feed(run, special)
+            elif kind == "reasoning" and not special:
+                out.append(ReasoningDelta(text=run))
+                if self._legacy:
+                    out.append(ContentDelta(text=run))
+            elif kind == "marker" and self._legacy:
+                out.append(ContentDelta(text=run))
         return out
 
     def _finish_text(self) -> list[Delta]:
         out = [] if self._stopped else self._route(self._stops.flush(), False)
-        for inside, run, special in self._reasoning.flush():
-            out += [ReasoningDelta(text=run)] if inside else self._tools.feed(run, special)
+        if self._reasoning is not None:
+            out += self._runs(self._reasoning.flush())
         settled, self._calls = self._tools.finish()
         return out + settled
+
+    def _reasoning_only(self) -> bool:
+        """Every generated token stayed in the reasoning: reasoning was produced, and no
+        content (beyond whitespace) and no call. The spec's ``reasoning_only`` flag."""
+        return ReasoningDelta in self._emitted and ContentDelta not in self._emitted \
+            and not self._calls
 
     @staticmethod
     def _with_logprobs(out: list[Delta], lps: tuple[TokenLogprob, ...]) -> list[Delta]:
@@ -297,15 +281,15 @@ def merge(deltas: Iterable[Delta]) -> list[Delta]:
     return out
 
 
-def answer_machine(checkpoint: Any, req: Any, prompt: Any,
-                   reasoning: tuple[str, str] | None = None) -> OutputMachine:
-    """The state machine of one chat answer: the request's stops, the model's reasoning
-    markers, and the checkpoint's tool format when the prompt declared tools (a parser
-    per answer, fed special tokens' text, which content never shows)."""
+def answer_machine(checkpoint: Any, req: Any, prompt: Any) -> OutputMachine:
+    """The state machine of one chat answer: the request's stops, the checkpoint's
+    reasoning spec, and its tool format when the prompt declared tools (a parser per
+    answer, fed special tokens' text, which content never shows)."""
     fmt = checkpoint.tool_format if prompt.tools else None
     parser = resolve(fmt.parser)(prompt.tools) if fmt is not None else None
     specials = checkpoint.tokenizer.special_markers if parser is not None else ()
-    return OutputMachine(stops=req.stop, reasoning=reasoning,
+    return OutputMachine(stops=req.stop, reasoning=checkpoint.reasoning,
                          reasoning_open=prompt.reasoning_open, tool_parser=parser,
                          special_texts=specials, request_id=req.request_id,
-                         forced=prompt.forced)
+                         forced=prompt.forced,
+                         legacy_reasoning=checkpoint.reasoning_format == "deepseek-legacy")

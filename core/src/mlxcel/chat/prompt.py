@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlxcel.chat.thinking import drop_earlier_reasoning, knows_reasoning, reasoning_open
+from mlxcel.chat.reasoning import prompt_opens
+from mlxcel.chat.thinking import drop_earlier_reasoning, knows_reasoning
 from mlxcel.chat.tokens import encode_prompt
 from mlxcel.chat.tool_choice import apply_tool_choice
 from mlxcel.errors import CapabilityNotSupported, InvalidRequest
+from mlxcel.families.api import ReasoningSpec
 from mlxcel.options import RESERVED_TEMPLATE_KEYS
 from mlxcel.types.messages import (
     FunctionChoice,
@@ -147,13 +149,13 @@ def _render(request: PromptRequest, template: Any,
 
 def prompt_input(request: PromptRequest, engine: Any, *,
                  server_kwargs: dict[str, Any] | None = None,
-                 reasoning_markers: tuple[str, str] | None = None) -> PromptInput:
+                 reasoning: ReasoningSpec | None = None) -> PromptInput:
     """Render with the loaded checkpoint's template and tokenize within ``engine``'s
     context window (blocking work: a dialect runs it through ``dialects.prepare``).
-    ``reasoning_markers`` (open, close) are the model's, when it has them."""
+    ``reasoning`` is the checkpoint's reasoning spec, when it has one."""
     text, tools = _render(request, engine.checkpoint.template, server_kwargs)
     ids = encode_prompt(engine, text, "messages", add_special=False)
     forced = request.tool_choice == "required" or isinstance(request.tool_choice,
                                                              FunctionChoice)
     return PromptInput(token_ids=tuple(ids), tools=tools, forced=forced and bool(tools),
-                       reasoning_open=reasoning_open(text, reasoning_markers))
+                       reasoning_open=prompt_opens(text, reasoning))

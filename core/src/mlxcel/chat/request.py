@@ -180,3 +180,23 @@ def check_server_settings(settings: Any) -> None:
         check, message = RULES[field]
         if not check(value):
             raise StartupError(f"--{flag.replace('_', '-')} {value}: {message}")
+
+
+# -- reasoning budget ---------------------------------------------------------------------
+# The request fields that set a thinking budget in tokens, first given wins: llama-server's
+# and vLLM's spellings, and DashScope's.
+THINKING_BUDGET_FIELDS = ("thinking_budget_tokens", "reasoning_budget_tokens",
+                          "thinking_budget")
+
+
+def thinking_budget(fields: dict[str, Any]) -> tuple[int | None, str]:
+    """The request's thinking budget (None: not given) and the field that gave it; -1
+    is unrestricted, anything else below 0 is refused."""
+    for name in THINKING_BUDGET_FIELDS:
+        value = fields.get(name)
+        if value is None:
+            continue
+        _check(isinstance(value, int) and not isinstance(value, bool) and -1 <= value
+               <= INT_LIMIT, name, "must be -1 (unrestricted) or a number of tokens >= 0")
+        return value, name
+    return None, THINKING_BUDGET_FIELDS[0]

@@ -47,13 +47,3 @@ def drop_earlier_reasoning(messages: tuple[Message, ...]) -> tuple[Message, ...]
         return messages
     return tuple(_without_reasoning(m) if i < last and m.role == "assistant" else m
                  for i, m in enumerate(messages))
-
-
-def reasoning_open(text: str, markers: tuple[str, str] | None) -> bool:
-    """Whether ``text`` ends inside a reasoning block: its last open marker comes after its
-    last close marker. ``markers`` are (open, close), compared without surrounding
-    whitespace; None (a model without reasoning markers) is never open."""
-    if markers is None:
-        return False
-    opening, closing = (marker.strip() for marker in markers)
-    return bool(opening) and text.rfind(opening) > text.rfind(closing)

@@ -11,10 +11,11 @@ import msgspec
 import structlog
 
 from mlxcel import backend
+from mlxcel.chat import reasoning
 from mlxcel.chat_template import ChatTemplate, load_chat_template
 from mlxcel.engine.tokenizer import Tokenizer
 from mlxcel.errors import StartupError, UnknownModelType
-from mlxcel.families.api import Family, LoadOptions
+from mlxcel.families.api import Family, LoadOptions, ReasoningSpec
 from mlxcel.families.registry import FamilyRegistry
 from mlxcel.lazy import resolve
 from mlxcel.toolcalls.api import ToolFormat
@@ -52,6 +53,9 @@ class LoadedCheckpoint(msgspec.Struct, kw_only=True):
     blas: str = "none"  # BLAS behind MLX's CPU matmuls (see mlxcel.backend.blas_in_use)
     tool_format: ToolFormat | None = None  # what parses answers' tool calls (None: nothing)
     tool_format_reason: str = "no tool formats given"  # why that one (select_tool_format)
+    reasoning: ReasoningSpec | None = None  # how answers mark reasoning (chat.reasoning)
+    reasoning_reason: str = "no reasoning markers in the chat template"
+    reasoning_format: str = "auto"  # --reasoning-format
 
 
 def _looks_like_hf_id(model: str) -> bool:
@@ -144,9 +148,11 @@ def select_tool_format(formats: ToolFormatRegistry, family: Family, template: Ch
 def load_checkpoint(model: str, families: FamilyRegistry, *,
                     chat_template_file: str | None = None, dtype: str | None = None,
                     tool_formats: ToolFormatRegistry | None = None,
-                    tool_call_format: str | None = None) -> LoadedCheckpoint:
+                    tool_call_format: str | None = None,
+                    reasoning_format: str = "auto") -> LoadedCheckpoint:
     """Load ``model``; ``dtype`` is --dtype (None: auto); ``tool_formats`` (the installed
-    ones) and ``tool_call_format`` (the flag) select its tool format."""
+    ones) and ``tool_call_format`` (the flag) select its tool format, and
+    ``reasoning_format`` (--reasoning-format) whether its reasoning is split off."""
     started = time.perf_counter()
     requested = dtype or "auto"
     device = backend.mlx_device()
@@ -162,6 +168,9 @@ def load_checkpoint(model: str, families: FamilyRegistry, *,
         bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token)
     tool_format, why = (select_tool_format(tool_formats, family, template, tool_call_format)
                         if tool_formats is not None else (None, "no tool formats given"))
+    spec, spec_why = reasoning.select(family.reasoning, template.source,
+                                      tokenizer.hf.get_vocab(with_added_tokens=True),
+                                      reasoning_format)
     quantized = "quantization" in config
     cast = backend.resolve_dtype(requested, device, fast_blas=backend.is_fast_blas(blas),
                                  quantized=quantized)
@@ -175,6 +184,7 @@ def load_checkpoint(model: str, families: FamilyRegistry, *,
     log.info("backend", device=device, dtype=actual, requested_dtype=requested, blas=blas,
              checkpoint_dtype=config.get("torch_dtype"), quantized=quantized)
     log.info("tool_format_selected", name=tool_format and tool_format.name, why=why)
+    log.info("reasoning_selected", markers=spec and (spec.open, spec.close), why=spec_why)
     if hint := family_hint(config.get("model_type"), family):
         log.info("family_hint", model_type=config.get("model_type"), family=family.name,
                  install=hint, adds="its tool format and reasoning")
@@ -184,7 +194,9 @@ def load_checkpoint(model: str, families: FamilyRegistry, *,
     return LoadedCheckpoint(path=path, family=family, model=loaded, config=loaded.config,
                             tokenizer=tokenizer, template=template, defaults=defaults,
                             context_length=min(ctx, 1 << 20), dtype=actual, device=device,
-                            blas=blas, tool_format=tool_format, tool_format_reason=why)
+                            blas=blas, tool_format=tool_format, tool_format_reason=why,
+                            reasoning=spec, reasoning_reason=spec_why,
+                            reasoning_format=reasoning_format)
 
 
 def check_checkpoint(path: Path, families: FamilyRegistry,

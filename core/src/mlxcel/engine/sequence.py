@@ -9,6 +9,7 @@ from typing import Any, Protocol
 
 import structlog
 
+from mlxcel.engine.budget import ReasoningBudget
 from mlxcel.engine.detokenizer import IncrementalDetokenizer
 from mlxcel.engine.sampling import RowRandom
 from mlxcel.engine.stops import StopMatcher
@@ -54,6 +55,9 @@ class Sequence:
         self.submitted_at = time.perf_counter()
         guide = req.guide
         self.matcher = None if guide is None else guide.matcher(active=req.guide_after is None)
+        if (limit := req.reasoning_limit) is not None:
+            self.matcher = ReasoningBudget(self.matcher, limit.budget, limit.open, limit.close,
+                                           limit.close_ids, limit.inside)
         self._before_guide = ""  # the output's tail while the constraint waits to start
 
     def __lt__(self, other: Sequence) -> bool:  # heap order: priority lane, then arrival
@@ -85,6 +89,8 @@ class Sequence:
             return
         text, span = self.detok.add(token)
         specials = () if span is None else (span,)
+        if isinstance(self.matcher, ReasoningBudget):
+            self.matcher.observe(text)
         if self.matcher is not None and not self.matcher.active:
             self._start_guide(text)
         if self._stop_in(text, span) or (self.loop is not None and self._looping()):

@@ -20,6 +20,32 @@ class LoopPolicy(msgspec.Struct, frozen=True):
     min_count: int = 4
 
 
+class ReasoningSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """How a model marks its reasoning in its output, for the chat layer's reasoning split
+    (``mlxcel.chat.reasoning``): the text between the markers goes to the answer's
+    reasoning (``reasoning_content``), never to its content or its tool parser.
+
+    ``style`` ``"block"``: ``open`` ... ``close`` around the reasoning (``<think>`` /
+    ``</think>``). ``label``: a channel name the model writes right after ``open`` (Gemma 4
+    writes ``<|channel>thought`` and a newline); it and that newline are not reasoning text.
+
+    ``style`` ``"harmony"``: the answer is a run of messages, each a header up to
+    ``<|message|>`` and a body up to an end marker (gpt-oss); a body on the ``label``
+    channel (``analysis``) is reasoning, and ``open``/``close`` (``<|channel|>`` /
+    ``<|end|>``) are the channel and end markers. Other messages' headers reach the tool
+    parser, never the content.
+
+    When the rendered prompt already opens a block (its last ``open`` after its last
+    ``close``, as templates that end the generation prompt with ``<think>`` do), the answer
+    starts inside it; no field says so, because the prompt shows it.
+    """
+
+    open: str
+    close: str
+    label: str = ""
+    style: str = "block"
+
+
 class Family(msgspec.Struct, frozen=True, kw_only=True):
     """A model family plugin.
 
@@ -51,6 +77,9 @@ class Family(msgspec.Struct, frozen=True, kw_only=True):
     only takes the engine's faster shared-position cache, and any other runs one slot.
     A family that names a factory always gets the mlx-lm protocol path, rows
     of a prefill group padded together.
+
+    ``reasoning``: how its models mark reasoning (``ReasoningSpec``). None: the chat layer
+    detects it from the vocabulary and the chat template (``chat.reasoning.detect``).
     """
 
     name: str
@@ -60,7 +89,7 @@ class Family(msgspec.Struct, frozen=True, kw_only=True):
     capabilities: frozenset[str] = frozenset({"text"})
     supports_batching: bool = True
     default_tool_format: str | None = None
-    reasoning_markers: tuple[str, str] | None = None
+    reasoning: ReasoningSpec | None = None
     loop_detection: LoopPolicy | None = None
     relative_positions: bool = False
     batch_cache: str | None = None

@@ -10,10 +10,15 @@ from mlxcel.types.deltas import (
     ToolCallStart,
 )
 from mlxcel.types.events import FinishReason, GenerationEvent, TokenLogprob, Usage
-from mlxcel.types.requests import GenerationRequest, LoopPolicy, SamplingParams
+from mlxcel.types.requests import (
+    GenerationRequest,
+    LoopPolicy,
+    ReasoningLimit,
+    SamplingParams,
+)
 
 __all__ = [
     "ContentDelta", "Delta", "Finish", "FinishReason", "GenerationEvent", "GenerationRequest",
-    "LoopPolicy", "ReasoningDelta", "SamplingParams", "TokenLogprob", "ToolCallArguments",
+    "LoopPolicy", "ReasoningDelta", "ReasoningLimit", "SamplingParams", "TokenLogprob", "ToolCallArguments",
     "ToolCallEnd", "ToolCallStart", "Usage",
 ]

@@ -56,12 +56,15 @@ AnswerFinish = Literal["stop", "length", "tool_calls", "error", "cancelled"]
 class Finish(msgspec.Struct, frozen=True, kw_only=True, tag="finish"):
     """The last delta: why the answer ended, its usage, the engine's message when it
     failed (``error``) or was cancelled, and the answer's tool calls as parsed from the
-    whole answer (authoritative; with the ids their streamed deltas had)."""
+    whole answer (authoritative; with the ids their streamed deltas had).
+    ``reasoning_only``: the answer produced reasoning and nothing else (no content beyond
+    whitespace, no call), as when a thinking block used up ``max_tokens``."""
 
     reason: AnswerFinish
     usage: Usage | None = None
     error: str | None = None
     calls: tuple[ParsedCall, ...] = ()
+    reasoning_only: bool = False
 
     @property
     def ok(self) -> bool:

@@ -53,6 +53,18 @@ class LoopPolicy(msgspec.Struct, frozen=True, kw_only=True):
         return self.max_pattern_size > 0 and self.min_count >= 2
 
 
+class ReasoningLimit(msgspec.Struct, frozen=True, kw_only=True):
+    """A reasoning budget: once ``budget`` tokens were generated inside reasoning blocks
+    (``open`` ... ``close``; ``inside``: the prompt opened one), the close marker's tokens
+    ``close_ids`` are forced (``mlxcel.engine.budget``). 0 ends the reasoning at once."""
+
+    budget: int
+    open: str
+    close: str
+    close_ids: tuple[int, ...]
+    inside: bool = False
+
+
 class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
     """One generation: token ids in, events out.
 
@@ -60,7 +72,7 @@ class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
     generated token must obey, compiled before the request is queued so that the engine
     never waits for a compile. ``guide_after``: text that starts the constraint once the
     output contains it (the end of a reasoning block the prompt opened); None = from the
-    first token.
+    first token. ``reasoning_limit``: the answer's reasoning budget (None: unrestricted).
     """
 
     request_id: str
@@ -74,3 +86,4 @@ class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
     cache_prompt: bool = True  # False: prefill cold and leave nothing in the prompt cache
     guide: Any = None
     guide_after: str | None = None
+    reasoning_limit: ReasoningLimit | None = None

@@ -6,14 +6,14 @@ loader (core's own mlx-lm text loader: mlx-lm 0.32 implements ``gemma4`` and
 """
 
 from mlxcel import hookimpl
-from mlxcel.families.api import Family, LoopPolicy
+from mlxcel.families.api import Family, LoopPolicy, ReasoningSpec
 from mlxcel.toolcalls.api import ToolFormat
 
 NAME = "gemma4"
 MODEL_TYPES = ("gemma4", "gemma4_text")
 TOOL_CALL = ("<|tool_call>", "<tool_call|>")
-# Gemma 4 thinks in a channel: <|channel>thought ... <channel|> (<|think|> switches it on).
-REASONING = ("<|channel>", "<channel|>")
+# Gemma 4 thinks in a channel: <|channel>thought\n ... <channel|> (<|think|> switches it on).
+REASONING = ReasoningSpec(open="<|channel>", close="<channel|>", label="thought")
 # The spec's Gemma 4 default: a pattern of 1..20 tokens repeated 4 times is a loop.
 LOOP = LoopPolicy(min_pattern_size=1, max_pattern_size=20, min_count=4)
 # Like the other formats with a marker of their own: above <tool_call> JSON's 10.
@@ -46,6 +46,6 @@ def mlxcel_register_families(registry):
         model_types=MODEL_TYPES,
         loader="mlxcel.builtin.text_loader:load",
         default_tool_format=NAME,
-        reasoning_markers=REASONING,
+        reasoning=REASONING,
         loop_detection=LOOP,
     ))

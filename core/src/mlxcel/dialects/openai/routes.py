@@ -8,62 +8,34 @@ from typing import Any
 
 from litestar import Request, Response, get, post
 
-from mlxcel.chat.answer import Answer, collect
-from mlxcel.chat.output import OutputMachine, answer_machine
-from mlxcel.chat.structured import compile_constraint, response_constraint, tool_constraint
+from mlxcel.chat.output import OutputMachine
+from mlxcel.chat.structured import compile_constraint, response_constraint
 from mlxcel.context import AppContext
 from mlxcel.dialects.prepare import prepare_for
+from mlxcel.dialects.turn import Turn, generation_request, start_turn
 from mlxcel.dialects.wire import (
     SSEResponse,
     client_closed,
     decode_body,
-    record_usage,
     request_priority,
     stream_answer,
-    unless_disconnected,
 )
+from mlxcel.types.messages import PromptInput
 
 from . import schemas as s
 from .stream import ChatEncoder, CompletionEncoder
 from .translate import (
-    chat_prompt_input,
     check_completion_options,
     completion_prompt,
     echo_text,
-    generation_request,
+    prompt_request,
+    turn_options,
 )
 
 
-class _Run:
-    """A submitted request: its event stream, its answer's state machine and what every
-    response frame repeats."""
-
-    def __init__(self, ctx: AppContext, body: s.SamplingFields, req: Any,
-                 machine: OutputMachine) -> None:
-        self.started = time.perf_counter()
-        self.stream = ctx.engine.submit(req)
-        self.machine = machine
-        self.tok = ctx.engine.checkpoint.tokenizer
-        self.created, self.model = int(time.time()), body.model or ctx.model_name
-        self.head = (req.request_id, self.created, self.model, self.tok)
-
-    async def whole(self, ctx: AppContext, request: Request) -> Answer | None:
-        """Collect a non-streaming answer (recorded in logs and metrics); None when the
-        client left first (the generation is cancelled)."""
-        answer = await unless_disconnected(request, collect(self.stream, self.machine),
-                                           self.stream.cancel)
-        if answer is not None:
-            assert answer.finish is not None
-            record_usage(request, answer.finish)
-            ctx.metrics.record(answer.finish, self.started)
-        return answer
-
-
-async def _guide(ctx: AppContext, constraint: Any) -> Any:
-    """The compiled constraint of a structured-output request (None: free generation)."""
-    if constraint is None:
-        return None
-    return await compile_constraint(ctx.constraint_compiler(), constraint)
+def _head(ctx: AppContext, body: s.SamplingFields, rid: str) -> tuple[Any, ...]:
+    """What every response frame repeats: id, created, model, tokenizer."""
+    return (rid, int(time.time()), body.model or ctx.model_name, ctx.engine.checkpoint.tokenizer)
 
 
 def _include_usage(body: s.SamplingFields) -> bool:
@@ -78,27 +50,19 @@ def build(ctx: AppContext) -> list[Any]:
                         if body.max_completion_tokens is not None else (body.max_tokens,
                                                                         "max_tokens"))
         rid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
-        constraint = response_constraint(body.response_format)
-        prompt = await prepare_for(request, lambda: chat_prompt_input(ctx, body))
-        markers = ctx.engine.checkpoint.family.reasoning_markers
-        constraint = tool_constraint(ctx.engine.checkpoint, prompt, constraint)
-        guide = await _guide(ctx, constraint)
-        after = markers[1] if guide is not None and markers and prompt.reasoning_open \
-            else None
-        req = generation_request(ctx, body, list(prompt.token_ids), rid, limit, field,
-                                 priority=request_priority(request), logprobs=body.logprobs,
-                                 top_logprobs=body.top_logprobs or 0, guide=guide,
-                                 guide_after=after)
-        run = _Run(ctx, body, req, answer_machine(ctx.engine.checkpoint, req, prompt,
-                                                  markers))
-        encoder = ChatEncoder(*run.head, include_usage=_include_usage(body),
+        options = turn_options(body, limit, field, logprobs=body.logprobs,
+                               top_logprobs=body.top_logprobs or 0,
+                               response=response_constraint(body.response_format))
+        chat = await prepare_for(request, lambda: prompt_request(body))
+        turn = await start_turn(ctx, request, chat, options, rid,
+                                priority=request_priority(request))
+        encoder = ChatEncoder(*_head(ctx, body, rid), include_usage=_include_usage(body),
                               logprobs=body.logprobs)
         if not body.stream:
-            answer = await run.whole(ctx, request)
+            answer = await turn.whole(ctx, request)
             return client_closed() if answer is None else encoder.whole(answer)
-        return SSEResponse(stream_answer(
-            request, run.stream, run.machine, encoder,
-            on_finish=lambda finish: ctx.metrics.record(finish, run.started)))
+        return SSEResponse(stream_answer(request, turn.stream, turn.machine, encoder,
+                                         on_finish=turn.on_finish(ctx)))
 
     @post(["/v1/completions", "/completions"], status_code=200)
     async def completions(request: Request) -> Any:
@@ -106,21 +70,24 @@ def build(ctx: AppContext) -> list[Any]:
         check_completion_options(body)
         rid = f"cmpl-{uuid.uuid4().hex[:24]}"
         want = body.logprobs is not None
-        constraint = response_constraint(body.response_format)
+        options = turn_options(body, body.max_tokens, "max_tokens", logprobs=want,
+                               top_logprobs=body.logprobs or 0,
+                               response=response_constraint(body.response_format))
         prompt = await prepare_for(request, lambda: completion_prompt(ctx, body))
-        req = generation_request(ctx, body, prompt, rid, body.max_tokens, "max_tokens",
-                                 priority=request_priority(request), logprobs=want,
-                                 top_logprobs=body.logprobs or 0,
-                                 guide=await _guide(ctx, constraint))
+        guide = None if options.response is None else await compile_constraint(
+            ctx.constraint_compiler(), options.response)
+        req = generation_request(ctx, prompt, rid, options,
+                                 priority=request_priority(request), guide=guide)
         # streamed completions are not recorded in metrics
-        run = _Run(ctx, body, req, OutputMachine(stops=req.stop))
-        encoder = CompletionEncoder(*run.head, include_usage=_include_usage(body),
+        turn = Turn(ctx, PromptInput(token_ids=tuple(prompt)), req,
+                    OutputMachine(stops=req.stop))
+        encoder = CompletionEncoder(*_head(ctx, body, rid), include_usage=_include_usage(body),
                                     logprobs=want,
                                     echoed=echo_text(ctx, body, prompt) if body.echo else "")
         if not body.stream:
-            answer = await run.whole(ctx, request)
+            answer = await turn.whole(ctx, request)
             return client_closed() if answer is None else encoder.whole(answer)
-        return SSEResponse(stream_answer(request, run.stream, run.machine, encoder))
+        return SSEResponse(stream_answer(request, turn.stream, turn.machine, encoder))
 
     @get(["/v1/models", "/models"])
     async def models() -> Response:

@@ -54,6 +54,9 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     min_pattern_size: int | None = None
     min_count: int | None = None
     cache_prompt: bool | None = None  # honoured by the prompt cache
+    thinking_budget_tokens: int | None = None  # chat.request.THINKING_BUDGET_FIELDS
+    reasoning_budget_tokens: int | None = None
+    thinking_budget: int | None = None
     response_format: dict[str, Any] | None = None  # structured output (chat.structured)
 
 
@@ -90,6 +93,7 @@ class AssistantMessage(msgspec.Struct):
     content: str | None = None
     reasoning_content: str | UnsetType = UNSET
     tool_calls: list[dict[str, Any]] | UnsetType = UNSET
+    reasoning_only: bool | UnsetType = UNSET  # mlxcel's: the answer was reasoning only
 
 
 class ChatChoice(msgspec.Struct):
@@ -114,6 +118,7 @@ class Delta(msgspec.Struct, omit_defaults=True):
     content: str | None = None
     reasoning_content: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
+    reasoning_only: bool | None = None
 
 
 class ChunkChoice(msgspec.Struct):

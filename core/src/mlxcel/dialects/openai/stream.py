@@ -50,7 +50,7 @@ class _Encoder:
             if isinstance(delta, Finish):
                 if not delta.ok:
                     return [*out, error_frame(failure(delta)), SSE_DONE]
-                out.append(sse(self.finish_frame(FINISH[delta.reason])))
+                out.append(sse(self.finish_frame(delta)))
                 if self.include_usage:
                     out.append(sse(self.usage_frame(wire_usage(delta.usage))))
                 return [*out, SSE_DONE]
@@ -61,7 +61,7 @@ class _Encoder:
 
     def delta_frame(self, delta: Delta) -> Any: ...
 
-    def finish_frame(self, reason: str) -> Any: ...
+    def finish_frame(self, finish: Finish) -> Any: ...
 
     def usage_frame(self, usage: s.Usage) -> Any: ...
 
@@ -97,8 +97,9 @@ class ChatEncoder(_Encoder):
                 "index": delta.index, "function": {"arguments": delta.text}}]))
         return None
 
-    def finish_frame(self, reason: str) -> Any:
-        return self._chunk(s.Delta(), reason)
+    def finish_frame(self, finish: Finish) -> Any:
+        delta = s.Delta(reasoning_only=True) if finish.reasoning_only else s.Delta()
+        return self._chunk(delta, FINISH[finish.reason])
 
     def usage_frame(self, usage: s.Usage) -> Any:
         return s.ChatCompletionChunk(self.rid, self.created, self.model, [], usage=usage)
@@ -111,7 +112,8 @@ class ChatEncoder(_Encoder):
                  for c in answer.calls] or None
         message = s.AssistantMessage(
             content=answer.content if answer.content or not calls else None,
-            tool_calls=calls or UNSET, reasoning_content=answer.reasoning or UNSET)
+            tool_calls=calls or UNSET, reasoning_content=answer.reasoning or UNSET,
+            reasoning_only=True if finish.reasoning_only else UNSET)
         lps = chat_logprobs(self.tok, answer.logprobs) if self.logprobs else None
         choice = s.ChatChoice(0, message, FINISH[finish.reason], lps)
         return s.ChatCompletion(self.rid, self.created, self.model, [choice],
@@ -144,8 +146,8 @@ class CompletionEncoder(_Encoder):
         self.offset += len(delta.text)
         return self._frame(delta.text, None, lps)
 
-    def finish_frame(self, reason: str) -> Any:
-        return self._frame("", reason, None)
+    def finish_frame(self, finish: Finish) -> Any:
+        return self._frame("", FINISH[finish.reason], None)
 
     def usage_frame(self, usage: s.Usage) -> Any:
         return s.Completion(self.rid, self.created, self.model, [], usage=usage)

@@ -6,27 +6,25 @@ from typing import Any
 
 import msgspec
 
-from mlxcel.chat.prompt import pick_template_kwargs, prompt_input
+from mlxcel.chat.prompt import pick_template_kwargs
 from mlxcel.chat.request import (
-    max_tokens,
-    request_loop_policy,
-    sampling_params,
-    server_loop_policy,
-    server_sampling_defaults,
+    SAMPLING_DEFAULTS,
+    THINKING_BUDGET_FIELDS,
     stop_strings,
+    thinking_budget,
 )
 from mlxcel.context import AppContext
 from mlxcel.dialects.jsondepth import MAX_JSON_DEPTH, too_deep
 from mlxcel.dialects.prepare import check_token_ids, encode_prompt
+from mlxcel.dialects.turn import TurnOptions
 from mlxcel.errors import InvalidRequest
-from mlxcel.types import GenerationRequest
+from mlxcel.types.constraints import Constraint
 from mlxcel.types.messages import (
     AudioPart,
     FunctionChoice,
     ImagePart,
     Message,
     Part,
-    PromptInput,
     PromptRequest,
     TextPart,
     Tool,
@@ -167,13 +165,6 @@ def prompt_request(body: ChatCompletionRequest) -> PromptRequest:
         continue_final_message=body.continue_final_message)
 
 
-def chat_prompt_input(ctx: AppContext, body: ChatCompletionRequest) -> PromptInput:
-    """Render and tokenize (blocking work: run it through ``prepare``)."""
-    return prompt_input(prompt_request(body), ctx.engine,
-                        server_kwargs=ctx.settings.chat_template_kwargs,
-                        reasoning_markers=ctx.engine.checkpoint.family.reasoning_markers)
-
-
 def completion_prompt(ctx: AppContext, body: CompletionRequest) -> list[int]:
     """A string, a one-string list, or a list of token ids (blocking work: run it through
     ``prepare``)."""
@@ -224,24 +215,14 @@ def echo_text(ctx: AppContext, body: CompletionRequest, prompt: list[int]) -> st
     return ctx.engine.checkpoint.tokenizer.decode(list(prompt), skip_special=False)
 
 
-def generation_request(ctx: AppContext, body: SamplingFields, prompt: list[int],
-                       request_id: str, limit: int | None, limit_field: str, *,
-                       priority: int = 1, logprobs: bool = False,
-                       top_logprobs: int = 0, guide: Any = None,
-                       guide_after: str | None = None) -> GenerationRequest:
-    if body.n != 1:
-        raise InvalidRequest("only 'n': 1 is supported", param="n")
-    ckpt = ctx.engine.checkpoint
-    defaults = server_sampling_defaults(ckpt, ctx.settings)
-    fields = {k: getattr(body, k, None) for k in defaults}
-    sampling = sampling_params(fields, defaults, logprobs=logprobs, top_logprobs=top_logprobs)
-    loop_fields = {k: getattr(body, k) for k in LOOP_FIELDS}
-    server_loop = server_loop_policy(ckpt.family.loop_detection, ctx.settings.loop_detection)
-    loop = request_loop_policy(loop_fields, server_loop)
-    stops = stop_strings(body.stop)
-    wanted = max_tokens(limit, limit_field, ctx.settings.n_predict)
-    return GenerationRequest(request_id=request_id, prompt_tokens=tuple(prompt),
-                             max_tokens=ctx.engine.fit(len(prompt), wanted), sampling=sampling,
-                             stop=stops, ignore_eos=body.ignore_eos, priority=priority,
-                             loop=loop, cache_prompt=body.cache_prompt is not False,
-                             guide=guide, guide_after=guide_after)
+def turn_options(body: SamplingFields, limit: int | None, limit_field: str, *,
+                 logprobs: bool = False, top_logprobs: int = 0,
+                 response: Constraint | None = None) -> TurnOptions:
+    """The body's generation fields in the chat layer's names."""
+    budget, _ = thinking_budget({k: getattr(body, k) for k in THINKING_BUDGET_FIELDS})
+    return TurnOptions(
+        sampling={k: getattr(body, k, None) for k in SAMPLING_DEFAULTS},
+        loop={k: getattr(body, k) for k in LOOP_FIELDS}, limit=limit,
+        limit_field=limit_field, stop=stop_strings(body.stop), ignore_eos=body.ignore_eos,
+        cache_prompt=body.cache_prompt is not False, logprobs=logprobs,
+        top_logprobs=top_logprobs, n=body.n, response=response, reasoning_budget=budget)
