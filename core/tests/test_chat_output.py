@@ -103,7 +103,7 @@ def test_stop_cuts_and_drops_the_rest_also_in_the_finishing_event():
                            usage=USAGE)]
     deltas = run(OutputMachine(stops=("STOP",)), evs)
     assert texts(deltas, ContentDelta) == "one two "
-    assert deltas[-1] == Finish(reason="stop", usage=USAGE)
+    assert deltas[-1] == Finish(reason="stop", usage=USAGE, stop_sequence="STOP")
 
 
 def test_held_text_is_released_at_the_end():
@@ -111,6 +111,7 @@ def test_held_text_is_released_at_the_end():
            GenerationEvent(text="", finish_reason="length", usage=USAGE)]
     deltas = run(OutputMachine(stops=("STOP",)), evs)
     assert [type(d) for d in deltas] == [ContentDelta, ContentDelta, Finish]
+    assert deltas[-1].stop_sequence is None
     assert texts(deltas, ContentDelta) == "almost ST"
 
 

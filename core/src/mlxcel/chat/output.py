@@ -215,7 +215,8 @@ class OutputMachine:
             elif self._forced and not self._calls and reason in ("stop", "length"):
                 log.warning("tool_choice_unmet", request_id=self._request_id)
             out.append(Finish(reason=reason, usage=event.usage, error=event.error,
-                              calls=self._calls, reasoning_only=self._reasoning_only()))
+                              calls=self._calls, reasoning_only=self._reasoning_only(),
+                              stop_sequence=self._stops.matched))
         return out
 
     def _route(self, text: str, special: bool) -> list[Delta]:

@@ -13,13 +13,15 @@ class StopMatcher:
     def __init__(self, stops: tuple[str, ...]) -> None:
         self.stops = tuple(s for s in stops if s)
         self._held = ""
+        self.matched: str | None = None  # the stop string that matched, once one did
 
     def feed(self, text: str) -> tuple[str, bool]:
         if not self.stops:
             return text, False
         buf = self._held + text
-        cut = min((i for i in (buf.find(s) for s in self.stops) if i >= 0), default=-1)
-        if cut >= 0:
+        hits = [(i, s) for s in self.stops if (i := buf.find(s)) >= 0]
+        if hits:
+            cut, self.matched = min(hits, key=lambda hit: hit[0])
             self._held = ""
             return buf[:cut], True
         keep = self._partial_suffix(buf)

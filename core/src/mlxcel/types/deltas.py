@@ -58,13 +58,15 @@ class Finish(msgspec.Struct, frozen=True, kw_only=True, tag="finish"):
     failed (``error``) or was cancelled, and the answer's tool calls as parsed from the
     whole answer (authoritative; with the ids their streamed deltas had).
     ``reasoning_only``: the answer produced reasoning and nothing else (no content beyond
-    whitespace, no call), as when a thinking block used up ``max_tokens``."""
+    whitespace, no call), as when a thinking block used up ``max_tokens``.
+    ``stop_sequence``: the request's stop string that ended the answer, when one did."""
 
     reason: AnswerFinish
     usage: Usage | None = None
     error: str | None = None
     calls: tuple[ParsedCall, ...] = ()
     reasoning_only: bool = False
+    stop_sequence: str | None = None
 
     @property
     def ok(self) -> bool:
