@@ -284,12 +284,13 @@ def merge(deltas: Iterable[Delta]) -> list[Delta]:
 
 def answer_machine(checkpoint: Any, req: Any, prompt: Any) -> OutputMachine:
     """The state machine of one chat answer: the request's stops, the checkpoint's
-    reasoning spec, and its tool format when the prompt declared tools (a parser per
+    reasoning spec (none with ``--reasoning-format none``), and its tool format when the prompt declared tools (a parser per
     answer, fed special tokens' text, which content never shows)."""
     fmt = checkpoint.tool_format if prompt.tools else None
     parser = resolve(fmt.parser)(prompt.tools) if fmt is not None else None
     specials = checkpoint.tokenizer.special_markers if parser is not None else ()
-    return OutputMachine(stops=req.stop, reasoning=checkpoint.reasoning,
+    split = checkpoint.reasoning if checkpoint.reasoning_format != "none" else None
+    return OutputMachine(stops=req.stop, reasoning=split,
                          reasoning_open=prompt.reasoning_open, tool_parser=parser,
                          special_texts=specials, request_id=req.request_id,
                          forced=prompt.forced,

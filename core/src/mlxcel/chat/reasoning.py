@@ -25,7 +25,6 @@ BLOCK_MARKERS = (("<think>", "</think>"), ("<longcat_think>", "</longcat_think>"
                  ("<|think:start|>", "<|think:end|>"), ("[THINK]", "[/THINK]"),
                  ("<seed:think>", "</seed:think>"))
 HARMONY = ReasoningSpec(open="<|channel|>", close="<|end|>", label="analysis", style="harmony")
-REASONING_FORMATS = ("auto", "deepseek", "deepseek-legacy", "none")
 
 
 class BlockSplitter:
@@ -180,12 +179,10 @@ def detect(template_source: str, vocab: Any) -> tuple[ReasoningSpec | None, str]
     return None, "no reasoning markers in the chat template"
 
 
-def select(family_spec: ReasoningSpec | None, template_source: str, vocab: Any,
-           reasoning_format: str = "auto") -> tuple[ReasoningSpec | None, str]:
-    """A checkpoint's reasoning spec and why: ``--reasoning-format none`` splits nothing,
-    else the family's spec, else what ``detect`` finds."""
-    if reasoning_format == "none":
-        return None, "--reasoning-format none"
+def select(family_spec: ReasoningSpec | None, template_source: str, vocab: Any
+           ) -> tuple[ReasoningSpec | None, str]:
+    """A checkpoint's reasoning spec and why: the family's, else what ``detect`` finds.
+    (``--reasoning-format none`` keeps the spec, for budgets, and splits nothing.)"""
     if family_spec is not None:
         return family_spec, "the family's"
     return detect(template_source, vocab)

@@ -169,8 +169,7 @@ def load_checkpoint(model: str, families: FamilyRegistry, *,
     tool_format, why = (select_tool_format(tool_formats, family, template, tool_call_format)
                         if tool_formats is not None else (None, "no tool formats given"))
     spec, spec_why = reasoning.select(family.reasoning, template.source,
-                                      tokenizer.hf.get_vocab(with_added_tokens=True),
-                                      reasoning_format)
+                                      tokenizer.hf.get_vocab(with_added_tokens=True))
     quantized = "quantization" in config
     cast = backend.resolve_dtype(requested, device, fast_blas=backend.is_fast_blas(blas),
                                  quantized=quantized)
@@ -184,7 +183,8 @@ def load_checkpoint(model: str, families: FamilyRegistry, *,
     log.info("backend", device=device, dtype=actual, requested_dtype=requested, blas=blas,
              checkpoint_dtype=config.get("torch_dtype"), quantized=quantized)
     log.info("tool_format_selected", name=tool_format and tool_format.name, why=why)
-    log.info("reasoning_selected", markers=spec and (spec.open, spec.close), why=spec_why)
+    log.info("reasoning_selected", markers=spec and (spec.open, spec.close), why=spec_why,
+             reasoning_format=reasoning_format)
     if hint := family_hint(config.get("model_type"), family):
         log.info("family_hint", model_type=config.get("model_type"), family=family.name,
                  install=hint, adds="its tool format and reasoning")
