@@ -178,3 +178,22 @@ def test_a_budget_waits_for_a_block_the_model_opens():
 
 def test_a_zero_budget_inside_an_opened_prompt_forces_at_once():
     assert allowed(ReasoningBudget(None, 0, "<think>", "</think>", (7, 8), inside=True)) == [7]
+
+
+def test_a_broken_streamed_call_does_not_shift_the_calls_after_it():
+    """Call 0 starts streaming and then breaks; call 1 parses. The whole answer's one call
+    is stream index 1, with the id its start carried, and nothing diverges."""
+    from mlxcel.types import ToolCallArguments
+
+    broken = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome" oops}}\n' \
+        '</tool_call>'
+    good = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    machine = OutputMachine(tool_parser=hermes_parser(TOOLS))
+    deltas = run(machine, events([(broken + "\n" + good, False)], None))
+    starts = {d.index: d.id for d in deltas if isinstance(d, ToolCallStart)}
+    assert sorted(starts) == [0, 1]
+    finish = deltas[-1]
+    assert [(c.id, c.arguments) for c in finish.calls] == [(starts[1], '{"city": "Oslo"}')]
+    args = "".join(d.text for d in deltas if isinstance(d, ToolCallArguments) and d.index == 1)
+    assert args == '{"city": "Oslo"}'
+    assert finish.reason == "tool_calls"

@@ -169,13 +169,13 @@ def test_a_call_that_breaks_after_it_started_ends_and_is_reported_whole() -> Non
     block = '<tool_call>{"name": "a", "arguments": {"b": tru}}</tool_call>'
     events, calls = parse("hermes", [block + " ok"])
     assert events == [CallStart(index=0, name="a"), CallArguments(index=0, text='{"b": tru}'),
-                      CallEnd(index=0), CallError(message=events[3].message, text=block),
+                      CallEnd(index=0), CallError(message=events[3].message, text=block, index=0),
                       ToolText(text=" ok")]
     assert calls == ()
     cut_short = '[TOOL_CALLS]get_weather[ARGS]{"city": "Par'
     events, calls = parse("mistral_bracketed", _pieces(cut_short))
     assert [type(e) for e in events] == [CallStart, CallArguments, CallEnd, CallError]
-    assert events[-1].text == cut_short and calls == ()
+    assert events[-1].text == cut_short and events[-1].index == 0 and calls == ()
 
 
 def test_mistral_ids_reach_the_calls_and_a_call_id_the_start() -> None:

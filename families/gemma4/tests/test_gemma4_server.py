@@ -76,7 +76,7 @@ def test_an_answer_splits_into_reasoning_content_and_a_call(gemma4_checkpoint):
     merged = merge(deltas)
     reasoning = "".join(d.text for d in merged if isinstance(d, ReasoningDelta))
     content = "".join(d.text for d in merged if isinstance(d, ContentDelta))
-    assert reasoning == "thought\nweather, then Paris"
+    assert reasoning == "weather, then Paris"  # the channel label is not reasoning
     assert content == "Checking."
     names = [getattr(d, "name", None) for d in merged if type(d).__name__ == "ToolCallStart"]
     assert names == ["get_weather"]

@@ -87,6 +87,7 @@ class _Tools:
         self.markers = _marker_pattern(tuple(specials)) if parser is not None else None
         self.request_id = request_id
         self.streamed: dict[int, list] = {}  # index -> [id, name, arguments so far, ended]
+        self.broken: set[int] = set()  # started calls that did not parse (CallError.index)
         self.token_ids: tuple[int, ...] = ()  # the tokens behind the event being fed
 
     def feed(self, text: str, special: bool) -> list[Delta]:
@@ -100,14 +101,21 @@ class _Tools:
         result = self.parser.finish()
         out = self._deltas(result.events)
         calls = []
-        for i, call in enumerate(result.calls):
+        for i, call in zip(self._slots(len(result.calls)), result.calls, strict=True):
             out += self._settle(i, call)
             calls.append(ParsedCall(name=call.name, arguments=call.arguments,
                                     id=self.streamed[i][0]))
-        if len(self.streamed) > len(result.calls):
+        if len(self.streamed) - len(self.broken) > len(result.calls):
             log.warning("tool_call_divergence", request_id=self.request_id,
                         streamed=len(self.streamed), parsed=len(result.calls))
         return out, tuple(calls)
+
+    def _slots(self, n: int) -> list[int]:
+        """The stream indices of the answer's ``n`` calls: the started calls that did not
+        break, in order, then new indices for calls the stream never started."""
+        slots = [i for i in sorted(self.streamed) if i not in self.broken]
+        after = max([*self.streamed, -1]) + 1
+        return (slots + list(range(after, after + n)))[:n]
 
     def _settle(self, i: int, call: ParsedCall) -> list[Delta]:
         """The deltas that bring streamed call ``i`` to the authoritative ``call``."""
@@ -144,7 +152,9 @@ class _Tools:
                 out.append(ToolCallEnd(index=e.index))
             else:  # markup that does not parse: nothing of the answer is lost
                 log.warning("tool_call_unparsed", request_id=self.request_id,
-                            reason=e.message)
+                            reason=e.message, index=e.index)
+                if e.index is not None:
+                    self.broken.add(e.index)
                 if text := self._visible(e.text):
                     out.append(ContentDelta(text=text))
         return out

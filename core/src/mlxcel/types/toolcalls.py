@@ -39,10 +39,14 @@ class CallEnd(msgspec.Struct, frozen=True, kw_only=True, tag="call_end"):
 
 class CallError(msgspec.Struct, frozen=True, kw_only=True, tag="call_error"):
     """Markup that opened a call but does not parse as one: ``text`` is what it held (the
-    server logs ``message`` and decides what the client sees)."""
+    server logs ``message`` and decides what the client sees). ``index``: the call it
+    breaks when that call was already started (``CallStart``), so that the whole answer's
+    calls (``ParsedCall``, which leave it out) line up with the streamed ones after it;
+    None when no started call broke."""
 
     message: str
     text: str = ""
+    index: int | None = None
 
 
 ToolEvent = ToolText | CallStart | CallArguments | CallEnd | CallError

@@ -160,11 +160,13 @@ class StreamParser(JsonBodies):
         self.end_call()
 
     def fail(self, message: str, raw: str) -> None:
-        """A broken call: the open one ends, and its markup comes back in a CallError."""
-        if self._open_call is not None:
-            self._out.append(CallEnd(index=self._open_call))
+        """A broken call: the open one ends, and its markup comes back in a CallError
+        that names it."""
+        broken = self._open_call
+        if broken is not None:
+            self._out.append(CallEnd(index=broken))
             self._open_call = None
-        self._out.append(CallError(message=message, text=raw))
+        self._out.append(CallError(message=message, text=raw, index=broken))
 
     # --- reading text ----------------------------------------------------------------------
 
