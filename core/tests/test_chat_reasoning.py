@@ -197,3 +197,44 @@ def test_a_broken_streamed_call_does_not_shift_the_calls_after_it():
     args = "".join(d.text for d in deltas if isinstance(d, ToolCallArguments) and d.index == 1)
     assert args == '{"city": "Oslo"}'
     assert finish.reason == "tool_calls"
+
+
+@pytest.fixture(scope="module")
+def harmony_checkpoint(tmp_path_factory):
+    from mlxcel.engine.loader import load_checkpoint
+    from mlxcel.plugins import load_plugins
+    from mlxcel.testing import build_checkpoint
+
+    plugins = load_plugins()
+    path = build_checkpoint(tmp_path_factory.mktemp("harmony") / "ckpt", template="harmony")
+    return load_checkpoint(str(path), plugins.families, tool_formats=plugins.tool_formats)
+
+
+def test_a_harmony_checkpoint_splits_its_answer_token_by_token(harmony_checkpoint):
+    """The detected harmony spec and format on the loaded checkpoint, fed a gpt-oss answer
+    as the engine emits it: the analysis is reasoning, the call parses, the final message
+    is content, and no header reaches the content."""
+    from mlxcel.chat.output import answer_machine
+    from mlxcel.engine.detokenizer import IncrementalDetokenizer
+    from mlxcel.types import GenerationEvent, GenerationRequest
+    from mlxcel.types.messages import PromptInput
+
+    ckpt = harmony_checkpoint
+    assert ckpt.reasoning == r.HARMONY and ckpt.tool_format.name == "harmony"
+    answer = ("<|channel|>analysis<|message|>Need the weather.<|end|>"
+              "<|start|>assistant<|channel|>commentary to=functions.get_weather "
+              "<|constrain|>json<|message|>{\"city\": \"Paris\"}<|call|>")
+    req = GenerationRequest(request_id="r", prompt_tokens=(1,), max_tokens=10)
+    machine = answer_machine(ckpt, req, PromptInput(token_ids=(1,), tools=TOOLS))
+    detok, deltas = IncrementalDetokenizer(ckpt.tokenizer), []
+    ids = ckpt.tokenizer.encode(answer)
+    for n, token in enumerate(ids):
+        text, span = detok.add(token)
+        deltas += machine.feed(GenerationEvent(
+            text=text, token_ids=(token,), specials=() if span is None else (span,),
+            finish_reason="tool_calls" if n == len(ids) - 1 else None))
+    merged = merge(deltas)
+    assert texts(merged, ReasoningDelta) == "Need the weather."
+    assert texts(merged, ContentDelta) == ""
+    assert [(c.name, c.arguments) for c in merged[-1].calls] == [
+        ("get_weather", '{"city": "Paris"}')]
