@@ -29,7 +29,15 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 
 @hookspec
 def mlxcel_register_families(registry: FamilyRegistry) -> None:
-    """Register model families: ``registry.add(Family(...))``."""
+    """Register model families: ``registry.add(Family(...))``.
+
+    A ``Family`` (``mlxcel.families.api``) names the ``model_type``s it loads and its
+    loader as ``"module:attr"``, and may give its models' defaults: a tool format, a
+    ``ReasoningSpec`` (how answers mark reasoning: ``<think>`` blocks, a labelled channel,
+    harmony messages; without one the chat layer detects it from the template), a loop
+    policy and a batch cache. ``mlxcel.testing.conformance.check_family`` is what a family
+    must pass.
+    """
 
 
 @hookspec
