@@ -135,3 +135,19 @@ def test_reasoning_format_decides_where_reasoning_goes(tiny_checkpoint, fmt):
         assert msg["content"] == whole and msg["reasoning_content"] == reasoning
     else:
         assert msg["content"] == "".join(tokens[3:]) and msg["reasoning_content"] == reasoning
+
+
+def test_a_budget_then_a_schema_the_constraint_starts_after_the_forced_close(client):
+    """A prompt-opened block, a budget of 2 and a response schema: two reasoning tokens,
+    the forced ``</think>``, then an answer that holds the schema."""
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}},
+              "required": ["ok"], "additionalProperties": False}
+    body = {**THINKING, "ignore_eos": False, "max_tokens": 60, "thinking_budget_tokens": 2,
+            "logprobs": True, "response_format": {
+                "type": "json_schema", "json_schema": {"name": "o", "schema": schema}}}
+    r = client.post(CHAT, json=body).json()
+    tokens = [t["token"] for t in r["choices"][0]["logprobs"]["content"]]
+    msg = r["choices"][0]["message"]
+    assert tokens[2] == "</think>" and msg["reasoning_content"] == "".join(tokens[:2])
+    assert r["choices"][0]["finish_reason"] == "stop"
+    assert json.loads(msg["content"]) in ({"ok": True}, {"ok": False})

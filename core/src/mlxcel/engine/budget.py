@@ -36,6 +36,12 @@ class ReasoningBudget:
         return bool(self._forcing) or (self.inner is not None and self.inner.active)
 
     @property
+    def waiting(self) -> bool:
+        """The inner constraint has not started yet (it waits for ``guide_after``), even
+        while the close marker is being forced."""
+        return self.inner is not None and not self.inner.active
+
+    @property
     def accepting(self) -> bool:
         return not self._forcing and self.inner is not None and self.inner.accepting
 

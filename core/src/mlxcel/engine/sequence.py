@@ -91,7 +91,9 @@ class Sequence:
         specials = () if span is None else (span,)
         if isinstance(self.matcher, ReasoningBudget):
             self.matcher.observe(text)
-        if self.matcher is not None and not self.matcher.active:
+            if self.matcher.waiting:
+                self._start_guide(text)
+        elif self.matcher is not None and not self.matcher.active:
             self._start_guide(text)
         if self._stop_in(text, span) or (self.loop is not None and self._looping()):
             self.finish("stop", text, token, logprobs=lps, specials=specials)
