@@ -1,4 +1,7 @@
-"""OpenAI routes: /v1/chat/completions, /v1/completions (+ unprefixed), /v1/models."""
+"""OpenAI routes: /v1/chat/completions (+ unprefixed), /v1/completions, /v1/models (+
+unprefixed), and the OpenAI routes of side models this server has not loaded. The
+unprefixed /completions is llama-server's native route (``dialects.llamacpp``), as in
+llama-server."""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ from mlxcel.chat.output import OutputMachine, answer_machine
 from mlxcel.chat.structured import compile_constraint, response_constraint, tool_constraint
 from mlxcel.context import AppContext
 from mlxcel.dialects.prepare import prepare_for
+from mlxcel.dialects.unserved import unserved_routes
 from mlxcel.dialects.wire import (
     SSEResponse,
     client_closed,
@@ -31,6 +35,17 @@ from .translate import (
     completion_prompt,
     echo_text,
     generation_request,
+)
+
+UNSERVED = (
+    ("POST", "an embedding model", ("/v1/embeddings",)),
+    ("POST", "a reranking model", ("/v1/rerank", "/v1/reranking")),
+    ("POST", "a speech model (Whisper transcribes and translates, Kokoro speaks)",
+     ("/v1/audio/speech", "/v1/audio/transcriptions", "/v1/audio/translations",
+      "/audio/speech", "/audio/transcriptions", "/audio/translations")),
+    ("POST", "an image generation model",
+     ("/v1/images/generations", "/v1/images/edits", "/images/generations", "/images/edits")),
+    ("GET", "a Nemotron VoiceChat checkpoint", ("/v1/realtime",)),
 )
 
 
@@ -100,7 +115,7 @@ def build(ctx: AppContext) -> list[Any]:
             request, run.stream, run.machine, encoder,
             on_finish=lambda finish: ctx.metrics.record(finish, run.started)))
 
-    @post(["/v1/completions", "/completions"], status_code=200)
+    @post("/v1/completions", status_code=200)
     async def completions(request: Request) -> Any:
         body = await decode_body(request, s.CompletionRequest)
         check_completion_options(body)
@@ -128,4 +143,4 @@ def build(ctx: AppContext) -> list[Any]:
             {"id": ctx.model_name, "object": "model", "created": ctx.created, "owned_by": "user"}
         ]})
 
-    return [chat_completions, completions, models]
+    return [chat_completions, completions, models, *unserved_routes(UNSERVED)]
