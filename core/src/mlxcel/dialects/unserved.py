@@ -16,9 +16,11 @@ PREFIX = "unserved:"  # the name of every handler made here
 
 
 def _served(request: Request) -> str:
-    """The app's paths that some real handler serves."""
+    """The app's paths that some real handler serves (Litestar's own OPTIONS handlers
+    serve nothing)."""
     paths = {r.path for r in request.app.routes
-             if any(not (h.name or "").startswith(PREFIX) for h in r.route_handlers)}
+             if any(not (h.name or "").startswith(PREFIX) and h.http_methods != {"OPTIONS"}
+                    for h in r.route_handlers)}
     return ", ".join(sorted(paths))
 
 

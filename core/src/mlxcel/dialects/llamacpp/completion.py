@@ -129,6 +129,9 @@ def prompt_tokens(engine: Any, prompt: Any, param: str = "prompt") -> list[int]:
     ``prepare``). An empty prompt is the BOS alone, or a 400 without one."""
     if isinstance(prompt, dict):
         prompt = _prompt_text(prompt, param)
+    if not isinstance(prompt, (str, list)):
+        raise InvalidRequest(f"each of '{param}' must be a string, a list of token ids and "
+                             "strings, or an object with 'prompt_string'", param=param)
     ids = mixed_tokens(engine, [prompt] if isinstance(prompt, str) else prompt, param,
                        bos=True)
     tok = engine.checkpoint.tokenizer
