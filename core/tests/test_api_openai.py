@@ -72,7 +72,7 @@ def test_completions_plain_and_streaming(client):
     body = client.post("/v1/completions", json=req).json()
     assert body["object"] == "text_completion" and body["choices"][0]["finish_reason"] == "length"
     assert body["usage"]["completion_tokens"] == 6
-    events = sse_events(client.post("/completions", json={**req, "stream": True}))
+    events = sse_events(client.post("/v1/completions", json={**req, "stream": True}))
     assert all(e["object"] == "text_completion" for e in events)
     assert "".join(e["choices"][0]["text"] for e in events) == body["choices"][0]["text"]
     assert events[-1]["choices"][0]["finish_reason"] == "length"

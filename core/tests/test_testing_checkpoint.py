@@ -265,6 +265,22 @@ def test_generation_config(tmp_path):
     assert _config(path)["eos_token_id"] == tok.token_to_id("<|im_end|>")
 
 
+def test_extra_special_tokens(tmp_path):
+    fim = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>")
+    path = build_checkpoint(tmp_path / "f", vocab_size=512, extra_special_tokens=fim)
+    tok = _tokenizer(path)
+    assert tok.get_vocab_size(with_added_tokens=True) == 512
+    decoder = json.loads((path / "tokenizer_config.json").read_text())["added_tokens_decoder"]
+    specials = {v["content"] for v in decoder.values() if v["special"]}
+    assert set(fim) <= specials
+    assert [tok.token_to_id(t) for t in fim] == tok.encode("".join(fim)).ids
+    # the default build's cache key (and so every cached checkpoint) is unchanged
+    assert ckpt_mod._cache_key("qwen3", {"extra_special_tokens": ()}) == \
+        ckpt_mod._cache_key("qwen3", {})
+    assert ckpt_mod._cache_key("qwen3", {"extra_special_tokens": fim}) != \
+        ckpt_mod._cache_key("qwen3", {})
+
+
 def test_cached_checkpoint_reuses_dir(tmp_path):
     first = cached_checkpoint("qwen3", tmp_path, num_layers=1)
     stamp = (first / "model.safetensors").stat().st_mtime_ns

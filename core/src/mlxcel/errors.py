@@ -56,6 +56,14 @@ class CapabilityNotSupported(MlxcelError):
     status = 501
 
 
+class NoModelForRoute(MlxcelError):
+    """A route of the spec that needs a model this server has not loaded (embeddings,
+    speech, images, ...): 501, the message naming what it needs and what the server
+    serves, rather than a 404 that reads as a wrong URL."""
+
+    status = 501
+
+
 class NotFound(MlxcelError):
     status = 404
 

@@ -100,14 +100,17 @@ def _check(cond: bool, field: str, message: str) -> None:
 
 
 def sampling_params(fields: dict[str, Any], defaults: dict[str, Any], *,
-                    logprobs: bool = False, top_logprobs: int = 0) -> SamplingParams:
-    """Request values (None = absent) over server defaults, validated by ``RULES``."""
+                    logprobs: bool = False, top_logprobs: int = 0,
+                    names: dict[str, str] | None = None) -> SamplingParams:
+    """Request values (None = absent) over server defaults, validated by ``RULES``;
+    ``names`` gives a field's wire name where the dialect spells it otherwise (errors name
+    the field the client sent)."""
     values = {}
     for key, default in defaults.items():
         given = fields.get(key)
         if given is not None:
             check, message = RULES[key]
-            _check(check(given), key, message)
+            _check(check(given), (names or {}).get(key, key), message)
             values[key] = given
         else:
             values[key] = default
@@ -137,6 +140,28 @@ def max_tokens(value: int | None, field: str, n_predict: int) -> int | None:
         return n_predict if n_predict > 0 else None
     _check(value > 0, field, "must be a positive integer")
     return value
+
+
+# the spec's three names for one reasoning budget, as clients of different servers send it
+REASONING_BUDGET_ALIASES = ("thinking_budget_tokens", "reasoning_budget_tokens",
+                            "thinking_budget")
+
+
+def reasoning_budget(fields: dict[str, Any]) -> int | None:
+    """The request's reasoning budget in tokens from whichever alias it sends (None: none
+    sent; -1 unrestricted, 0 no reasoning, N > 0 at most N tokens, llama-server's
+    ``--reasoning-budget`` values). Aliases that disagree are a 400: either value would be
+    a guess."""
+    given = {k: fields[k] for k in REASONING_BUDGET_ALIASES if fields.get(k) is not None}
+    for key, value in given.items():
+        _check(isinstance(value, int) and not isinstance(value, bool)
+               and -1 <= value <= INT_LIMIT, key,
+               f"must be an integer from -1 (unrestricted) to {INT_LIMIT}")
+    if len(set(given.values())) > 1:
+        names = " and ".join(f"'{k}'" for k in given)
+        raise InvalidRequest(f"{names} give different reasoning budgets; send one",
+                             param=next(iter(given)))
+    return next(iter(given.values()), None)
 
 
 # -- loop detection -----------------------------------------------------------------------
@@ -180,23 +205,3 @@ def check_server_settings(settings: Any) -> None:
         check, message = RULES[field]
         if not check(value):
             raise StartupError(f"--{flag.replace('_', '-')} {value}: {message}")
-
-
-# -- reasoning budget ---------------------------------------------------------------------
-# The request fields that set a thinking budget in tokens, first given wins: llama-server's
-# and vLLM's spellings, and DashScope's.
-THINKING_BUDGET_FIELDS = ("thinking_budget_tokens", "reasoning_budget_tokens",
-                          "thinking_budget")
-
-
-def thinking_budget(fields: dict[str, Any]) -> tuple[int | None, str]:
-    """The request's thinking budget (None: not given) and the field that gave it; -1
-    is unrestricted, anything else below 0 is refused."""
-    for name in THINKING_BUDGET_FIELDS:
-        value = fields.get(name)
-        if value is None:
-            continue
-        _check(isinstance(value, int) and not isinstance(value, bool) and -1 <= value
-               <= INT_LIMIT, name, "must be -1 (unrestricted) or a number of tokens >= 0")
-        return value, name
-    return None, THINKING_BUDGET_FIELDS[0]

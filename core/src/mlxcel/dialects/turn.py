@@ -111,7 +111,7 @@ class Turn:
 
 def budget_of(ctx: AppContext, options: TurnOptions) -> int | None:
     """The turn's reasoning budget: the request's (checked by the dialect, e.g.
-    ``chat.request.thinking_budget``), else ``--reasoning-budget``; None: unrestricted."""
+    ``chat.request.reasoning_budget``), else ``--reasoning-budget``; None: unrestricted."""
     budget = options.reasoning_budget
     if budget is None:
         budget = ctx.settings.reasoning_budget

@@ -114,9 +114,10 @@ def _validate(shape: str, hidden_size: int, num_heads: int, num_kv_heads: int, d
 
 
 def _write_tokenizer(path: pathlib.Path, shape: str, vocab_size: int,
-                     template: str = _tpl.DEFAULT) -> _tok.SpecialTokens:
+                     template: str = _tpl.DEFAULT,
+                     extra_special: tuple[str, ...] = ()) -> _tok.SpecialTokens:
     shape = "llama" if shape in _cfg.LLAMA_STYLE else "qwen3"
-    tok = _tok.build_tokenizer(shape, vocab_size, template)
+    tok = _tok.build_tokenizer(shape, vocab_size, template, tuple(extra_special))
     tok.save(str(path / "tokenizer.json"))
     cfg = _tok.tokenizer_config(shape, tok, MAX_POSITION_EMBEDDINGS, template)
     _write_json(path / "tokenizer_config.json", cfg)
@@ -141,6 +142,7 @@ def build_checkpoint(
     suppress_eos: bool = False,
     config: dict | None = None,
     template: str = _tpl.DEFAULT,
+    extra_special_tokens: tuple[str, ...] = (),
 ) -> pathlib.Path:
     """Write a tiny random-weight ``shape`` checkpoint into ``path`` and return it.
 
@@ -155,11 +157,13 @@ def build_checkpoint(
     ``enable_moe_block``). ``template``: a style of ``mlxcel.testing.templates.STYLES``
     (``chatml``, ``llama3``, ``mistral``, ``gemma4``, ``qwen3_coder``, ``harmony``); its
     chat template, its markers as added tokens, its BOS and EOS tokens, whatever the shape.
+    ``extra_special_tokens``: more special tokens for the vocabulary (within
+    ``vocab_size``), such as fill-in-the-middle markers (``<|fim_prefix|>``, ...).
     """
     _validate(shape, hidden_size, num_heads, num_kv_heads, dtype, template)
     out = pathlib.Path(path)
     out.mkdir(parents=True, exist_ok=True)
-    ids = _write_tokenizer(out, shape, vocab_size, template)
+    ids = _write_tokenizer(out, shape, vocab_size, template, extra_special_tokens)
     dims = _cfg.Dims(hidden_size, num_layers, num_heads, num_kv_heads,
                      intermediate_size or 3 * hidden_size, vocab_size)
     overrides = config or {}
@@ -187,11 +191,12 @@ def _cache_key(shape: str, kw: dict[str, Any]) -> str:
     """Stable digest of the normalized build arguments and bundled assets."""
     bound = inspect.signature(build_checkpoint).bind(None, shape, **kw)
     bound.apply_defaults()
-    # no ``config`` override and the default template: the key of the builds made before
-    # those arguments existed
+    # no ``config`` override, the default template and no extra special tokens: the key
+    # of the builds made before those arguments existed
     args = {k: v for k, v in bound.arguments.items()
             if k != "path" and not (k == "config" and v is None)
-            and not (k == "template" and v == _tpl.DEFAULT)}
+            and not (k == "template" and v == _tpl.DEFAULT)
+            and not (k == "extra_special_tokens" and not v)}
     template = _tok.chat_template_text(kw.get("template", _tpl.DEFAULT))
     payload = json.dumps(
         {

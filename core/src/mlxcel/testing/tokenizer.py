@@ -108,14 +108,15 @@ def _adds_bos(shape: str, template: str) -> bool:
 
 
 def build_tokenizer(shape: str = "qwen3", vocab_size: int = 512,
-                    template: str = DEFAULT) -> Tokenizer:
+                    template: str = DEFAULT, extra_special: tuple[str, ...] = ()) -> Tokenizer:
     """Train a byte-level BPE whose total size (added tokens included) is ``vocab_size``,
-    with the added tokens of style ``template`` (``mlxcel.testing.templates``).
+    with the added tokens of style ``template`` (``mlxcel.testing.templates``), then the
+    special tokens ``extra_special`` (e.g. fill-in-the-middle markers).
 
     If the corpus cannot supply enough merges, ``<|reserved_N|>`` special tokens pad
     the vocabulary up to the requested size.
     """
-    named = added_tokens(shape, template)
+    named = added_tokens(shape, template) + [(t, True) for t in extra_special]
     base_size = vocab_size - len(named)
     if base_size < BYTE_ALPHABET_SIZE:
         raise ValueError(f"vocab_size must be at least {BYTE_ALPHABET_SIZE + len(named)}")

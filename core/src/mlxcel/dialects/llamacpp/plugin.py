@@ -1,4 +1,5 @@
-"""Builtin plugin: llama-server's native routes (tokenize, detokenize, health, props)."""
+"""Builtin plugin: llama-server's native routes (completion, infill, apply-template,
+tokenize, detokenize, health, props, slots)."""
 
 from __future__ import annotations
 
@@ -12,4 +13,5 @@ def mlxcel_register_dialects(registry) -> None:
         name="llamacpp", routes="mlxcel.dialects.llamacpp.routes:build",
         description="llama-server native routes",
         errors="mlxcel.dialects.openai.errors:error_body",  # llama-server's own shape
-        prefixes=("/tokenize", "/detokenize", "/props", "/slots", "/health", "/v1/cache")))
+        prefixes=("/completion", "/infill", "/apply-template", "/tokenize", "/detokenize",
+                  "/props", "/slots", "/health", "/v1/cache", "/embedding", "/rerank")))

@@ -1,4 +1,6 @@
-"""llama-server routes: /tokenize, /detokenize, /health (and /), /props, /slots."""
+"""llama-server routes: /completion(s), /infill, /apply-template, /tokenize, /detokenize,
+/health (and /), /props, /slots, the prompt cache, and the native routes of side models
+this server has not loaded."""
 
 from __future__ import annotations
 
@@ -7,14 +9,21 @@ from typing import Any
 
 from litestar import Request, Response, get, post
 
+from mlxcel.chat.prompt import render_chat
 from mlxcel.chat.request import SEED_UNSET, server_sampling_defaults
 from mlxcel.context import AppContext
+from mlxcel.dialects.openai.schemas import ChatCompletionRequest
+from mlxcel.dialects.openai.translate import prompt_request
 from mlxcel.dialects.prepare import check_fits, check_token_ids, prepare_for
+from mlxcel.dialects.unserved import unserved_routes
 from mlxcel.dialects.wire import decode_body
 from mlxcel.engine.tokenizer import TooManyTokens
 from mlxcel.errors import InvalidRequest, MlxcelError
 
-from .schemas import DetokenizeRequest, TokenizeRequest
+from .completion import body_prompts, n_predict_of, prompt_tokens, refuse_unsupported
+from .infill import answer_reserve, fim_markers, infill_prompt
+from .run import respond
+from .schemas import CompletionRequest, DetokenizeRequest, InfillRequest, TokenizeRequest
 
 TOKENIZE_MAX_TOKENS = 1 << 20
 OBSERVABILITY = ("sequences_started", "sequences_completed", "total_prefill_tokens",
@@ -62,6 +71,46 @@ def slots_payload(ctx: AppContext) -> list[dict[str, Any]]:
     states = [*engine.slot_states(), *["queued"] * engine.queue_depth]
     return [{"id": i, "state": state, "model": ctx.model_name, "context_size": context_size,
              "is_processing": state == "decoding"} for i, state in enumerate(states)]
+
+
+# llama-server's own side-model routes (the OpenAI ones are the OpenAI dialect's)
+UNSERVED = (("POST", "an embedding model", ("/embedding", "/embeddings")),
+            ("POST", "a reranking model", ("/rerank", "/reranking")))
+
+
+def generation_routes(ctx: AppContext) -> list[Any]:
+    """``/completion`` (and ``/completions``), ``/infill`` and ``/apply-template``."""
+    engine = ctx.engine
+
+    @post(["/completion", "/completions"], status_code=200)
+    async def completion(request: Request) -> Any:
+        body = await decode_body(request, CompletionRequest)
+        refuse_unsupported(body)
+        prompts = body_prompts(body)
+        ids = await prepare_for(request, lambda: [prompt_tokens(engine, p) for p in prompts])
+        return await respond(ctx, request, body, ids)
+
+    @post("/infill", status_code=200)
+    async def infill(request: Request) -> Any:
+        fim = fim_markers(engine.checkpoint.tokenizer)  # 501 before the body is read
+        body = await decode_body(request, InfillRequest)
+        refuse_unsupported(body)
+        reserve = answer_reserve(engine.context_size, n_predict_of(body, ctx.settings))
+        ids, cut = await prepare_for(request,
+                                     lambda: infill_prompt(engine, body, fim, reserve))
+        return await respond(ctx, request, body, [ids], truncated=cut)
+
+    @post("/apply-template", status_code=200)
+    async def apply_template(request: Request) -> dict[str, Any]:
+        """The chat prompt as ``/v1/chat/completions`` would render it (the same wire
+        format, read by the OpenAI dialect's schema), without generating."""
+        body = await decode_body(request, ChatCompletionRequest)
+        text = await prepare_for(request, lambda: render_chat(
+            prompt_request(body), engine.checkpoint.template,
+            ctx.settings.chat_template_kwargs))
+        return {"prompt": text}
+
+    return [completion, infill, apply_template]
 
 
 def build(ctx: AppContext) -> list[Any]:
@@ -132,7 +181,8 @@ def build(ctx: AppContext) -> list[Any]:
     def cache_reset() -> dict[str, Any]:
         return engine.prompt_cache.reset()
 
-    handlers: list[Any] = [health, tokenize, detokenize, props, cache_stats, cache_reset]
+    handlers: list[Any] = [health, tokenize, detokenize, props, cache_stats, cache_reset,
+                           *generation_routes(ctx), *unserved_routes(UNSERVED)]
     if ctx.settings.slots:
         @get("/slots")
         async def slots() -> list[dict[str, Any]]:

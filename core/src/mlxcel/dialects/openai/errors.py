@@ -16,6 +16,7 @@ TYPES: tuple[tuple[type[e.MlxcelError], str], ...] = (
     (e.Unauthorized, "invalid_api_key"),
     (e.NotFound, "not_found_error"),
     (e.CapabilityNotSupported, "not_supported_error"),
+    (e.NoModelForRoute, "not_implemented"),
     (e.Forbidden, "invalid_request_error"),
     (e.InvalidRequest, "invalid_request_error"),
 )

@@ -12,4 +12,4 @@ def mlxcel_register_dialects(registry) -> None:
         name="openai", routes="mlxcel.dialects.openai.routes:build",
         description="OpenAI chat/completions/models",
         errors="mlxcel.dialects.openai.errors:error_body",
-        prefixes=("/v1", "/chat", "/completions", "/models")))
+        prefixes=("/v1", "/chat", "/models", "/audio", "/images")))

@@ -1,4 +1,7 @@
-"""OpenAI routes: /v1/chat/completions, /v1/completions (+ unprefixed), /v1/models."""
+"""OpenAI routes: /v1/chat/completions (+ unprefixed), /v1/completions, /v1/models (+
+unprefixed), and the OpenAI routes of side models this server has not loaded. The
+unprefixed /completions is llama-server's native route (``dialects.llamacpp``), as in
+llama-server."""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ from mlxcel.chat.structured import compile_constraint, response_constraint
 from mlxcel.context import AppContext
 from mlxcel.dialects.prepare import prepare_for
 from mlxcel.dialects.turn import Turn, generation_request, start_turn
+from mlxcel.dialects.unserved import unserved_routes
 from mlxcel.dialects.wire import (
     SSEResponse,
     client_closed,
@@ -30,6 +34,17 @@ from .translate import (
     echo_text,
     prompt_request,
     turn_options,
+)
+
+UNSERVED = (
+    ("POST", "an embedding model", ("/v1/embeddings",)),
+    ("POST", "a reranking model", ("/v1/rerank", "/v1/reranking")),
+    ("POST", "a speech model (Whisper transcribes and translates, Kokoro speaks)",
+     ("/v1/audio/speech", "/v1/audio/transcriptions", "/v1/audio/translations",
+      "/audio/speech", "/audio/transcriptions", "/audio/translations")),
+    ("POST", "an image generation model",
+     ("/v1/images/generations", "/v1/images/edits", "/images/generations", "/images/edits")),
+    ("GET", "a Nemotron VoiceChat checkpoint", ("/v1/realtime",)),
 )
 
 
@@ -64,7 +79,7 @@ def build(ctx: AppContext) -> list[Any]:
         return SSEResponse(stream_answer(request, turn.stream, turn.machine, encoder,
                                          on_finish=turn.on_finish(ctx)))
 
-    @post(["/v1/completions", "/completions"], status_code=200)
+    @post("/v1/completions", status_code=200)
     async def completions(request: Request) -> Any:
         body = await decode_body(request, s.CompletionRequest)
         check_completion_options(body)
@@ -95,4 +110,4 @@ def build(ctx: AppContext) -> list[Any]:
             {"id": ctx.model_name, "object": "model", "created": ctx.created, "owned_by": "user"}
         ]})
 
-    return [chat_completions, completions, models]
+    return [chat_completions, completions, models, *unserved_routes(UNSERVED)]

@@ -8,10 +8,10 @@ import msgspec
 
 from mlxcel.chat.prompt import pick_template_kwargs
 from mlxcel.chat.request import (
+    REASONING_BUDGET_ALIASES,
     SAMPLING_DEFAULTS,
-    THINKING_BUDGET_FIELDS,
+    reasoning_budget,
     stop_strings,
-    thinking_budget,
 )
 from mlxcel.context import AppContext
 from mlxcel.dialects.jsondepth import MAX_JSON_DEPTH, too_deep
@@ -219,7 +219,7 @@ def turn_options(body: SamplingFields, limit: int | None, limit_field: str, *,
                  logprobs: bool = False, top_logprobs: int = 0,
                  response: Constraint | None = None) -> TurnOptions:
     """The body's generation fields in the chat layer's names."""
-    budget, _ = thinking_budget({k: getattr(body, k) for k in THINKING_BUDGET_FIELDS})
+    budget = reasoning_budget({k: getattr(body, k) for k in REASONING_BUDGET_ALIASES})
     return TurnOptions(
         sampling={k: getattr(body, k, None) for k in SAMPLING_DEFAULTS},
         loop={k: getattr(body, k) for k in LOOP_FIELDS}, limit=limit,

@@ -1,0 +1,99 @@
+"""Submitting native completions and answering them: one object per prompt (a list when
+the request had several), or one SSE stream. Native completions are not counted in the
+request metrics (the spec's counting rule); their usage goes to the access log."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+from litestar import Request
+
+from mlxcel.chat.answer import collect
+from mlxcel.chat.output import OutputMachine
+from mlxcel.context import AppContext
+from mlxcel.dialects.wire import (
+    SSEResponse,
+    client_closed,
+    record_usage,
+    request_priority,
+    stream_answer,
+    unless_disconnected,
+)
+from mlxcel.types import Finish, Usage
+
+from .completion import Plan, generation_settings, native_plan
+from .schemas import NativeFields
+from .stream import NativeEncoder, Watch
+
+
+class _Run:
+    """One submitted prompt: its watched event stream, state machine and encoder."""
+
+    def __init__(self, ctx: AppContext, body: NativeFields, plan: Plan, index: int,
+                 truncated: bool) -> None:
+        self.watch = Watch(ctx.engine.submit(plan.request))
+        self.machine = OutputMachine(stops=plan.request.stop)
+        self.encoder = NativeEncoder(
+            plan, self.watch, ctx.engine.checkpoint.tokenizer, index=index,
+            settings=generation_settings(ctx, plan, body.stream),
+            context_size=ctx.engine.context_size, return_tokens=body.return_tokens,
+            timings_per_token=body.timings_per_token, truncated=truncated)
+
+    async def whole(self) -> tuple[dict[str, Any], Usage | None]:
+        answer = await collect(self.watch, self.machine)
+        assert answer.finish is not None
+        body = self.encoder.final(answer.finish, answer.content, answer.logprobs)
+        return body, answer.finish.usage
+
+
+def _submit(ctx: AppContext, request: Request, body: NativeFields,
+            prompts: list[list[int]], truncated: bool) -> list[_Run]:
+    """Every prompt's plan first (a 400 submits nothing), then each submitted; a refusal
+    (503) cancels the ones already admitted."""
+    priority = request_priority(request)
+    plans = [native_plan(ctx, body, ids, f"cmpl-{uuid.uuid4().hex[:24]}", priority)
+             for ids in prompts]
+    runs: list[_Run] = []
+    try:
+        for i, plan in enumerate(plans):
+            runs.append(_Run(ctx, body, plan, i, truncated))
+    except BaseException:
+        for run in runs:
+            run.watch.cancel()
+        raise
+    return runs
+
+
+async def _gather(runs: list[_Run]) -> list[tuple[dict[str, Any], Usage | None]]:
+    """Every answer; one failure cancels the rest and raises."""
+    try:
+        return await asyncio.gather(*(run.whole() for run in runs))
+    except BaseException:
+        for run in runs:
+            run.watch.cancel()
+        raise
+
+
+def _record(request: Request, usages: list[Usage | None]) -> None:
+    total = [u for u in usages if u is not None]
+    record_usage(request, Finish(reason="stop", usage=Usage(
+        prompt_tokens=sum(u.prompt_tokens for u in total),
+        completion_tokens=sum(u.completion_tokens for u in total))))
+
+
+async def respond(ctx: AppContext, request: Request, body: NativeFields,
+                  prompts: list[list[int]], truncated: bool = False) -> Any:
+    """The response to a native completion of ``prompts`` (token ids, already checked)."""
+    runs = _submit(ctx, request, body, prompts, truncated)
+    if body.stream:
+        run = runs[0]
+        return SSEResponse(stream_answer(request, run.watch, run.machine, run.encoder))
+    results = await unless_disconnected(request, _gather(runs),
+                                        lambda: [run.watch.cancel() for run in runs])
+    if results is None:
+        return client_closed()
+    _record(request, [usage for _, usage in results])
+    bodies = [b for b, _ in results]
+    return bodies[0] if len(bodies) == 1 else bodies
