@@ -47,7 +47,7 @@ def chat_template_value(raw: str) -> str:
 
 
 # llama.cpp's detection order (llm_chat_detect_template): the first rule whose markers
-# are all in the model's template names its format; ``None`` markers mean "none of".
+# are all in the model's template, and none of its absent ones, names its format.
 _DETECT: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("phi4", ("<|im_start|>", "<|im_sep|>"), ()),
     ("smolvlm", ("<|im_start|>", "<end_of_utterance>"), ()),
