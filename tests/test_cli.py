@@ -20,8 +20,8 @@ def run_cli(*args, env=None, timeout=60):
 
 def test_help_shows_every_flag_with_default_and_env_twin():
     out = " ".join(run_cli("-h").stdout.split())
-    for flags, _dest, _type, _default, env, _help in OPTIONS:
-        assert flags[-1] in out and env in out
+    for row in OPTIONS:
+        assert row.flags[-1] in out and (row.env is None or row.env in out)
     for needle in ("--demo", "(default: 127.0.0.1)", "(default: 8080)", "(default: 4)",
                    "(default: console)"):
         assert needle in out
@@ -239,8 +239,11 @@ def test_api_key_file_missing_empty_or_doubled_is_one_line(tmp_path):
     missing = run_cli("--api-key-file", str(tmp_path / "nope"), "--port", str(free_port()))
     assert "cannot read --api-key-file" in one_line_error(missing)
     empty = tmp_path / "empty"
-    empty.write_text("\n  \nsecond-line-key\n")
-    assert "first line is empty" in one_line_error(run_cli("--api-key-file", str(empty)))
+    empty.write_text("\n  \n# only a comment\n")
+    assert "it holds no key" in one_line_error(run_cli("--api-key-file", str(empty)))
+    comma = tmp_path / "comma"
+    comma.write_text("a,b\n")
+    assert "may not hold a comma" in one_line_error(run_cli("--api-key-file", str(comma)))
     keyfile = tmp_path / "key"
     keyfile.write_text("file-secret-123\n")
     for args, env in ((["--api-key", "flag-secret-456"], {}), ([], {"LLAMA_API_KEY": "x"})):
@@ -252,22 +255,25 @@ def test_api_key_file_missing_empty_or_doubled_is_one_line(tmp_path):
 def test_help_never_prints_the_key_of_an_api_key_file(tmp_path):
     keyfile = tmp_path / "key"
     keyfile.write_text("file-secret-123\n")
-    out = run_cli("-h", env={"MLXCEL_API_KEY_FILE": str(keyfile)}).stdout
+    out = run_cli("-h", env={"LLAMA_ARG_API_KEY_FILE": str(keyfile)}).stdout
     assert "--api-key-file" in out and "file-secret-123" not in out
 
 
 @pytest.mark.slow
 def test_api_key_file_protects_the_server_and_stays_out_of_the_log(tiny_checkpoint, tmp_path):
+    """One key per line, as llama-server reads the file: blank and # lines skipped."""
     keyfile = tmp_path / "key"
-    keyfile.write_text("  file-secret-123  \nignored second line\n")
+    keyfile.write_text("  file-secret-123  \n\n# a comment\nsecond-key-456\n")
     srv = Server(["--model", str(tiny_checkpoint), "--api-key-file", str(keyfile)])
     try:
         assert httpx.get(srv.base_url + "/v1/models").status_code == 401
-        wrong = {"Authorization": "Bearer ignored second line"}
-        assert httpx.get(srv.base_url + "/v1/models", headers=wrong).status_code == 401
-        good = {"Authorization": "Bearer file-secret-123"}
-        assert httpx.get(srv.base_url + "/v1/models", headers=good).status_code == 200
-        assert "file-secret-123" not in srv.log()
+        for wrong in ("# a comment", "file-secret-123,second-key-456", "a comment"):
+            headers = {"Authorization": f"Bearer {wrong}"}
+            assert httpx.get(srv.base_url + "/v1/models", headers=headers).status_code == 401
+        for key in ("file-secret-123", "second-key-456"):
+            good = {"Authorization": f"Bearer {key}"}
+            assert httpx.get(srv.base_url + "/v1/models", headers=good).status_code == 200
+        assert "file-secret-123" not in srv.log() and "second-key-456" not in srv.log()
     finally:
         srv.stop()
 

@@ -21,7 +21,7 @@ from mlxcel.settings import EngineConfig, Settings
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "core" / "src" / "mlxcel"
 ENV_MD = ROOT / "docs" / "reference" / "env.md"
-TWINS = {env: flags for flags, _dest, _type, _default, env, _help in OPTIONS}
+TWINS = {row.env: row.flags for row in OPTIONS if row.env}
 # variables of mlxcel's that are plumbing or test kit, not settings (docs/reference/env.md)
 INTERNAL = {
     "MLXCEL_SETTINGS_JSON": "the CLI hands its Settings to the Granian worker",
@@ -99,8 +99,8 @@ def test_every_allowed_reader_still_reads_the_environment():
 
 
 def twin_table() -> str:
-    rows = [f"| `{env}` | {', '.join(f'`{f}`' for f in flags)} |"
-            for flags, _dest, _type, _default, env, _help in OPTIONS]
+    rows = [f"| `{row.env}` | {', '.join(f'`{f}`' for f in row.flags)} |"
+            for row in OPTIONS if row.env]
     return "\n".join(["| variable | flag |", "|---|---|", *rows])
 
 
@@ -164,8 +164,9 @@ def test_loop_detection_resolves_to_a_policy_and_travels_to_the_worker(monkeypat
 
 
 def test_nothing_set_means_the_engines_own_defaults(monkeypatch):
-    for _flags, _dest, _type, _default, env, _help in OPTIONS:
-        monkeypatch.delenv(env, raising=False)
+    for row in OPTIONS:
+        if row.env:
+            monkeypatch.delenv(row.env, raising=False)
     settings = _settings([])
     assert settings == Settings()
     assert EngineConfig.from_settings(settings) == EngineConfig()

@@ -11,10 +11,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_every_flag_and_env_twin_is_documented():
     flags_md = (ROOT / "docs" / "reference" / "flags.md").read_text()
-    for flags, _dest, _type, _default, env, _help in OPTIONS:
-        for flag in flags:
+    for row in OPTIONS:
+        for flag in row.flags:
             assert f"`{flag}`" in flags_md, flag
-        assert f"`{env}`" in flags_md, env
+        assert row.env is None or f"`{row.env}`" in flags_md, row.env
     assert "`--demo`" in flags_md and "`MLXCEL_DEMO`" in flags_md
 
 
@@ -40,7 +40,7 @@ def test_the_docs_index_links_every_tutorial_and_how_to_page():
 
 def test_the_selecting_plugins_how_to_names_the_real_flags_and_env_twins():
     howto = (ROOT / "docs" / "howto" / "selecting-plugins.md").read_text()
-    rows = {dest: (flags, env) for flags, dest, _type, _default, env, _help in OPTIONS}
+    rows = {row.dest: (row.flags, row.env) for row in OPTIONS}
     for dest in ("plugins", "disable_plugins", "tool_call_format"):
         flags, env = rows[dest]
         assert f"`{flags[0]}" in howto and f"`{env}`" in howto, dest

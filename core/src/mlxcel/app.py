@@ -13,6 +13,7 @@ import structlog
 from litestar import Litestar, Router
 
 from mlxcel.context import AppContext
+from mlxcel.cors import CorsPolicy
 from mlxcel.dialects.shapes import ErrorShapes, router_handlers
 from mlxcel.engine.client import EngineClient
 from mlxcel.engine.prompt_cache import PromptCache
@@ -31,10 +32,16 @@ STREAM_FLUSH_S = 0.5  # how long open streams get to send their error frame befo
 
 def guard_config(settings: Settings, listening: bool,
                  shapes: ErrorShapes | None = None) -> GuardConfig:
+    """The edge rules from the settings; the hosts of origins named by --cors-origins
+    pass the Host/Origin guard too, since naming one is trusting it."""
+    cors = CorsPolicy.from_flags(settings.cors_origins, settings.cors_methods,
+                                 settings.cors_headers, settings.cors_credentials)
     hosts = HostPolicy.from_settings(settings.host, settings.allowed_hosts, listening)
-    return GuardConfig(api_key=settings.api_key, hosts=hosts,
+    if hosts.names is not None:
+        hosts = HostPolicy(hosts.names | cors.origin_hosts())
+    return GuardConfig(api_keys=settings.api_keys(), hosts=hosts,
                        body_timeout=settings.body_timeout, write_timeout=settings.timeout,
-                       error_body=(shapes or ErrorShapes({})).encode)
+                       error_body=(shapes or ErrorShapes({})).encode, cors=cors)
 
 
 def guard_app(app: Litestar, settings: Settings, listening: bool = False,
@@ -49,8 +56,8 @@ def guard_app(app: Litestar, settings: Settings, listening: bool = False,
 
 
 def model_display_name(settings: Settings) -> str:
-    if settings.alias:
-        return settings.alias
+    if settings.aliases():
+        return settings.aliases()[0]
     if settings.model:
         return Path(settings.model.rstrip("/")).name or settings.model
     return "mlxcel"
@@ -74,11 +81,12 @@ def create_app(settings: Settings, plugins: Plugins | None = None,
         engine = EngineClient(
             lambda: load_checkpoint(model, plugins.families, dtype=settings.dtype,
                                     chat_template_file=settings.chat_template_file,
+                                    chat_template=settings.chat_template, jinja=settings.jinja,
                                     tool_formats=plugins.tool_formats,
                                     tool_call_format=settings.tool_call_format,
                                     reasoning_format=settings.reasoning_format),
             parallel=settings.parallel, ctx_size=settings.ctx_size,
-            prefill_chunk=settings.prefill_chunk_size, max_queue_depth=settings.max_queue_depth,
+            prefill_chunk=settings.prefill_chunk(), max_queue_depth=settings.max_queue_depth,
             prompt_cache=prompt_cache_from(settings), config=EngineConfig.from_settings(settings))
     metrics = Metrics(engine)
     ctx = AppContext(settings=settings, plugins=plugins, engine=engine,
@@ -145,7 +153,7 @@ def _exit_on_engine_failure(engine: EngineClient, failure_path: str | None) -> N
 def app_from_env() -> Litestar:
     """Granian factory: settings arrive from the CLI through the environment."""
     settings = Settings.from_env()
-    configure(settings.log_format, secrets=[settings.api_key])
+    configure(settings.log_format, secrets=[settings.api_key, *settings.api_keys()])
     app = create_app(settings, listening=True)
     engine = app.state["ctx"].engine
     _exit_on_engine_failure(engine, failure_file())

@@ -11,6 +11,7 @@ import jinja2
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from mlxcel import chat_templates
 from mlxcel.errors import InvalidRequest, StartupError
 
 # Used when a checkpoint ships no template, as llama-server does.
@@ -44,9 +45,11 @@ class ChatTemplate:
     """A compiled chat template plus the special tokens templates expect."""
 
     def __init__(self, source: str, *, bos_token: str | None = None,
-                 eos_token: str | None = None, origin: str = "checkpoint") -> None:
+                 eos_token: str | None = None, origin: str = "checkpoint",
+                 takes_tools: bool = True) -> None:
         self.source = source
         self.origin = origin
+        self.takes_tools = takes_tools  # False: --no-jinja, where llama-server refuses tools
         self.special = {"bos_token": bos_token or "", "eos_token": eos_token or ""}
         try:
             self._template = _environment().from_string(source)
@@ -61,8 +64,12 @@ class ChatTemplate:
                add_generation_prompt: bool = True, **kwargs: Any) -> str:
         """Render like transformers' ``apply_chat_template(tokenize=False)``.
 
-        ``tools`` is passed to the template only when at least one tool is given.
+        ``tools`` is passed to the template only when at least one tool is given; a
+        template that takes none (``--no-jinja``) refuses them, as llama-server does.
         """
+        if tools and not self.takes_tools:
+            raise InvalidRequest("tools need a Jinja chat template: this server runs with "
+                                 "--no-jinja (llama.cpp's built-in formats)", param="tools")
         context: dict[str, Any] = {**kwargs, **self.special, "messages": messages,
                                    "add_generation_prompt": add_generation_prompt}
         if tools:
@@ -87,18 +94,43 @@ def _from_tokenizer_config(config: dict) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def load_chat_template(model_dir: Path, tokenizer_config: dict, *, override: Path | None,
-                       bos_token: str | None, eos_token: str | None) -> ChatTemplate:
-    """``--chat-template-file`` > ``chat_template.jinja`` > tokenizer_config > ChatML."""
+def _checkpoint_source(model_dir: Path, tokenizer_config: dict) -> tuple[str, str]:
+    """``chat_template.jinja`` > tokenizer_config > ChatML, with where it came from."""
+    if (model_dir / "chat_template.jinja").exists():
+        return (model_dir / "chat_template.jinja").read_text(encoding="utf-8"), \
+            "chat_template.jinja"
+    source = _from_tokenizer_config(tokenizer_config)
+    return (source, "tokenizer_config.json") if source else (FALLBACK_CHATML, "fallback-chatml")
+
+
+def _chosen_source(model_dir: Path, tokenizer_config: dict, override: Path | None,
+                   template: str | None) -> tuple[str, str]:
+    """``--chat-template-file`` > ``--chat-template`` (a built-in name or Jinja text) >
+    the checkpoint's; giving both flags refuses to start, since one would be ignored."""
+    if override is not None and template is not None:
+        raise StartupError("give either --chat-template or --chat-template-file, not both")
     if override is not None:
         try:
-            source, origin = Path(override).read_text(encoding="utf-8"), str(override)
+            return Path(override).read_text(encoding="utf-8"), str(override)
         except OSError as exc:
             raise StartupError(f"cannot read --chat-template-file {override}: {exc}") from exc
-    elif (model_dir / "chat_template.jinja").exists():
-        source, origin = (model_dir / "chat_template.jinja").read_text(encoding="utf-8"), \
-            "chat_template.jinja"
-    else:
-        source = _from_tokenizer_config(tokenizer_config) or FALLBACK_CHATML
-        origin = "tokenizer_config.json" if source is not FALLBACK_CHATML else "fallback-chatml"
-    return ChatTemplate(source, bos_token=bos_token, eos_token=eos_token, origin=origin)
+    if template is not None:
+        if template in chat_templates.BUILTIN_NAMES:
+            return chat_templates.builtin_source(template), f"--chat-template {template}"
+        return template, "--chat-template (inline)"
+    return _checkpoint_source(model_dir, tokenizer_config)
+
+
+def load_chat_template(model_dir: Path, tokenizer_config: dict, *, override: Path | None,
+                       bos_token: str | None, eos_token: str | None,
+                       template: str | None = None, jinja: bool = True) -> ChatTemplate:
+    """The template to render with (see ``_chosen_source``). ``jinja`` False is
+    llama-server's ``--no-jinja``: the built-in format that template's markers name
+    (llama.cpp's detection), else ChatML as llama-server falls back, and no tools."""
+    source, origin = _chosen_source(model_dir, tokenizer_config, override, template)
+    if jinja:
+        return ChatTemplate(source, bos_token=bos_token, eos_token=eos_token, origin=origin)
+    name = chat_templates.detect_builtin(source) or "chatml"
+    return ChatTemplate(chat_templates.builtin_source(name), bos_token=bos_token,
+                        eos_token=eos_token, origin=f"built-in {name} (--no-jinja, from {origin})",
+                        takes_tools=False)

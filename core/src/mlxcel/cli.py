@@ -8,9 +8,15 @@ from collections.abc import Sequence
 from typing import Any
 
 import msgspec
+import structlog
 
 from mlxcel.errors import PluginError, StartupError, UnknownModelType
-from mlxcel.options import OPTIONS, build_parser, env_default  # noqa: F401 (re-exported)
+from mlxcel.options import (  # noqa: F401 (OPTIONS re-exported)
+    OPTIONS,
+    build_parser,
+    env_default,
+    ignored_notes,
+)
 from mlxcel.settings import Settings
 
 
@@ -30,6 +36,7 @@ def list_plugins(argv: Sequence[str]) -> int:
     parser.add_argument("--disable-plugins", default=env_default("disable_plugins"))
     parser.add_argument("-m", "--model", help="show the tool format this model would get")
     parser.add_argument("--chat-template-file", default=env_default("chat_template_file"))
+    parser.add_argument("--chat-template", default=env_default("chat_template"))
     parser.add_argument("--tool-call-format", default=env_default("tool_call_format"))
     parser.add_argument("--json", action="store_true", help="print JSON")
     args = parser.parse_args(argv)
@@ -65,7 +72,8 @@ def _tool_format_lines(plugins: Any, args: argparse.Namespace) -> list[str]:
     if args.model:
         family, picked, why = check_checkpoint(
             resolve_model_path(args.model), plugins.families, args.chat_template_file,
-            tool_formats=plugins.tool_formats, tool_call_format=args.tool_call_format)
+            tool_formats=plugins.tool_formats, tool_call_format=args.tool_call_format,
+            chat_template=args.chat_template)
         lines.append(f"tool format for {args.model}: {picked.name if picked else 'none'} "
                      f"({why}; family {family.name})")
     return lines
@@ -104,7 +112,8 @@ def _prepare_model(settings: Settings) -> Settings:
     try:
         check_checkpoint(path, plugins.families, settings.chat_template_file,
                          tool_formats=plugins.tool_formats,
-                         tool_call_format=settings.tool_call_format)
+                         tool_call_format=settings.tool_call_format,
+                         chat_template=settings.chat_template, jinja=settings.jinja)
     except UnknownModelType as exc:  # perhaps the family that handles it failed to import
         failed = [f"{i.name} ({i.distribution}: {i.error}; reinstall it with "
                   f"pip install --force-reinstall {i.distribution})"
@@ -132,26 +141,33 @@ def check_limits(settings: Settings) -> None:
     if not 0 <= settings.metrics_port <= 65535:
         raise StartupError(f"--metrics-port must be between 0 and 65535, not "
                            f"{settings.metrics_port}")
+    if settings.batch_size is not None and settings.batch_size <= 0:
+        raise StartupError("--batch-size must be > 0")
+    if settings.threads_http == 0 or settings.threads_http < -1:
+        raise StartupError("--threads-http must be > 0, or -1 for one thread")
 
 
 def read_api_key(settings: Settings) -> Settings:
-    """--api-key-file: the key is the file's first line, stripped; it may not be combined
-    with --api-key (LLAMA_API_KEY), since one of them would be silently ignored."""
+    """--api-key-file: one key per line, as llama-server reads it (stripped; blank lines
+    and lines starting with # skipped); it may not be combined with --api-key
+    (LLAMA_API_KEY), since one of them would be silently ignored."""
     if not settings.api_key_file:
         return settings
     if settings.api_key is not None:
         raise StartupError("give either --api-key (LLAMA_API_KEY) or --api-key-file "
-                           "(MLXCEL_API_KEY_FILE), not both")
+                           "(LLAMA_ARG_API_KEY_FILE), not both")
     try:
         with open(settings.api_key_file, encoding="utf-8") as fh:
-            key = fh.readline().strip()
+            lines = [line.strip() for line in fh]
     except (OSError, UnicodeDecodeError) as exc:
         reason = getattr(exc, "strerror", None) or type(exc).__name__
         raise StartupError(f"cannot read --api-key-file {settings.api_key_file}: "
                            f"{reason}") from None
-    if not key:
-        raise StartupError(f"--api-key-file {settings.api_key_file}: its first line is empty")
-    return msgspec.structs.replace(settings, api_key=key)
+    keys = [line for line in lines if line and not line.startswith("#")]
+    if not keys or any("," in key for key in keys):
+        raise StartupError(f"--api-key-file {settings.api_key_file}: "
+                           + ("a key may not hold a comma" if keys else "it holds no key"))
+    return msgspec.structs.replace(settings, api_key=",".join(keys))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -173,7 +189,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from mlxcel.logging import configure
         from mlxcel.serving import check_fd_hard_limit, check_listen, serve
 
-        configure(settings.log_format, secrets=[settings.api_key])
+        configure(settings.log_format, secrets=[settings.api_key, *settings.api_keys()])
+        if notes := ignored_notes(settings):  # one line for every llama-server flag ignored
+            structlog.get_logger("mlxcel.cli").warning("flags_ignored", flags=notes)
         check_fd_hard_limit()
         address = check_listen(settings.host, settings.port)
         settings = msgspec.structs.replace(settings, host=address)

@@ -1,5 +1,5 @@
-"""ASGI middleware around the whole app: request id, Host/Origin, API key, Content-Type,
-body-read and write timeouts, and one log line per request."""
+"""ASGI middleware around the whole app: request id, Host/Origin, CORS, API key,
+Content-Type, body-read and write timeouts, and one log line per request."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import msgspec
 import structlog
 
 from mlxcel import errors
+from mlxcel.cors import CorsPolicy
 from mlxcel.errors import BodyTimeout, MlxcelError
 from mlxcel.http_guard import HostPolicy, content_type_denial, request_id
 
@@ -25,12 +26,13 @@ _BROWSER_HEADERS = (b"origin", b"sec-fetch-site", b"sec-fetch-mode")
 class GuardConfig(msgspec.Struct, frozen=True, kw_only=True):
     """What the middleware enforces (built from ``Settings`` by the app)."""
 
-    api_key: str | None = None
+    api_keys: tuple[str, ...] = ()  # any one admits a request (none: no key asked)
     hosts: HostPolicy = HostPolicy(None)
     body_timeout: float = 60.0
     write_timeout: float = 600.0
     # (path, error) -> body bytes: the dialect owning the path (mlxcel.dialects.shapes)
     error_body: Any = None
+    cors: CorsPolicy = CorsPolicy()
 
 
 def _headers(scope: dict) -> dict[bytes, bytes]:
@@ -46,13 +48,13 @@ def _text(headers: dict[bytes, bytes], name: bytes) -> str | None:
     return None if value is None else value.decode("latin-1")
 
 
-def _auth_error(api_key: str, authorization: str | None,
+def _auth_error(api_keys: tuple[str, ...], authorization: str | None,
                 x_api_key: str | None = None) -> MlxcelError | None:
     """None if allowed, else the error. The key may come as ``Authorization: Bearer
     <key>``, as the raw key in ``Authorization``, or as ``x-api-key: <key>`` (what the
-    Anthropic SDK sends); any one that matches admits the request. Never from the query
-    string, where proxies and logs keep URLs. Every offered key is compared in constant
-    time, and no message repeats it."""
+    Anthropic SDK sends); any one that matches any of ``api_keys`` admits the request.
+    Never from the query string, where proxies and logs keep URLs. Every offered key is
+    compared with every key in constant time, and no message repeats it."""
     offered = []
     if authorization and authorization.strip():
         token = authorization.strip()
@@ -62,8 +64,8 @@ def _auth_error(api_key: str, authorization: str | None,
     if not offered:
         return errors.MissingApiKey("Missing API key: send it as 'Authorization: Bearer "
                                     "<key>' or 'x-api-key: <key>'")
-    expected = api_key.encode()
-    matches = [hmac.compare_digest(token.encode(), expected) for token in offered]
+    matches = [hmac.compare_digest(token.encode(), key.encode())
+               for token in offered for key in api_keys]
     return None if any(matches) else errors.InvalidApiKey("Invalid API key")
 
 
@@ -102,8 +104,10 @@ def _plain_body(path: str, exc: MlxcelError) -> bytes:
 class _Exchange:
     """One request's wrapped ``receive``/``send`` and what they observed."""
 
-    def __init__(self, cfg: GuardConfig, receive: Any, send: Any, rid: str, head: bool) -> None:
+    def __init__(self, cfg: GuardConfig, receive: Any, send: Any, rid: str, head: bool,
+                 cors: list[tuple[bytes, bytes]] | None = None) -> None:
         self.cfg, self._receive, self._send, self.rid, self.head = cfg, receive, send, rid, head
+        self.cors = cors or []  # every response's CORS headers (mlxcel.cors)
         self.deadline = time.monotonic() + cfg.body_timeout
         self.body_done = False
         self.status = 500
@@ -144,14 +148,15 @@ class _Exchange:
         return {"type": "http.disconnect"}
 
     async def send(self, message: dict) -> None:
-        """Adds ``x-request-id``; drops HEAD bodies. A send that waits longer than the write
-        timeout abandons the response: later sends are dropped and the app is told the
-        client disconnected, so a stream ends and its generation is cancelled."""
+        """Adds ``x-request-id`` and the CORS headers; drops HEAD bodies. A send that waits
+        longer than the write timeout abandons the response: later sends are dropped and
+        the app is told the client disconnected, so a stream ends and its generation is
+        cancelled."""
         if self.write_timed_out:
             return
         if message["type"] == "http.response.start":
             self.started, self.status = True, message["status"]
-            extra = [(b"x-request-id", self.rid.encode())]
+            extra = [(b"x-request-id", self.rid.encode()), *self.cors]
             if self.body_timed_out:
                 extra.append((b"connection", b"close"))
             message = {**message, "headers": [*message.get("headers", ()), *extra]}
@@ -171,6 +176,12 @@ class _Exchange:
                          "headers": [(b"content-type", b"application/json"),
                                      (b"content-length", str(len(body)).encode())]})
         await self.send({"type": "http.response.body", "body": body})
+
+    async def preflight(self, extra: list[tuple[bytes, bytes]]) -> None:
+        """200 with an empty body, as llama-server answers every OPTIONS request."""
+        await self.send({"type": "http.response.start", "status": 200,
+                         "headers": [(b"content-length", b"0"), *extra]})
+        await self.send({"type": "http.response.body", "body": b""})
 
 
 class ServerMiddleware:
@@ -192,13 +203,17 @@ class ServerMiddleware:
             scope = {**scope, "method": "GET"}
         state = scope.setdefault("state", {})
         state["request_id"] = rid
-        ex = _Exchange(self.cfg, receive, send, rid, head)
+        origin = _text(headers, b"origin")
+        ex = _Exchange(self.cfg, receive, send, rid, head, self.cfg.cors.response_headers(origin))
         started = time.perf_counter()
         with structlog.contextvars.bound_contextvars(request_id=rid):
             try:
                 denied = self._denial(scope, headers)
                 if denied:
                     await ex.reject(denied, scope["path"])
+                elif scope.get("method") == "OPTIONS":
+                    await ex.preflight(self.cfg.cors.preflight_headers(
+                        origin, _text(headers, b"access-control-request-headers")))
                 else:
                     await self.app(scope, ex.receive, ex.send)
             except Exception:
@@ -210,12 +225,15 @@ class ServerMiddleware:
                          prompt_tokens=usage[0], completion_tokens=usage[1])
 
     def _denial(self, scope: dict, headers: dict[bytes, bytes]) -> MlxcelError | None:
-        """The first edge rule the request breaks: Host/Origin (403), key (401), type (415)."""
+        """The first edge rule the request breaks: Host/Origin (403), key (401), type (415).
+        A preflight (``OPTIONS``) needs no key: browsers never send one with it."""
         reason = self.cfg.hosts.denial(_text(headers, b"host"), _text(headers, b"origin"))
         if reason:
             return errors.Forbidden(reason)
-        if self.cfg.api_key and scope["path"] not in OPEN_PATHS:
-            auth = _auth_error(self.cfg.api_key, _text(headers, b"authorization"),
+        if scope.get("method") == "OPTIONS":
+            return None
+        if self.cfg.api_keys and scope["path"] not in OPEN_PATHS:
+            auth = _auth_error(self.cfg.api_keys, _text(headers, b"authorization"),
                                _text(headers, b"x-api-key"))
             if auth:
                 return auth

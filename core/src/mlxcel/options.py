@@ -1,173 +1,116 @@
 """The server's settings: one table, each row a flag with its env twin; argparse built from it.
 
 Every value mlxcel takes from its operator is a row here, parsed and checked by the row's
-type (a function of this module, which imports no MLX), so a bad value, given as a flag or
+type (``mlxcel.option_types``, which imports no MLX), so a bad value, given as a flag or
 as its env twin, refuses to start before anything is loaded. The CLI resolves the table
 once into ``Settings``, which is passed down; no other module reads ``os.environ`` for
 mlxcel's own settings (``mlxcel.settings.library_env`` holds the variables of other
 programs).
+
+A row's ``llama`` column says what a llama-server flag does here, so a llama-server
+command line carries over (docs/reference/flags.md shows it): ``kept`` (same meaning),
+``mapped`` (llama.cpp's meaning translated onto this engine, the help says how),
+``pending`` (stored in Settings; its feature is not served yet), ``ignored`` (no meaning
+on MLX: accepted with its value, named in one startup log line with the help's reason),
+or None for mlxcel's own flags. A flag in neither is unknown and refuses to start.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import re
-from typing import Any
+from typing import Any, NamedTuple
 
 from mlxcel import __version__
+from mlxcel.chat_templates import chat_template_value
 from mlxcel.errors import StartupError
-from mlxcel.types import LoopPolicy
+from mlxcel.option_types import (  # noqa: F401 (re-exported: the table's types)
+    RESERVED_TEMPLATE_KEYS,
+    HelpFormatter,
+    IgnoredAction,
+    Toggle,
+    ToggleAction,
+    auto_on_off,
+    boolean,
+    byte_size,
+    canonical,
+    chat_template_kwargs,
+    choice,
+    loop_policy,
+    maybe_text,
+    on_off,
+    parallel,
+    parse_size,
+    path,
+    reasoning_budget,
+    seconds_up_to_1,
+    text,
+)
+
+KEPT, MAPPED, PENDING, IGNORED = "kept", "mapped", "pending", "ignored"
+IGNORED_DEST = "ignored_flags"  # where every ignored row's value goes: {flag: value}
 
 
-def _bool(raw: str) -> bool:
-    value = raw.strip().lower()
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off", ""):
-        return False
-    raise ValueError(raw)
+class Option(NamedTuple):
+    """One row of the table (see the module docstring for ``llama``)."""
+
+    flags: tuple[str, ...]
+    dest: str
+    type: Any
+    default: Any
+    env: str | None  # None only for llama-server flags that have no env twin there
+    help: str
+    llama: str | None = None
 
 
-def on_off(raw: str) -> bool:
-    """A setting that is on by default: ``on``/``1``/... or ``off``/``0``/..."""
-    try:
-        return _bool(raw) if raw.strip() else True
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected on or off, got {raw!r}") from None
+_KV_TYPES = choice("cache_type", "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl",
+                   "q5_0", "q5_1")
+_ON_DEVICE = ("MLX runs the whole model on one device (unified memory on Apple silicon, "
+              "or the one CUDA GPU): there is nothing to offload, split or place")
+_THREADS = ("MLX schedules its own work; on Linux CPU, OpenBLAS sizes its threads "
+            "(OPENBLAS_NUM_THREADS)")
+_LOADING = ("MLX reads the safetensors into its own buffers: there is no memory map to "
+            "lock or turn off")
+_LOGS = "one structlog line per event; --log-format picks json or console"
+_KV_DTYPE = ("the KV cache holds the model's compute dtype (--dtype); quantized KV caches "
+             "are not offered")
+_EMBEDDINGS = ("stored; the embeddings and rerank routes arrive with the embeddings work, "
+               "and until then this server serves its chat model only")
 
-
-def auto_on_off(raw: str) -> bool | None:
-    """``auto`` (None: the engine decides per device), or on / off."""
-    if raw.strip().lower() in ("", "auto"):
-        return None
-    try:
-        return _bool(raw)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected auto, 1 or 0, got {raw!r}") from None
-
-
-_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
-
-
-def parse_size(text: str) -> int:
-    """``"12G"``, ``"512MiB"``, ``"1.5g"``, ``"1048576"`` -> bytes; > 0 or ValueError."""
-    match = _SIZE.match(text or "")
-    if not match:
-        raise ValueError(f"not a byte size: {text!r}")
-    value = int(float(match.group(1)) * _UNITS[match.group(2).upper()])
-    if value <= 0:
-        raise ValueError(f"byte size must be positive: {text!r}")
-    return value
-
-
-def byte_size(raw: str) -> int:
-    """A positive byte size; ``0`` or ``none`` are refused, since a budget of nothing
-    would refuse every request."""
-    try:
-        return parse_size(raw)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            "not a positive byte size (examples: 12G, 512M, 1073741824)") from None
-
-
-_LOOP_SPEC = re.compile(r"^\s*(\d+)\s*[:,]\s*(\d+)\s*[:,]\s*(\d+)\s*$")
-
-
-def loop_policy(raw: str) -> LoopPolicy:
-    """``off`` or ``MIN:MAX:COUNT`` (e.g. ``1:20:4``): the server's loop-detection policy."""
-    if raw.strip().lower() in ("off", "0", "none", "false"):
-        return LoopPolicy(max_pattern_size=0)
-    match = _LOOP_SPEC.match(raw)
-    if not match:
-        raise argparse.ArgumentTypeError(
-            f"expected 'off' or MIN:MAX:COUNT, e.g. 1:20:4, got {raw!r}")
-    low, high, count = (int(g) for g in match.groups())
-    return LoopPolicy(min_pattern_size=max(1, low), max_pattern_size=high, min_count=count)
-
-
-def reasoning_budget(raw: str) -> int:
-    """-1 (unrestricted) or a number of tokens >= 0."""
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -2
-    if value < -1:
-        raise argparse.ArgumentTypeError(f"expected -1 (unrestricted) or a number of tokens "
-                                         f">= 0, got {raw!r}")
-    return value
-
-
-def seconds_up_to_1(raw: str) -> float:
-    """A number of seconds in (0, 1]: a GIL switch interval beyond a second would stall
-    the engine thread for that long."""
-    try:
-        value = float(raw)
-    except ValueError:
-        value = 0.0
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"must be a number of seconds in (0, 1], got {raw!r}")
-    return value
-
-
-def _choice(name: str) -> Any:
-    """A parser for one of ``CHOICES[name]`` (case-insensitive), so that an env twin,
-    which argparse's ``choices`` never sees, is checked too."""
-
-    def parse(raw: str) -> str:
-        value = raw.strip().lower()
-        if value not in CHOICES[name]:
-            raise argparse.ArgumentTypeError(
-                f"expected one of {', '.join(CHOICES[name])}, got {raw!r}")
-        return value
-
-    parse.__name__ = name
-    return parse
-
-
-def _path(raw: str) -> str:
-    return raw.strip()
-
-
-# set by the server for every render: neither a request nor --chat-template-kwargs may
-RESERVED_TEMPLATE_KEYS = frozenset({"add_generation_prompt", "messages", "tools"})
-
-
-def chat_template_kwargs(raw: str) -> dict[str, Any]:
-    """A JSON object of extra chat-template variables (any keys but the reserved ones)."""
-    import msgspec
-
-    try:
-        value = msgspec.json.decode(raw)
-    except (msgspec.DecodeError, RecursionError):
-        raise argparse.ArgumentTypeError(f"not valid JSON: {raw!r}") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"expected a JSON object, got {raw!r}")
-    reserved = sorted(RESERVED_TEMPLATE_KEYS & value.keys())
-    if reserved:
-        raise argparse.ArgumentTypeError(
-            f"{', '.join(reserved)} is set by the server and cannot be given")
-    return value
-
-
-# (flags, dest, type, default, env twin, help)
-OPTIONS: list[tuple[tuple[str, ...], str, Any, Any, str, str]] = [
+# (flags, dest, type, default, env twin, help[, llama]); see Option
+_ROWS: list[tuple[Any, ...]] = [
     (("-m", "--model"), "model", str, None, "LLAMA_ARG_MODEL",
-     "model directory or Hugging Face id (org/name)"),
+     "model directory or Hugging Face id (org/name)", KEPT),
     (("-a", "--alias"), "alias", str, None, "LLAMA_ARG_ALIAS",
-     "model name reported by the API (default: the model's folder name)"),
-    (("--host",), "host", str, "127.0.0.1", "LLAMA_ARG_HOST", "address to listen on"),
-    (("--port",), "port", int, 8080, "LLAMA_ARG_PORT", "port to listen on"),
+     "model names reported by the API, comma-separated: /v1/models lists each, answers "
+     "name the first (default: the model's folder name)", KEPT),
+    (("--host",), "host", str, "127.0.0.1", "LLAMA_ARG_HOST", "address to listen on", KEPT),
+    (("--port",), "port", int, 8080, "LLAMA_ARG_PORT", "port to listen on", KEPT),
     (("--api-key",), "api_key", str, None, "LLAMA_API_KEY",
-     "require this key (Authorization: Bearer <key>, or x-api-key: <key>) on every route "
-     "but /health and /; "
-     "prefer the env twin or --api-key-file (a flag shows in ps)"),
-    (("--api-key-file",), "api_key_file", str, None, "MLXCEL_API_KEY_FILE",
-     "read the API key from this file's first line (not shown in ps, unlike --api-key)"),
+     "require one of these comma-separated keys (Authorization: Bearer <key>, or "
+     "x-api-key: <key>) on every route but /health and /; "
+     "prefer the env twin or --api-key-file (a flag shows in ps)", KEPT),
+    (("--api-key-file",), "api_key_file", str, None, "LLAMA_ARG_API_KEY_FILE",
+     "read the API keys from this file, one per line; blank lines and lines starting "
+     "with # are skipped (not shown in ps, unlike --api-key)", KEPT),
     (("--allowed-hosts",), "allowed_hosts", str, None, "MLXCEL_ALLOWED_HOSTS",
      "comma-separated Host/Origin names accepted; default on a loopback bind: localhost, "
      "127.0.0.1 and ::1 only (DNS-rebinding and cross-site guard); '*' accepts any"),
+    (("--cors-origins",), "cors_origins", str, "*", "LLAMA_ARG_CORS_ORIGINS",
+     "comma-separated origins answered with CORS headers (every OPTIONS is a preflight, "
+     "answered 200 without a key); '*' = any, 'localhost' = loopback origins; listed "
+     "origins also pass the Host/Origin guard", KEPT),
+    (("--cors-methods",), "cors_methods", str, "GET, POST, DELETE, OPTIONS",
+     "LLAMA_ARG_CORS_METHODS", "comma-separated methods a CORS preflight allows", KEPT),
+    (("--cors-headers",), "cors_headers", str, "*", "LLAMA_ARG_CORS_HEADERS",
+     "comma-separated request headers a CORS preflight allows ('*': those it asks for)",
+     KEPT),
+    (("--cors-credentials", "--no-cors-credentials"), "cors_credentials",
+     Toggle("--no-cors-credentials"), True, "LLAMA_ARG_CORS_CREDENTIALS",
+     "CORS answers allow credentials (cookies, Authorization)", KEPT),
+    (("--threads-http",), "threads_http", int, -1, "LLAMA_ARG_THREADS_HTTP",
+     "threads of Granian's runtime that move HTTP bytes (-1 = 1); requests are handled "
+     "on one asyncio loop whatever this is", MAPPED),
     (("--max-connections",), "max_connections", int, 2048, "MLXCEL_MAX_CONNECTIONS",
      "open connections served at once; more wait in the listen backlog (the open-file "
      "limit is raised to fit)"),
@@ -178,61 +121,81 @@ OPTIONS: list[tuple[tuple[str, ...], str, Any, Any, str, str]] = [
      "seconds a request body may take to arrive after its headers (then 408)"),
     (("-to", "--timeout"), "timeout", float, 600.0, "LLAMA_ARG_TIMEOUT",
      "write timeout: seconds a response may wait for the client to read before the "
-     "request is cancelled"),
+     "request is cancelled", KEPT),
     (("--shutdown-timeout",), "shutdown_timeout", float, 30.0, "MLXCEL_SHUTDOWN_TIMEOUT",
      "seconds SIGTERM/SIGINT lets running requests finish before the worker is killed; a "
      "second signal exits at once"),
     (("-c", "--ctx-size"), "ctx_size", int, 0, "LLAMA_ARG_CTX_SIZE",
-     "context size in tokens, split over the slots; 0 = the model's own"),
-    (("-np", "--parallel"), "parallel", int, 4, "LLAMA_ARG_N_PARALLEL",
-     "number of sequences generated at once (slots)"),
-    (("-n", "--n-predict"), "n_predict", int, -1, "LLAMA_ARG_N_PREDICT",
-     "default max tokens when a request sets none; -1 = until the context is full"),
+     "context size in tokens, split over the slots; 0 = the model's own", KEPT),
+    (("-np", "--parallel"), "parallel", parallel, 4, "LLAMA_ARG_N_PARALLEL",
+     "number of sequences generated at once (slots); -1 (llama-server's auto) = 4", KEPT),
+    (("-n", "--predict", "--n-predict"), "n_predict", int, -1, "LLAMA_ARG_N_PREDICT",
+     "default max tokens when a request sets none; -1 = until the context is full", KEPT),
     (("--chat-template-file",), "chat_template_file", str, None,
-     "LLAMA_ARG_CHAT_TEMPLATE_FILE", "Jinja chat template to use instead of the model's"),
+     "LLAMA_ARG_CHAT_TEMPLATE_FILE", "Jinja chat template to use instead of the model's",
+     KEPT),
+    (("--chat-template",), "chat_template", chat_template_value, None,
+     "LLAMA_ARG_CHAT_TEMPLATE",
+     "chat template instead of the model's: one of llama.cpp's built-in names (chatml, "
+     "llama3, ...; an unknown name lists them) or a Jinja template string", KEPT),
+    (("--jinja", "--no-jinja"), "jinja", Toggle("--no-jinja"), True, "LLAMA_ARG_JINJA",
+     "render the Jinja chat template; --no-jinja uses llama.cpp's built-in format that "
+     "the template's markers name (else chatml), and refuses tools, as llama-server does",
+     MAPPED),
     (("--chat-template-kwargs",), "chat_template_kwargs", chat_template_kwargs, None,
      "LLAMA_ARG_CHAT_TEMPLATE_KWARGS",
      "JSON object of chat-template variables for every request, e.g. "
-     "'{\"enable_thinking\": false}'; a request's own chat_template_kwargs win key by key"),
+     "'{\"enable_thinking\": false}'; a request's own chat_template_kwargs win key by key",
+     KEPT),
     (("--tool-call-format",), "tool_call_format", str, None, "MLXCEL_TOOL_CALL_FORMAT",
      "tool-call format the model's answers are parsed with, by name (mlxcel-server plugins "
      "lists them); default: the model family's, else the one its chat template shows"),
-    (("--reasoning-format",), "reasoning_format", _choice("reasoning_format"), "auto",
+    (("--reasoning-format",), "reasoning_format", choice("reasoning_format", "auto", "deepseek", "deepseek-legacy", "none"), "auto",
      "LLAMA_ARG_THINK",
      "where reasoning goes: auto or deepseek = message.reasoning_content (split at the "
      "model's markers), deepseek-legacy = there and left in the content too, none = left "
-     "in the content"),
+     "in the content", KEPT),
     (("--reasoning-budget",), "reasoning_budget", reasoning_budget, -1,
      "LLAMA_ARG_THINK_BUDGET",
      "reasoning tokens an answer may generate before its reasoning block is closed for "
-     "it: -1 = unrestricted, 0 = end it at once; a request's thinking budget wins"),
-    (("--log-format",), "log_format", str, "console", "MLXCEL_LOG_FORMAT",
+     "it: -1 = unrestricted, 0 = end it at once; a request's thinking budget wins", KEPT),
+    (("--log-format",), "log_format", choice("log_format", "json", "console"), "console",
+     "MLXCEL_LOG_FORMAT",
      "log line format: json or console"),
     (("--plugins",), "plugins", str, None, "MLXCEL_PLUGINS",
      "comma-separated allow-list of plugin names to load (default: all installed)"),
     (("--disable-plugins",), "disable_plugins", str, None, "MLXCEL_DISABLE_PLUGINS",
      "comma-separated plugin names not to load"),
-    (("-b", "--prefill-chunk-size"), "prefill_chunk_size", int, 512, "LLAMA_ARG_BATCH",
-     "prompt tokens prefilled per engine step (long prompts interleave with decoding)"),
+    (("-ub", "--ubatch-size", "--prefill-chunk-size"), "prefill_chunk_size", int, 512,
+     "LLAMA_ARG_UBATCH",
+     "physical batch: prompt tokens one forward pass prefills (a chunk; long prompts "
+     "interleave with decoding); clamped to --batch-size as llama.cpp clamps it", MAPPED),
+    (("-b", "--batch-size"), "batch_size", int, None, "LLAMA_ARG_BATCH",
+     "logical batch: the most prompt tokens one engine step prefills over all its chunks; "
+     "caps -ub and, on CUDA, the burst budget of 8 chunks a step (unset: no cap)", MAPPED),
     (("--max-queue-depth",), "max_queue_depth", int, 32, "MLXCEL_MAX_QUEUE_DEPTH",
      "requests that may wait for a slot; when full, new ones get 503 server_busy"),
     (("--grammar-compile-timeout",), "grammar_compile_timeout", float, 60.0,
      "MLXCEL_GRAMMAR_COMPILE_TIMEOUT",
      "seconds a response_format schema may take to compile before the request gets 400"),
-    (("--slots",), "slots", _bool, False, "LLAMA_ARG_ENDPOINT_SLOTS", "mount GET /slots"),
-    (("--metrics",), "metrics", _bool, False, "LLAMA_ARG_ENDPOINT_METRICS",
-     "mount GET /metrics (Prometheus text format)"),
+    (("--slots", "--no-slots"), "slots", Toggle("--no-slots"), False,
+     "LLAMA_ARG_ENDPOINT_SLOTS",
+     "mount GET /slots (off by default here; llama-server mounts it by default)", KEPT),
+    (("--metrics",), "metrics", Toggle(), False, "LLAMA_ARG_ENDPOINT_METRICS",
+     "mount GET /metrics (Prometheus text format)", KEPT),
     (("--metrics-port",), "metrics_port", int, 0, "MLXCEL_METRICS_PORT",
      "serve metrics on this separate port instead (0 = off)"),
-    (("--dtype",), "dtype", _choice("dtype"), "auto", "MLXCEL_DTYPE",
+    (("--dtype",), "dtype", choice("dtype", "auto", "float32", "float16", "bfloat16"),
+     "auto", "MLXCEL_DTYPE",
      "compute dtype: auto (float32 on MLX's CPU device with OpenBLAS or for a quantized "
      "model, else the checkpoint's own), float32, float16 or bfloat16"),
-    (("--no-fast-blas",), "no_fast_blas", _bool, False, "MLXCEL_NO_FAST_BLAS",
+    (("--no-fast-blas",), "no_fast_blas", Toggle(), False, "MLXCEL_NO_FAST_BLAS",
      "on Linux CPU, do not preload an optimized BLAS (OpenBLAS) even when installed"),
-    (("--no-cache-prompt",), "no_cache_prompt", _bool, False, "LLAMA_ARG_NO_CACHE_PROMPT",
-     "turn the prompt (prefix) cache off server-wide"),
-    (("--cache-ram",), "cache_ram", int, 2048, "LLAMA_ARG_CACHE_RAM",
-     "prompt cache capacity in MiB"),
+    (("--no-cache-prompt", "--cache-prompt"), "no_cache_prompt", Toggle("--cache-prompt"),
+     False, "LLAMA_ARG_NO_CACHE_PROMPT", "turn the prompt (prefix) cache off server-wide",
+     KEPT),
+    (("-cram", "--cache-ram"), "cache_ram", int, 2048, "LLAMA_ARG_CACHE_RAM",
+     "prompt cache capacity in MiB", KEPT),
     (("--prompt-cache-capacity-bytes",), "prompt_cache_capacity_bytes", int, 0,
      "MLXCEL_PROMPT_CACHE_CAPACITY_BYTES",
      "prompt cache capacity in bytes (overrides --cache-ram)"),
@@ -241,32 +204,33 @@ OPTIONS: list[tuple[tuple[str, ...], str, Any, Any, str, str]] = [
     (("--prompt-cache-ttl",), "prompt_cache_ttl", float, 3600.0, "MLXCEL_PROMPT_CACHE_TTL",
      "seconds a prompt cache entry lives"),
     # sampling defaults (unset: the checkpoint's generation_config.json, then built-ins)
-    (("--temp",), "temp", float, None, "LLAMA_ARG_TEMP", "default temperature (0 = greedy)"),
-    (("--top-k",), "top_k", int, None, "LLAMA_ARG_TOP_K", "default top-k (0 = off)"),
-    (("--top-p",), "top_p", float, None, "LLAMA_ARG_TOP_P", "default top-p"),
-    (("--min-p",), "min_p", float, None, "LLAMA_ARG_MIN_P", "default min-p (0 = off)"),
+    (("--temp", "--temperature"), "temp", float, None, "LLAMA_ARG_TEMP",
+     "default temperature (0 = greedy)", KEPT),
+    (("--top-k",), "top_k", int, None, "LLAMA_ARG_TOP_K", "default top-k (0 = off)", KEPT),
+    (("--top-p",), "top_p", float, None, "LLAMA_ARG_TOP_P", "default top-p", KEPT),
+    (("--min-p",), "min_p", float, None, "LLAMA_ARG_MIN_P", "default min-p (0 = off)", KEPT),
     (("--repeat-penalty",), "repeat_penalty", float, None, "LLAMA_ARG_REPEAT_PENALTY",
-     "default repetition penalty (1.0 = off)"),
+     "default repetition penalty (1.0 = off)", KEPT),
     (("--repeat-last-n",), "repeat_last_n", int, None, "LLAMA_ARG_REPEAT_LAST_N",
-     "tokens the repetition penalty looks back over (-1 = whole context)"),
+     "tokens the repetition penalty looks back over (-1 = whole context)", KEPT),
     (("--presence-penalty",), "presence_penalty", float, None, "LLAMA_ARG_PRESENCE_PENALTY",
-     "default presence penalty"),
+     "default presence penalty", KEPT),
     (("--frequency-penalty",), "frequency_penalty", float, None,
-     "LLAMA_ARG_FREQUENCY_PENALTY", "default frequency penalty"),
+     "LLAMA_ARG_FREQUENCY_PENALTY", "default frequency penalty", KEPT),
     (("--dry-multiplier",), "dry_multiplier", float, None, "LLAMA_ARG_DRY_MULTIPLIER",
-     "default DRY multiplier (0 = off)"),
-    (("--dry-base",), "dry_base", float, None, "LLAMA_ARG_DRY_BASE", "default DRY base"),
+     "default DRY multiplier (0 = off)", KEPT),
+    (("--dry-base",), "dry_base", float, None, "LLAMA_ARG_DRY_BASE", "default DRY base", KEPT),
     (("--dry-allowed-length",), "dry_allowed_length", int, None,
-     "LLAMA_ARG_DRY_ALLOWED_LENGTH", "default DRY allowed length"),
+     "LLAMA_ARG_DRY_ALLOWED_LENGTH", "default DRY allowed length", KEPT),
     (("--dry-penalty-last-n",), "dry_penalty_last_n", int, None,
-     "LLAMA_ARG_DRY_PENALTY_LAST_N", "default DRY look-back (0 or -1 = whole context)"),
+     "LLAMA_ARG_DRY_PENALTY_LAST_N", "default DRY look-back (0 or -1 = whole context)", KEPT),
     (("--xtc-probability",), "xtc_probability", float, None, "LLAMA_ARG_XTC_PROBABILITY",
-     "default XTC probability (0 = off)"),
+     "default XTC probability (0 = off)", KEPT),
     (("--xtc-threshold",), "xtc_threshold", float, None, "LLAMA_ARG_XTC_THRESHOLD",
-     "default XTC threshold"),
+     "default XTC threshold", KEPT),
     (("-s", "--seed"), "seed", int, None, "LLAMA_ARG_SEED",
-     "default seed (-1 or unset = random)"),
-    (("--demo",), "demo", _bool, False, "MLXCEL_DEMO",
+     "default seed (-1 or unset = random)", KEPT),
+    (("--demo",), "demo", Toggle(), False, "MLXCEL_DEMO",
      "serve a tiny random-weight checkpoint built offline; its output is random text"),
     # engine tuning and diagnosis (docs/reference/flags.md says what each one costs)
     (("--request-memory-budget",), "request_memory_budget", byte_size, None,
@@ -284,25 +248,94 @@ OPTIONS: list[tuple[tuple[str, ...], str, Any, Any, str, str]] = [
      "MLXCEL_FUSE_PROJECTIONS",
      "auto, 1 or 0: compute each layer's q/k/v and gate/up projections as one matmul each "
      "(auto: on with CUDA)"),
-    (("--decode-attention",), "decode_attention", _choice("decode_attention"), "auto",
+    (("--decode-attention",), "decode_attention",
+     choice("decode_attention", "auto", "varlen", "grouped", "composed", "fused"), "auto",
      "MLXCEL_DECODE_ATTENTION",
      "attention for batches with padded rows (auto: varlen on CUDA, composed on MLX's CPU "
      "device, fused on Metal)"),
     (("--shared-positions",), "shared_positions", on_off, "on", "MLXCEL_SHARED_POSITIONS",
      "on or off: decode a batch on one RoPE offset where the family and the model allow it"),
-    (("--engine-trace",), "engine_trace", _path, None, "MLXCEL_ENGINE_TRACE",
+    (("--engine-trace",), "engine_trace", path, None, "MLXCEL_ENGINE_TRACE",
      "write one JSON line per engine loop turn that did work to this file (diagnosis)"),
+    # llama-server features whose routes are not served yet
+    (("--embedding", "--embeddings"), "embeddings", Toggle(), False, "LLAMA_ARG_EMBEDDINGS",
+     _EMBEDDINGS, PENDING),
+    (("--rerank", "--reranking"), "reranking", Toggle(), False, "LLAMA_ARG_RERANKING",
+     _EMBEDDINGS, PENDING),
+    (("--pooling",), "pooling", choice("pooling", "none", "mean", "cls", "last", "rank"),
+     None, "LLAMA_ARG_POOLING", _EMBEDDINGS, PENDING),
+    # llama-server flags with no meaning on MLX: accepted, and named in one log line
+    *((flags, IGNORED_DEST, type_, None, env, why, IGNORED) for flags, type_, env, why in (
+        (("-ngl", "--n-gpu-layers", "--gpu-layers"), text, "LLAMA_ARG_N_GPU_LAYERS", _ON_DEVICE),
+        (("-sm", "--split-mode"), text, "LLAMA_ARG_SPLIT_MODE", _ON_DEVICE),
+        (("-ts", "--tensor-split"), text, "LLAMA_ARG_TENSOR_SPLIT", _ON_DEVICE),
+        (("-mg", "--main-gpu"), text, "LLAMA_ARG_MAIN_GPU", _ON_DEVICE),
+        (("-dev", "--device"), text, "LLAMA_ARG_DEVICE", _ON_DEVICE),
+        (("-cmoe", "--cpu-moe"), Toggle(), "LLAMA_ARG_CPU_MOE", _ON_DEVICE),
+        (("-ncmoe", "--n-cpu-moe"), text, "LLAMA_ARG_N_CPU_MOE", _ON_DEVICE),
+        (("-ot", "--override-tensor"), text, "LLAMA_ARG_OVERRIDE_TENSOR", _ON_DEVICE),
+        (("-kvo", "--kv-offload", "-nkvo", "--no-kv-offload"), Toggle("-nkvo", "--no-kv-offload"),
+         "LLAMA_ARG_KV_OFFLOAD", _ON_DEVICE),
+        (("-fit", "--fit"), maybe_text, "LLAMA_ARG_FIT",
+         "each request's memory is checked against the device's budget instead "
+         "(--request-memory-budget)"),
+        (("-t", "--threads"), text, "LLAMA_ARG_THREADS", _THREADS),
+        (("-tb", "--threads-batch"), text, "LLAMA_ARG_THREADS_BATCH", _THREADS),
+        (("-C", "--cpu-mask"), text, None, _THREADS),
+        (("-Cr", "--cpu-range"), text, None, _THREADS),
+        (("--cpu-strict",), text, None, _THREADS),
+        (("--prio",), text, None, _THREADS),
+        (("--poll",), text, None, _THREADS),
+        (("--numa",), text, "LLAMA_ARG_NUMA", _THREADS),
+        (("--mlock",), Toggle(), "LLAMA_ARG_MLOCK", _LOADING),
+        (("--mmap", "--no-mmap"), Toggle("--no-mmap"), "LLAMA_ARG_NO_MMAP", _LOADING),
+        (("-fa", "--flash-attn"), maybe_text, "LLAMA_ARG_FLASH_ATTN",
+         "the attention kernel is chosen per device (--decode-attention)"),
+        (("-ctk", "--cache-type-k"), _KV_TYPES, "LLAMA_ARG_CACHE_TYPE_K", _KV_DTYPE),
+        (("-ctv", "--cache-type-v"), _KV_TYPES, "LLAMA_ARG_CACHE_TYPE_V", _KV_DTYPE),
+        (("-kvu", "--kv-unified", "-no-kvu", "--no-kv-unified"),
+         Toggle("-no-kvu", "--no-kv-unified"), "LLAMA_ARG_KV_UNIFIED",
+         "each slot's KV rows grow with its sequence inside one batch cache: there is no "
+         "fixed buffer to share or split"),
+        (("--swa-full",), Toggle(), "LLAMA_ARG_SWA_FULL",
+         "sliding-window layers keep mlx-lm's rotating caches"),
+        (("--cache-reuse",), text, "LLAMA_ARG_CACHE_REUSE",
+         "the prompt cache reuses a request's longest cached prefix; chunks are never "
+         "shifted inside the KV cache"),
+        (("-cb", "--cont-batching", "-nocb", "--no-cont-batching"),
+         Toggle("-nocb", "--no-cont-batching"), "LLAMA_ARG_CONT_BATCHING",
+         "the engine always batches continuously (requests join between decode steps); "
+         "-np 1 serves one request at a time"),
+        (("--context-shift", "--no-context-shift"), Toggle("--no-context-shift"),
+         "LLAMA_ARG_CONTEXT_SHIFT",
+         "a generation that fills its context ends with finish_reason length; nothing is "
+         "shifted out"),
+        (("--warmup", "--no-warmup"), Toggle("--no-warmup"), None,
+         "warm-up is the device's: CUDA runs every prefill shape once at startup, other "
+         "devices need none"),
+        (("-sps", "--slot-prompt-similarity"), text, None,
+         "a request takes any free slot; the prompt cache, not the slot, keeps prefixes"),
+        (("-dt", "--defrag-thold"), text, "LLAMA_ARG_DEFRAG_THOLD",
+         "the KV cache never fragments (the flag is deprecated in llama.cpp too)"),
+        (("--props",), Toggle(), "LLAMA_ARG_ENDPOINT_PROPS",
+         "settings are fixed at startup: GET /props answers, POST /props is not served"),
+        (("--webui", "--no-webui"), Toggle("--no-webui"), None, "no web UI is served"),
+        (("--log-colors",), maybe_text, "LLAMA_ARG_LOG_COLORS", _LOGS),
+        (("--log-timestamps", "--no-log-timestamps"), Toggle("--no-log-timestamps"),
+         "LLAMA_ARG_LOG_TIMESTAMPS", _LOGS),
+        (("--log-prefix", "--no-log-prefix"), Toggle("--no-log-prefix"),
+         "LLAMA_ARG_LOG_PREFIX", _LOGS),
+        (("-v", "--verbose", "--log-verbose"), Toggle(), None, _LOGS),
+        (("-lv", "--verbosity", "--log-verbosity"), text, "LLAMA_ARG_LOG_VERBOSITY", _LOGS),
+    )),
 ]
-CHOICES = {"log_format": ["json", "console"],
-           "reasoning_format": ["auto", "deepseek", "deepseek-legacy", "none"],
-           "dtype": ["auto", "float32", "float16", "bfloat16"],
-           "decode_attention": ["auto", "varlen", "grouped", "composed", "fused"]}
+OPTIONS: list[Option] = [Option(*row) for row in _ROWS]
 
 
-def _env_default(env: str, type_: Any, default: Any) -> Any:
+def _env_default(env: str | None, type_: Any, default: Any) -> Any:
     """The row's default as its env twin sets it (unset or empty: the table's default);
     a value its type refuses is a StartupError naming the variable."""
-    raw = os.environ.get(env)
+    raw = os.environ.get(env) if env else None
     if raw is None or raw == "":
         return default
     try:
@@ -317,38 +350,63 @@ def _env_default(env: str, type_: Any, default: Any) -> Any:
 def env_default(dest: str) -> Any:
     """What the env twin of option ``dest`` sets (else the table's default), for a
     command that takes a few of the server's options (``mlxcel-server plugins``)."""
-    for _flags, name, type_, default, env, _help in OPTIONS:
-        if name == dest:
-            value = _env_default(env, type_, default)
-            return type_(value) if isinstance(value, str) and type_ is not str else value
+    for row in OPTIONS:
+        if row.dest == dest:
+            value = _env_default(row.env, row.type, row.default)
+            return row.type(value) if isinstance(value, str) and row.type is not str else value
     raise KeyError(dest)
 
 
-class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows every default, except a secret taken from the environment."""
+def _ignored_from_env() -> dict[str, str]:
+    """The ignored rows' env twins that are set, as ``{canonical: "VAR=value"}`` (a value
+    the row's type refuses stops the start, as for any twin)."""
+    out = {}
+    for row in OPTIONS:
+        value = _env_default(row.env, row.type, None) if row.llama == IGNORED else None
+        if value is not None:
+            out[canonical(row.flags)] = f"{row.env}={value}"
+    return out
 
-    def _get_help_string(self, action: argparse.Action) -> str:
-        if action.dest == "api_key":
-            return f"{action.help} (default: none)"
-        return super()._get_help_string(action) or ""
+
+def _add(parser: argparse.ArgumentParser, row: Option) -> None:
+    twin = f" [env: {row.env}]" if row.env else ""
+    if row.llama == IGNORED:
+        switch = isinstance(row.type, Toggle)
+        parser.add_argument(*row.flags, dest=IGNORED_DEST, action=IgnoredAction,
+                            key=canonical(row.flags), type=None if switch else row.type,
+                            nargs=0 if switch else getattr(row.type, "nargs", None),
+                            help=f"ignored on MLX: {row.help}{twin}")
+        return
+    kwargs: dict[str, Any] = {"dest": row.dest, "help": f"{row.help}{twin}",
+                              "default": _env_default(row.env, row.type, row.default)}
+    if isinstance(row.type, Toggle):  # a switch: its spellings set it; the env twin, the default
+        kwargs.update(action=ToggleAction, toggle=row.type)
+    else:
+        kwargs.update(type=row.type, choices=getattr(row.type, "choices", None),
+                      nargs=getattr(row.type, "nargs", None))
+    parser.add_argument(*row.flags, **kwargs)
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The server's parser; abbreviations are refused, as llama-server refuses them."""
     parser = argparse.ArgumentParser(
         prog="mlxcel-server",
         description="LLM inference server on MLX. `mlxcel-server plugins` lists plugins.",
-        formatter_class=_HelpFormatter)
-    for flags, dest, type_, default, env, help_ in OPTIONS:
-        kwargs: dict[str, Any] = {"dest": dest, "type": type_,
-                                  "default": _env_default(env, type_, default),
-                                  "help": f"{help_} [env: {env}]"}
-        if dest in CHOICES:
-            kwargs["choices"] = CHOICES[dest]
-        if type_ is _bool:  # a switch: present = on; the env twin sets the default
-            del kwargs["type"]
-            kwargs["action"] = "store_true"
-        parser.add_argument(*flags, **kwargs)
+        formatter_class=HelpFormatter, allow_abbrev=False)
+    for row in OPTIONS:
+        _add(parser, row)
+    parser.set_defaults(**{IGNORED_DEST: _ignored_from_env()})
     parser.add_argument("--version", action="version", version=f"mlxcel {__version__}")
     return parser
 
 
+def ignored_notes(settings: Any) -> list[str]:
+    """What the startup log line ``flags_ignored`` lists: each ignored flag as given and
+    each pending feature asked for, with the reason."""
+    notes = []
+    for row in OPTIONS:
+        if row.llama == IGNORED and canonical(row.flags) in settings.ignored_flags:
+            notes.append(f"{settings.ignored_flags[canonical(row.flags)]}: {row.help}")
+        elif row.llama == PENDING and getattr(settings, row.dest) != row.default:
+            notes.append(f"{row.flags[-1]}: {row.help}")
+    return notes

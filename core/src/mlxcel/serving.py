@@ -102,7 +102,7 @@ def worker_app() -> Any:
     from mlxcel.logging import configure
 
     settings = Settings.from_env()
-    configure(settings.log_format, secrets=[settings.api_key])
+    configure(settings.log_format, secrets=[settings.api_key, *settings.api_keys()])
     hard_before = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     import mlx_lm.utils  # noqa: F401  (check_fd_hard_limit made its setrlimit possible)
 
@@ -173,6 +173,7 @@ def granian_options(settings: Settings) -> dict[str, Any]:
         "http": HTTPModes.http1,
         "http1_settings": HTTP1Settings(header_read_timeout=int(settings.idle_timeout * 1000)),
         "backpressure": settings.max_connections,
+        "runtime_threads": max(1, settings.threads_http),  # --threads-http; -1 = 1
         "workers_kill_timeout": settings.shutdown_timeout,
     }
 

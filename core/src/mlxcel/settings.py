@@ -31,6 +31,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     api_key: str | None = None
     api_key_file: str | None = None
     allowed_hosts: str | None = None
+    cors_origins: str = "*"
+    cors_methods: str = "GET, POST, DELETE, OPTIONS"
+    cors_headers: str = "*"
+    cors_credentials: bool = True
+    threads_http: int = -1
     max_connections: int = 2048
     idle_timeout: float = 30.0
     body_timeout: float = 60.0
@@ -40,6 +45,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     parallel: int = 4
     n_predict: int = -1
     chat_template_file: str | None = None
+    chat_template: str | None = None  # a built-in name or Jinja text (mlxcel.chat_templates)
+    jinja: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
     tool_call_format: str | None = None
     reasoning_format: str = "auto"
@@ -48,6 +55,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     plugins: str | None = None
     disable_plugins: str | None = None
     prefill_chunk_size: int = 512
+    batch_size: int | None = None
     max_queue_depth: int = 32
     grammar_compile_timeout: float = 60.0  # seconds; mlxcel.engine.constraints
     slots: bool = False
@@ -84,6 +92,24 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     decode_attention: str = "auto"
     shared_positions: bool = True
     engine_trace: str | None = None
+    # llama-server features stored for the embeddings work (no routes yet)
+    embeddings: bool = False
+    reranking: bool = False
+    pooling: str | None = None
+    # llama-server flags with no meaning on MLX, as given: {"--n-gpu-layers": "-ngl 99"}
+    ignored_flags: dict[str, str] = {}
+
+    def aliases(self) -> tuple[str, ...]:
+        """``--alias a,b``: every name the model answers to, the first one shown."""
+        return tuple(a.strip() for a in (self.alias or "").split(",") if a.strip())
+
+    def api_keys(self) -> tuple[str, ...]:
+        """``--api-key k1,k2`` (or the file's lines, joined so): a request may send any."""
+        return tuple(k.strip() for k in (self.api_key or "").split(",") if k.strip())
+
+    def prefill_chunk(self) -> int:
+        """The engine's chunk: ``-ub`` clamped to ``-b``, as llama.cpp clamps n_ubatch."""
+        return min(self.prefill_chunk_size, self.batch_size or self.prefill_chunk_size)
 
     def to_env(self) -> str:
         return msgspec.json.encode(self).decode()
@@ -128,6 +154,7 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     decode_attention: str = "auto"  # mlxcel.engine.accel.attention.mode
     shared_positions: bool = True  # where the family and the model allow it
     engine_trace: str | None = None  # a JSONL file path (mlxcel.engine.trace)
+    batch_size: int | None = None  # -b: caps a step's prefill tokens (the burst budget)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> EngineConfig:

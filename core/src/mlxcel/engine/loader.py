@@ -148,11 +148,12 @@ def select_tool_format(formats: ToolFormatRegistry, family: Family, template: Ch
 def load_checkpoint(model: str, families: FamilyRegistry, *,
                     chat_template_file: str | None = None, dtype: str | None = None,
                     tool_formats: ToolFormatRegistry | None = None,
-                    tool_call_format: str | None = None,
-                    reasoning_format: str = "auto") -> LoadedCheckpoint:
+                    tool_call_format: str | None = None, chat_template: str | None = None,
+                    jinja: bool = True, reasoning_format: str = "auto") -> LoadedCheckpoint:
     """Load ``model``; ``dtype`` is --dtype (None: auto); ``tool_formats`` (the installed
-    ones) and ``tool_call_format`` (the flag) select its tool format, and
-    ``reasoning_format`` (--reasoning-format) whether its reasoning is split off."""
+    ones) and ``tool_call_format`` (the flag) select its tool format; ``chat_template`` and
+    ``jinja`` are --chat-template and --jinja (``mlxcel.chat_template``), and
+    ``reasoning_format`` (--reasoning-format) says whether its reasoning is split off."""
     started = time.perf_counter()
     requested = dtype or "auto"
     device = backend.mlx_device()
@@ -165,7 +166,8 @@ def load_checkpoint(model: str, families: FamilyRegistry, *,
     _ = tokenizer.max_token_bytes  # decodes the whole vocabulary once: here, not on a request
     template = load_chat_template(
         path, tokenizer.config, override=Path(chat_template_file) if chat_template_file else None,
-        bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token)
+        bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token, template=chat_template,
+        jinja=jinja)
     tool_format, why = (select_tool_format(tool_formats, family, template, tool_call_format)
                         if tool_formats is not None else (None, "no tool formats given"))
     spec, spec_why = reasoning.select(family.reasoning, template.source,
@@ -202,7 +204,8 @@ def load_checkpoint(model: str, families: FamilyRegistry, *,
 def check_checkpoint(path: Path, families: FamilyRegistry,
                      chat_template_file: str | None = None, *,
                      tool_formats: ToolFormatRegistry | None = None,
-                     tool_call_format: str | None = None) -> tuple[Family, ToolFormat | None, str]:
+                     tool_call_format: str | None = None, chat_template: str | None = None,
+                     jinja: bool = True) -> tuple[Family, ToolFormat | None, str]:
     """Cheap checks (no MLX) so a bad --model fails before the server starts; its family,
     and the tool format ``load_checkpoint`` will select and why."""
     config = _read_json(path / "config.json")
@@ -212,7 +215,8 @@ def check_checkpoint(path: Path, families: FamilyRegistry,
     tokenizer = Tokenizer.from_dir(path)
     template = load_chat_template(
         path, tokenizer.config, override=Path(chat_template_file) if chat_template_file else None,
-        bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token)
+        bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token, template=chat_template,
+        jinja=jinja)
     if tool_formats is None:
         return family, None, "no tool formats given"
     return (family, *select_tool_format(tool_formats, family, template, tool_call_format))

@@ -181,8 +181,12 @@ class EngineWorker(Admission, threading.Thread):
 
     @property
     def burst_chunks(self) -> int:
-        """The policy's burst chunks where rows prefill in groups, else 1."""
-        return self.policy.burst_chunks if self.grouped else 1
+        """The policy's burst chunks where rows prefill in groups, else 1; ``-b`` (the
+        config's ``batch_size``) caps a step's prefill tokens, so it caps the chunks too."""
+        chunks = self.policy.burst_chunks if self.grouped else 1
+        if self.config.batch_size:
+            chunks = min(chunks, max(1, self.config.batch_size // self.prefill_chunk))
+        return chunks
 
     def _new_batch(self) -> DecodeBatch:
         return DecodeBatch(self.checkpoint.model, self.checkpoint.tokenizer.vocab_size,

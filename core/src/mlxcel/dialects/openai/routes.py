@@ -106,8 +106,10 @@ def build(ctx: AppContext) -> list[Any]:
 
     @get(["/v1/models", "/models"])
     async def models() -> Response:
+        names = ctx.settings.aliases() or (ctx.model_name,)  # --alias a,b: one entry each
         return Response({"object": "list", "data": [
-            {"id": ctx.model_name, "object": "model", "created": ctx.created, "owned_by": "user"}
+            {"id": name, "object": "model", "created": ctx.created, "owned_by": "user"}
+            for name in names
         ]})
 
     return [chat_completions, completions, models, *unserved_routes(UNSERVED)]

@@ -1,0 +1,89 @@
+"""CORS as llama-server answers it: every ``OPTIONS`` request is a preflight, answered 200
+with the CORS headers and no API key asked (browsers send none on a preflight), and every
+response, errors included, names the allowed ``Origin``.
+
+The middleware applies this at the edge, before the key check and around every response,
+rather than Litestar's ``CORSConfig``: that one sits inside the app, so a preflight would
+meet the key check first, an edge rejection (401, 403, 415) would carry no CORS headers,
+and its preflight answers 204. The Host/Origin guard (``mlxcel.http_guard``) still runs
+first; an origin listed here is admitted by it too.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+import msgspec
+
+from mlxcel.http_guard import LOOPBACK_NAMES
+
+ANY = "*"
+LOCALHOST = "localhost"  # llama-server's special value: loopback origins only
+EXPOSED = b"x-request-id"
+
+
+def _origin_host(origin: str) -> str | None:
+    try:
+        return urlsplit(origin.strip()).hostname
+    except ValueError:
+        return None
+
+
+def _normal(origin: str) -> str:
+    return origin.strip().rstrip("/").lower()
+
+
+def _names(raw: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in raw.split(",") if part.strip())
+
+
+class CorsPolicy(msgspec.Struct, frozen=True, kw_only=True):
+    """``origins``: ``*`` (any), ``localhost`` (loopback origins) and exact origins
+    (``scheme://host[:port]``); ``methods`` and ``headers`` as the preflight answers them
+    (``*`` headers: the ones the preflight asks for, since a literal ``*`` does not
+    cover ``Authorization`` and means nothing with credentials)."""
+
+    origins: tuple[str, ...] = (ANY,)
+    methods: str = "GET, POST, DELETE, OPTIONS"
+    headers: str = ANY
+    credentials: bool = True
+
+    @classmethod
+    def from_flags(cls, origins: str, methods: str, headers: str,
+                   credentials: bool) -> CorsPolicy:
+        return cls(origins=tuple(_normal(o) if o not in (ANY, LOCALHOST) else o
+                                 for o in _names(origins)) or (ANY,),
+                   methods=", ".join(m.upper() for m in _names(methods)),
+                   headers=", ".join(_names(headers)) or ANY, credentials=credentials)
+
+    def allows(self, origin: str) -> bool:
+        if ANY in self.origins or _normal(origin) in self.origins:
+            return True
+        return LOCALHOST in self.origins and _origin_host(origin) in LOOPBACK_NAMES
+
+    def origin_hosts(self) -> frozenset[str]:
+        """The host names of the exact origins listed: the Host/Origin guard admits them."""
+        hosts = (_origin_host(o) for o in self.origins if o not in (ANY, LOCALHOST))
+        return frozenset(h for h in hosts if h)
+
+    def response_headers(self, origin: str | None) -> list[tuple[bytes, bytes]]:
+        """What every response to ``origin`` carries (none for an origin not allowed, or a
+        request without one). The origin is echoed, never ``*``, so credentials work."""
+        if not origin or not self.allows(origin):
+            return []
+        out = [(b"access-control-allow-origin", origin.strip().encode("latin-1")),
+               (b"vary", b"Origin"), (b"access-control-expose-headers", EXPOSED)]
+        if self.credentials:
+            out.append((b"access-control-allow-credentials", b"true"))
+        return out
+
+    def preflight_headers(self, origin: str | None,
+                          requested: str | None) -> list[tuple[bytes, bytes]]:
+        """A preflight's extra headers: the methods, and the headers it may send."""
+        if not origin or not self.allows(origin):
+            return []
+        allowed = requested if self.headers == ANY else self.headers
+        out = [(b"access-control-allow-methods", self.methods.encode())]
+        if allowed:
+            out.append((b"access-control-allow-headers", allowed.strip().encode("latin-1")))
+        return out
