@@ -68,7 +68,8 @@ def _image(block: dict[str, Any], where: str) -> ImagePart:
 def _part(block: Any, where: str, allowed: tuple[str, ...]) -> Part:
     kind = block.get("type") if isinstance(block, dict) else None
     if kind not in allowed:
-        raise _bad(f"{where} must be a block of type {' or '.join(allowed)}", f"{where}.type")
+        kinds = " or ".join(f'"{kind}"' for kind in allowed)
+        raise _bad(f"{where}.type must be {kinds}", f"{where}.type")
     if kind == "text":
         return TextPart(text=_string(block, "text", where))
     return _image(block, where)
