@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import json
 
+import msgspec
 import pytest
 from anthropic_helpers import TOOLS, USER, accumulate, events
 from apphelpers import make_client, wait_ready
+from mlxcel.dialects.anthropic.schemas import MessagesRequest
+from mlxcel.dialects.anthropic.translate import prompt_request
 from mlxcel.dialects.api import Dialect
 from mlxcel.testing.conformance import check_dialect
+from mlxcel.types.messages import FunctionChoice, ImagePart, TextPart, ToolCall
 
 BASE = {"model": "any-name", "max_tokens": 8, "temperature": 0, "ignore_eos": True,
         "messages": [USER]}
@@ -307,3 +311,37 @@ def test_auth_by_x_api_key_and_refusals_in_anthropic_shape(tiny_checkpoint):
         ok = c.post("/v1/messages", json=BASE, headers={"x-api-key": "k-anth"})
         assert ok.status_code == 200, ok.text
         check_dialect(c, dialect, "/v1/models", "k-anth")
+
+
+WIRE_TURNS = [
+    {"role": "user", "content": [{"type": "image", "source": {
+        "type": "base64", "media_type": "image/png", "data": "AA=="}}]},
+    {"role": "assistant", "content": [
+        {"type": "thinking", "thinking": "hm", "signature": "s"},
+        {"type": "tool_use", "id": "t1", "name": "get_time", "input": {"tz": "UTC"}}]},
+    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [
+        {"type": "text", "text": "12:00"},
+        {"type": "image", "source": {"type": "url", "url": "https://x/y.png"}}]}]},
+]
+
+
+def test_the_wire_turns_as_the_chat_layer_reads_them():
+    body = msgspec.convert({
+        "model": "m", "messages": WIRE_TURNS,
+        "system": [{"type": "text", "text": "A"}, {"type": "text", "text": "B"}],
+        "tools": [*TOOLS, {"type": "web_search_20250305", "name": "ws"}],
+        "tool_choice": {"type": "tool", "name": "get_time"}}, MessagesRequest)
+    prompt = prompt_request(body)
+    system, user, assistant, tool = prompt.messages
+    assert system.role == "system" and system.text == "AB"
+    assert user.content == (ImagePart(data="AA==", format="image/png", wire_type="image"),)
+    assert assistant.content is None and assistant.reasoning == "hm"
+    assert assistant.tool_calls == (ToolCall(id="t1", name="get_time", arguments={"tz": "UTC"}),)
+    assert tool.role == "tool" and tool.tool_call_id == "t1"
+    assert tool.content == (TextPart(text="12:00"),
+                            ImagePart(url="https://x/y.png", wire_type="image"))
+    assert [t.definition for t in prompt.tools] == [{"type": "function", "function": {
+        "name": "get_time", "parameters": TOOLS[0]["input_schema"],
+        "description": "The time in a zone."}}]
+    assert prompt.tool_choice == FunctionChoice(name="get_time")
+    assert not prompt.continue_final_message
