@@ -238,6 +238,8 @@ BAD = [
     ({"tool_choice": {"type": "tool"}, "tools": TOOLS}, "tool_choice.name"),
     ({"tool_choice": {"type": "tool", "name": "nope"}, "tools": TOOLS}, "tool_choice"),
     ({"tool_choice": {"type": "any"}}, "tool_choice"),
+    ({"tool_choice": {"type": "any"}, "tools": [{"type": "web_search_20250305", "name": "w"}]},
+     "tool_choice"),
     ({"thinking": {"type": "sometimes"}}, "thinking.type"),
     ({"thinking": {"type": "enabled"}}, "thinking.budget_tokens"),
     ({"thinking": {"type": "enabled", "budget_tokens": 0}}, "thinking.budget_tokens"),

@@ -280,8 +280,11 @@ def prompt_request(body: CountTokensRequest, recall: Recall | None = None) -> Pr
         system = _system_text(body.system, "system")
         messages.insert(0, Message(role="system", content=(TextPart(text=system),)))
     prefill = bool(messages) and messages[-1].role == "assistant"
-    return PromptRequest(messages=tuple(messages), tools=_tools(body.tools),
-                         tool_choice=_tool_choice(body.tool_choice),
+    tools, choice = _tools(body.tools), _tool_choice(body.tool_choice)
+    if choice == "required" and not tools:
+        raise _bad("tool_choice \"any\" needs at least one tool with an input_schema in "
+                   "'tools'", "tool_choice")
+    return PromptRequest(messages=tuple(messages), tools=tools, tool_choice=choice,
                          template_kwargs=_template_kwargs(body),
                          continue_final_message=prefill)
 
