@@ -19,6 +19,7 @@ from mlxcel.dialects.wire import (
     request_priority,
     stream_answer,
 )
+from mlxcel.types.messages import PromptRequest
 
 from . import schemas as s
 from .memory import ThinkingMemory, memory_of
@@ -32,13 +33,20 @@ def _memory(ctx: AppContext, body: s.CountTokensRequest) -> ThinkingMemory | Non
     return memory_of(ctx) if cached and thinking_on(body) else None
 
 
+async def _prompt(ctx: AppContext, request: Request, body: s.CountTokensRequest
+                  ) -> tuple[PromptRequest, ThinkingMemory | None]:
+    """The typed request (assistant turns resent without their thinking get it back from
+    the memory, when it applies) and that memory."""
+    memory = _memory(ctx, body)
+    recall = memory.recall if memory is not None else None
+    return await prepare_for(request, lambda: prompt_request(body, recall)), memory
+
+
 def build(ctx: AppContext) -> list[Any]:
     @post(["/v1/messages", "/messages"], status_code=200)
     async def messages(request: Request) -> Any:
         body = await decode_body(request, s.MessagesRequest)
-        memory = _memory(ctx, body)
-        recall = memory.recall if memory is not None else None
-        prompt = await prepare_for(request, lambda: prompt_request(body, recall))
+        prompt, memory = await _prompt(ctx, request, body)
         rid = f"msg_{uuid.uuid4().hex[:24]}"
         turn = await start_turn(ctx, request, prompt, turn_options(body), rid,
                                 priority=request_priority(request))
@@ -56,9 +64,7 @@ def build(ctx: AppContext) -> list[Any]:
         """The prompt ``/v1/messages`` would render for this body (system, tools, tool
         choice and thinking included), counted without generating."""
         body = await decode_body(request, s.CountTokensRequest)
-        memory = _memory(ctx, body)
-        recall = memory.recall if memory is not None else None
-        prompt = await prepare_for(request, lambda: prompt_request(body, recall))
+        prompt, _ = await _prompt(ctx, request, body)
         budget = budget_of(ctx, TurnOptions(reasoning_budget=thinking_budget(body)))
         prompt = msgspec.structs.replace(
             prompt, template_kwargs=without_thinking(prompt.template_kwargs, budget))
