@@ -9,7 +9,7 @@ PORT ?= 8080
 # Every distribution of the repository, installed editable.
 DISTS := core $(wildcard families/*/pyproject.toml) $(wildcard plugins/*/pyproject.toml)
 DIST_DIRS := core $(patsubst %/pyproject.toml,%,$(filter %/pyproject.toml,$(DISTS)))
-DEV_TOOLS := pytest pytest-timeout openai httpx ruff tox tox-uv build jsonschema
+DEV_TOOLS := pytest pytest-timeout openai anthropic httpx ruff tox tox-uv build jsonschema
 
 .PHONY: install serve test test-fast bench lint sysdeps clean
 

@@ -47,7 +47,7 @@ def test_core_errors_name_no_wire_type():
 
 
 def _client(checkpoint, **settings):
-    plugins = load_plugins()
+    plugins = load_plugins(deny=["dialect-anthropic"])  # the stand-in owns its prefix
     plugins.dialects.add(Dialect(
         name="messages-test", routes=f"{__name__}:build", errors=f"{__name__}:anthropic_body",
         prefixes=("/v1/messages",)))

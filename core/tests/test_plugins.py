@@ -22,6 +22,7 @@ BUILTINS = {
     "family-text": "mlxcel.builtin.text_family",
     "dialect-openai": "mlxcel.dialects.openai.plugin",
     "dialect-llamacpp": "mlxcel.dialects.llamacpp.plugin",
+    "dialect-anthropic": "mlxcel.dialects.anthropic.plugin",
     "toolcall-builtin": "mlxcel.builtin.toolcalls.plugin",
 }
 
