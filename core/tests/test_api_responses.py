@@ -223,6 +223,8 @@ REFUSED = [
     ({"previous_response_id": "resp_x", "conversation": "c"}, "previous_response_id"),
     ({"max_output_tokens": 0}, "max_output_tokens"),
     ({"tools": [TOOL], "tool_choice": {"type": "function", "name": "other"}}, "tool_choice"),
+    ({"tools": [TOOL], "tool_choice": "required", "text": {"format": {
+        "type": "json_schema", "name": "w", "schema": WEATHER}}}, "tool_choice"),
 ]
 
 
@@ -281,3 +283,15 @@ def test_reasoning_comes_as_a_reasoning_item_before_the_message(thinking_client)
                  for r in (whole, events[-1]["response"])]
         assert texts[0] == texts[1]
     assert both, "no seed gave reasoning then an answer"
+
+
+def test_the_dialect_conforms(tiny_checkpoint):
+    from mlxcel.plugins import load_plugins
+    from mlxcel.testing.conformance import check_dialect
+
+    dialect = load_plugins().dialects.get("responses")
+    assert dialect.prefixes == ("/v1/responses", "/responses")
+    with make_client(tiny_checkpoint, api_key="s3cret", parallel=1) as c:
+        wait_ready(c)
+        made = c.post("/v1/responses", json=BODY, headers={"x-api-key": "s3cret"}).json()
+        check_dialect(c, dialect, f"/v1/responses/{made['id']}", "s3cret")

@@ -97,6 +97,7 @@ def storeless(tiny_checkpoint):
 def test_size_0_turns_storing_off_and_its_routes_are_400(storeless):
     made = create(storeless, input="Hello")
     rid = made["id"]
+    assert made["store"] is False
     refused = [storeless.get(f"/v1/responses/{rid}"), storeless.delete(f"/responses/{rid}"),
                storeless.post(f"/v1/responses/{rid}/cancel"),
                storeless.post("/v1/responses", json={**BODY, "input": "x",

@@ -36,8 +36,9 @@ from .translate import (
 Item = dict[str, Any]
 
 
-def template(ctx: AppContext, body: s.CreateRequest, rid: str) -> s.Response:
-    """The response's fields that echo the request."""
+def template(ctx: AppContext, body: s.CreateRequest, rid: str, storing: bool) -> s.Response:
+    """The response's fields that echo the request (``store`` says whether it is kept:
+    never with storing off)."""
     cid = conversation_id(body.conversation)
     text = {"format": {"type": "text"}, **(body.text or {})}
     return s.Response(
@@ -49,7 +50,8 @@ def template(ctx: AppContext, body: s.CreateRequest, rid: str) -> s.Response:
         max_output_tokens=body.max_output_tokens,
         previous_response_id=body.previous_response_id,
         conversation={"id": cid} if cid else None, text=text,
-        reasoning=body.reasoning or {"effort": None, "summary": None}, store=body.store)
+        reasoning=body.reasoning or {"effort": None, "summary": None},
+        store=body.store and storing)
 
 
 class Create:
@@ -65,7 +67,7 @@ class Create:
         self.options = turn_options(body, response_of(body.text))
         self.rid = f"resp_{uuid.uuid4().hex}"
         tok = ctx.engine.checkpoint.tokenizer
-        self.builder = ResponseBuilder(template(ctx, body, self.rid),
+        self.builder = ResponseBuilder(template(ctx, body, self.rid, stores.responses.enabled),
                                        lambda text: len(tok.encode(text)))
         self.compactor = Compactor(ctx, request, self.prompt, self.options)
 
