@@ -295,3 +295,11 @@ def test_the_dialect_conforms(tiny_checkpoint):
         wait_ready(c)
         made = c.post("/v1/responses", json=BODY, headers={"x-api-key": "s3cret"}).json()
         check_dialect(c, dialect, f"/v1/responses/{made['id']}", "s3cret")
+
+
+def test_a_thinking_budget_of_0_ends_the_reasoning_at_once(thinking_client):
+    for seed in range(6):
+        body = {"input": "Hello", "max_output_tokens": 40, "temperature": 1.0, "seed": seed,
+                "thinking_budget_tokens": 0}
+        whole = thinking_client.post("/v1/responses", json=body).json()
+        assert [item["type"] for item in whole["output"]] == ["message"], whole["output"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import json
 
+import openai
 import pytest
 from apphelpers import make_client, wait_ready
 from mlxcel.dialects.responses.compaction import (
@@ -244,3 +245,17 @@ def test_a_streamed_compaction_reports_its_progress(client):
     final = events[-1]["response"]
     assert [item["type"] for item in final["output"]] == ["compaction", "message"]
     assert final["usage"]["input_tokens"] == done["input_tokens_after"]
+
+
+def test_the_sdk_counts_and_compacts_through_the_aliases_too(client):
+    for base in ("/v1", ""):
+        sdk = openai.OpenAI(base_url=f"{client.base_url}{base}", api_key="none",
+                            http_client=client, max_retries=0)
+        counted = sdk.responses.input_tokens.count(model="tiny", input=HISTORY)
+        assert counted.object == "response.input_tokens"
+        assert counted.input_tokens == count(client, {"input": HISTORY})
+        compacted = sdk.responses.compact(model="tiny", input=HISTORY,
+                                          extra_body={"keep_tokens": 1, "max_output_tokens": 8})
+        assert compacted.object == "response.compaction"
+        assert [item.type for item in compacted.output][-1] == "compaction"
+        assert compacted.usage.output_tokens <= 8

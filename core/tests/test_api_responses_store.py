@@ -4,6 +4,8 @@ false``; size 0 (storing off: 400s); the oldest entry dropped past the size; exp
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from apphelpers import make_client, wait_ready
 from mlxcel.dialects.responses.routes import STORES
@@ -166,3 +168,10 @@ def test_ttl_store_rules():
     off: TTLStore[int] = TTLStore(0, 10.0, clock)
     off.put("a", 1)
     assert not off.enabled and off.get("a") is None
+
+
+def test_a_streamed_response_is_stored_when_it_ends(client):
+    r = client.post("/v1/responses", json={**BODY, "input": "Hello", "stream": True})
+    last = r.text.strip().split("\n\n")[-1].split("\n", 1)[1][len("data: "):]
+    final = json.loads(last)["response"]
+    assert client.get(f"/v1/responses/{final['id']}").json() == final
