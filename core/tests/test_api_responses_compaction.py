@@ -259,3 +259,12 @@ def test_the_sdk_counts_and_compacts_through_the_aliases_too(client):
         assert compacted.object == "response.compaction"
         assert [item.type for item in compacted.output][-1] == "compaction"
         assert compacted.usage.output_tokens <= 8
+
+
+def test_a_history_with_nothing_to_drop_goes_on_uncompacted(client):
+    body = {**MANAGED, "input": LONG[:1]}  # one long user message: it is always kept
+    for stream in (False, True):
+        r = client.post("/v1/responses", json={**body, "stream": stream})
+        assert r.status_code == 200, r.text
+        final = sse(r)[-1]["response"] if stream else r.json()
+        assert [item["type"] for item in final["output"]] == ["message"]

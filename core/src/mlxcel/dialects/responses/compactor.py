@@ -20,7 +20,7 @@ from mlxcel.errors import ContextLengthExceeded, InvalidRequest
 from mlxcel.types import Usage
 from mlxcel.types.messages import Message, PromptRequest
 
-from .compaction import compacted, item_text, plan, replay, summary_request_items
+from .compaction import Plan, compacted, item_text, plan, replay, summary_request_items
 from .history import chat_messages
 from .items import messages
 
@@ -71,13 +71,17 @@ class Compactor:
         prompt = msgspec.structs.replace(prompt, template_kwargs=kwargs)
         return len((await render(self.ctx, self.request, prompt)).token_ids)
 
+    def plan(self, items: list[Item], keep: int) -> Plan:
+        """The split of ``items`` (replayed), items counted by their text's tokens."""
+        tok = self.ctx.engine.checkpoint.tokenizer
+        return plan(replay(items), keep, lambda item: len(tok.encode(item_text(item))))
+
     async def run(self, items: list[Item], keep: int, limit: int, *,
                   before: int | None = None, watch_client: bool = True) -> Compacted | None:
         """The compacted history (None: the client left during the summary)."""
         if before is None:
             before = await self.count_whole(items)
-        tok = self.ctx.engine.checkpoint.tokenizer
-        split = plan(replay(items), keep, lambda item: len(tok.encode(item_text(item))))
+        split = self.plan(items, keep)
         if not split.dropped:
             raise ContextLengthExceeded("nothing older than the kept turns to compact, so the "
                                         "result would not be shorter", param="input")

@@ -70,6 +70,7 @@ class Create:
         self.builder = ResponseBuilder(template(ctx, body, self.rid, stores.responses.enabled),
                                        lambda text: len(tok.encode(text)))
         self.compactor = Compactor(ctx, request, self.prompt, self.options)
+        self.keep = keep_tokens(ctx, None)
 
     def prompt(self, messages: list[Any]) -> Any:
         return prompt_request(self.body, self.body.instructions, messages, tools=self.tools,
@@ -83,13 +84,15 @@ class Create:
                                 self.options, self.rid, priority=request_priority(self.request))
 
     async def _compaction_due(self) -> int | None:
-        """The input's size when it is due for compaction (None: not due)."""
+        """The input's size when it is due for compaction (None: not due). A history
+        with nothing older than the turns compaction keeps goes on as it is."""
         if self.threshold is None:
             return None
         before = await self.compactor.count_whole(self.history)
         room = self.ctx.engine.context_size - before
-        return before if before >= self.threshold or room < (
-            self.body.max_output_tokens or 1) else None
+        if before < self.threshold and room >= (self.body.max_output_tokens or 1):
+            return None
+        return before if self.compactor.plan(self.history, self.keep).dropped else None
 
     def _compacted(self, result: Compacted) -> list[dict[str, Any]]:
         """Generation goes on from the compacted history; the output starts with the
@@ -104,7 +107,7 @@ class Create:
         if due is not None and self.body.stream:
             return SSEResponse(self._compacting_stream(due))
         if due is not None:
-            result = await self.compactor.run(self.history, keep_tokens(self.ctx, None),
+            result = await self.compactor.run(self.history, self.keep,
                                               SUMMARY_TOKENS, before=due)
             if result is None:
                 return client_closed()
@@ -133,7 +136,7 @@ class Create:
         yield b"".join(frame(e) for e in builder.start())
         yield frame(builder.event("mlx.compaction.started", input_tokens=before))
         try:
-            result = await self.compactor.run(self.history, keep_tokens(self.ctx, None),
+            result = await self.compactor.run(self.history, self.keep,
                                               SUMMARY_TOKENS, before=before,
                                               watch_client=False)
         except MlxcelError as exc:
