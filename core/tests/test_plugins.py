@@ -23,6 +23,7 @@ BUILTINS = {
     "dialect-openai": "mlxcel.dialects.openai.plugin",
     "dialect-llamacpp": "mlxcel.dialects.llamacpp.plugin",
     "dialect-anthropic": "mlxcel.dialects.anthropic.plugin",
+    "dialect-responses": "mlxcel.dialects.responses.plugin",
     "toolcall-builtin": "mlxcel.builtin.toolcalls.plugin",
 }
 

@@ -58,6 +58,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     batch_size: int | None = None
     max_queue_depth: int = 32
     grammar_compile_timeout: float = 60.0  # seconds; mlxcel.engine.constraints
+    responses_store_max_entries: int = 1024  # mlxcel.dialects.responses.store
+    responses_store_ttl_secs: float = 3600.0
+    conversation_store_max_entries: int = 256
+    conversation_store_ttl_secs: float = 3600.0
     slots: bool = False
     metrics: bool = False
     metrics_port: int = 0

@@ -1,0 +1,16 @@
+"""Builtin plugin: the OpenAI Responses dialect (/v1/responses and its aliases)."""
+
+from __future__ import annotations
+
+from mlxcel import hookimpl
+from mlxcel.dialects.api import Dialect
+
+
+@hookimpl
+def mlxcel_register_dialects(registry) -> None:
+    registry.add(Dialect(
+        name="responses", routes="mlxcel.dialects.responses.routes:build",
+        description="OpenAI Responses (create, retrieve, delete, cancel, input_tokens, "
+                    "compact)",
+        errors="mlxcel.dialects.openai.errors:error_body",
+        prefixes=("/v1/responses", "/responses")))

@@ -1,0 +1,99 @@
+"""Responses routes: create, retrieve, delete, cancel, input_tokens and compact, each under
+``/v1/responses`` and without ``/v1``."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import msgspec
+from litestar import Request, delete, get, post
+
+from mlxcel.context import AppContext
+from mlxcel.dialects.wire import client_closed, decode_body
+from mlxcel.errors import InvalidRequest, NotFound
+
+from . import schemas as s
+from .compactor import Compactor, keep_tokens, summary_tokens
+from .create import Create
+from .history import history_of, input_items, stored_response
+from .store import Stored, Stores
+from .stream import wire_usage
+from .translate import prompt_request, tool_choice_of, tools_of, turn_options
+
+STORES = "responses.stores"  # AppContext.extra key of the app's stores
+
+
+def paths(tail: str = "") -> list[str]:
+    return [f"/v1/responses{tail}", f"/responses{tail}"]
+
+
+def _stored(stores: Stores, response_id: str) -> Stored:
+    found = stored_response(stores, response_id, "response_id")
+    if found is None:
+        raise NotFound(f"no stored response with id '{response_id}' (it may have expired)")
+    return found
+
+
+def _refuse_for_compact(body: s.CompactRequest) -> None:
+    """Compaction reads the whole history from ``input`` and answers once."""
+    for field in ("stream", "previous_response_id", "conversation"):
+        if getattr(body, field):
+            raise InvalidRequest(f"'{field}' is not supported by /v1/responses/compact; send "
+                                 "the whole history as 'input'", param=field)
+
+
+def build(ctx: AppContext) -> list[Any]:
+    stores = ctx.extra.setdefault(STORES, Stores(ctx.settings))
+
+    @post(paths(), status_code=200)
+    async def create(request: Request) -> Any:
+        body = await decode_body(request, s.CreateRequest)
+        return await Create(ctx, request, stores, body).answer()
+
+    @get(paths("/{response_id:str}"))
+    async def retrieve(response_id: str) -> s.Response:
+        return _stored(stores, response_id).response
+
+    @delete(paths("/{response_id:str}"), status_code=200)
+    async def remove(response_id: str) -> dict[str, Any]:
+        _stored(stores, response_id)
+        stores.responses.delete(response_id)
+        return {"id": response_id, "object": "response.deleted", "deleted": True}
+
+    @post(paths("/{response_id:str}/cancel"), status_code=200)
+    async def cancel(response_id: str) -> s.Response:
+        found = _stored(stores, response_id)
+        response = msgspec.structs.replace(found.response, status="cancelled")
+        stores.responses.put(response_id, Stored(response=response, history=found.history))
+        return response
+
+    @post(paths("/input_tokens"), status_code=200)
+    async def input_tokens(request: Request) -> dict[str, Any]:
+        body = await decode_body(request, s.CreateRequest)
+        tools, choice = tools_of(body.tools), tool_choice_of(body.tool_choice)
+        compactor = Compactor(ctx, request, lambda messages: prompt_request(
+            body, body.instructions, messages, tools=tools, tool_choice=choice),
+            turn_options(body))
+        count = await compactor.count(history_of(stores, body))
+        return {"object": "response.input_tokens", "input_tokens": count}
+
+    @post(paths("/compact"), status_code=200)
+    async def compact(request: Request) -> Any:
+        body = await decode_body(request, s.CompactRequest)
+        _refuse_for_compact(body)
+        keep, limit = keep_tokens(ctx, body.keep_tokens), summary_tokens(body.max_output_tokens)
+        items = input_items(body.input)
+        if not items:
+            raise InvalidRequest("'input' must hold the history to compact", param="input")
+        compactor = Compactor(ctx, request, lambda messages: prompt_request(
+            body, body.instructions, messages), turn_options(body))
+        result = await compactor.run(items, keep, limit)
+        if result is None:
+            return client_closed()
+        return s.CompactedResponse(id=f"resp_{uuid.uuid4().hex}", created_at=int(time.time()),
+                                   model=body.model or ctx.model_name, output=result.output,
+                                   usage=wire_usage(result.usage))
+
+    return [create, retrieve, remove, cancel, input_tokens, compact]
