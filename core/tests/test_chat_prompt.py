@@ -274,3 +274,28 @@ def test_http_a_tool_call_needs_a_string_name(client):
     assert r.json()["error"]["param"] == "messages[1].tool_calls[0].function.name"
     call["function"]["name"] = "f"
     assert _post(client, messages).status_code == 200
+
+
+# -- system turns ---------------------------------------------------------------------------
+def test_developer_turns_and_leading_system_messages_reach_the_template_as_one(client):
+    """ChatML names no ``developer`` role: it is a system message, and the leading system
+    messages are joined, so the rendered prompt has one system turn holding both."""
+    template = client.app.state["ctx"].engine.checkpoint.template
+    both = PromptRequest(messages=(msg("developer", "Be brief."), msg("system", "Be kind."),
+                                   msg("user", "hi")))
+    text = render_chat(both, template)
+    assert text.count("<|im_start|>system") == 1
+    assert "Be brief.\n\nBe kind." in text
+    one = PromptRequest(messages=(msg("system", "Be brief.\n\nBe kind."), msg("user", "hi")))
+    assert text == render_chat(one, template)
+
+
+def test_a_template_that_names_developer_keeps_the_role():
+    from mlxcel.chat.prompt import system_turns
+
+    turns = (msg("developer", "rules"), msg("user", "hi"))
+    assert [m.role for m in system_turns(turns, "{% if m.role == 'developer' %}")] == \
+        ["developer", "user"]
+    assert [m.role for m in system_turns(turns, "plain")] == ["system", "user"]
+    later = (msg("system", "a"), msg("user", "hi"), msg("system", "b"))
+    assert system_turns(later, "plain") == later  # only the leading run is joined

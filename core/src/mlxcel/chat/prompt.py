@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+
 from mlxcel.chat.reasoning import prompt_opens
 from mlxcel.chat.thinking import drop_earlier_reasoning, knows_reasoning
 from mlxcel.chat.tokens import encode_prompt
@@ -22,6 +24,7 @@ from mlxcel.types.messages import (
     Message,
     PromptInput,
     PromptRequest,
+    TextPart,
     Tool,
     ToolCall,
 )
@@ -122,6 +125,24 @@ def template_message(message: Message) -> dict[str, Any]:
     return item
 
 
+def system_turns(messages: tuple[Message, ...], template_source: str
+                 ) -> tuple[Message, ...]:
+    """OpenAI's ``developer`` role is a system message to a template that does not name it
+    (most reject an unknown role), and the leading system messages become one, joined by a
+    blank line: templates take one system message, first, while clients often send
+    instructions and a system message both."""
+    if "developer" not in template_source:
+        messages = tuple(msgspec.structs.replace(m, role="system") if m.role == "developer"
+                         else m for m in messages)
+    lead = 0
+    while lead < len(messages) and messages[lead].role == "system":
+        lead += 1
+    if lead < 2:
+        return messages
+    text = "\n\n".join(m.text for m in messages[:lead] if m.text)
+    return (Message(role="system", content=(TextPart(text=text),)), *messages[lead:])
+
+
 def render_chat(request: PromptRequest, template: Any,
                 server_kwargs: dict[str, Any] | None = None) -> str:
     """The prompt text of ``request`` through ``template`` (a ``ChatTemplate``), with the
@@ -136,7 +157,8 @@ def _render(request: PromptRequest, template: Any,
         raise InvalidRequest("'messages' must contain at least one message", param="messages")
     add_generation = generation_prompt(request)
     refuse_media(request.messages)
-    messages, tools = apply_tool_choice(request.messages, request.tools, request.tool_choice)
+    messages, tools = apply_tool_choice(system_turns(request.messages, template.source),
+                                        request.tools, request.tool_choice)
     if knows_reasoning(template.source) and kwargs.get("preserve_thinking") is not True:
         messages = drop_earlier_reasoning(messages)
     text = template.render([template_message(m) for m in messages],
