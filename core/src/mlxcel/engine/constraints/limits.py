@@ -1,4 +1,4 @@
-"""Limits a JSON schema must pass before it is compiled, each a 400 that never quotes it.
+"""Limits a constraint must pass before it is compiled, each a 400 that never quotes it.
 
 The grammar build grows with the schema and runs in native code that cannot be stopped,
 so the cheap checks come first: the serialized size (64 KiB), the nesting of the document
@@ -7,6 +7,8 @@ engine cannot enforce and would not refuse by itself are refused here by name
 (``REJECTED``); those it ignores but that cannot make an output wrong by much are
 documented instead (docs/explanation/structured-output.md). The walk follows schema
 keywords only, so a property named ``not`` or an ``enum`` value holding ``"$ref"`` is data.
+A regex constraint's pattern is bounded in bytes (``MAX_PATTERN_BYTES``, the bound a JSON
+schema's regex is held to) and its markers in number (``check_markers``).
 """
 
 from __future__ import annotations
@@ -16,12 +18,14 @@ from typing import Any
 
 import msgspec
 
+from mlxcel.engine.constraints.marks import check_markers
 from mlxcel.errors import ConstraintTooComplex, UnsupportedSchema
-from mlxcel.types.constraints import JsonSchemaConstraint
+from mlxcel.types.constraints import JsonSchemaConstraint, RegexConstraint
 
 MAX_SCHEMA_BYTES = 64 * 1024
 MAX_DEPTH = 32
 MAX_REFS = 64
+MAX_PATTERN_BYTES = 1 << 20
 # keywords whose meaning the grammar cannot express: refused, never silently dropped
 REJECTED = ("not", "if", "then", "else")
 DEFINITIONS = ("$defs", "definitions")
@@ -58,6 +62,17 @@ def check_json_schema(constraint: JsonSchemaConstraint) -> Any:
     if refs > MAX_REFS:
         raise ConstraintTooComplex(f"the JSON schema has more than {MAX_REFS} `$ref`")
     return schema
+
+
+def check_regex(constraint: RegexConstraint) -> None:
+    """Raise the limit's error for a regex constraint."""
+    if len(constraint.pattern.encode()) > MAX_PATTERN_BYTES:
+        raise ConstraintTooComplex(f"{constraint.subject} is larger than "
+                                   f"{MAX_PATTERN_BYTES >> 20} MiB; declare fewer or "
+                                   "smaller tools")
+    if not constraint.pattern:
+        raise UnsupportedSchema(f"{constraint.subject} is empty")
+    check_markers(constraint.markers)
 
 
 def _depth(value: Any) -> int:
