@@ -8,7 +8,9 @@ engine cannot enforce and would not refuse by itself are refused here by name
 documented instead (docs/explanation/structured-output.md). The walk follows schema
 keywords only, so a property named ``not`` or an ``enum`` value holding ``"$ref"`` is data.
 A regex constraint's pattern is bounded in bytes (``MAX_PATTERN_BYTES``, the bound a JSON
-schema's regex is held to) and its markers in number (``check_markers``).
+schema's regex is held to), each counted repetition (``{n}``, ``{m,n}``) to
+``MAX_REPEAT`` (the regex engine builds every counted copy in memory, unbounded), and its
+markers in number (``check_markers``).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ MAX_SCHEMA_BYTES = 64 * 1024
 MAX_DEPTH = 32
 MAX_REFS = 64
 MAX_PATTERN_BYTES = 1 << 20
+MAX_REPEAT = 1024
 # keywords whose meaning the grammar cannot express: refused, never silently dropped
 REJECTED = ("not", "if", "then", "else")
 DEFINITIONS = ("$defs", "definitions")
@@ -72,7 +75,30 @@ def check_regex(constraint: RegexConstraint) -> None:
                                    "smaller tools")
     if not constraint.pattern:
         raise UnsupportedSchema(f"{constraint.subject} is empty")
+    if max(repeats(constraint.pattern), default=0) > MAX_REPEAT:
+        raise ConstraintTooComplex(f"{constraint.subject} repeats a part more than "
+                                   f"{MAX_REPEAT} times")
     check_markers(constraint.markers)
+
+
+def repeats(pattern: str) -> Iterator[int]:
+    """The counts of a pattern's counted repetitions (``{n}``, ``{m,}``, ``{m,n}``),
+    outside character classes and escapes."""
+    depth, i = 0, 0  # depth: inside a character class
+    while i < len(pattern):
+        ch = pattern[i]
+        if ch == "\\":
+            i += 2
+            continue
+        if ch == "[":
+            depth += 1
+        elif ch == "]" and depth:
+            depth -= 1
+        elif ch == "{" and not depth:
+            end = pattern.find("}", i)
+            counts = pattern[i + 1:end].split(",") if end > 0 else []
+            yield from (int(c) for c in counts if c.strip().isdigit())
+        i += 1
 
 
 def _depth(value: Any) -> int:

@@ -100,6 +100,9 @@ class OutlinesBackend:
             if "size limit" in str(exc):
                 raise ConstraintTooComplex(
                     f"{constraint.subject} is too large to compile") from None
+            if str(exc).startswith("Failed to build"):
+                raise UnsupportedSchema(
+                    f"{constraint.subject} is not a valid regular expression") from None
             raise UnsupportedSchema(f"no output this model's tokenizer can write matches "
                                     f"{constraint.subject}") from None
         return OutlinesCompiled(index, vocabulary)
