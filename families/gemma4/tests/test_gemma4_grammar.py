@@ -176,3 +176,37 @@ def test_the_pattern_grows_linearly_with_the_tools_and_stays_in_bounds():
 
     small, large = (len(grammar(tools(n), "required").pattern) for n in (8, 64))
     assert large < 8 * small + 8 * 64 and large < MAX_PATTERN_BYTES // 4
+
+
+@pytest.fixture(scope="module")
+def vocabulary(gemma4_checkpoint):
+    from mlxcel.engine.constraints import TokenVocabulary
+    from mlxcel.engine.tokenizer import Tokenizer
+
+    return TokenVocabulary.from_tokenizer(Tokenizer.from_dir(gemma4_checkpoint))
+
+
+def _deep(levels: int) -> dict:
+    """An object nested ``levels`` deep, each level's one property required."""
+    node: dict = {"type": "integer"}
+    for _ in range(levels):
+        node = {"type": "object", "properties": {"x": node}, "required": ["x"]}
+    return node
+
+
+ODD = [True, False, [], {"properties": []}, {"properties": {"a": True}, "required": "a"},
+       {"properties": {"a": {"type": 123}}, "required": [1, None]},
+       {"properties": {"a": {"enum": "x"}, "b": {"anyOf": "x", "type": ["integer", 5]}}},
+       {"properties": {"a": {"items": [1]}, "b": {"type": "array", "items": True}}},
+       {"properties": {"a": {"enum": [{"x": 1}, [1], "a<b", "\x01", 2]}}, "required": ["a"]},
+       {"properties": {"a": {"$ref": "#/$defs/x"}}, "$defs": {"x": {"type": "integer"}}},
+       {"type": "object", "properties": {"a": _deep(40)}, "required": ["a"]}]
+
+
+@pytest.mark.parametrize("parameters", ODD, ids=[str(i) for i in range(len(ODD))])
+def test_odd_or_deep_parameters_give_a_grammar_that_compiles(tmp_path, vocabulary, parameters):
+    from mlxcel.engine.constraints import ConstraintCompiler
+
+    constraint = grammar((tool("f", parameters),), "required")
+    assert constraint is not None
+    assert ConstraintCompiler(vocabulary, cache_dir=tmp_path).compile(constraint).matcher()

@@ -69,6 +69,7 @@ def _call(tool: Any) -> str | None:
     params = params if isinstance(params, dict) else {}
     props = params.get("properties") if isinstance(params.get("properties"), dict) else {}
     required = params.get("required") if isinstance(params.get("required"), list) else []
+    required = [k for k in required if isinstance(k, str)]  # other entries name nothing
     if not _writable(tool.name) or not all(_writable(k) for k in required):
         return None
     parts = [f"<function={literal(tool.name)}>\\n"]
