@@ -30,10 +30,7 @@ from mlxcel.types.constraints import (
     JsonSchemaConstraint,
     RegexConstraint,
     WrappedJsonConstraint,
-    literal,
 )
-
-__all__ = ["OutlinesBackend", "OutlinesCompiled", "OutlinesMatcher", "literal"]
 
 # masks kept per compiled index; a state's mask is one row, so the bound is in bytes
 MASK_CACHE_BYTES = 32 << 20
