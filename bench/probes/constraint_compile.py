@@ -1,4 +1,5 @@
 """Probe: how long does a JSON schema take to compile, cold and from the persistent cache?
+And (``--grammars``) a forced tool call's grammar, Qwen3-Coder's and Gemma 4's, cold?
 
 For byte-level BPE vocabularies of 4k and 32k tokens (trained here, offline, on the Python
 standard library's sources), every schema of the test corpus
@@ -11,6 +12,15 @@ right after the writes, so they are served from the page cache, as a restart soo
 a run would be.
 
     .venv/bin/python bench/probes/constraint_compile.py [--vocab 4096 32768] [--json OUT]
+
+``--grammars`` compiles instead the forced-call grammar of a 1-tool and an 8-tool request
+(``GRAMMAR_TOOLS``: a weather-like tool of six typed parameters, and seven variants) for
+the ``qwen3_coder`` and ``gemma4`` formats (and ``hermes``, the same tools as JSON in
+``<tool_call>``, for reference), on the same vocabularies with the formats' markers added
+as special tokens; each compile is cold (a fresh compiler on an empty cache
+directory, its marker vocabulary built beforehand, as a server that has compiled once
+has it), ``--runs`` times, and the table gives the median, the pattern's size, the index
+states and the serialized index.
 """
 
 from __future__ import annotations
@@ -57,6 +67,88 @@ def train_tokenizer(vocab_size: int, out: pathlib.Path) -> pathlib.Path:
     tok.save(str(path / "tokenizer.json"))
     (path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>"}))
     return path
+
+
+MARKERS = ("<tool_call>", "</tool_call>", "<|tool_call>", "<tool_call|>", '<|"|>')
+GRAMMARS = {"qwen3_coder": "mlxcel_toolcall_qwen3_coder.grammar:grammar",
+            "gemma4": "mlxcel_family_gemma4.grammar:grammar",
+            "hermes": "mlxcel.builtin.toolcalls.grammars:hermes"}  # JSON, for reference
+
+
+def grammar_tools(n: int) -> tuple:
+    """``n`` tools of the bench's shape: six typed parameters, three required."""
+    from mlxcel.types.messages import Tool
+
+    def one(i: int) -> Tool:
+        params = {"type": "object", "required": ["city", "unit", f"days_{i}"], "properties": {
+            "city": {"type": "string", "maxLength": 40},
+            "unit": {"enum": ["celsius", "fahrenheit", "kelvin"]},
+            f"days_{i}": {"type": "integer"}, "hourly": {"type": "boolean"},
+            "fields": {"type": "array", "items": {"type": "string"}},
+            "note": {"type": ["string", "null"]}}}
+        name = f"get_weather_{i}"
+        return Tool(name=name, definition={"type": "function", "function": {
+            "name": name, "parameters": params}})
+
+    return tuple(one(i) for i in range(n))
+
+
+def marker_tokenizer(vocab_size: int, work: pathlib.Path) -> pathlib.Path:
+    """The probe's BPE with the formats' markers added as special tokens."""
+    from tokenizers import AddedToken, Tokenizer
+
+    path = work / f"bpe-{vocab_size}-markers"
+    if not (path / "tokenizer.json").exists():
+        source = train_tokenizer(vocab_size, work)
+        tok = Tokenizer.from_file(str(source / "tokenizer.json"))
+        tok.add_special_tokens([AddedToken(m, special=True, normalized=False)
+                                for m in MARKERS])
+        path.mkdir(parents=True, exist_ok=True)
+        tok.save(str(path / "tokenizer.json"))
+        shutil.copy(source / "tokenizer_config.json", path / "tokenizer_config.json")
+    return path
+
+
+def measure_grammars(vocab_size: int, work: pathlib.Path, runs: int) -> list[dict]:
+    from mlxcel.engine.constraints import CacheBudget, ConstraintCompiler, TokenVocabulary
+    from mlxcel.engine.constraints.outlines import OutlinesBackend
+    from mlxcel.engine.tokenizer import Tokenizer
+    from mlxcel.lazy import resolve
+    from mlxcel.types.constraints import RegexConstraint, mark
+
+    budget = CacheBudget(memory_bytes=64 << 30, disk_bytes=64 << 30, index_bytes=16 << 30)
+    vocab = TokenVocabulary.from_tokenizer(Tokenizer.from_dir(marker_tokenizer(vocab_size,
+                                                                               work)))
+    rows = []
+    for fmt, name in GRAMMARS.items():
+        for n in (1, 8):
+            constraint = resolve(name)(grammar_tools(n), "required")
+            warm = RegexConstraint(pattern=mark(0), markers=constraint.markers)
+            seconds, sizes = [], []
+            for _ in range(runs):
+                cache = pathlib.Path(tempfile.mkdtemp(dir=work))
+                compiler = ConstraintCompiler(vocab, backend=OutlinesBackend(),
+                                              cache_dir=cache, timeout=600, budget=budget)
+                compiler.compile(warm)  # the marker vocabulary, built once per server
+                took, compiled = timed(lambda c=compiler, k=constraint: c.compile(k))
+                seconds.append(took)
+                sizes.append(len(compiler.backend.dump(compiled)))
+                shutil.rmtree(cache, ignore_errors=True)
+            rows.append({"format": fmt, "tools": n, "vocab_size": vocab.size,
+                         "pattern_kib": len(compiler.backend.regex(constraint).encode()) / 1024,
+                         "states": len(compiled.index.get_transitions()),
+                         "cold_ms": summary(seconds), "index_mib": max(sizes) / 2**20})
+    return rows
+
+
+def print_grammars(rows: list[dict], runs: int) -> None:
+    print(f"| format | tools | vocab | pattern KiB | states | cold median ms ({runs} runs) "
+          "| p95 ms | index MiB |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['format']} | {r['tools']} | {r['vocab_size']} | {r['pattern_kib']:.1f} "
+              f"| {r['states']} | {r['cold_ms']['median']:.1f} | {r['cold_ms']['p95']:.1f} "
+              f"| {r['index_mib']:.2f} |")
 
 
 def timed(fn) -> tuple[float, object]:
@@ -125,8 +217,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=pathlib.Path)
     parser.add_argument("--work", type=pathlib.Path,
                         default=pathlib.Path(tempfile.gettempdir()) / "mlxcel-constraint-probe")
+    parser.add_argument("--grammars", action="store_true",
+                        help="forced tool-call grammars instead of the schema corpus")
+    parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args(argv)
     args.work.mkdir(parents=True, exist_ok=True)
+    if args.grammars:
+        rows = [r for n in args.vocab for r in measure_grammars(n, args.work, args.runs)]
+        print_grammars(rows, args.runs)
+        if args.json:
+            args.json.write_text(json.dumps(rows, indent=2))
+        return 0
     results = [measure(n, args.work) for n in args.vocab]
     print("| vocab | schemas | vocab build s | cold median / p95 ms | disk median / p95 ms "
           "| memory median ms | nested cold / disk ms | index median / max MiB "

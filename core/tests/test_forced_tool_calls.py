@@ -10,7 +10,6 @@ import json
 import jsonschema
 import pytest
 from mlxcel.engine.constraints import ConstraintCompiler
-from mlxcel.engine.constraints.outlines import literal
 from mlxcel.lazy import resolve
 from mlxcel.plugins import load_plugins
 from mlxcel.testing.engine import engine_for, run
@@ -78,13 +77,15 @@ def test_a_forced_choice_with_a_constrained_response_format_is_refused(client):
     assert r.json()["error"]["param"] == "tool_choice"
 
 
-def test_markup_is_escaped_for_outlines_regex_syntax():
-    assert literal("[TOOL_CALLS]") == r"\[TOOL_CALLS\]"
-    assert literal("<tool_call>\n") == r"<tool_call>\n"  # < and > stay literal in Rust
+# what each answer starts with, and its markers that are added tokens of the checkpoint
+START = {"hermes": ("<tool_call>", ("<tool_call>", "</tool_call>")),
+         "mistral_nemo": ("[TOOL_CALLS]", ()), "llama3": ("{", ())}
 
 
-@pytest.mark.parametrize("name", ["mistral_nemo", "llama3"])
+@pytest.mark.parametrize("name", sorted(START))
 def test_each_builtin_grammar_forces_a_call_its_parser_reads(tiny_checkpoint, name):
+    """Each call's markers are written as the tokenizer's added tokens where it has them
+    (the ChatML checkpoint's ``<tool_call>``), else spelled (``[TOOL_CALLS]``)."""
     fmt = load_plugins().tool_formats.get(name)
     tools = tuple(Tool(name=t["function"]["name"], definition=t) for t in TOOLS)
     engine = engine_for(tiny_checkpoint, 2)
@@ -99,8 +100,13 @@ def test_each_builtin_grammar_forces_a_call_its_parser_reads(tiny_checkpoint, na
         outputs = run(engine, reqs)
     finally:
         engine.shutdown()
+    start, markers = START[name]
     for ids, last in outputs:
         assert last.finish_reason == "stop"
+        text = tok.decode(ids, skip_special=False)
+        assert text.startswith(start)
+        for marker in markers:
+            assert ids.count(tok.hf.token_to_id(marker)) == text.count(marker) == 1
         parser = resolve(fmt.parser)(tools)
         parser.feed(tok.decode(ids, skip_special=False))
         result: ParseResult = parser.finish()

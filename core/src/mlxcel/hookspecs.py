@@ -52,8 +52,11 @@ def mlxcel_register_tool_formats(registry: ToolFormatRegistry) -> None:
     ``detect(template)`` and ``specificity`` choose the format of a chat template: the
     most specific match wins, a tie is a startup error. ``grammar`` optionally names
     ``grammar(tools, choice) -> Constraint | None``, the output constraint of a forced
-    ``tool_choice``. ``mlxcel.testing.conformance.check_tool_format`` is what a format
-    must pass.
+    ``tool_choice``: a ``WrappedJsonConstraint`` (JSON in fixed markup) or a
+    ``RegexConstraint`` (a syntax of its own), whose ``markers`` are written as the
+    tokenizer's added tokens where it has them, and whose every match the parser reads
+    as calls of ``tools``. ``mlxcel.testing.conformance.check_tool_format`` is what a
+    format must pass.
     """
 
 

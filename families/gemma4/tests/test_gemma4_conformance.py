@@ -6,7 +6,7 @@ reuses a finished turn."""
 
 from __future__ import annotations
 
-from fixtures import BROKEN, FIXTURES, TOOLS, WEATHER
+from gemma4_fixtures import BROKEN, FIXTURES, TOOLS, WEATHER
 from mlxcel.testing.conformance import check_family, check_tool_format
 from mlxcel.testing.templates import template_text
 

@@ -8,7 +8,7 @@ import json
 import time
 
 import pytest
-from fixtures import TOOLS, WEATHER
+from gemma4_fixtures import TOOLS, WEATHER
 
 TOOL_DEFS = [t.definition for t in TOOLS]
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from fixtures import FIXTURES, TOOLS
 from mlxcel.types.toolcalls import CallStart
+from qwen3_coder_fixtures import FIXTURES, TOOLS
 
 
 @pytest.fixture(scope="module")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from fixtures import tool
 from mlxcel_toolcall_qwen3_coder.coerce import properties, schema_types, to_json
 from mlxcel_toolcall_qwen3_coder.parser import new_parser
+from qwen3_coder_fixtures import tool
 
 INTEGER, NUMBER = {"type": "integer"}, {"type": "number"}
 BOOLEAN, STRING = {"type": "boolean"}, {"type": "string"}

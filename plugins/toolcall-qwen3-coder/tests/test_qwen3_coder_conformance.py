@@ -4,9 +4,9 @@ expected calls and content, and finish() calls equal to the streamed ones."""
 
 from __future__ import annotations
 
-from fixtures import BROKEN, FIXTURES, TOOLS
 from mlxcel.testing.conformance import check_tool_format
 from mlxcel.testing.templates import template_text
+from qwen3_coder_fixtures import BROKEN, FIXTURES, TOOLS
 
 
 def test_qwen3_coder_conforms():

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 import random
 
-from fixtures import BROKEN, FIXTURES, TOOLS, WEATHER
 from mlxcel.types.toolcalls import CallArguments, CallEnd, CallError, CallStart, ToolText
 from mlxcel_toolcall_qwen3_coder.parser import new_parser
+from qwen3_coder_fixtures import BROKEN, FIXTURES, TOOLS, WEATHER
 
 
 def feed_until(parser, text: str, *marks: str) -> list[list]:

@@ -52,7 +52,14 @@ class ToolFormat(msgspec.Struct, frozen=True, kw_only=True):
     ``tools`` are the request's function tools after ``tool_choice``
     (``mlxcel.types.messages.Tool``, each with its wire ``definition``).
     ``grammar``: optional ``"module:attr"`` naming ``grammar(tools, choice) -> Constraint |
-    None``, the output constraint that forces a call when ``tool_choice`` requires one.
+    None``, the output constraint that forces a call when ``tool_choice`` requires one
+    (``tools``: those left after ``tool_choice``, so a named choice leaves one): a
+    ``WrappedJsonConstraint`` for a JSON object in fixed markup, a ``RegexConstraint``
+    for a syntax of the format's own (``mlxcel.types.constraints``), or None where
+    these tools cannot be forced. Every output it allows must parse, by ``parser``,
+    into calls of ``tools`` with their required arguments. Its ``markers`` name the
+    markup that the tokenizer may hold as added tokens (``<tool_call>``, ``<|"|>``),
+    so the answer writes those tokens as the model was trained to.
     """
 
     name: str

@@ -33,7 +33,7 @@ def mlxcel_register_tool_formats(registry):
         detect=detect,
         parser="mlxcel_family_gemma4.parser:new_parser",
         specificity=SPECIFICITY,
-        grammar=None,  # the body is not JSON; a regex constraint kind comes first (README)
+        grammar="mlxcel_family_gemma4.grammar:grammar",
     ))
 
 

@@ -1,7 +1,7 @@
-"""The entry point: register the ``qwen3_coder`` tool format. The parser is named, not imported.
+"""The entry point: register the ``qwen3_coder`` tool format. Parser and grammar are named.
 
 mlxcel imports this module at every start-up, so it imports only mlxcel's contracts; the
-parser is a ``"module:attr"`` string, imported the first time a request needs it.
+parser and the forced-call grammar are ``"module:attr"`` strings, imported on first use.
 """
 
 from mlxcel import hookimpl
@@ -26,5 +26,5 @@ def mlxcel_register_tool_formats(registry):
         detect=detect,
         parser="mlxcel_toolcall_qwen3_coder.parser:new_parser",
         specificity=SPECIFICITY,
-        grammar=None,  # the forced-call grammar waits for the constraint core (README)
+        grammar="mlxcel_toolcall_qwen3_coder.grammar:grammar",
     ))

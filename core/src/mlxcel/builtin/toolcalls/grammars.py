@@ -1,5 +1,7 @@
 """Forced-call grammars of the builtin formats whose wire form is a JSON object in fixed
-markup: what ``tool_choice`` ``required`` or a named function constrains the answer to."""
+markup: what ``tool_choice`` ``required`` or a named function constrains the answer to.
+The markup's markers are written as the tokenizer's own token where it has one (the
+constraint's ``markers``), as the model was trained to write them."""
 
 from __future__ import annotations
 
@@ -8,16 +10,21 @@ from typing import Any
 from mlxcel.toolcalls.forced import call_schema
 from mlxcel.types.constraints import WrappedJsonConstraint
 
+HERMES = ("<tool_call>", "</tool_call>")
+TOOL_CALLS = "[TOOL_CALLS]"
+
 
 def hermes(tools: tuple[Any, ...], choice: Any) -> WrappedJsonConstraint:
     """``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``."""
-    return WrappedJsonConstraint.around("<tool_call>\n", call_schema(tools), "\n</tool_call>")
+    return WrappedJsonConstraint.around("<tool_call>\n", call_schema(tools), "\n</tool_call>",
+                                        markers=HERMES)
 
 
 def mistral_nemo(tools: tuple[Any, ...], choice: Any) -> WrappedJsonConstraint:
     """``[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]``."""
     return WrappedJsonConstraint.around(
-        "[TOOL_CALLS]", {"type": "array", "items": call_schema(tools), "minItems": 1})
+        TOOL_CALLS, {"type": "array", "items": call_schema(tools), "minItems": 1},
+        markers=(TOOL_CALLS,))
 
 
 def llama3(tools: tuple[Any, ...], choice: Any) -> WrappedJsonConstraint:

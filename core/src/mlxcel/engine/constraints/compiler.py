@@ -9,7 +9,8 @@ again later is served at once. Equal requests in flight share one compile.
 
 Results are kept in memory and on disk under ``cache_dir`` (``mlxcel.engine.constraints.
 store``), keyed by a hash of the backend's tag, the constraint's ``cache_text`` and the
-vocabulary's fingerprint, so a restarted server does not compile again.
+vocabulary's fingerprint, so a restarted server does not compile again. Every constraint
+kind goes this one way, with the same timeout and index-size bound.
 """
 
 from __future__ import annotations
@@ -110,7 +111,7 @@ class ConstraintCompiler:
                 job = self._inflight[key] = Future()
                 threading.Thread(target=self._run, args=(key, constraint, job),
                                  name="mlxcel-constraint-compile", daemon=True).start()
-        self._chain(job, out)
+        self._chain(job, out, constraint.subject)
         return out
 
     def compile(self, constraint: Constraint) -> Compiled:
@@ -130,9 +131,9 @@ class ConstraintCompiler:
                 raise type(self._vocabulary)(self._vocabulary.message)
             return self._vocabulary
 
-    def _chain(self, job: Future, out: Future) -> None:
+    def _chain(self, job: Future, out: Future, subject: str) -> None:
         """``out`` follows ``job``, or fails with ``ConstraintTooComplex`` at the timeout."""
-        timer = threading.Timer(self.timeout, self._expire, args=(out,))
+        timer = threading.Timer(self.timeout, self._expire, args=(out, subject))
         timer.daemon = True
 
         def copy(done: Future) -> None:
@@ -144,10 +145,10 @@ class ConstraintCompiler:
         if not job.done():
             timer.start()
 
-    def _expire(self, out: Future) -> None:
+    def _expire(self, out: Future, subject: str) -> None:
         if _settle(out, error=ConstraintTooComplex(
-                f"the JSON schema did not compile within {self.timeout:g} s; a simpler "
-                "schema compiles faster")):
+                f"{subject} did not compile within {self.timeout:g} s; a simpler one "
+                "compiles faster")):
             with self._lock:
                 self.stats.timeouts += 1
 
@@ -187,8 +188,8 @@ class ConstraintCompiler:
             self.stats.compiled += 1
         if len(data) > self.budget.index_bytes:
             raise ConstraintTooComplex(
-                f"the JSON schema compiles to more than {self.budget.index_bytes >> 20} MiB "
-                "for this model's vocabulary; bound fewer string lengths or array sizes")
+                f"{constraint.subject} compiles to more than {self.budget.index_bytes >> 20} "
+                "MiB for this model's vocabulary; bound fewer string lengths or array sizes")
         self._disk.write(name, data)
         return compiled, len(data)
 

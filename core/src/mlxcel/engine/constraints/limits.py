@@ -1,4 +1,4 @@
-"""Limits a JSON schema must pass before it is compiled, each a 400 that never quotes it.
+"""Limits a constraint must pass before it is compiled, each a 400 that never quotes it.
 
 The grammar build grows with the schema and runs in native code that cannot be stopped,
 so the cheap checks come first: the serialized size (64 KiB), the nesting of the document
@@ -7,6 +7,10 @@ engine cannot enforce and would not refuse by itself are refused here by name
 (``REJECTED``); those it ignores but that cannot make an output wrong by much are
 documented instead (docs/explanation/structured-output.md). The walk follows schema
 keywords only, so a property named ``not`` or an ``enum`` value holding ``"$ref"`` is data.
+A regex constraint's pattern is bounded in bytes (``MAX_PATTERN_BYTES``, the bound a JSON
+schema's regex is held to), each counted repetition (``{n}``, ``{m,n}``) to
+``MAX_REPEAT`` (the regex engine builds every counted copy in memory, unbounded), and its
+markers in number (``check_markers``).
 """
 
 from __future__ import annotations
@@ -16,12 +20,15 @@ from typing import Any
 
 import msgspec
 
+from mlxcel.engine.constraints.marks import check_markers
 from mlxcel.errors import ConstraintTooComplex, UnsupportedSchema
-from mlxcel.types.constraints import JsonSchemaConstraint
+from mlxcel.types.constraints import JsonSchemaConstraint, RegexConstraint
 
 MAX_SCHEMA_BYTES = 64 * 1024
 MAX_DEPTH = 32
 MAX_REFS = 64
+MAX_PATTERN_BYTES = 1 << 20
+MAX_REPEAT = 1024
 # keywords whose meaning the grammar cannot express: refused, never silently dropped
 REJECTED = ("not", "if", "then", "else")
 DEFINITIONS = ("$defs", "definitions")
@@ -58,6 +65,40 @@ def check_json_schema(constraint: JsonSchemaConstraint) -> Any:
     if refs > MAX_REFS:
         raise ConstraintTooComplex(f"the JSON schema has more than {MAX_REFS} `$ref`")
     return schema
+
+
+def check_regex(constraint: RegexConstraint) -> None:
+    """Raise the limit's error for a regex constraint."""
+    if len(constraint.pattern.encode()) > MAX_PATTERN_BYTES:
+        raise ConstraintTooComplex(f"{constraint.subject} is larger than "
+                                   f"{MAX_PATTERN_BYTES >> 20} MiB; declare fewer or "
+                                   "smaller tools")
+    if not constraint.pattern:
+        raise UnsupportedSchema(f"{constraint.subject} is empty")
+    if max(repeats(constraint.pattern), default=0) > MAX_REPEAT:
+        raise ConstraintTooComplex(f"{constraint.subject} repeats a part more than "
+                                   f"{MAX_REPEAT} times")
+    check_markers(constraint.markers)
+
+
+def repeats(pattern: str) -> Iterator[int]:
+    """The counts of a pattern's counted repetitions (``{n}``, ``{m,}``, ``{m,n}``),
+    outside character classes and escapes."""
+    depth, i = 0, 0  # depth: inside a character class
+    while i < len(pattern):
+        ch = pattern[i]
+        if ch == "\\":
+            i += 2
+            continue
+        if ch == "[":
+            depth += 1
+        elif ch == "]" and depth:
+            depth -= 1
+        elif ch == "{" and not depth:
+            end = pattern.find("}", i)
+            counts = pattern[i + 1:end].split(",") if end > 0 else []
+            yield from (int(c) for c in counts if c.strip().isdigit())
+        i += 1
 
 
 def _depth(value: Any) -> int:

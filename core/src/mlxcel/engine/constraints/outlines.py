@@ -1,10 +1,12 @@
-"""The outlines-core backend: JSON schema -> regex -> token index, masks per state.
+"""The outlines-core backend: a constraint -> regex -> token index, masks per state.
 
-outlines-core's ``Guide`` knows one EOS id and raises on ``advance(eos)``, so this module
-never hands it an EOS: the matcher tracks the end itself, and every EOS id of the model
-is set in the mask of an accepting state. outlines-core's error messages quote the
-schema, so none of them reaches a client; each becomes a short message of this module's.
-What the schema is changed into first is ``outlines_schema``'s.
+A JSON schema becomes a regex through outlines-core (after ``outlines_schema`` prepares
+it), a wrapped schema gets its markup around that, and a regex constraint is its own
+pattern; a constraint's markers are resolved for the vocabulary by ``marks``. outlines-
+core's ``Guide`` knows one EOS id and raises on ``advance(eos)``, so this module never
+hands it an EOS: the matcher tracks the end itself, and every EOS id of the model is set
+in the mask of an accepting state. outlines-core's error messages quote the schema, so
+none of them reaches a client; each becomes a short message of this module's.
 """
 
 from __future__ import annotations
@@ -17,26 +19,24 @@ import msgspec
 import numpy as np
 import outlines_core
 
-from mlxcel.engine.constraints.limits import check_json_schema
+from mlxcel.engine.constraints import marks
+from mlxcel.engine.constraints.limits import check_json_schema, check_regex
 from mlxcel.engine.constraints.outlines_schema import prepare
 from mlxcel.engine.constraints.protocol import mask_words
 from mlxcel.engine.constraints.vocabulary import TokenVocabulary
 from mlxcel.errors import ConstraintTooComplex, UnsupportedSchema
-from mlxcel.types.constraints import Constraint, JsonSchemaConstraint, WrappedJsonConstraint
+from mlxcel.types.constraints import (
+    Constraint,
+    JsonSchemaConstraint,
+    RegexConstraint,
+    WrappedJsonConstraint,
+)
 
 # masks kept per compiled index; a state's mask is one row, so the bound is in bytes
 MASK_CACHE_BYTES = 32 << 20
 _FORMATS = "date, date-time, time, email, uri, uuid"
-RULES_VERSION = "1"  # bump when outlines_schema changes what it hands outlines-core
-
-
-_META = set("\\.+*?()|[]{}^$#&-~")
-
-
-def literal(text: str) -> str:
-    """``text`` as a regex that matches it alone, in outlines-core's (Rust) syntax: its
-    metacharacters escaped, nothing else (Rust reads ``\\<`` as a word boundary)."""
-    return "".join("\\n" if ch == "\n" else "\\" + ch if ch in _META else ch for ch in text)
+RULES_VERSION = "2"  # bump when what this backend hands outlines-core changes
+VOCABULARIES = 8  # outlines-core vocabularies kept: one per set of marker tokens
 
 
 def _build_index(regex: str, vocabulary: outlines_core.Vocabulary) -> outlines_core.Index:
@@ -45,9 +45,8 @@ def _build_index(regex: str, vocabulary: outlines_core.Vocabulary) -> outlines_c
 
 
 class OutlinesBackend:
-    """JSON-schema constraints through outlines-core. ``whitespace`` is the regex the
-    schema's optional whitespace may match (outlines-core's default ``[ ]?`` when None).
-    The schema is first prepared by ``mlxcel.engine.constraints.outlines_schema``."""
+    """Constraints through outlines-core. ``whitespace`` is the regex a JSON schema's
+    optional whitespace may match (outlines-core's default ``[ ]?`` when None)."""
 
     name = "outlines-core"
 
@@ -55,19 +54,28 @@ class OutlinesBackend:
         self.whitespace = whitespace
         self.cache_tag = f"{version('outlines-core')}:ws={whitespace!r}:rules={RULES_VERSION}"
         self._lock = threading.Lock()
-        self._vocab: tuple[str, outlines_core.Vocabulary] | None = None
+        self._vocabs: OrderedDict[tuple, outlines_core.Vocabulary] = OrderedDict()
 
     def check(self, constraint: Constraint) -> None:
         self.regex(constraint)
 
     def regex(self, constraint: Constraint) -> str:
-        """The regex the output must match; every refusal is a short message."""
+        """The regex the output must match, markers as marks; every refusal is a short
+        message."""
+        if isinstance(constraint, RegexConstraint):
+            check_regex(constraint)
+            return constraint.pattern
         if isinstance(constraint, WrappedJsonConstraint):
-            return (literal(constraint.prefix) + self.regex(constraint.json())
-                    + literal(constraint.suffix))
+            marks.check_markers(constraint.markers)
+            return (marks.marked(constraint.prefix, constraint.markers)
+                    + self.regex(constraint.json())
+                    + marks.marked(constraint.suffix, constraint.markers))
         if not isinstance(constraint, JsonSchemaConstraint):
             raise UnsupportedSchema(f"constraints of kind {type(constraint).__name__} are "
                                     "not supported by the outlines-core backend")
+        return self._schema_regex(constraint)
+
+    def _schema_regex(self, constraint: JsonSchemaConstraint) -> str:
         schema, unroll = prepare(check_json_schema(constraint))
         try:
             return outlines_core.json_schema.build_regex_from_schema(
@@ -81,14 +89,19 @@ class OutlinesBackend:
                 "the JSON schema uses a structure or keyword that is not supported") from None
 
     def compile(self, constraint: Constraint, vocabulary: TokenVocabulary) -> OutlinesCompiled:
-        regex = self.regex(constraint)
+        regex, keys = marks.resolve(self.regex(constraint),
+                                    getattr(constraint, "markers", ()), vocabulary.added)
         try:
-            index = _build_index(regex, self.vocabulary(vocabulary))
+            index = _build_index(regex, self.vocabulary(vocabulary, keys))
         except ValueError as exc:
             if "size limit" in str(exc):
-                raise ConstraintTooComplex("the JSON schema is too large to compile") from None
-            raise UnsupportedSchema(
-                "no output this model's tokenizer can write matches the JSON schema") from None
+                raise ConstraintTooComplex(
+                    f"{constraint.subject} is too large to compile") from None
+            if str(exc).startswith("Failed to build"):
+                raise UnsupportedSchema(
+                    f"{constraint.subject} is not a valid regular expression") from None
+            raise UnsupportedSchema(f"no output this model's tokenizer can write matches "
+                                    f"{constraint.subject}") from None
         return OutlinesCompiled(index, vocabulary)
 
     def dump(self, compiled: OutlinesCompiled) -> bytes:
@@ -99,23 +112,33 @@ class OutlinesBackend:
              vocabulary: TokenVocabulary) -> OutlinesCompiled:
         return OutlinesCompiled(outlines_core.Index.from_binary(data), vocabulary)
 
-    def vocabulary(self, vocabulary: TokenVocabulary) -> outlines_core.Vocabulary:
-        """outlines-core's vocabulary for ``vocabulary``, built once per fingerprint: the
+    def vocabulary(self, vocabulary: TokenVocabulary,
+                   marked: tuple[tuple[bytes, int], ...] = ()) -> outlines_core.Vocabulary:
+        """outlines-core's vocabulary for ``vocabulary`` plus the marker tokens
+        ``marked`` (mark byte, token id), built once per fingerprint and markers: the
         lowest EOS id is its one EOS, the others are added to the masks."""
+        key = (vocabulary.fingerprint, marked)
         with self._lock:
-            if self._vocab is None or self._vocab[0] != vocabulary.fingerprint:
-                self._vocab = (vocabulary.fingerprint, _outlines_vocabulary(vocabulary))
-            return self._vocab[1]
+            built = self._vocabs.get(key)
+            if built is None:
+                built = self._vocabs[key] = _outlines_vocabulary(vocabulary, marked)
+                if len(self._vocabs) > VOCABULARIES:
+                    self._vocabs.popitem(last=False)
+            self._vocabs.move_to_end(key)
+            return built
 
 
-def _outlines_vocabulary(vocabulary: TokenVocabulary) -> outlines_core.Vocabulary:
+def _outlines_vocabulary(vocabulary: TokenVocabulary,
+                         marked: tuple[tuple[bytes, int], ...]) -> outlines_core.Vocabulary:
     if not vocabulary.eos_ids:
         raise UnsupportedSchema("constrained decoding needs a model with an end-of-sequence "
                                 "token")
     keys: dict[bytes, list[int]] = {}
     for token, raw in vocabulary.tokens.items():
-        if raw:
+        if raw and not marks.holds_mark(raw):
             keys.setdefault(raw, []).append(token)
+    for raw, token in marked:
+        keys[raw] = [token]
     return outlines_core.Vocabulary(min(vocabulary.eos_ids), keys)
 
 

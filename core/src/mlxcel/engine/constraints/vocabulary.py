@@ -13,8 +13,9 @@ text a client reads:
   are what the token adds in the middle of a text; ``Strip`` only trims a text's start.
 
 Added tokens (special or not: ``<|im_end|>``, ``<think>``, ``<tool_call>``), the EOS ids
-and the unknown token are left out: a constrained output never contains a control
-marker, and the EOS ids are the backend's to allow in accepting states. Any other
+and the unknown token are not keys: a constrained output holds no control marker but the
+ones its constraint names (``markers``, ``mlxcel.types.constraints``), which the backend
+looks up in ``added``, and the EOS ids are the backend's to allow in accepting states. Any other
 tokenizer (WordPiece, a decoder this module does not know, or no ``tokenizer.json`` at
 all) is ``UnsupportedTokenizer``, since its bytes could not be trusted.
 """
@@ -25,7 +26,7 @@ import hashlib
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from mlxcel.errors import UnsupportedTokenizer
@@ -33,7 +34,7 @@ from mlxcel.errors import UnsupportedTokenizer
 _BYTE_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 _SENTENCEPIECE_STEPS = frozenset({"Replace", "ByteFallback", "Fuse", "Strip", "Metaspace"})
 _MODELS = frozenset({"BPE", "Unigram"})
-FINGERPRINT_VERSION = "1"  # bump when the mapping rules change: old cache entries expire
+FINGERPRINT_VERSION = "2"  # bump when the mapping rules change: old cache entries expire
 
 
 @dataclass(frozen=True, eq=False)
@@ -43,13 +44,15 @@ class TokenVocabulary:
     ``size`` is one past the tokenizer's highest id; a logits row may be wider (padded
     embeddings), and ids at or past ``size`` are never allowed. ``fingerprint`` names
     this exact mapping, so a compiled index is reused only with the tokenizer it was
-    built for.
+    built for. ``added``: each added token's text and id (the lowest, if two share a
+    text), but the EOS and unknown tokens': a constraint's markers are written as these.
     """
 
     tokens: Mapping[int, bytes]
     eos_ids: frozenset[int]
     size: int
     fingerprint: str
+    added: Mapping[str, int] = field(default_factory=dict)
 
     @classmethod
     def from_tokenizer(cls, tokenizer: Any, eos_ids: set[int] | None = None) -> TokenVocabulary:
@@ -63,8 +66,9 @@ class TokenVocabulary:
         ends = frozenset(tokenizer.eos_ids if eos_ids is None else eos_ids)
         spec = json.loads(hf.to_str())
         tokens, size = raw_token_bytes(spec, excluded=ends)
-        return cls(tokens=tokens, eos_ids=ends, size=size,
-                   fingerprint=_fingerprint(tokens, ends, size))
+        added = added_tokens(spec, excluded=ends)
+        return cls(tokens=tokens, eos_ids=ends, size=size, added=added,
+                   fingerprint=_fingerprint(tokens, ends, size, added))
 
 
 def raw_token_bytes(spec: dict, excluded: frozenset[int] = frozenset()) -> tuple[dict[int, bytes], int]:
@@ -79,6 +83,18 @@ def raw_token_bytes(spec: dict, excluded: frozenset[int] = frozenset()) -> tuple
     skip = added | set(excluded) | _unknown_ids(model, vocab)
     size = max([*vocab.values(), *added, *excluded], default=-1) + 1
     return {i: to_bytes(text) for text, i in vocab.items() if i not in skip}, size
+
+
+def added_tokens(spec: dict, excluded: frozenset[int] = frozenset()) -> dict[str, int]:
+    """Text -> id of a parsed ``tokenizer.json``'s added tokens, without the unknown
+    token and ``excluded``."""
+    model = spec.get("model") or {}
+    skip = set(excluded) | _unknown_ids(model, _model_vocab(model))
+    out: dict[str, int] = {}
+    for token in sorted(spec.get("added_tokens") or (), key=lambda t: int(t["id"])):
+        if int(token["id"]) not in skip and token.get("content"):
+            out.setdefault(token["content"], int(token["id"]))
+    return out
 
 
 def _model_vocab(model: dict) -> dict[str, int]:
@@ -160,8 +176,10 @@ def byte_level_bytes(text: str) -> bytes:
         return text.encode("utf-8")
 
 
-def _fingerprint(tokens: Mapping[int, bytes], eos_ids: frozenset[int], size: int) -> str:
-    digest = hashlib.sha256(f"v{FINGERPRINT_VERSION}:{size}:{sorted(eos_ids)}".encode())
+def _fingerprint(tokens: Mapping[int, bytes], eos_ids: frozenset[int], size: int,
+                 added: Mapping[str, int]) -> str:
+    digest = hashlib.sha256(f"v{FINGERPRINT_VERSION}:{size}:{sorted(eos_ids)}:".encode()
+                            + json.dumps(sorted(added.items())).encode())
     for i in sorted(tokens):
         raw = tokens[i]
         digest.update(i.to_bytes(4, "little") + len(raw).to_bytes(4, "little") + raw)
