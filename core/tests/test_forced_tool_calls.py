@@ -129,3 +129,23 @@ def test_with_logprobs_every_token_behind_a_call_gets_a_placeholder_chunk(client
     placeholders = [c for c in choices if c.get("logprobs") and c["delta"].get("content") == ""]
     assert placeholders and all("tool_calls" not in c["delta"] for c in placeholders)
     assert not "".join(c["delta"].get("content") or "" for c in choices)
+
+
+def test_loop_detection_waits_for_the_constraint_to_match(tiny_checkpoint):
+    """A constraint whose output is one character 30 times is a loop by any policy; the
+    row still runs to the end of its match instead of being cut inside it."""
+    from mlxcel.types import LoopPolicy
+    from mlxcel.types.constraints import RegexConstraint
+
+    engine = engine_for(tiny_checkpoint, 1)
+    try:
+        tok = engine.worker.checkpoint.tokenizer
+        compiler = ConstraintCompiler.for_tokenizer(tok, eos_ids=set(tok.eos_ids))
+        guide = compiler.compile(RegexConstraint(pattern="7{30}"))
+        req = GenerationRequest(request_id="loop", prompt_tokens=(5, 6, 7), max_tokens=60,
+                                guide=guide, loop=LoopPolicy(min_pattern_size=1,
+                                                             max_pattern_size=4, min_count=3))
+        (ids, last), = run(engine, [req])
+    finally:
+        engine.shutdown()
+    assert tok.decode(ids) == "7" * 30 and last.finish_reason == "stop"

@@ -33,10 +33,10 @@ DEFS = [{"type": "function", "function": {"name": n, "parameters": s}}
 TOOLS = tuple(Tool(name=d["function"]["name"], definition=d) for d in DEFS)
 MARKERS = ("<|tool_call>", "<tool_call|>", '<|"|>')
 CHAT = "/v1/chat/completions"
-# Loop detection off: the family's default (a pattern repeated 4 times) ends a random
-# model's "5555" inside a value, which would cut the call short.
+# The family's loop detection stays on: a random model's "5555" inside a value must not
+# cut the call short (the engine does not stop a row for a loop inside its constraint).
 BODY = {"model": "tiny", "messages": [{"role": "user", "content": "Weather in Paris?"}],
-        "tools": DEFS, "max_tokens": 300, "temperature": 1.0, "max_pattern_size": 0}
+        "tools": DEFS, "max_tokens": 300, "temperature": 1.0}
 
 
 def tool(name: str, parameters: dict) -> Tool:

@@ -95,7 +95,8 @@ class Sequence:
                 self._start_guide(text)
         elif self.matcher is not None and not self.matcher.active:
             self._start_guide(text)
-        if self._stop_in(text, span) or (self.loop is not None and self._looping()):
+        if self._stop_in(text, span) or (self.loop is not None and self._loop_may_stop()
+                                         and self._looping()):
             self.finish("stop", text, token, logprobs=lps, specials=specials)
         elif self.generated >= self.req.max_tokens:
             tail = self.detok.flush()
@@ -123,6 +124,13 @@ class Sequence:
         hit = self.stops.feed(text[:span[0]])[1]
         self.stops.flush()
         return hit
+
+    def _loop_may_stop(self) -> bool:
+        """A row inside an output constraint it has not yet matched is never stopped for a
+        loop: the cut would leave a call or JSON value that does not parse (the constraint
+        and ``max_tokens`` bound it instead)."""
+        m = self.matcher
+        return m is None or not m.active or m.accepting
 
     def _looping(self) -> bool:
         """True when the generated tail is one pattern repeated ``min_count`` times."""
