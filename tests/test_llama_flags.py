@@ -229,13 +229,14 @@ def test_a_llama_server_command_line_takes_effect_in_the_app(tiny_checkpoint):
         assert r.status_code == 200 and r.json()["model"] == "two"
 
 
-def test_no_slots_unmounts_slots(tiny_checkpoint):
+def test_no_slots_unmounts_slots_and_says_which_flag_mounts_it(tiny_checkpoint):
     from litestar.testing import TestClient
     from mlxcel.app import create_app
 
     got = settings(["-m", str(tiny_checkpoint), "--slots", "--no-slots"])
     with TestClient(create_app(got), raise_server_exceptions=False) as c:
-        assert c.get("/slots").status_code == 404
+        off = c.get("/slots")
+        assert off.status_code == 501 and "--slots" in off.json()["error"]["message"]
 
 
 # -- through the real mlxcel-server process -------------------------------------------------

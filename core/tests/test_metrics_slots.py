@@ -71,12 +71,14 @@ def scrape(client) -> dict[str, float]:
     return values
 
 
-def test_metrics_and_slots_not_mounted_without_flags(client):
-    for path in ("/metrics", "/slots"):
+def test_metrics_and_slots_off_without_flags_name_the_flag(client):
+    """As llama-server: a route the operator left off is 501, never a 404."""
+    for path, flag in (("/metrics", "--metrics"), ("/slots", "--slots")):
         r = client.get(path)
-        assert r.status_code == 404
-        assert r.json()["error"] == {"message": f"Not found: GET {path}",
-                                     "type": "not_found_error", "code": None}
+        assert r.status_code == 501
+        assert r.json()["error"] == {
+            "message": f"the {path} endpoint is off on this server; start it with {flag}",
+            "type": "not_supported_error", "code": None}
 
 
 def test_exposition_has_every_spec_metric_in_order(mclient):
@@ -175,8 +177,9 @@ def test_slots_decoding_and_queued(tiny_checkpoint):
         assert [s["id"] for s in seen] == [0, 1]
         assert [s["is_processing"] for s in seen] == [True, False]
         assert {s["model"] for s in seen} == {"tiny"}
-        m = c.get("/metrics")
-        assert m.status_code == 404  # --slots alone does not mount /metrics
+        m = c.get("/metrics")  # --slots alone does not mount /metrics: 501 names the flag
+        assert m.status_code == 501 and "--metrics" in m.json()["error"]["message"]
+        assert m.json()["error"]["type"] == "not_supported_error"
         for t in threads:
             t.join(60)
         assert results == [200, 200]
@@ -220,7 +223,7 @@ def test_metrics_port_listener_starts_and_stops_with_the_app(tiny_checkpoint):
         port = sock.getsockname()[1]
     url = f"http://127.0.0.1:{port}/metrics"
     with make_client(tiny_checkpoint, parallel=1, metrics_port=port) as c:
-        assert c.get("/metrics").status_code == 404  # --metrics-port alone: not on the main port
+        assert c.get("/metrics").status_code == 501  # --metrics-port alone: not on the main port
         r = httpx.get(url, timeout=5)
         assert r.status_code == 200
         assert r.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"

@@ -18,7 +18,7 @@ from mlxcel.dialects.prepare import check_fits, check_token_ids, prepare_for
 from mlxcel.dialects.unserved import unserved_routes
 from mlxcel.dialects.wire import decode_body
 from mlxcel.engine.tokenizer import TooManyTokens
-from mlxcel.errors import InvalidRequest, MlxcelError
+from mlxcel.errors import CapabilityNotSupported, InvalidRequest, MlxcelError
 
 from .completion import body_prompts, n_predict_of, prompt_tokens, refuse_unsupported
 from .infill import answer_reserve, fim_markers, infill_prompt
@@ -189,4 +189,18 @@ def build(ctx: AppContext) -> list[Any]:
             return slots_payload(ctx)
 
         handlers.append(slots)
+    else:
+        handlers.append(switched_off("/slots", "--slots"))
+    if not ctx.settings.metrics:
+        handlers.append(switched_off("/metrics", "--metrics"))
     return handlers
+
+
+def switched_off(path: str, flag: str) -> Any:
+    """A route the operator left off answers 501 naming the flag that mounts it, as
+    llama-server does, rather than a 404 that reads as a wrong URL."""
+    @get(path, name=f"off:{path}")
+    async def handler() -> None:
+        raise CapabilityNotSupported(f"the {path} endpoint is off on this server; start it "
+                                     f"with {flag}")
+    return handler
