@@ -210,3 +210,22 @@ def test_off_cuda_each_group_joins_as_soon_as_it_is_prefilled(path):
     assert len(worker.batch) == 2 and sinks[0].tokens and not sinks[2].tokens
     run_until_done(worker, sinks)
     assert joins == [1, 1, 1]
+
+
+def test_a_lone_row_with_aligned_columns_decodes_unmasked(path):
+    """The left padding that aligning a lone row's prefill adds (CUDA's column multiple,
+    here 16) is dropped when its prefill ends: its decode steps need no mask, as an
+    unpadded cache's do, and give the solo tokens."""
+    prompt = PROMPTS[0]  # 35 tokens to prefill: 13 slots of padding at a multiple of 16
+    expected = solo(path, [prompt])
+    worker = worker_for(path, cache=False, prefill_align=16)
+    sink = submit(worker, prompt)
+    worker._drain(block=False)
+    job = worker._admit()
+    assert job.width == 48 and job.cache[0].pads == [13]
+    while not job.step(512):
+        pass
+    assert all(c.pads == [0] and c.make_mask(1) is None for c in job.cache)
+    worker.prefilling, worker.prefilled = None, [job]
+    run_until_done(worker, [sink])
+    assert [sink.tokens] == expected
