@@ -87,6 +87,22 @@ def test_cuda_step_order_gives_the_same_tokens(path):
     assert [s.tokens for s in sinks] == expected
 
 
+def test_the_whole_cuda_policy_gives_the_same_tokens(path):
+    """Every choice CUDA resolves (held groups, bursts, lazy leave, emit-first, columns
+    aligned to 32, fused projections, bound submodules, grouped masked attention), run on
+    this device: the solo greedy tokens, a prompt-cache hit among the rows."""
+    expected = solo(path, [BASE, *PROMPTS])
+    worker = worker_for(path, cache=True, hold_groups=True, burst_chunks=8, lazy_leave=True,
+                        emit_first=True, prefill_align=32, fuse_projections=True,
+                        bind_modules=True, decode_attention="grouped")
+    first = submit(worker, BASE)
+    run_until_done(worker, [first])
+    sinks = [submit(worker, p) for p in PROMPTS]
+    run_until_done(worker, sinks)
+    assert [first.tokens, *(s.tokens for s in sinks)] == expected
+    assert sinks[1].events[-1].usage.cached_tokens > 0
+
+
 def test_a_failing_queue_still_sends_held_finish_events(path, monkeypatch):
     """Finished rows' events are held until the prompt-cache store; if queuing the next
     step fails in between, they still go out (no stream hangs)."""
