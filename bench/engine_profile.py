@@ -14,7 +14,19 @@ consuming (asyncio) thread. ``--raw-steps S`` then times S steps of a raw decode
 engine's own cache kind at batch C, in the same process; ``--host-only`` swaps the model's
 forward for a trivial one (each cache takes a one-head key/value, logits are a cheap
 element-wise function of the input), so engine and raw loop measure host work only;
-``--emit-first on|off`` overrides the policy's step order.
+``--emit-first on|off`` overrides the policy's step order; ``--policy gpu`` runs the
+choices CUDA resolves (``gpu_policy``) on this device.
+
+``--build-time`` then measures, once the load is done, the Python time to build one decode
+step of C rows (``DecodeBatch.launch`` on the engine's own model, caches and policy, rows
+prefilled as one group of the bench prompts, so they are left-padded as served rows are)
+against ``bench/gpu/raw_loop.py``'s reference step (``model(inputs, cache)`` + argmax on a
+freshly loaded mlx-lm model with its own ``KVCache``, no mlxcel patch), in alternating
+rounds on one thread with every step evaluated before the next is built; it prints the
+medians and each step's graph (primitives per kind). With a deep, narrow checkpoint
+(``--checkpoint llama-deep``: Llama-3-8B's 32 layers at tiny width) that is the host's cost
+of a GPU decode step. MLX's CPU device composes the ``mx.fast`` kernels (RMSNorm, RoPE,
+attention) from plain ops, so CPU graphs have more nodes than GPU ones, in both loops.
 
 Rule: compare it with ``bench/gpu/raw_loop.py`` (model only) and ``bench/serving.py`` (full
 server) on the same checkpoint and prompts (``bench_prompt``), so a gap splits into engine
@@ -24,6 +36,8 @@ and HTTP/streaming costs.
         --checkpoint tiny --concurrency 16 --requests 32 --max-tokens 64 [--profile]
     ... --concurrency 64 --requests 64 --max-tokens 256 --repeat 3 --raw-steps 256 \
         [--host-only]
+    ... --checkpoint llama-deep --policy gpu --concurrency 1 --requests 1 --max-tokens 8 \
+        --build-time
 """
 
 from __future__ import annotations
@@ -193,6 +207,162 @@ def raw_loop(worker, batch: int, steps: int, prompt_len: int = 48) -> dict:
             "tok_s": batch * steps / wall}
 
 
+class NullSink:
+    cancelled = False
+
+    def emit(self, event) -> None: ...
+
+
+def gpu_policy(config):
+    """The choices ``resolve_policy`` makes on CUDA, on this device: fused projections,
+    bound submodules, grouped decode attention (the varlen kernel is CUDA's), emit-first,
+    lazy leave, held groups, bursts, prefill columns aligned to 32; no warm-up (it pays
+    for CUDA's JIT)."""
+    import msgspec
+    from mlxcel.engine.policy import BURST_CHUNKS, resolve_policy
+
+    config = msgspec.structs.replace(config, fuse_projections=True, decode_attention="grouped")
+    return msgspec.structs.replace(resolve_policy(config), hold_groups=True,
+                                   burst_chunks=BURST_CHUNKS, lazy_leave=True,
+                                   emit_first=True, prefill_align=32, bind_modules=True)
+
+
+VIEWS = frozenset({"Broadcast", "Reshape", "Transpose", "Slice", "Squeeze", "ExpandDims",
+                   "Flatten", "Unflatten", "AsStrided", "StopGradient", "Split"})
+
+
+def step_graph(*outputs) -> dict[str, int]:
+    """The unevaluated graph behind ``outputs``: primitives by name, most frequent first."""
+    import collections
+    import re
+    import tempfile
+
+    import mlx.core as mx
+
+    with tempfile.NamedTemporaryFile("r", suffix=".dot") as f:
+        mx.export_to_dot(f.name, *outputs)
+        names = re.findall(r'label ="([^"]+)", shape=rectangle', f.read())
+    return dict(collections.Counter(names).most_common())
+
+
+def graph_line(graph: dict[str, int]) -> str:
+    """Primitives in all and those that are not views (``VIEWS``: no kernel of their own)."""
+    ops = sum(n for k, n in graph.items() if k not in VIEWS)
+    return f"{sum(graph.values())} primitives, {ops} not views: " + ", ".join(
+        f"{k} {n}" for k, n in graph.items())
+
+
+class Timed:
+    """One loop's decode steps, built and timed one at a time (wall and thread CPU)."""
+
+    graph: dict[str, int] = {}
+
+    def __init__(self) -> None:
+        self.walls: list[float] = []
+        self.cpus: list[float] = []
+
+    def run(self, steps: int) -> None:
+        for _ in range(steps):
+            w, c = time.perf_counter(), time.thread_time()
+            outputs = self.build()
+            self.walls.append(time.perf_counter() - w)
+            self.cpus.append(time.thread_time() - c)
+            if len(self.walls) == 16:
+                self.graph = step_graph(*outputs)
+            self.finish(outputs)
+
+    def summary(self) -> tuple[float, float]:
+        return statistics.median(self.walls) * 1e3, statistics.median(self.cpus) * 1e3
+
+
+class EngineSteps(Timed):
+    """The worker's decode batch (its model, caches, sampler and policy) of ``prompts``."""
+
+    def __init__(self, worker, prompts: list[list[int]], max_tokens: int) -> None:
+        from mlxcel.engine.sequence import Sequence
+        from mlxcel.types import GenerationRequest
+        from mlxcel.types.requests import SamplingParams
+
+        super().__init__()
+        seqs = [Sequence(GenerationRequest(request_id=f"build-{i}", prompt_tokens=tuple(p),
+                                           max_tokens=max_tokens, ignore_eos=True,
+                                           sampling=SamplingParams(temperature=0.0)),
+                         NullSink(), worker.checkpoint.tokenizer, worker.eos_ids, i)
+                for i, p in enumerate(prompts)]
+        job = worker._new_job(seqs)
+        while not job.step(1 << 20):
+            pass
+        self.worker, self.batch = worker, worker._new_batch()
+        self.batch.join([job])
+
+    def build(self):
+        self.step = self.batch.launch()
+        return (self.step.sampled, *self.step.logprobs)
+
+    def finish(self, outputs) -> None:
+        from mlxcel.engine.batch import read_back
+
+        self.step.start()
+        read_back(self.step, self.worker.stats)
+
+
+class ReferenceSteps(Timed):
+    """``bench/gpu/raw_loop.py``'s step on a fresh mlx-lm model with its own caches."""
+
+    def __init__(self, path: pathlib.Path, dtype: str, batch: int, prompt_len: int = 48):
+        import mlx.core as mx
+        from mlx_lm.models.cache import make_prompt_cache
+        from mlx_lm.utils import load_model
+
+        super().__init__()
+        self.model, _ = load_model(path)
+        if dtype in ("float32", "float16", "bfloat16"):
+            self.model.set_dtype(getattr(mx, dtype))
+        self.cache = make_prompt_cache(self.model)
+        prompt = mx.random.randint(300, 400, (batch, prompt_len)).astype(mx.uint32)
+        self.y = self.pick(prompt)
+        mx.eval(self.y)
+
+    def pick(self, inputs):
+        import mlx.core as mx
+
+        logits = self.model(inputs, cache=self.cache)[:, -1, :]
+        return mx.argmax(logits, axis=-1).astype(mx.uint32)
+
+    def build(self):
+        self.y = self.pick(self.y[:, None])
+        return (self.y,)
+
+    def finish(self, outputs) -> None:
+        self.y.tolist()
+
+
+def build_time(worker, path: pathlib.Path, prompts: list[list[int]], rounds: int = 6,
+               steps: int = 40) -> None:
+    """Engine vs reference build ms per step (see the module docstring), ``rounds``
+    alternating rounds of ``steps`` steps each after one untimed round."""
+    from mlxcel.engine.accel import attention
+
+    model, choice = worker.checkpoint.model, worker.policy.decode_attention
+    engine = EngineSteps(worker, prompts, (rounds + 1) * steps + 8)
+    reference = ReferenceSteps(path, worker.checkpoint.dtype, len(prompts))
+    for r in range(rounds + 1):
+        if worker.batchable:
+            attention.install(model, choice=choice)
+        engine.run(steps)
+        attention.uninstall(model)  # module-wide: the reference runs MLX's own
+        reference.run(steps)
+        if r == 0:
+            for loop in (engine, reference):
+                loop.walls, loop.cpus = [], []
+    (ew, ec), (rw, rc) = engine.summary(), reference.summary()
+    print(f"build ms per step at B={len(prompts)} (median of {len(engine.walls)}, "
+          f"interleaved): engine {ew:.3f} (CPU {ec:.3f}), reference {rw:.3f} (CPU "
+          f"{rc:.3f}); engine / reference = {ew / rw:.3f} (CPU {ec / rc:.3f})", flush=True)
+    print(f"  engine graph: {graph_line(engine.graph)}", flush=True)
+    print(f"  reference graph: {graph_line(reference.graph)}", flush=True)
+
+
 def install_timers() -> dict[str, list[tuple[float, float]]]:
     """Wall-clock and engine-thread CPU time of the engine's phases (wrapping the methods
     in place)."""
@@ -249,6 +419,10 @@ def main() -> int:
                     help="a trivial forward: measure host work only")
     ap.add_argument("--emit-first", choices=("auto", "on", "off"), default="auto",
                     help="the policy's step order (auto: this device's)")
+    ap.add_argument("--policy", choices=("auto", "gpu"), default="auto",
+                    help="the engine's device choices (gpu: CUDA's, on this device)")
+    ap.add_argument("--build-time", action="store_true",
+                    help="then time building a decode step of C rows, engine vs reference")
     ap.add_argument("--schema", default=None,
                     help="a JSON schema (its text, or a file): --guided of the streams obey it")
     ap.add_argument("--guided", type=int, default=0,
@@ -287,13 +461,13 @@ def main() -> int:
             ck.model = HostOnly(ck.model)
         return ck
 
-    policy = None
-    if args.emit_first != "auto":
-        import msgspec
-        from mlxcel.engine.policy import resolve_policy
-        from mlxcel.settings import EngineConfig
+    import msgspec
+    from mlxcel.engine.policy import resolve_policy
+    from mlxcel.settings import EngineConfig
 
-        policy = msgspec.structs.replace(resolve_policy(EngineConfig()),
+    policy = gpu_policy(EngineConfig()) if args.policy == "gpu" else None
+    if args.emit_first != "auto":
+        policy = msgspec.structs.replace(policy or resolve_policy(EngineConfig()),
                                          emit_first=args.emit_first == "on")
     client = EngineClient(
         load,
@@ -384,6 +558,9 @@ def main() -> int:
               f"{statistics.median(r['cpu_ms_per_step'] for r in raws):.3f}; engine steady "
               f"step / raw step = {statistics.median(stats['step_ms']) / raw_ms:.3f}",
               flush=True)
+    if args.build_time:  # the engine thread has ended: this thread may use MLX now
+        build_time(client.worker, path, [ck.tokenizer.encode(render(bench_prompt("build", i)))
+                                         for i in range(args.concurrency)])
     if prof is not None:
         out = io.StringIO()
         pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(30)

@@ -87,6 +87,22 @@ def test_cuda_step_order_gives_the_same_tokens(path):
     assert [s.tokens for s in sinks] == expected
 
 
+def test_the_whole_cuda_policy_gives_the_same_tokens(path):
+    """Every choice CUDA resolves (held groups, bursts, lazy leave, emit-first, columns
+    aligned to 32, fused projections, bound submodules, grouped masked attention), run on
+    this device: the solo greedy tokens, a prompt-cache hit among the rows."""
+    expected = solo(path, [BASE, *PROMPTS])
+    worker = worker_for(path, cache=True, hold_groups=True, burst_chunks=8, lazy_leave=True,
+                        emit_first=True, prefill_align=32, fuse_projections=True,
+                        bind_modules=True, decode_attention="grouped")
+    first = submit(worker, BASE)
+    run_until_done(worker, [first])
+    sinks = [submit(worker, p) for p in PROMPTS]
+    run_until_done(worker, sinks)
+    assert [first.tokens, *(s.tokens for s in sinks)] == expected
+    assert sinks[1].events[-1].usage.cached_tokens > 0
+
+
 def test_a_failing_queue_still_sends_held_finish_events(path, monkeypatch):
     """Finished rows' events are held until the prompt-cache store; if queuing the next
     step fails in between, they still go out (no stream hangs)."""
@@ -210,3 +226,22 @@ def test_off_cuda_each_group_joins_as_soon_as_it_is_prefilled(path):
     assert len(worker.batch) == 2 and sinks[0].tokens and not sinks[2].tokens
     run_until_done(worker, sinks)
     assert joins == [1, 1, 1]
+
+
+def test_a_lone_row_with_aligned_columns_decodes_unmasked(path):
+    """The left padding that aligning a lone row's prefill adds (CUDA's column multiple,
+    here 16) is dropped when its prefill ends: its decode steps need no mask, as an
+    unpadded cache's do, and give the solo tokens."""
+    prompt = PROMPTS[0]  # 35 tokens to prefill: 13 slots of padding at a multiple of 16
+    expected = solo(path, [prompt])
+    worker = worker_for(path, cache=False, prefill_align=16)
+    sink = submit(worker, prompt)
+    worker._drain(block=False)
+    job = worker._admit()
+    assert job.width == 48 and job.cache[0].pads == [13]
+    while not job.step(512):
+        pass
+    assert all(c.pads == [0] and c.make_mask(1) is None for c in job.cache)
+    worker.prefilling, worker.prefilled = None, [job]
+    run_until_done(worker, [sink])
+    assert [sink.tokens] == expected

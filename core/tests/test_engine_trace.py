@@ -25,6 +25,8 @@ def test_trace_records_prefill_decode_and_store(path, tmp_path):
     # 4 tokens each; the step after the last one is already built when they finish
     assert len(decode) in (4, 5) and all(r["decode_rows"] == 2 for r in decode)
     assert all(r["build_ms"] >= 0 and r["queue_ms"] >= 0 for r in decode)
+    # the engine thread's CPU time in a phase, next to its wall time
+    assert all(0 <= r["build_cpu_ms"] <= r["build_ms"] + 0.5 for r in decode)
     assert sum(r.get("stored", 0) for r in rows) == 2
     assert [r["t"] for r in rows] == sorted(r["t"] for r in rows)
 

@@ -378,3 +378,23 @@ def test_cpu_softmax_precision_and_what_it_leaves_to_mlx():
     assert float(mx.abs(cpu_attention.softmax(x) - mx.softmax(x, axis=-1)).max()) < 1e-6
     q = mx.zeros((1, 2, 1, 16), mx.float16)  # half precision stays with MLX
     assert cpu_attention.attention(q, q, q, 0.25, None) is None
+
+
+def test_trim_drops_the_padding_every_row_has():
+    model = _model("llama")
+    rope = shared_position_rope(model, True)
+    for mode in (None, rope):
+        cache = BatchCache([3, 5], mode)
+        keys = mx.random.normal((2, 2, 8, 16))
+        cache.update_and_fetch(keys, keys)
+        before = cache.offset
+        cache.trim()
+        assert cache.pads == [0, 2] and cache.make_mask(1) is not None
+        k, _ = cache.update_and_fetch(keys[:, :, :1], keys[:, :, :1])
+        assert k.shape[2] == 6 and mx.array_equal(k[:, :, :5], keys[:, :, 3:]).item()
+        if mode is not None:  # the next position is what it was
+            assert cache.offset == before + 1
+        lone = BatchCache([4], mode)
+        lone.update_and_fetch(keys[:1], keys[:1])
+        lone.trim()
+        assert lone.pads == [0] and lone.make_mask(1) is None

@@ -98,6 +98,7 @@ class PrefillJob(Prefill):
         ``prefill_align``)."""
         self.model = model
         self.seqs = seqs
+        self.batchable = batchable
         self.align = align = max(1, align) if batchable else 1  # padding needs a mask
         lengths = [len(s.req.prompt_tokens) - 1 for s in seqs]  # the last token is decoded
         width = max(lengths)
@@ -138,6 +139,9 @@ class PrefillJob(Prefill):
             cols = max(self.align, self.per_row(chunk, max_cols) // self.align * self.align)
             end = min(self.width, self.done_cols + cols)
             self.model(self.tokens[:, self.done_cols:end], self.cache)
+            if end == self.width and self.batchable:
+                for c in self.cache:  # padding all rows share (alignment) needs no mask
+                    c.trim()
             _eval_cache(self.cache)
             self.last_cols = end - self.done_cols
             self.done_cols = end

@@ -188,22 +188,29 @@ class BatchCache:
         self.pads, self._pad_array, self._offsets = pads, None, None
         self._padded = any(pads)
 
+    def trim(self) -> None:
+        """Drop the leading slots that hold no token in any row. A batch whose rows all
+        start at slot 0 needs no mask for a one-token step (``make_mask``): a lone row
+        whose prefill columns were aligned (``PrefillJob``'s ``align``) then decodes
+        with MLX's unmasked attention, like an unpadded cache."""
+        trim = min(self.pads, default=0)
+        if not trim:
+            return
+        if self.keys is not None:
+            self.keys = self.keys[..., trim:, :]
+            self.values = self.values[..., trim:, :]
+        self._idx -= trim
+        if self.rope is not None:
+            self.base += trim
+        self._set_pads([p - trim for p in self.pads])
+
     def filter(self, keep: list[int]) -> None:
         """Keep rows ``keep`` (in that order); drop padding every remaining row has."""
         if self.keys is not None:
             index = mx.array(keep)
             self.keys, self.values = self.keys[index], self.values[index]
-        pads = [self.pads[i] for i in keep]
-        trim = min(pads)
-        if trim:
-            if self.keys is not None:
-                self.keys = self.keys[..., trim:, :]
-                self.values = self.values[..., trim:, :]
-            self._idx -= trim
-            pads = [p - trim for p in pads]
-            if self.rope is not None:
-                self.base += trim
-        self._set_pads(pads)
+        self._set_pads([self.pads[i] for i in keep])
+        self.trim()
         if self.rope is not None and abs(self.base) > REBASE_AT and self.keys is not None:
             self.keys = rotate(self.rope, self.keys[..., :self._idx, :], -self.base)
             self.values = self.values[..., :self._idx, :]

@@ -33,6 +33,9 @@ class EnginePolicy(msgspec.Struct, frozen=True, kw_only=True):
     ``warm_up``: every prefill chunk shape and batch operation runs once at startup
     (CUDA's JIT; ``mlxcel.engine.accel.warmup``).
     ``fuse_projections``: q/k/v and gate/up matmuls fused (``mlxcel.engine.accel.fused_proj``).
+    ``bind_modules``: the model's submodules become plain instance attributes, so building
+    a step's graph skips ``Module.__getattr__`` (CUDA, where the host builds each step while
+    the device waits; ``mlxcel.engine.accel.module_attrs``).
     ``decode_attention``: the masked-attention path (``mlxcel.engine.accel.attention.mode``).
     ``limit_blas_threads``: small prefill matmuls run OpenBLAS on one thread (MLX's CPU
     device; ``mlxcel.engine.accel.cpu_blas``).
@@ -46,6 +49,7 @@ class EnginePolicy(msgspec.Struct, frozen=True, kw_only=True):
     prefill_align: int = 1
     warm_up: bool = False
     fuse_projections: bool = False
+    bind_modules: bool = False
     decode_attention: str = "fused"
     limit_blas_threads: bool = False
     switch_interval: float | None = None
@@ -64,5 +68,6 @@ def resolve_policy(config: EngineConfig) -> EnginePolicy:
         hold_groups=cuda, burst_chunks=BURST_CHUNKS if cuda else 1, lazy_leave=cuda,
         emit_first=cuda, prefill_align=prefill_align(), warm_up=cuda,
         fuse_projections=cuda if config.fuse_projections is None else config.fuse_projections,
+        bind_modules=cuda,
         decode_attention=attention.mode(config.decode_attention),
         limit_blas_threads=mlx_device() == "cpu", switch_interval=interval)

@@ -3,7 +3,9 @@
 One JSON line per engine iteration that did any work: its start (seconds since the engine
 became ready), requests that arrived, rows waiting, the prefill group's rows x columns and
 time, the decode batch size and the time spent launching and reading back its step, and
-the prompt-cache store time. Lines are written in blocks (and at shutdown), so tracing
+the prompt-cache store time. Each timed phase has its wall time (``build_ms``) and the
+engine thread's CPU time in it (``build_cpu_ms``): a phase whose wall time exceeds its CPU
+time waited, for the GIL (another thread's Python) or for the device. Lines are written in blocks (and at shutdown), so tracing
 costs a dictionary per iteration. Off (no file) unless a path is set: the engine then
 holds ``NullTrace``, whose methods do nothing, so it never asks whether it traces.
 """
@@ -53,11 +55,14 @@ class Trace(NullTrace):
         return cls(path) if path else NullTrace()
 
     def timed(self, key: str, fn: Callable[[], Any]) -> Any:
-        """``fn()``, its wall time noted as ``key`` (ms)."""
-        t = time.perf_counter()
+        """``fn()``, its wall time noted as ``key`` (ms) and this thread's CPU time in it
+        as ``key`` with ``_cpu`` before ``_ms``."""
+        t, c = time.perf_counter(), time.thread_time()
         try:
             return fn()
         finally:
+            self.current[key.removesuffix("_ms") + "_cpu_ms"] = round(
+                (time.thread_time() - c) * 1e3, 3)
             self.add_ms(key, t)
 
     def begin(self) -> None:

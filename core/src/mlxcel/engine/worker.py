@@ -16,7 +16,7 @@ import msgspec
 import structlog
 
 from mlxcel.engine import mixed_batch
-from mlxcel.engine.accel import attention, cpu_blas, fused_proj
+from mlxcel.engine.accel import attention, cpu_blas, fused_proj, module_attrs
 from mlxcel.engine.accel.warmup import warm_mixed, warm_up
 from mlxcel.engine.admission import Admission
 from mlxcel.engine.batch import DecodeBatch, PrefillJob, read_back
@@ -135,10 +135,11 @@ class EngineWorker(Admission, threading.Thread):
             path = attention.install(model, choice=policy.decode_attention) \
                 if self.batchable else None
             fused = fused_proj.fuse(model) if policy.fuse_projections else 0
+            bound = module_attrs.bind(model) if policy.bind_modules else 0  # weights final
             log.info("engine_batch", cache=self.path,
                      positions="shared" if self.rope is not None else "absolute",
                      masked_decode_attention=path or "mlx", fused_projections=fused,
-                     prompt_cache_reuse=self.prompt_cache.reuse.mode)
+                     bound_attributes=bound, prompt_cache_reuse=self.prompt_cache.reuse.mode)
             if policy.limit_blas_threads:
                 threads = cpu_blas.limit_threads(self.checkpoint.config, self.prefill_chunk)
                 if threads is not None:

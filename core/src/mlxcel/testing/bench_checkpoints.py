@@ -20,7 +20,9 @@ from typing import Any
 # (every bench prompt overflows it in prefill), "gemma4-30m" (33.1M parameters) with a
 # 128-token window, longer than the bench prompt (78-80 tokens with the template) and
 # shorter than prompt + 64 tokens, so each row's rotating cache wraps during decode (rows
-# a step or two apart).
+# a step or two apart). "llama-deep" is Llama-3-8B's layer structure (32 layers, 32 query
+# and 8 KV heads, the same ops per decode step) at tiny width, so a step's compute is
+# negligible and what a CPU run measures is the host's work of building that step.
 CHECKPOINTS: dict[str, dict[str, Any]] = {
     "tiny": {"shape": "qwen3"},
     "30m": {
@@ -31,6 +33,15 @@ CHECKPOINTS: dict[str, dict[str, Any]] = {
         "num_kv_heads": 4,
         "intermediate_size": 1536,
         "vocab_size": 8192,
+    },
+    "llama-deep": {
+        "shape": "llama",
+        "hidden_size": 256,
+        "num_layers": 32,
+        "num_heads": 32,
+        "num_kv_heads": 8,
+        "intermediate_size": 512,
+        "vocab_size": 4096,
     },
     "gemma4-tiny": {"shape": "gemma4_text"},
     "gemma4-30m": {

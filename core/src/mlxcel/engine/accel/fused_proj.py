@@ -22,6 +22,7 @@ step's kernel encoding on CUDA, while on the CPU they did not make a step faster
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import mlx.core as mx
@@ -46,26 +47,43 @@ class _Stacked(nn.Module):
 class _Group:
     """The hot path's state, kept off ``nn.Module`` (plain attribute lookups)."""
 
-    __slots__ = ("weight", "scales", "biases", "bias", "quant", "cuts", "bounds", "input",
-                 "outputs", "pending", "split")
+    __slots__ = ("weight", "weight_t", "scales", "biases", "bias", "quant", "cuts", "bounds",
+                 "input", "outputs", "pending", "split", "full")
 
     def __init__(self, stacked: _Stacked, sizes: list[int]) -> None:
         for key in ("weight", "scales", "biases", "bias"):
             setattr(self, key, stacked.get(key))
         self.quant = stacked.quant
+        # transposed once, a view of the stacked weight: not one transpose per call
+        self.weight_t = self.weight.T if self.quant is None else None
         self.bounds = [(sum(sizes[:i]), sum(sizes[:i + 1])) for i in range(len(sizes))]
         self.cuts = [hi for _, hi in self.bounds[:-1]]
+        self.full = (1 << len(sizes)) - 1
         self.input: mx.array | None = None
         self.outputs: list[mx.array] = []
         self.pending = 0  # bit i: part i of ``outputs`` not handed out yet
         self.split = False  # the parts take different inputs: each computes its own
 
-    def matmul(self, x: mx.array, rows: slice | None = None) -> mx.array:
+    def stacked(self, x: mx.array) -> mx.array:
+        """The whole group's product with ``x``."""
+        if self.quant is None:
+            y = x @ self.weight_t
+        else:
+            group_size, bits, mode = self.quant
+            y = mx.quantized_matmul(x, self.weight, scales=self.scales, biases=self.biases,
+                                    transpose=True, group_size=group_size, bits=bits,
+                                    mode=mode)
+        return y if self.bias is None else y + self.bias
+
+    def own(self, i: int, x: mx.array) -> mx.array:
+        """Part ``i``'s product with ``x`` from its rows of the stacked weight alone."""
+        rows = slice(*self.bounds[i])
+
         def pick(a: mx.array | None) -> mx.array | None:
-            return a if a is None or rows is None else a[rows]
+            return a if a is None else a[rows]
 
         if self.quant is None:
-            y = x @ pick(self.weight).T
+            y = x @ self.weight[rows].T
         else:
             group_size, bits, mode = self.quant
             y = mx.quantized_matmul(x, pick(self.weight), scales=pick(self.scales),
@@ -76,32 +94,35 @@ class _Group:
     def project(self, i: int, x: mx.array) -> mx.array:
         """Part ``i`` of the group's product with ``x``."""
         bit = 1 << i
-        if not self.split and x is not self.input:
-            if self.pending & bit:  # a part still owed takes another input: cross-attention
-                self.split, self.input, self.outputs, self.pending = True, None, [], 0
-            else:  # a new input (or a forward that stopped half-way): the stacked product
-                self.input = x
-                self.outputs = mx.split(self.matmul(x), self.cuts, axis=-1)
-                self.pending = (1 << len(self.bounds)) - 1
-        if self.split or not self.pending & bit:  # or the same input twice: its own rows
-            return self.matmul(x, slice(*self.bounds[i]))
-        self.pending &= ~bit
-        out = self.outputs[i]
-        if not self.pending:
-            self.input, self.outputs = None, []
-        return out
+        if x is self.input and self.pending & bit:  # a later part of the same input
+            self.pending ^= bit
+            out = self.outputs[i]
+            if not self.pending:
+                self.input, self.outputs = None, []
+            return out
+        if self.split:
+            return self.own(i, x)
+        if self.pending & bit:  # a part still owed takes another input: cross-attention
+            self.split, self.input, self.outputs, self.pending = True, None, [], 0
+            return self.own(i, x)
+        if x is self.input:  # the same input twice: its own rows
+            return self.own(i, x)
+        # a new input (or a forward that stopped half-way): the stacked product
+        self.input = x
+        self.outputs = mx.split(self.stacked(x), self.cuts, axis=-1)
+        self.pending = self.full ^ bit
+        return self.outputs[i]
 
 
-class _Part(nn.Module):
-    """Stands where one projection of a group stood."""
-
-    def __init__(self, group: _Group, index: int) -> None:
-        super().__init__()
-        object.__setattr__(self, "_group", group)  # not a child module or parameter
-        object.__setattr__(self, "_index", index)
-
-    def __call__(self, x: mx.array) -> mx.array:
-        return self._group.project(self._index, x)
+def _bind(module: nn.Module, name: str, group: _Group, index: int) -> None:
+    """Put part ``index`` of ``group`` where projection ``name`` of ``module`` stood: a
+    ``functools.partial`` of ``group.project`` in the module's instance attributes, which
+    the mlx-lm code's ``self.q_proj(x)`` finds and calls without a Python frame of its own
+    (an ``nn.Module`` child is found through ``Module.__getattr__``, a Python call, and
+    would add its own ``__call__``); the projection leaves the module's children, whose
+    parameters the stacked weights (``mlxcel_<first>_stacked``) now hold."""
+    del module[name]
+    object.__setattr__(module, name, functools.partial(group.project, index))
 
 
 def _compatible(parts: list[Any]) -> bool:
@@ -127,10 +148,11 @@ def fuse(model: Any) -> int:
             if any(p is None for p in parts) or not _compatible(parts):
                 continue
             stacked = _Stacked(parts)
-            mx.eval(stacked.parameters())
             group = _Group(stacked, [p.weight.shape[0] for p in parts])
+            mx.eval(stacked.parameters(), *([group.weight_t] if group.weight_t is not None
+                                            else []))
             setattr(module, f"mlxcel_{names[0]}_stacked", stacked)
             for i, name in enumerate(names):
-                setattr(module, name, _Part(group, i))
+                _bind(module, name, group, i)
             fused += 1
     return fused
