@@ -20,6 +20,7 @@ A model's rule is its strictest layer's.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import msgspec
@@ -103,6 +104,47 @@ def owned(cache: Any) -> Any:
     elif getattr(cache, "keys", None) is not None:
         cache.keys, cache.values = mx.array(cache.keys), mx.array(cache.values)
     return cache
+
+
+def lone_kinds(caches: list[Any]) -> bool:
+    """Whether one row on ``caches`` (a ``make_cache()``) may decode on them as they are and
+    move to and from batch caches through mlx-lm's ``merge`` and ``extract``, which give
+    back the same kinds: plain KV and rotating layers without kept tokens (the batch
+    rotating cache keeps none). Other kinds stay on batch caches even for one row."""
+    from mlx_lm.models.cache import KVCache, RotatingKVCache
+
+    return bool(caches) and all(type(c) is KVCache or (type(c) is RotatingKVCache
+                                                       and c.keep == 0) for c in caches)
+
+
+def is_lone(caches: list[Any]) -> bool:
+    """Whether decode caches are one row's own (``lone_kinds``), not batch caches."""
+    from mlx_lm.models.cache import KVCache, RotatingKVCache
+
+    return type(caches[0]) in (KVCache, RotatingKVCache)
+
+
+def private(caches: list[Any]) -> list[Any]:
+    """Single-row plain ``caches`` (``lone_kinds``; a prompt-cache entry's, cut) as new
+    cache objects on new array handles, so decoding on them, which writes into its arrays
+    in place, never writes into the stored entry's."""
+    import mlx.core as mx
+
+    out = []
+    for c in caches:
+        mine = copy.copy(c)
+        if c.keys is not None:
+            mine.keys, mine.values = mx.array(c.keys), mx.array(c.values)
+        out.append(mine)
+    return out
+
+
+def row_copy(cache: Any) -> Any:
+    """A copy of a lone row's plain cache in the form batch ``extract`` gives (its tokens
+    only, in temporal order): what a prompt-cache entry holds."""
+    if cache.keys is None:  # no token yet: nothing to copy
+        return copy.copy(cache)
+    return owned(type(cache).merge([cache]).extract(0))
 
 
 def arrays(caches: list[Any]) -> list[Any]:

@@ -13,6 +13,13 @@ factory), then computes every row's own uncached tail, right-padded to the longe
 each row's padding to its left). The group joins the decode batch with ``extend``, rows
 leave with ``filter``, and a finished row is copied out for the prompt cache with
 ``extract``.
+
+A lone row decodes on its own plain caches (``cache_kinds.lone_kinds``: the model's
+``KVCache`` / ``RotatingKVCache``) with no mask and scalar offsets, the step of mlx-lm's
+own generate loop: a group of one prefills on them, a second row joining merges them into
+batch caches (``merge``), and a batch filtered down to one row goes back to plain ones
+(``extract``). The batch caches' per-row offsets, masks and bookkeeping cost a lone row
+host work per layer and step for nothing.
 """
 
 from __future__ import annotations
@@ -23,13 +30,23 @@ from collections.abc import Callable
 from typing import Any
 
 import mlx.core as mx
+from mlx_lm.models.cache import BatchKVCache, BatchRotatingKVCache
 
 from mlxcel.engine.batch import Prefill, is_batchable
-from mlxcel.engine.cache_kinds import RowCaches, arrays, owned
+from mlxcel.engine.cache_kinds import (
+    RowCaches,
+    arrays,
+    is_lone,
+    lone_kinds,
+    owned,
+    private,
+    row_copy,
+)
 from mlxcel.engine.sequence import Sequence
 from mlxcel.lazy import resolve
 
 Merge = Callable[[list[list[Any]]], list[Any]]
+_EXTRACTS: tuple[type, ...] = (BatchKVCache, BatchRotatingKVCache)  # to the lone kinds
 
 
 def merge_rows(rows: list[list[Any]]) -> list[Any]:
@@ -106,7 +123,10 @@ class MixedPrefill(Prefill):
         self.model = model
         self.seqs = seqs
         rows = [start if start is not None else model.make_cache() for start in starts]
-        self.cache = merge(rows)
+        if len(rows) == 1 and merge is merge_rows and lone_kinds(rows[0]):
+            self.cache = private(rows[0]) if starts[0] is not None else rows[0]
+        else:
+            self.cache = merge(rows)
         tails = [list(s.req.prompt_tokens[s.cached:-1]) for s in seqs]
         lengths = [len(t) for t in tails]
         self.width = max(lengths)
@@ -148,14 +168,30 @@ class MixedOps:
 
     @staticmethod
     def join(cache: list[Any], parts: list[list[Any]], keep: list[int] | None) -> None:
-        if keep is not None:
-            MixedOps.filter(cache, keep)
+        """``parts`` join ``cache`` (filtered to ``keep`` first); a lone row's plain caches,
+        the batch's or a part's, become batch caches first (``merge``)."""
+        if is_lone(cache):
+            cache[:] = merge_rows([cache])  # one row: ``keep`` is [0] or None
+        elif keep is not None:
+            MixedOps._filter(cache, keep)
         for part in parts:
+            part = merge_rows([part]) if is_lone(part) else part
             for mine, theirs in zip(cache, part, strict=True):
                 mine.extend(theirs)
 
     @staticmethod
     def filter(cache: list[Any], keep: list[int]) -> None:
+        """Keep the rows ``keep``; one row left of mlx-lm's batch KV and rotating caches
+        goes back to its own plain caches (``extract``)."""
+        if is_lone(cache):
+            return  # a lone row that is kept
+        if len(keep) == 1 and all(type(c) in _EXTRACTS for c in cache):
+            cache[:] = [c.extract(keep[0]) for c in cache]
+            return
+        MixedOps._filter(cache, keep)
+
+    @staticmethod
+    def _filter(cache: list[Any], keep: list[int]) -> None:
         index = mx.array(keep, dtype=mx.int32)
         for c in cache:
             c.filter(index)
@@ -167,7 +203,8 @@ class MixedOps:
         out = []
         for seq in seqs:
             i = batch.rows.index(seq)
-            caches = [owned(c.extract(i)) for c in batch.cache]
+            caches = [row_copy(c) for c in batch.cache] if is_lone(batch.cache) \
+                else [owned(c.extract(i)) for c in batch.cache]
             out.append((seq.context[:batch.fed(seq)], RowCaches(caches)))
         mx.async_eval([a for _, stored in out for a in arrays(stored.caches)])
         return out

@@ -23,6 +23,8 @@ from typing import Any
 # a step or two apart). "llama-deep" is Llama-3-8B's layer structure (32 layers, 32 query
 # and 8 KV heads, the same ops per decode step) at tiny width, so a step's compute is
 # negligible and what a CPU run measures is the host's work of building that step.
+# "gemma4-deep" is the same for Gemma-4-E4B's layer structure: 42 layers, the last 18
+# reusing earlier layers' KV, five sliding-window (512) layers to one full one.
 CHECKPOINTS: dict[str, dict[str, Any]] = {
     "tiny": {"shape": "qwen3"},
     "30m": {
@@ -44,6 +46,17 @@ CHECKPOINTS: dict[str, dict[str, Any]] = {
         "vocab_size": 4096,
     },
     "gemma4-tiny": {"shape": "gemma4_text"},
+    "gemma4-deep": {
+        "shape": "gemma4_text",
+        "hidden_size": 256,
+        "num_layers": 21,
+        "num_heads": 8,
+        "num_kv_heads": 2,
+        "intermediate_size": 512,
+        "vocab_size": 4096,
+        "config": {"sliding_window": 512, "num_kv_shared_layers": 18,
+                   "layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 7},
+    },
     "gemma4-30m": {
         "shape": "gemma4_text",
         "hidden_size": 512,
