@@ -25,8 +25,9 @@ freshly loaded mlx-lm model with its own ``KVCache``, no mlxcel patch), in alter
 rounds on one thread with every step evaluated before the next is built; it prints the
 medians and each step's graph (primitives per kind). With a deep, narrow checkpoint
 (``--checkpoint llama-deep``: Llama-3-8B's 32 layers at tiny width) that is the host's cost
-of a GPU decode step. MLX's CPU device composes the ``mx.fast`` kernels (RMSNorm, RoPE,
-attention) from plain ops, so CPU graphs have more nodes than GPU ones, in both loops.
+of a GPU decode step (``--checkpoint gemma4-deep``: the same for Gemma-4-E4B's 42
+layers). MLX's CPU device composes the ``mx.fast`` kernels (RMSNorm, RoPE, attention) from
+plain ops, so CPU graphs have more nodes than GPU ones, in both loops.
 
 Rule: compare it with ``bench/gpu/raw_loop.py`` (model only) and ``bench/serving.py`` (full
 server) on the same checkpoint and prompts (``bench_prompt``), so a gap splits into engine

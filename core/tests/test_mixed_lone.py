@@ -76,6 +76,28 @@ def test_rows_joining_and_leaving_a_lone_row_keep_every_rows_tokens(mlxcel_check
     assert [first.tokens, *(s.tokens for s in later)] == alone
 
 
+def test_the_whole_cuda_policy_on_a_lone_row_and_its_joiners(mlxcel_checkpoint_cache):
+    """Every choice CUDA resolves, run on this device: a lone row (plain caches, bound
+    submodules, fused projections), rows joining it and lazily leaving, a prompt-cache
+    hit among them: each gets its solo tokens."""
+    path = gemma4(mlxcel_checkpoint_cache)
+    worker = worker_for(path, cache=True, chunk=16, hold_groups=True, burst_chunks=8,
+                        lazy_leave=True, emit_first=True, fuse_projections=True,
+                        bind_modules=True, decode_attention="grouped")
+    first = submit(worker, LONG, max_tokens=12)
+    run_until_done(worker, [first], settle=True)
+    lone = submit(worker, LONG, max_tokens=12)
+    while len(lone.tokens) < 3:
+        worker._iteration()
+    assert is_lone(worker.batch.cache)
+    prompts = [LONG + first.tokens + [4, 5], SHORT, LONG[:23]]  # the first: a cache hit
+    sinks = [submit(worker, p, max_tokens=6) for p in prompts]
+    run_until_done(worker, [lone, *sinks])
+    assert sinks[0].last.usage.cached_tokens > len(LONG)
+    want = solo_outputs(path, [LONG, *prompts], max_tokens=[12, 6, 6, 6], chunk=16)
+    assert [lone.tokens, *(s.tokens for s in sinks)] == want
+
+
 def test_a_lone_row_from_a_stored_entry_leaves_the_entry_as_it_was(mlxcel_checkpoint_cache):
     """The agent-turn case: a lone row starting from a prompt-cache entry whose rotating
     layers are full decodes in place on its own arrays, never the entry's, and gets the
