@@ -201,6 +201,9 @@ class OutputMachine:
     def feed(self, event: GenerationEvent) -> list[Delta]:
         """The deltas one event settles. Its logprobs ride on the last text delta it
         produced, or on an empty content delta when it produced none."""
+        if event.finish_reason is None and not (event.specials or event.logprobs
+                                                or self._stopped):
+            return self._feed_text(event)
         out: list[Delta] = []
         self._tools.token_ids = event.token_ids
         for text, special in pieces(event):
@@ -227,6 +230,21 @@ class OutputMachine:
             out.append(Finish(reason=reason, usage=event.usage, error=event.error,
                               calls=self._calls, reasoning_only=self._reasoning_only(),
                               stop_sequence=self._stops.matched))
+        return out
+
+    def _feed_text(self, event: GenerationEvent) -> list[Delta]:
+        """``feed`` for the common event (ordinary text, no logprobs, not the last): the
+        same stages in fewer steps, since it runs on the event loop once per token."""
+        self._tools.token_ids = event.token_ids
+        if not event.text:
+            return []
+        safe, self._stopped = self._stops.feed(event.text)
+        out = self._route(safe, False)
+        if len(out) > 1:
+            out = merge(out)
+        for d in out:
+            if _substantial(d):
+                self._emitted.add(type(d))
         return out
 
     def _route(self, text: str, special: bool) -> list[Delta]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 from msgspec import UNSET
 
 from mlxcel.chat.answer import Answer, failure
@@ -26,6 +27,9 @@ from .logprobs import chat_logprobs, completion_logprobs
 
 # answer finish reasons -> OpenAI's; "error" and "cancelled" never reach a client as one
 FINISH = {"stop": "stop", "length": "length", "tool_calls": "tool_calls"}
+_json = msgspec.json.Encoder().encode
+_PLACEHOLDER = "\x00mlxcel-text\x00"  # where a text chunk's template has its text
+_PLACEHOLDER_JSON = _json(_PLACEHOLDER)
 
 
 def wire_usage(u: Usage | None) -> s.Usage:
@@ -54,10 +58,15 @@ class _Encoder:
                 if self.include_usage:
                     out.append(sse(self.usage_frame(wire_usage(delta.usage))))
                 return [*out, SSE_DONE]
-            frame = self.delta_frame(delta)
+            frame = self.delta_bytes(delta)
             if frame is not None:
-                out.append(sse(frame))
+                out.append(frame)
         return out
+
+    def delta_bytes(self, delta: Delta) -> bytes | None:
+        """One delta's SSE frame, or None for a delta this surface does not show."""
+        frame = self.delta_frame(delta)
+        return None if frame is None else sse(frame)
 
     def delta_frame(self, delta: Delta) -> Any: ...
 
@@ -73,6 +82,22 @@ class ChatEncoder(_Encoder):
     def __init__(self, *args: Any, logprobs: bool = False, **kw: Any) -> None:
         super().__init__(*args, **kw)
         self.logprobs = logprobs
+        self._text_frames = {ContentDelta: self._around("content"),
+                             ReasoningDelta: self._around("reasoning_content")}
+
+    def _around(self, field: str) -> tuple[bytes, bytes] | None:
+        """The bytes of a text chunk before and after its text's JSON string: a text
+        delta's frame is then two joins, the same bytes as encoding the whole chunk
+        (None when the response's own strings contain the placeholder)."""
+        parts = sse(self._chunk(s.Delta(**{field: _PLACEHOLDER}))).split(_PLACEHOLDER_JSON)
+        return (parts[0], parts[1]) if len(parts) == 2 else None
+
+    def delta_bytes(self, delta: Delta) -> bytes | None:
+        if isinstance(delta, (ContentDelta, ReasoningDelta)) and not delta.logprobs:
+            around = self._text_frames[type(delta)]
+            if around is not None:
+                return around[0] + _json(delta.text) + around[1]
+        return super().delta_bytes(delta)
 
     def _chunk(self, delta: s.Delta, finish: str | None = None,
                logprobs: dict | None = None) -> s.ChatCompletionChunk:
