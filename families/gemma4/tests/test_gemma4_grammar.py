@@ -10,7 +10,6 @@ import time
 
 import jsonschema
 import pytest
-from mlxcel.engine.constraints.limits import MAX_PATTERN_BYTES
 from mlxcel.types.messages import Tool
 from mlxcel_family_gemma4.grammar import EXACT, grammar, sequence
 from mlxcel_family_gemma4.parser import new_parser
@@ -65,35 +64,13 @@ def client(gemma4_checkpoint):
 
 
 def test_the_engine_writes_calls_the_parser_reads_with_the_special_tokens(gemma4_checkpoint):
-    from mlxcel.engine.constraints import ConstraintCompiler
-    from mlxcel.testing.engine import engine_for, run
-    from mlxcel.types import GenerationRequest, SamplingParams
+    from mlxcel.testing.conformance import forced_calls
 
-    engine = engine_for(gemma4_checkpoint, 2)
-    try:
-        tok = engine.worker.checkpoint.tokenizer
-        compiler = ConstraintCompiler.for_tokenizer(tok, eos_ids=set(tok.eos_ids))
-        guide = compiler.compile(grammar(TOOLS, "required"))
-        outputs = run(engine, [
-            GenerationRequest(request_id=f"g{seed}", prompt_tokens=(5, 6, 7 + seed),
-                              max_tokens=300, guide=guide,
-                              sampling=SamplingParams(temperature=1.0, seed=seed))
-            for seed in range(6)])
-    finally:
-        engine.shutdown()
     seen = set()
-    for ids, last in outputs:
-        assert last.finish_reason == "stop"
-        text = tok.decode(ids, skip_special=False)
-        parser = new_parser(TOOLS)
-        parser.feed(text)
-        result = parser.finish()
-        assert result.calls and all(type(e).__name__ != "ToolText" for e in result.events)
-        for call in result.calls:
+    for calls, _ in forced_calls(gemma4_checkpoint, grammar, new_parser, TOOLS, MARKERS):
+        for call in calls:
             check_call(call.name, call.arguments, set(SCHEMAS))
             seen.add(call.name)
-        for marker in MARKERS:
-            assert ids.count(tok.hf.token_to_id(marker)) == text.count(marker) > 0
     assert seen == set(SCHEMAS), "six seeds call both tools"
 
 
@@ -167,17 +144,6 @@ def test_optional_items_are_separated_once_and_required_ones_kept(flags):
             assert not pattern.fullmatch(",".join(y for y, _ in items if y != x))
 
 
-def test_the_pattern_grows_linearly_with_the_tools_and_stays_in_bounds():
-    def tools(n: int) -> tuple[Tool, ...]:
-        return tuple(tool(f"tool_{i}", {**ALARM, "properties": {
-            **ALARM["properties"], "filters": {"type": "object"},
-            "ids": {"type": "array", "items": {"type": "array", "items": {"type": "integer"}}},
-            "mode": {"anyOf": [{"type": "integer"}, {"type": "null"}]}}}) for i in range(n))
-
-    small, large = (len(grammar(tools(n), "required").pattern) for n in (8, 64))
-    assert large < 8 * small + 8 * 64 and large < MAX_PATTERN_BYTES // 4
-
-
 @pytest.fixture(scope="module")
 def vocabulary(gemma4_checkpoint):
     from mlxcel.engine.constraints import TokenVocabulary
@@ -186,27 +152,11 @@ def vocabulary(gemma4_checkpoint):
     return TokenVocabulary.from_tokenizer(Tokenizer.from_dir(gemma4_checkpoint))
 
 
-def _deep(levels: int) -> dict:
-    """An object nested ``levels`` deep, each level's one property required."""
-    node: dict = {"type": "integer"}
-    for _ in range(levels):
-        node = {"type": "object", "properties": {"x": node}, "required": ["x"]}
-    return node
+def test_the_grammar_passes_the_conformance_checks(tmp_path, vocabulary):
+    """Odd and 40-deep tool schemas compile; the pattern grows linearly with the tools."""
+    from mlxcel.testing.conformance import check_grammar
 
-
-ODD = [True, False, [], {"properties": []}, {"properties": {"a": True}, "required": "a"},
-       {"properties": {"a": {"type": 123}}, "required": [1, None]},
-       {"properties": {"a": {"enum": "x"}, "b": {"anyOf": "x", "type": ["integer", 5]}}},
-       {"properties": {"a": {"items": [1]}, "b": {"type": "array", "items": True}}},
-       {"properties": {"a": {"enum": [{"x": 1}, [1], "a<b", "\x01", 2]}}, "required": ["a"]},
-       {"properties": {"a": {"$ref": "#/$defs/x"}}, "$defs": {"x": {"type": "integer"}}},
-       {"type": "object", "properties": {"a": _deep(40)}, "required": ["a"]}]
-
-
-@pytest.mark.parametrize("parameters", ODD, ids=[str(i) for i in range(len(ODD))])
-def test_odd_or_deep_parameters_give_a_grammar_that_compiles(tmp_path, vocabulary, parameters):
-    from mlxcel.engine.constraints import ConstraintCompiler
-
-    constraint = grammar((tool("f", parameters),), "required")
-    assert constraint is not None
-    assert ConstraintCompiler(vocabulary, cache_dir=tmp_path).compile(constraint).matcher()
+    check_grammar(grammar, vocabulary, tmp_path, {**ALARM, "properties": {
+        **ALARM["properties"], "filters": {"type": "object"},
+        "ids": {"type": "array", "items": {"type": "array", "items": {"type": "integer"}}},
+        "mode": {"anyOf": [{"type": "integer"}, {"type": "null"}]}}})

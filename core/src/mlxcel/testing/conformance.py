@@ -293,3 +293,85 @@ def streamed_calls(events: list, where: str = "parser") -> list[tuple[str, str |
                 calls[e.index][2] += e.text
     assert open_ is None, f"{where}: call {open_} never ends (finish() must end it)"
     return [tuple(c) for c in calls]
+
+
+# -- forced-call grammars ------------------------------------------------------------------
+def _nested(levels: int) -> dict:
+    """An object nested ``levels`` deep, each level's one property required."""
+    node: dict = {"type": "integer"}
+    for _ in range(levels):
+        node = {"type": "object", "properties": {"x": node}, "required": ["x"]}
+    return node
+
+
+# tool parameters a client may send that are odd (not objects, wrong keyword types, refs)
+# or deep: a format's grammar must still build a constraint that compiles
+ODD_PARAMETERS: tuple[Any, ...] = (
+    True, False, [], {"properties": []},
+    {"properties": {"a": True}, "required": "a"},
+    {"properties": {"a": {"type": 123}}, "required": [1, None]},
+    {"properties": {"a": {"enum": "x"}, "b": {"anyOf": "x", "type": ["integer", 5]}}},
+    {"properties": {"a": {"items": [1]}, "b": {"type": "array", "items": True}}},
+    {"properties": {"a": {"enum": [{"x": 1}, [1], "a<b", "\x01", 2]}}, "required": ["a"]},
+    {"properties": {"a": {"$ref": "#/$defs/x"}}, "$defs": {"x": {"type": "integer"}}},
+    {"type": "object", "properties": {"a": _nested(40)}, "required": ["a"]},
+)
+
+
+def forced_calls(checkpoint: Any, grammar: Any, new_parser: Any, tools: tuple,
+                 markers: tuple[str, ...], seeds: int = 6) -> list[tuple[Any, str]]:
+    """Run ``grammar(tools, "required")`` on ``checkpoint``'s engine for ``seeds`` random
+    samplings; each answer must end in the constraint (``stop``), parse with the format's
+    parser into calls and nothing else, and write every marker of ``markers`` as the
+    tokenizer's own token (never spelled in pieces). Returns ``(calls, text)`` per answer,
+    for the caller's schema checks."""
+    from mlxcel.engine.constraints import ConstraintCompiler
+    from mlxcel.types import GenerationRequest, SamplingParams
+
+    engine = engine_for(checkpoint, 2)
+    try:
+        tok = engine.worker.checkpoint.tokenizer
+        compiler = ConstraintCompiler.for_tokenizer(tok, eos_ids=set(tok.eos_ids))
+        guide = compiler.compile(grammar(tools, "required"))
+        outputs = run(engine, [
+            GenerationRequest(request_id=f"g{seed}", prompt_tokens=(5, 6, 7 + seed),
+                              max_tokens=300, guide=guide,
+                              sampling=SamplingParams(temperature=1.0, seed=seed))
+            for seed in range(seeds)])
+    finally:
+        engine.shutdown()
+    answers = []
+    for ids, last in outputs:
+        assert last.finish_reason == "stop"
+        text = tok.decode(ids, skip_special=False)
+        parser = new_parser(tools)
+        parser.feed(text)
+        result = parser.finish()
+        assert result.calls and not [e for e in result.events if isinstance(e, ToolText)], \
+            text
+        for marker in markers:
+            assert ids.count(tok.hf.token_to_id(marker)) == text.count(marker) > 0, marker
+        answers.append((result.calls, text))
+    return answers
+
+
+def check_grammar(grammar: Any, vocabulary: Any, cache_dir: Any, parameters: dict) -> None:
+    """A format's ``grammar(tools, choice)``: for each of ``ODD_PARAMETERS`` it builds a
+    constraint that compiles for ``vocabulary``, and its size grows at most linearly with
+    the tools (8 and 64 tools taking ``parameters``), within the compile limits."""
+    from mlxcel.engine.constraints import ConstraintCompiler
+    from mlxcel.engine.constraints.limits import MAX_PATTERN_BYTES
+    from mlxcel.types.messages import Tool
+
+    def tool(name: str, params: Any) -> Tool:
+        return Tool(name=name, definition={"type": "function", "function": {
+            "name": name, "parameters": params}})
+
+    compiler = ConstraintCompiler(vocabulary, cache_dir=cache_dir)
+    for i, params in enumerate(ODD_PARAMETERS):
+        constraint = grammar((tool("f", params),), "required")
+        assert constraint is not None, f"ODD_PARAMETERS[{i}]: no grammar"
+        assert compiler.compile(constraint).matcher(), f"ODD_PARAMETERS[{i}]"
+    small, large = (len(grammar(tuple(tool(f"tool_{i}", parameters) for i in range(n)),
+                                "required").pattern) for n in (8, 64))
+    assert large < 8 * small + 8 * 64 and large < MAX_PATTERN_BYTES // 4, (small, large)
