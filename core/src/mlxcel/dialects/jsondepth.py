@@ -5,6 +5,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import msgspec
+
+from mlxcel.errors import InvalidRequest
+
 MAX_JSON_DEPTH = 64  # objects/arrays inside one another, the outermost counting as 1
 PARAM_PARTS = 3  # a too-deep location is named by its first few path parts (never deep keys)
 _TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{},]')
@@ -66,3 +70,24 @@ def deep_path(body: bytes, limit: int = MAX_JSON_DEPTH) -> str | None:
         elif frames[-1][0] and frames[-1][2]:
             frames[-1][1], frames[-1][2] = tok[1:-1].decode("utf-8", "replace"), False
     return None
+
+
+def call_arguments(value: Any, where: str) -> Any:
+    """A tool call's arguments as a chat template reads them: a JSON object's text becomes
+    the object, an object stays one, any other string stays as it is; the nesting is
+    bounded, because templates recurse through it. ``where`` names the field in errors."""
+    too_deep_error = InvalidRequest(f"{where} is nested more than {MAX_JSON_DEPTH} levels "
+                                    "deep", param=where)
+    if value is not None and not isinstance(value, (str, dict)):
+        raise InvalidRequest(f"{where} must be a JSON string or an object", param=where)
+    if not isinstance(value, str):
+        return value
+    try:
+        parsed = msgspec.json.decode(value)
+    except RecursionError:
+        raise too_deep_error from None
+    except msgspec.DecodeError:
+        return value
+    if too_deep(parsed)[0]:
+        raise too_deep_error
+    return parsed if isinstance(parsed, dict) else value

@@ -14,7 +14,7 @@ from mlxcel.chat.request import (
     stop_strings,
 )
 from mlxcel.context import AppContext
-from mlxcel.dialects.jsondepth import MAX_JSON_DEPTH, too_deep
+from mlxcel.dialects.jsondepth import call_arguments
 from mlxcel.dialects.prepare import check_token_ids, encode_prompt
 from mlxcel.dialects.turn import TurnOptions
 from mlxcel.errors import InvalidRequest
@@ -78,26 +78,6 @@ def _content(msg: ChatMessage, index: int) -> tuple[Part, ...] | None:
                  for j, part in enumerate(msg.content))
 
 
-def _arguments(value: Any, where: str) -> Any:
-    """Arguments given as a JSON string are parsed into an object for the template (other
-    strings stay as they are); nesting is bounded because templates recurse through it."""
-    too_deep_error = InvalidRequest(f"{where} is nested more than {MAX_JSON_DEPTH} levels "
-                                    "deep", param=where)
-    if value is not None and not isinstance(value, (str, dict)):
-        raise InvalidRequest(f"{where} must be a JSON string or an object", param=where)
-    if not isinstance(value, str):
-        return value
-    try:
-        parsed = msgspec.json.decode(value)
-    except RecursionError:
-        raise too_deep_error from None
-    except msgspec.DecodeError:
-        return value
-    if too_deep(parsed)[0]:
-        raise too_deep_error
-    return parsed if isinstance(parsed, dict) else value
-
-
 def _tool_call(call: Any, where: str) -> ToolCall:
     if not isinstance(call, dict):
         raise InvalidRequest(f"{where} must be an object", param=where)
@@ -110,7 +90,8 @@ def _tool_call(call: Any, where: str) -> ToolCall:
                              param=f"{where}.function.name")
     call_id = call.get("id")
     return ToolCall(id=call_id if isinstance(call_id, str) else None, name=fn["name"],
-                    arguments=_arguments(fn.get("arguments"), f"{where}.function.arguments"))
+                    arguments=call_arguments(fn.get("arguments"),
+                                             f"{where}.function.arguments"))
 
 
 def _message(msg: ChatMessage, index: int) -> Message:

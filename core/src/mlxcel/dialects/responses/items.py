@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from mlxcel.dialects.jsondepth import MAX_JSON_DEPTH, too_deep
+from mlxcel.dialects.jsondepth import call_arguments
 from mlxcel.errors import InvalidRequest
 from mlxcel.types.messages import AudioPart, ImagePart, Message, Part, TextPart, ToolCall
 
@@ -154,19 +154,6 @@ def _parts(value: Any) -> tuple[Part, ...]:
     return tuple(_chat_part(p) for p in value)
 
 
-def _arguments(text: str) -> Any:
-    """A call's JSON arguments as an object for the template (other text stays as it is);
-    nesting is bounded because templates recurse through it."""
-    try:
-        parsed = msgspec.json.decode(text)
-    except (msgspec.DecodeError, RecursionError):
-        return text
-    if too_deep(parsed)[0]:
-        raise InvalidRequest(f"function_call arguments are nested more than {MAX_JSON_DEPTH} "
-                             "levels deep", param="input")
-    return parsed if isinstance(parsed, dict) else text
-
-
 def reasoning_text(item: dict[str, Any]) -> str:
     """A reasoning item's text: its ``reasoning_text`` parts, else its summary."""
     parts = item.get("content") or item.get("summary") or []
@@ -197,7 +184,7 @@ def messages(items: list[dict[str, Any]]) -> list[Message]:
                                reasoning=reasoning if item["role"] == "assistant" else None))
         elif kind == "function_call":
             call = ToolCall(id=item["call_id"], name=item["name"],
-                            arguments=_arguments(item["arguments"]))
+                            arguments=call_arguments(item["arguments"], "input.arguments"))
             _add_call(out, call, reasoning)
         elif kind == "function_call_output":
             out.append(Message(role="tool", content=_parts(item["output"]),
