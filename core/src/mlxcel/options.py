@@ -46,6 +46,7 @@ from mlxcel.option_types import (  # noqa: F401 (re-exported: the table's types)
     seconds_up_to_1,
     text,
 )
+from mlxcel.options_ignored import IGNORED_ROWS
 
 KEPT, MAPPED, PENDING, IGNORED = "kept", "mapped", "pending", "ignored"
 IGNORED_DEST = "ignored_flags"  # where every ignored row's value goes: {flag: value}
@@ -63,17 +64,6 @@ class Option(NamedTuple):
     llama: str | None = None
 
 
-_KV_TYPES = choice("cache_type", "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl",
-                   "q5_0", "q5_1")
-_ON_DEVICE = ("MLX runs the whole model on one device (unified memory on Apple silicon, "
-              "or the one CUDA GPU): there is nothing to offload, split or place")
-_THREADS = ("MLX schedules its own work; on Linux CPU, OpenBLAS sizes its threads "
-            "(OPENBLAS_NUM_THREADS)")
-_LOADING = ("MLX reads the safetensors into its own buffers: there is no memory map to "
-            "lock or turn off")
-_LOGS = "one structlog line per event; --log-format picks json or console"
-_KV_DTYPE = ("the KV cache holds the model's compute dtype (--dtype); quantized KV caches "
-             "are not offered")
 _EMBEDDINGS = ("stored; the embeddings and rerank routes arrive with the embeddings work, "
                "and until then this server serves its chat model only")
 
@@ -277,69 +267,8 @@ _ROWS: list[tuple[Any, ...]] = [
     (("--pooling",), "pooling", choice("pooling", "none", "mean", "cls", "last", "rank"),
      None, "LLAMA_ARG_POOLING", _EMBEDDINGS, PENDING),
     # llama-server flags with no meaning on MLX: accepted, and named in one log line
-    *((flags, IGNORED_DEST, type_, None, env, why, IGNORED) for flags, type_, env, why in (
-        (("-ngl", "--n-gpu-layers", "--gpu-layers"), text, "LLAMA_ARG_N_GPU_LAYERS", _ON_DEVICE),
-        (("-sm", "--split-mode"), text, "LLAMA_ARG_SPLIT_MODE", _ON_DEVICE),
-        (("-ts", "--tensor-split"), text, "LLAMA_ARG_TENSOR_SPLIT", _ON_DEVICE),
-        (("-mg", "--main-gpu"), text, "LLAMA_ARG_MAIN_GPU", _ON_DEVICE),
-        (("-dev", "--device"), text, "LLAMA_ARG_DEVICE", _ON_DEVICE),
-        (("-cmoe", "--cpu-moe"), Toggle(), "LLAMA_ARG_CPU_MOE", _ON_DEVICE),
-        (("-ncmoe", "--n-cpu-moe"), text, "LLAMA_ARG_N_CPU_MOE", _ON_DEVICE),
-        (("-ot", "--override-tensor"), text, "LLAMA_ARG_OVERRIDE_TENSOR", _ON_DEVICE),
-        (("-kvo", "--kv-offload", "-nkvo", "--no-kv-offload"), Toggle("-nkvo", "--no-kv-offload"),
-         "LLAMA_ARG_KV_OFFLOAD", _ON_DEVICE),
-        (("-fit", "--fit"), maybe_text, "LLAMA_ARG_FIT",
-         "each request's memory is checked against the device's budget instead "
-         "(--request-memory-budget)"),
-        (("-t", "--threads"), text, "LLAMA_ARG_THREADS", _THREADS),
-        (("-tb", "--threads-batch"), text, "LLAMA_ARG_THREADS_BATCH", _THREADS),
-        (("-C", "--cpu-mask"), text, None, _THREADS),
-        (("-Cr", "--cpu-range"), text, None, _THREADS),
-        (("--cpu-strict",), text, None, _THREADS),
-        (("--prio",), text, None, _THREADS),
-        (("--poll",), text, None, _THREADS),
-        (("--numa",), text, "LLAMA_ARG_NUMA", _THREADS),
-        (("--mlock",), Toggle(), "LLAMA_ARG_MLOCK", _LOADING),
-        (("--mmap", "--no-mmap"), Toggle("--no-mmap"), "LLAMA_ARG_NO_MMAP", _LOADING),
-        (("-fa", "--flash-attn"), maybe_text, "LLAMA_ARG_FLASH_ATTN",
-         "the attention kernel is chosen per device (--decode-attention)"),
-        (("-ctk", "--cache-type-k"), _KV_TYPES, "LLAMA_ARG_CACHE_TYPE_K", _KV_DTYPE),
-        (("-ctv", "--cache-type-v"), _KV_TYPES, "LLAMA_ARG_CACHE_TYPE_V", _KV_DTYPE),
-        (("-kvu", "--kv-unified", "-no-kvu", "--no-kv-unified"),
-         Toggle("-no-kvu", "--no-kv-unified"), "LLAMA_ARG_KV_UNIFIED",
-         "each slot's KV rows grow with its sequence inside one batch cache: there is no "
-         "fixed buffer to share or split"),
-        (("--swa-full",), Toggle(), "LLAMA_ARG_SWA_FULL",
-         "sliding-window layers keep mlx-lm's rotating caches"),
-        (("--cache-reuse",), text, "LLAMA_ARG_CACHE_REUSE",
-         "the prompt cache reuses a request's longest cached prefix; chunks are never "
-         "shifted inside the KV cache"),
-        (("-cb", "--cont-batching", "-nocb", "--no-cont-batching"),
-         Toggle("-nocb", "--no-cont-batching"), "LLAMA_ARG_CONT_BATCHING",
-         "the engine always batches continuously (requests join between decode steps); "
-         "-np 1 serves one request at a time"),
-        (("--context-shift", "--no-context-shift"), Toggle("--no-context-shift"),
-         "LLAMA_ARG_CONTEXT_SHIFT",
-         "a generation that fills its context ends with finish_reason length; nothing is "
-         "shifted out"),
-        (("--warmup", "--no-warmup"), Toggle("--no-warmup"), None,
-         "warm-up is the device's: CUDA runs every prefill shape once at startup, other "
-         "devices need none"),
-        (("-sps", "--slot-prompt-similarity"), text, None,
-         "a request takes any free slot; the prompt cache, not the slot, keeps prefixes"),
-        (("-dt", "--defrag-thold"), text, "LLAMA_ARG_DEFRAG_THOLD",
-         "the KV cache never fragments (the flag is deprecated in llama.cpp too)"),
-        (("--props",), Toggle(), "LLAMA_ARG_ENDPOINT_PROPS",
-         "settings are fixed at startup: GET /props answers, POST /props is not served"),
-        (("--webui", "--no-webui"), Toggle("--no-webui"), None, "no web UI is served"),
-        (("--log-colors",), maybe_text, "LLAMA_ARG_LOG_COLORS", _LOGS),
-        (("--log-timestamps", "--no-log-timestamps"), Toggle("--no-log-timestamps"),
-         "LLAMA_ARG_LOG_TIMESTAMPS", _LOGS),
-        (("--log-prefix", "--no-log-prefix"), Toggle("--no-log-prefix"),
-         "LLAMA_ARG_LOG_PREFIX", _LOGS),
-        (("-v", "--verbose", "--log-verbose"), Toggle(), None, _LOGS),
-        (("-lv", "--verbosity", "--log-verbosity"), text, "LLAMA_ARG_LOG_VERBOSITY", _LOGS),
-    )),
+    *((flags, IGNORED_DEST, type_, None, env, why, IGNORED)
+      for flags, type_, env, why in IGNORED_ROWS),
 ]
 OPTIONS: list[Option] = [Option(*row) for row in _ROWS]
 
