@@ -261,19 +261,33 @@ class Timed:
     def __init__(self) -> None:
         self.walls: list[float] = []
         self.cpus: list[float] = []
+        self.queues: list[float] = []
 
     def run(self, steps: int) -> None:
         for _ in range(steps):
             w, c = time.perf_counter(), time.thread_time()
             outputs = self.build()
-            self.walls.append(time.perf_counter() - w)
+            q = time.perf_counter()
+            self.walls.append(q - w)
             self.cpus.append(time.thread_time() - c)
             if len(self.walls) == 16:
                 self.graph = step_graph(*outputs)
+            self.queue(outputs)
+            self.queues.append(time.perf_counter() - q)
             self.finish(outputs)
 
-    def summary(self) -> tuple[float, float]:
-        return statistics.median(self.walls) * 1e3, statistics.median(self.cpus) * 1e3
+    def queue(self, outputs) -> None:
+        """Queue the step (``mx.async_eval``; on CUDA this encodes its kernels)."""
+        import mlx.core as mx
+
+        mx.async_eval(*outputs)
+
+    def clear(self) -> None:
+        self.walls, self.cpus, self.queues = [], [], []
+
+    def summary(self) -> tuple[float, float, float]:
+        return (statistics.median(self.walls) * 1e3, statistics.median(self.cpus) * 1e3,
+                statistics.median(self.queues) * 1e3)
 
 
 class EngineSteps(Timed):
@@ -300,10 +314,12 @@ class EngineSteps(Timed):
         self.step = self.batch.launch()
         return (self.step.sampled, *self.step.logprobs)
 
+    def queue(self, outputs) -> None:
+        self.step.start()
+
     def finish(self, outputs) -> None:
         from mlxcel.engine.batch import read_back
 
-        self.step.start()
         read_back(self.step, self.worker.stats)
 
 
@@ -355,11 +371,13 @@ def build_time(worker, path: pathlib.Path, prompts: list[list[int]], rounds: int
         reference.run(steps)
         if r == 0:
             for loop in (engine, reference):
-                loop.walls, loop.cpus = [], []
-    (ew, ec), (rw, rc) = engine.summary(), reference.summary()
+                loop.clear()
+    (ew, ec, eq), (rw, rc, rq) = engine.summary(), reference.summary()
     print(f"build ms per step at B={len(prompts)} (median of {len(engine.walls)}, "
           f"interleaved): engine {ew:.3f} (CPU {ec:.3f}), reference {rw:.3f} (CPU "
           f"{rc:.3f}); engine / reference = {ew / rw:.3f} (CPU {ec / rc:.3f})", flush=True)
+    print(f"queue ms per step (mx.async_eval, the device idle before it): engine {eq:.3f}, "
+          f"reference {rq:.3f}; engine / reference = {eq / rq:.3f}", flush=True)
     print(f"  engine graph: {graph_line(engine.graph)}", flush=True)
     print(f"  reference graph: {graph_line(reference.graph)}", flush=True)
 

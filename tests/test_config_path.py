@@ -201,3 +201,16 @@ def test_the_cli_refuses_a_bad_knob_without_importing_the_engine():
 
 if __name__ == "__main__":
     ENV_MD.write_text(_rewrite(ENV_MD.read_text(encoding="utf-8")), encoding="utf-8")
+
+
+def test_step_order_resolves_into_the_engine_policy(monkeypatch):
+    from mlxcel.engine.policy import resolve_policy
+
+    assert resolve_policy(EngineConfig()).emit_first is False  # the CPU's own order
+    monkeypatch.setenv("MLXCEL_STEP_ORDER", "emit-first")
+    config = EngineConfig.from_settings(_settings([]))
+    assert config.step_order == "emit-first" and resolve_policy(config).emit_first is True
+    config = EngineConfig.from_settings(_settings(["--step-order", "queue-first"]))
+    assert resolve_policy(config).emit_first is False
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--step-order", "sideways"])

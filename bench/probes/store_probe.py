@@ -4,9 +4,9 @@ On a Llama-3-8B-shaped layer stack of ``BatchCache`` (bf16, 32 layers, 8 KV head
 B rows of ~``--length`` tokens, capacity rounded up to 256), times each alone, as the engine
 runs them (graph built, then ``mx.async_eval`` = encode, then wait):
 
-* ``rows``: copying R finished rows out (what ``SharedOps.snapshots`` does per layer), with
-  the gather taken from a slice of the buffer (the old code) or from the whole buffer;
-* ``SharedOps.snapshots``-style per-row concatenation of all layers;
+* gathering R finished rows from a slice of the buffer (older code) or from the whole buffer;
+* the store (``SharedOps.snapshots``): per-row concatenation of per-layer slices (the code
+  before ``kvcache.stored_rows``) against ``stored_rows`` (one gather per layer, one stack);
 * ``extend``: a group of G rows joining the batch (one new buffer per layer and side);
 * a plain allocation of the joined size (``mx.zeros``), new and repeated.
 
@@ -30,7 +30,7 @@ def main() -> int:
     args = ap.parse_args()
     import mlx.core as mx
     import mlx.nn as nn
-    from mlxcel.engine.kvcache import BatchCache
+    from mlxcel.engine.kvcache import BatchCache, stored_rows
 
     rope = nn.RoPE(128, base=500000.0)
     layers, b, n = 32, args.batch, args.length
@@ -70,15 +70,25 @@ def main() -> int:
         timed(f"[{trial}] gather from a slice (old)", sliced_gather)
         timed(f"[{trial}] gather from the buffer", lambda caches=caches: [
             c.keys[mx.array(idx)] for c in caches] + [c.values[mx.array(idx)] for c in caches])
-        timed(f"[{trial}] rows() x layers (views)", lambda caches=caches, lengths=lengths: [
-            a for c in caches for r in c.rows(idx, lengths) for a in r])
+        def per_row(caches=caches, lengths=lengths) -> list:
+            # the store before stored_rows: per layer a gather and rotation, per row and
+            # layer a slice, per row one concatenation of all layers
+            from mlxcel.engine.kvcache import rotate
 
-        def stacked(caches=caches, lengths=lengths) -> list:
-            per_layer = [c.rows(idx, lengths) for c in caches]
-            return [mx.concatenate([layer[j][s] for layer in per_layer])
+            take = mx.array(idx)
+            out = []
+            for c in caches:
+                k, v = c.keys[take], c.values[take]
+                k = rotate(c.rope, k, [-(c.pads[i] + c.base) for i in idx])
+                out.append([(k[j:j + 1, :, c.pads[i]:c.pads[i] + n],
+                             v[j:j + 1, :, c.pads[i]:c.pads[i] + n])
+                            for j, (i, n) in enumerate(zip(idx, lengths, strict=True))])
+            return [mx.concatenate([layer[j][s] for layer in out])
                     for j in range(len(idx)) for s in (0, 1)]
 
-        timed(f"[{trial}] snapshots (per-row concatenation)", stacked)
+        timed(f"[{trial}] store, per-row concatenation (old)", per_row)
+        timed(f"[{trial}] store, stored_rows", lambda caches=caches, lengths=lengths: [
+            a for r in stored_rows(caches, idx, lengths) for a in (r.keys, r.values)])
         group = batch(8, 64 + trial)
 
         def join(caches=caches, group=group) -> list:

@@ -279,7 +279,7 @@ def test_installed_attention_serves_only_masked_steps_on_engine_caches():
     assert not hasattr(qwen3.scaled_dot_product_attention, "mlxcel_original")
 
 
-def test_rows_copies_several_rows_like_row_does():
+def test_stored_rows_copy_every_layer_like_row_does():
     model = _model("qwen3")
     for rope in (None, shared_position_rope(model, family_allows=True)):
         rows = Rows(model, rope)
@@ -287,13 +287,16 @@ def test_rows_copies_several_rows_like_row_does():
         rows.step(1)
         rows.join(rows.group([_tokens(4, 20)]))  # moves base in shared mode
         rows.step(2)
-        cache = rows.cache[1]
-        idx, lengths = [3, 0, 2], [18, 4, 7]
-        for (k, v), i, n in zip(cache.rows(idx, lengths), idx, lengths, strict=True):
-            k1, v1 = cache.row(i, n)
-            assert k.shape == (1, 2, n, 16)
-            assert np.allclose(np.array(k), np.array(k1), atol=1e-5)
-            assert np.array_equal(np.array(v), np.array(v1))
+        for idx, lengths in (([3, 0, 2], [18, 4, 7]), ([1], [11])):
+            stored = kvcache.stored_rows(rows.cache, idx, lengths)
+            for got, i, n in zip(stored, idx, lengths, strict=True):
+                assert got.keys.shape == (len(rows.cache), 1, 2, n, 16)
+                # its own buffers: a stored row holds only its tokens
+                assert got.nbytes == 2 * len(rows.cache) * 2 * n * 16 * 4
+                for layer, cache in enumerate(rows.cache):
+                    k1, v1 = cache.row(i, n)
+                    assert np.allclose(np.array(got.keys[layer]), np.array(k1), atol=1e-5)
+                    assert np.array_equal(np.array(got.values[layer]), np.array(v1))
 
 
 def test_decode_attention_mode_follows_the_setting_and_the_device():

@@ -87,8 +87,14 @@ def test_lifecycle_warm_up_runs_every_batch_operation_once(mlxcel_checkpoint_cac
 
         monkeypatch.setattr(owner, name, wrapper)
 
-    for name in ("filter", "rows", "row"):
-        spy(kvcache.BatchCache, name)
+    spy(kvcache.BatchCache, "filter")
+    real_stored = batch.stored_rows
+
+    def stored(caches, idx, lengths):
+        seen.add("stored one" if len(idx) == 1 else "stored several")
+        return real_stored(caches, idx, lengths)
+
+    monkeypatch.setattr(batch, "stored_rows", stored)
     real_extend = kvcache.BatchCache.extend
 
     def extend(self, *others, keep=None):
@@ -111,7 +117,8 @@ def test_lifecycle_warm_up_runs_every_batch_operation_once(mlxcel_checkpoint_cac
     for rope in (shared_position_rope(ck.model, True), None):
         seen.clear()
         warm_lifecycle(ck.model, rope, ck.tokenizer.vocab_size, align=32)
-        assert seen == {"extend", "extend keeping rows", "filter", "rows", "row",
+        assert seen == {"extend", "extend keeping rows", "filter", "stored one",
+                        "stored several",
                         "from_prefixes", "logprob_arrays",
                         "penalties", "sampled", "grow"}
     assert mx.array(1).item() == 1

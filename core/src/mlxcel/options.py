@@ -255,6 +255,10 @@ _ROWS: list[tuple[Any, ...]] = [
      "MLXCEL_DECODE_ATTENTION",
      "attention for batches with padded rows (auto: varlen on CUDA, composed on MLX's CPU "
      "device, fused on Metal)"),
+    (("--step-order",), "step_order", choice("step_order", "auto", "queue-first", "emit-first"),
+     "auto", "MLXCEL_STEP_ORDER",
+     "queue-first or emit-first: whether a decode step is queued on the device before the "
+     "previous step's tokens go out, or after (auto: the device's choice)"),
     (("--shared-positions",), "shared_positions", on_off, "on", "MLXCEL_SHARED_POSITIONS",
      "on or off: decode a batch on one RoPE offset where the family and the model allow it"),
     (("--engine-trace",), "engine_trace", path, None, "MLXCEL_ENGINE_TRACE",

@@ -94,6 +94,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     switch_interval: float | None = None
     fuse_projections: bool | None = None
     decode_attention: str = "auto"
+    step_order: str = "auto"
     shared_positions: bool = True
     engine_trace: str | None = None
     # llama-server features stored for the embeddings work (no routes yet)
@@ -156,6 +157,7 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     switch_interval: float | None = None  # None: CUDA_SWITCH_INTERVAL on CUDA, else Python's
     fuse_projections: bool | None = None  # None: on with CUDA only
     decode_attention: str = "auto"  # mlxcel.engine.accel.attention.mode
+    step_order: str = "auto"  # queue-first | emit-first | auto (EnginePolicy.emit_first)
     shared_positions: bool = True  # where the family and the model allow it
     engine_trace: str | None = None  # a JSONL file path (mlxcel.engine.trace)
     batch_size: int | None = None  # -b: caps a step's prefill tokens (the burst budget)

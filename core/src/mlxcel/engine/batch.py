@@ -19,7 +19,7 @@ from mlx_lm.models.cache import KVCache
 from mlxcel.backend import on_cuda
 from mlxcel.engine import penalties as pen
 from mlxcel.engine import sampling as samp
-from mlxcel.engine.kvcache import BatchCache, KVRows
+from mlxcel.engine.kvcache import BatchCache, KVRows, stored_rows
 from mlxcel.engine.masks import apply_masks, guided_rows
 from mlxcel.engine.penalties import Penalties
 from mlxcel.engine.sampling import BatchSampler, logprob_arrays
@@ -296,18 +296,11 @@ class SharedOps:
     @staticmethod
     def snapshots(batch: DecodeBatch, seqs: list[Sequence]) -> list[tuple[list[int], KVRows]]:
         """Each row's keys/values for all of its context but the last (sampled, never
-        fed) token, all layers stacked, in the canonical frame; queued together
-        (``mx.async_eval``: the engine does not wait for the copies, and whatever reads
-        them later waits for them as MLX arrays do).
-
-        One array per row and side: two allocations per row rather than two per row and
-        layer, and no per-layer slices to build (a store of 60 rows of a 32-layer model
-        built ~200 ops per row before)."""
+        fed) token, all layers stacked, in the canonical frame (``kvcache.stored_rows``);
+        queued together (``mx.async_eval``: the engine does not wait for the copies, and
+        whatever reads them later waits for them as MLX arrays do)."""
         idx = [batch.rows.index(s) for s in seqs]
-        per_layer = [c.rows(idx, [len(s.context) - 1 for s in seqs]) for c in batch.cache]
-        out = [KVRows(mx.stack([layer[j][0] for layer in per_layer]),
-                      mx.stack([layer[j][1] for layer in per_layer]))
-               for j in range(len(seqs))]
+        out = stored_rows(batch.cache, idx, [len(s.context) - 1 for s in seqs])
         mx.async_eval([a for rows in out for a in (rows.keys, rows.values)])
         return [(s.context[:-1], rows) for s, rows in zip(seqs, out, strict=True)]
 

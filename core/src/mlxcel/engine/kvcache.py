@@ -271,19 +271,42 @@ class BatchCache:
             keys = rotate(self.rope, keys, -(p + self.base))
         return keys, values
 
-    def rows(self, idx: list[int], lengths: list[int]) -> list[tuple[mx.array, mx.array]]:
-        """``row`` for several rows at once: one gather and one rotation per layer instead of
-        one of each per row (rows that finish in the same step are stored together)."""
-        if len(idx) == 1:
-            return [self.row(idx[0], lengths[0])]
-        take = mx.array(idx)
-        # gather from the whole (contiguous) buffer: a slice of it first would be copied
-        # whole before the gather; the slots past the write index are never read below
-        keys, values = self.keys[take], self.values[take]
-        if self.rope is not None:
-            keys = rotate(self.rope, keys, [-(self.pads[i] + self.base) for i in idx])
-        out = []
-        for j, (i, n) in enumerate(zip(idx, lengths, strict=True)):
-            p = self.pads[i]
-            out.append((keys[j:j + 1, :, p:p + n], values[j:j + 1, :, p:p + n]))
-        return out
+
+def stored_rows(caches: list[BatchCache], idx: list[int], lengths: list[int]) -> list[KVRows]:
+    """Rows ``idx`` of every layer (row ``idx[j]``'s first ``lengths[j]`` tokens), each
+    copied into arrays of its own in the canonical frame: what the prompt cache keeps.
+
+    Every layer's cache has the same rows, padding and ``base`` (the batch changes them
+    together), so the rows are gathered once per layer and side, stacked across layers and
+    re-rotated in one call; a row is then one copy per side. Per-row, per-layer slices would
+    cost a graph of rows x layers ops, which the engine thread builds and encodes while the
+    rows' clients wait to send their next turn."""
+    first = caches[0]
+    layers = len(caches)
+    if len(idx) == 1:
+        i, n = idx[0], lengths[0]
+        p = first.pads[i]
+        keys = mx.stack([c.keys[i:i + 1, :, p:p + n] for c in caches])
+        values = mx.stack([c.values[i:i + 1, :, p:p + n] for c in caches])
+        if first.rope is not None:
+            _, _, h, _, d = keys.shape
+            keys = rotate(first.rope, keys.reshape(layers, h, n, d),
+                          -(p + first.base)).reshape(keys.shape)
+        return [KVRows(keys, values)]
+    take = mx.array(idx)
+    hi = max(first.pads[i] + n for i, n in zip(idx, lengths, strict=True))
+    # gather from the whole (contiguous) buffer: a slice of it first would be copied whole
+    # before the gather
+    keys = mx.stack([c.keys[take][..., :hi, :] for c in caches])  # [layers, rows, H, hi, D]
+    values = mx.stack([c.values[take][..., :hi, :] for c in caches])
+    if first.rope is not None:
+        shape = keys.shape
+        deltas = [-(first.pads[i] + first.base) for i in idx]
+        keys = rotate(first.rope, keys.reshape(layers * len(idx), *shape[2:]),
+                      deltas * layers).reshape(shape)
+    out = []
+    for j, (i, n) in enumerate(zip(idx, lengths, strict=True)):
+        p = first.pads[i]
+        out.append(KVRows(mx.contiguous(keys[:, j:j + 1, :, p:p + n]),
+                          mx.contiguous(values[:, j:j + 1, :, p:p + n])))
+    return out

@@ -27,7 +27,8 @@ class EnginePolicy(msgspec.Struct, frozen=True, kw_only=True):
     ``lazy_leave``: finished rows stay in the batch until they are the majority or a group
     joins (``DecodeBatch``; CUDA, where dropping a row copies every other row).
     ``emit_first``: step n's tokens go out before step n+1 is queued (CUDA, where queuing
-    encodes kernels with the GIL released; ``EngineWorker._decode_step``).
+    encodes kernels with the GIL released; ``EngineWorker._decode_step``; ``--step-order``
+    overrides it).
     ``prefill_align``: prefill columns are a multiple of this (CUDA's plan caches,
     ``batch.prefill_align``).
     ``warm_up``: every prefill chunk shape and batch operation runs once at startup
@@ -66,7 +67,8 @@ def resolve_policy(config: EngineConfig) -> EnginePolicy:
         interval = CUDA_SWITCH_INTERVAL
     return EnginePolicy(
         hold_groups=cuda, burst_chunks=BURST_CHUNKS if cuda else 1, lazy_leave=cuda,
-        emit_first=cuda, prefill_align=prefill_align(), warm_up=cuda,
+        emit_first=cuda if config.step_order == "auto" else config.step_order == "emit-first",
+        prefill_align=prefill_align(), warm_up=cuda,
         fuse_projections=cuda if config.fuse_projections is None else config.fuse_projections,
         bind_modules=cuda,
         decode_attention=attention.mode(config.decode_attention),

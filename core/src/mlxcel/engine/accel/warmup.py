@@ -37,7 +37,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from mlxcel.engine.batch import DecodeBatch, PrefillJob
 from mlxcel.engine.cache_kinds import arrays
-from mlxcel.engine.kvcache import BatchCache
+from mlxcel.engine.kvcache import BatchCache, stored_rows
 from mlxcel.engine.sampling import RowRandom
 from mlxcel.types import SamplingParams
 
@@ -96,7 +96,7 @@ def warm_up(model: Any, rope: Any | None, parallel: int, chunk: int, align: int,
         logits = model(mx.zeros((rows, 1), mx.uint32), cache)[:, -1, :]
         mx.eval(mx.argmax(logits, axis=-1))
     if parallel > 1:  # copying rows out for the prompt cache (a JIT-compiled gather)
-        mx.eval(cache[0].rows([0, 1], [1, 1]))
+        mx.eval([r.keys for r in stored_rows(cache, [0, 1], [1, 1])])
     shapes = prefill_shapes(chunk, align, parallel, burst)
     with one_layer(model) as running:
         for rows, cols in shapes:
