@@ -33,6 +33,7 @@ class AppContext(msgspec.Struct, kw_only=True):
 
             tok = self.engine.checkpoint.tokenizer
             compiler = ConstraintCompiler.for_tokenizer(
-                tok, eos_ids=set(tok.eos_ids), timeout=self.settings.grammar_compile_timeout)
+                tok, eos_ids=set(tok.eos_ids), timeout=self.settings.grammar_compile_timeout,
+                cache_dir=self.settings.grammar_cache_dir)
             self.extra["constraint_compiler"] = compiler
         return compiler

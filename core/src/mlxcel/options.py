@@ -168,6 +168,9 @@ _ROWS: list[tuple[Any, ...]] = [
     (("--grammar-compile-timeout",), "grammar_compile_timeout", float, 60.0,
      "MLXCEL_GRAMMAR_COMPILE_TIMEOUT",
      "seconds a response_format schema may take to compile before the request gets 400"),
+    (("--grammar-cache-dir",), "grammar_cache_dir", path, None, "MLXCEL_GRAMMAR_CACHE_DIR",
+     "directory where compiled response_format schemas and tool-call grammars persist "
+     "across restarts (unset: ~/.cache/mlxcel/constraints); unwritable: memory only"),
     (("--responses-store-max-entries",), "responses_store_max_entries", int, 1024,
      "LLAMA_ARG_RESPONSES_STORE_MAX_ENTRIES",
      "stored /v1/responses answers kept for GET and previous_response_id (oldest dropped "

@@ -58,6 +58,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     batch_size: int | None = None
     max_queue_depth: int = 32
     grammar_compile_timeout: float = 60.0  # seconds; mlxcel.engine.constraints
+    grammar_cache_dir: str | None = None  # None: constraints.default_cache_dir()
     responses_store_max_entries: int = 1024  # mlxcel.dialects.responses.store
     responses_store_ttl_secs: float = 3600.0
     conversation_store_max_entries: int = 256
