@@ -17,7 +17,10 @@
 # mlxcel writes its engine timeline to $OUT/engine_trace.jsonl, see MLXCEL_ENGINE_TRACE),
 # RAW_CACHES (raw_loop.py --caches; default KVCache,BatchKVCache; KIND+PATH entries time
 # an mlxcel attention path too), ALT_ARGS / ALT_LABEL / ALT_CONC (a second mlxcel pass
-# with these extra arguments, labelled LABEL-ALT_LABEL, at ALT_CONC; default 64: an A/B).
+# with these extra arguments, labelled LABEL-ALT_LABEL, at ALT_CONC; default 64: an A/B),
+# ROUNDS (default 1; N > 1 repeats raw loop + mlxcel [+ the A/B pass] N-1 more times,
+# labels suffixed -round<N>: on a host whose speed drifts over minutes, compare each
+# server pass with the raw loop measured just before it, and take medians over rounds).
 # One-question GPU probes are in bench/probes/ (bench/probes/README.md).
 #   SHAPE=tiny OUT=/tmp/gpu-test PY=.venv/bin/python bash bench/gpu/run.sh          # CPU dry run
 #   SHAPE=gemma4-tiny OUT=/tmp/gpu-g4 PY=.venv/bin/python bash bench/gpu/run.sh    # CPU dry run
@@ -45,6 +48,7 @@ LABEL=${LABEL:-$SHAPE}
 TRACE=${TRACE:-0}
 RAW_CACHES=${RAW_CACHES:-KVCache,BatchKVCache}
 ALT_ARGS=${ALT_ARGS:-}; ALT_LABEL=${ALT_LABEL:-alt}; ALT_CONC=${ALT_CONC:-64}
+ROUNDS=${ROUNDS:-1}
 MLXCEL_SPAWN=${MLXCEL_SPAWN:-1}   # 1: --mlxcel-spawn (Granian fork after CUDA init fails)
 export SERVING_STARTUP_TIMEOUT_S=${SERVING_STARTUP_TIMEOUT_S:-300}
 SPAWN=(); [ "$MLXCEL_SPAWN" = 1 ] && SPAWN=(--mlxcel-spawn)
@@ -77,28 +81,34 @@ PY
   [ -d "$CKPT" ] || { log "checkpoint build failed"; exit 1; }
   du -sh "$CKPT"
 
-  log "raw loop"
-  "$PY" bench/gpu/raw_loop.py --model "$CKPT" --batches "$CONC" --steps "$STEPS" \
-    --caches "$RAW_CACHES" --out "$OUT/raw_loop.json" || log "raw loop FAILED"
-
   [ "$TRACE" = 1 ] && export MLXCEL_ENGINE_TRACE="$OUT/engine_trace.jsonl"
-
-  log "serving (servers: $SERVERS)"
-  RAW=()
-  [ -s "$OUT/raw_loop.json" ] && RAW=(--raw-json "$OUT/raw_loop.json")
-  "$PY" bench/serving.py --model "$CKPT" --label "$LABEL" --modes defaults \
-    --servers "$SERVERS" --concurrency "$CONC" --max-tokens "$MAXTOK" --parallel "$PARALLEL" \
-    --level-deadline "$LEVEL_DEADLINE" --requests-cap "$REQ_CAP" "${SPAWN[@]}" "${RAW[@]}" \
-    --targets "$TARGETS" --log-dir "$OUT/logs" --out "$OUT/serving_gpu.json" --fresh \
-    || log "serving FAILED"
-  if [ -n "$ALT_ARGS" ]; then
-    log "serving, mlxcel $ALT_ARGS (label $LABEL-$ALT_LABEL)"
-    "$PY" bench/serving.py --model "$CKPT" --label "$LABEL-$ALT_LABEL" --modes defaults \
-      --servers mlxcel --mlxcel-args "$ALT_ARGS" --concurrency "$ALT_CONC" \
-      --max-tokens "$MAXTOK" --parallel "$PARALLEL" --level-deadline "$LEVEL_DEADLINE" \
-      --requests-cap "$REQ_CAP" "${SPAWN[@]}" "${RAW[@]}" --targets none \
-      --log-dir "$OUT/logs-alt" --out "$OUT/serving_gpu.json" || log "alt serving FAILED"
-  fi
+  for round in $(seq 1 "$ROUNDS"); do
+    # round 1: every server in SERVERS; later rounds: mlxcel (and the A/B pass) again,
+    # each against a raw loop measured just before it, labels suffixed -round<N>
+    sfx=""; raw="$OUT/raw_loop.json"; servers="$SERVERS"; fresh=(--fresh)
+    if [ "$round" -gt 1 ]; then
+      sfx="-round$round"; raw="$OUT/raw_loop$sfx.json"; servers=mlxcel; fresh=()
+    fi
+    log "raw loop$sfx"
+    "$PY" bench/gpu/raw_loop.py --model "$CKPT" --batches "$CONC" --steps "$STEPS" \
+      --caches "$RAW_CACHES" --out "$raw" || log "raw loop FAILED"
+    RAW=()
+    [ -s "$raw" ] && RAW=(--raw-json "$raw")
+    log "serving$sfx (servers: $servers)"
+    "$PY" bench/serving.py --model "$CKPT" --label "$LABEL$sfx" --modes defaults \
+      --servers "$servers" --concurrency "$CONC" --max-tokens "$MAXTOK" \
+      --parallel "$PARALLEL" --level-deadline "$LEVEL_DEADLINE" --requests-cap "$REQ_CAP" \
+      "${SPAWN[@]}" "${RAW[@]}" --targets "$TARGETS" --log-dir "$OUT/logs" \
+      --out "$OUT/serving_gpu.json" "${fresh[@]}" || log "serving FAILED"
+    if [ -n "$ALT_ARGS" ]; then
+      log "serving$sfx, mlxcel $ALT_ARGS (label $LABEL-$ALT_LABEL$sfx)"
+      "$PY" bench/serving.py --model "$CKPT" --label "$LABEL-$ALT_LABEL$sfx" \
+        --modes defaults --servers mlxcel --mlxcel-args "$ALT_ARGS" --concurrency "$ALT_CONC" \
+        --max-tokens "$MAXTOK" --parallel "$PARALLEL" --level-deadline "$LEVEL_DEADLINE" \
+        --requests-cap "$REQ_CAP" "${SPAWN[@]}" "${RAW[@]}" --targets none \
+        --log-dir "$OUT/logs-alt" --out "$OUT/serving_gpu.json" || log "alt serving FAILED"
+    fi
+  done
   log "done"
 } 2>&1 | tee "$OUT/run.log"
 tar czf "$OUT/logs.tgz" -C "$OUT" $(cd "$OUT" && ls -d logs logs-alt 2>/dev/null) && rm -rf "$OUT/logs" "$OUT/logs-alt"
