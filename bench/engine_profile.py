@@ -23,7 +23,9 @@ prefilled as one group of the bench prompts, so they are left-padded as served r
 against ``bench/gpu/raw_loop.py``'s reference step (``model(inputs, cache)`` + argmax on a
 freshly loaded mlx-lm model with its own ``KVCache``, no mlxcel patch), in alternating
 rounds on one thread with every step evaluated before the next is built; it prints the
-medians and each step's graph (primitives per kind). With a deep, narrow checkpoint
+medians and each step's graph (primitives per kind), then the same loops pipelined (step
+n+1 built before step n is read back, the engine in both step orders, no consumer thread):
+against the served step's period, what the other threads cost. With a deep, narrow checkpoint
 (``--checkpoint llama-deep``: Llama-3-8B's 32 layers at tiny width) that is the host's cost
 of a GPU decode step (``--checkpoint gemma4-deep``: the same for Gemma-4-E4B's 42
 layers). MLX's CPU device composes the ``mx.fast`` kernels (RMSNorm, RoPE, attention) from
@@ -322,6 +324,25 @@ class EngineSteps(Timed):
 
         read_back(self.step, self.worker.stats)
 
+    def pipelined(self, steps: int, emit_first: bool) -> float:
+        """ms per step of ``steps`` steps run as ``EngineWorker._decode_step`` runs them
+        (step n+1 built before step n is read back; ``emit_first``: read back before
+        queueing), on this thread, with no consumer."""
+        from mlxcel.engine.batch import read_back
+
+        prev = None
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step = self.batch.launch()
+            if emit_first and prev is not None:
+                read_back(prev, self.worker.stats)
+            step.start()
+            if not emit_first and prev is not None:
+                read_back(prev, self.worker.stats)
+            prev = step
+        read_back(prev, self.worker.stats)
+        return (time.perf_counter() - t0) / steps * 1e3
+
 
 class ReferenceSteps(Timed):
     """``bench/gpu/raw_loop.py``'s step on a fresh mlx-lm model with its own caches."""
@@ -353,6 +374,22 @@ class ReferenceSteps(Timed):
     def finish(self, outputs) -> None:
         self.y.tolist()
 
+    def pipelined(self, steps: int, emit_first: bool = False) -> float:
+        """ms per step of ``bench/gpu/raw_loop.py``'s pipelined loop."""
+        import mlx.core as mx
+
+        t0 = time.perf_counter()
+        nxt = self.pick(self.y[:, None])
+        mx.async_eval(nxt)
+        for i in range(steps):
+            cur = nxt
+            if i < steps - 1:
+                nxt = self.pick(cur[:, None])
+                mx.async_eval(nxt)
+            cur.tolist()
+        self.y = nxt
+        return (time.perf_counter() - t0) / steps * 1e3
+
 
 def build_time(worker, path: pathlib.Path, prompts: list[list[int]], rounds: int = 6,
                steps: int = 40) -> None:
@@ -361,7 +398,7 @@ def build_time(worker, path: pathlib.Path, prompts: list[list[int]], rounds: int
     from mlxcel.engine.accel import attention
 
     model, choice = worker.checkpoint.model, worker.policy.decode_attention
-    engine = EngineSteps(worker, prompts, (rounds + 1) * steps + 8)
+    engine = EngineSteps(worker, prompts, 3 * (rounds + 1) * steps + 8)
     reference = ReferenceSteps(path, worker.checkpoint.dtype, len(prompts))
     for r in range(rounds + 1):
         if worker.batchable:
@@ -380,6 +417,22 @@ def build_time(worker, path: pathlib.Path, prompts: list[list[int]], rounds: int
           f"reference {rq:.3f}; engine / reference = {eq / rq:.3f}", flush=True)
     print(f"  engine graph: {graph_line(engine.graph)}", flush=True)
     print(f"  reference graph: {graph_line(reference.graph)}", flush=True)
+    # the same loops pipelined on this one thread, no consumer: a served step's period
+    # minus the other threads (HTTP side, event hand-off), in both step orders
+    runs: dict[str, list[float]] = {"emit-first": [], "queue-first": [], "reference": []}
+    for _ in range(rounds + 1):
+        if worker.batchable:
+            attention.install(model, choice=choice)
+        for order in ("emit-first", "queue-first"):
+            runs[order].append(engine.pipelined(steps, order == "emit-first"))
+        attention.uninstall(model)
+        runs["reference"].append(reference.pipelined(steps))
+    med = {k: statistics.median(v[1:]) for k, v in runs.items()}
+    print(f"pipelined ms per step (median of {rounds} rounds of {steps}, one thread, no "
+          f"consumer): engine emit-first {med['emit-first']:.3f}, engine queue-first "
+          f"{med['queue-first']:.3f}, reference {med['reference']:.3f}; engine / reference "
+          f"= {med['emit-first'] / med['reference']:.3f} / "
+          f"{med['queue-first'] / med['reference']:.3f}", flush=True)
 
 
 def install_timers() -> dict[str, list[tuple[float, float]]]:
