@@ -83,7 +83,7 @@ def test_the_whole_cuda_policy_on_a_lone_row_and_its_joiners(mlxcel_checkpoint_c
     path = gemma4(mlxcel_checkpoint_cache)
     worker = worker_for(path, cache=True, chunk=16, hold_groups=True, burst_chunks=8,
                         lazy_leave=True, emit_first=True, fuse_projections=True,
-                        bind_modules=True, decode_attention="grouped")
+                        bind_modules=True, decode_attention="grouped", prefill_align=32)
     first = submit(worker, LONG, max_tokens=12)
     run_until_done(worker, [first], settle=True)
     lone = submit(worker, LONG, max_tokens=12)
@@ -131,3 +131,44 @@ def test_lone_kinds_are_plain_and_rotating_caches_without_kept_tokens():
     assert lone_kinds([KVCache(), RotatingKVCache(8)])
     assert not lone_kinds([KVCache(), RotatingKVCache(8, keep=4)])
     assert not lone_kinds([])
+
+
+def _job(worker, prompts):
+    from mlxcel.engine.sequence import Sequence
+    from mlxcel.testing.engine import ListSink, request
+
+    tok = worker.checkpoint.tokenizer
+    return worker._new_job([Sequence(request(p), ListSink(), tok, worker.eos_ids, i)
+                            for i, p in enumerate(prompts)])
+
+
+def test_aligned_prefill_pads_a_lone_row_and_trims_it_back(mlxcel_checkpoint_cache):
+    """CUDA's aligned prefill columns on a lone row's plain caches: right-padded, then
+    trimmed to the real tokens; not padded where a rotating layer's window would fill."""
+    path = gemma4(mlxcel_checkpoint_cache)  # sliding window 16
+    worker = worker_for(path, chunk=16, parallel=4, prefill_align=8)
+    job = _job(worker, [SHORT[:6]])
+    assert (job.width, job.trim) == (8, 3)
+    while not job.step(16):
+        pass
+    assert {c.offset for c in job.cache} == {5}
+    assert job.trim == 0
+    assert (_job(worker, [LONG]).width, _job(worker, [LONG]).trim) == (39, 0)
+    group = _job(worker, [SHORT, SHORT[::-1]])  # tails of 8: aligned already
+    assert group.width == 8 and not group.padded
+    group = _job(worker, [SHORT[:4], SHORT[:6]])  # tails 3 and 5: both padded on the right
+    assert group.width == 8 and group.padded
+
+
+def test_aligned_prefill_keeps_every_rows_tokens(mlxcel_checkpoint_cache):
+    """Rows prefilled alone and in groups with aligned columns get their unaligned solo
+    tokens (float32: exact)."""
+    path = gemma4(mlxcel_checkpoint_cache)
+    worker = worker_for(path, chunk=16, parallel=4, prefill_align=8, lazy_leave=False)
+    lone = submit(worker, SHORT[:6], max_tokens=10)
+    run_until_done(worker, [lone], settle=True)
+    prompts = [SHORT[:4], SHORT, LONG[:13], LONG]
+    sinks = [submit(worker, p, max_tokens=6) for p in prompts]
+    run_until_done(worker, sinks)
+    want = solo_outputs(path, [SHORT[:6], *prompts], max_tokens=[10, 6, 6, 6, 6], chunk=16)
+    assert [lone.tokens, *(s.tokens for s in sinks)] == want

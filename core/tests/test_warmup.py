@@ -192,3 +192,31 @@ def test_mixed_warm_up_plays_every_batch_cache_operation(shape, mlxcel_checkpoin
     ckpt = load_checkpoint(str(path), load_plugins().families)
     assert warm_mixed(ckpt.model, mixed_batch.merge_rows, ckpt.tokenizer.vocab_size) > 0
     assert seen == {"join", "filter", "snapshots", "finalize"}
+
+
+def test_mixed_warm_up_runs_every_aligned_lone_prefill_shape(mlxcel_checkpoint_cache):
+    """With aligned prefill columns (CUDA), a lone row's every chunk shape runs once."""
+    from mlxcel.engine import mixed_batch
+    from mlxcel.engine.accel.warmup import warm_mixed
+    from mlxcel.engine.loader import load_checkpoint
+    from mlxcel.plugins import load_plugins
+    from mlxcel.testing.checkpoint import cached_checkpoint
+
+    path = cached_checkpoint("gemma4_text", cache_dir=mlxcel_checkpoint_cache, dtype="float32")
+    ckpt = load_checkpoint(str(path), load_plugins().families)
+    model, vocab = ckpt.model, ckpt.tokenizer.vocab_size
+    shapes: list[tuple[int, ...]] = []
+
+    class Spy:
+        def make_cache(self):
+            return model.make_cache()
+
+        def __call__(self, inputs, cache):
+            shapes.append(tuple(inputs.shape))
+            return model(inputs, cache)
+
+    warm_mixed(Spy(), mixed_batch.merge_rows, vocab, chunk=32, align=8)
+    assert {(1, cols) for cols in (8, 16, 24, 32)} <= set(shapes)
+    shapes.clear()
+    warm_mixed(Spy(), mixed_batch.merge_rows, vocab)  # unaligned: none of those
+    assert (1, 24) not in shapes

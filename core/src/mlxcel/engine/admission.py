@@ -155,7 +155,7 @@ class Admission:
         if self.path == "mixed":
             starts = [hit.prefix(s.cached).caches if hit is not None and s.cached else None
                       for s, hit in zip(group, hits, strict=True)]
-            return MixedPrefill(self.checkpoint.model, group, starts, self.merge)
+            return MixedPrefill(self.checkpoint.model, group, starts, self.merge, self.align)
         prefixes = [(hit.keys, hit.values) if hit is not None else None for hit in hits]
         return PrefillJob(self.checkpoint.model, group, self.batchable, prefixes, self.rope,
                           self.align)

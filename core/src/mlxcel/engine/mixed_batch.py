@@ -42,6 +42,7 @@ from mlxcel.engine.cache_kinds import (
     private,
     row_copy,
 )
+from mlxcel.engine.scheduler import aligned
 from mlxcel.engine.sequence import Sequence
 from mlxcel.lazy import resolve
 
@@ -116,22 +117,40 @@ def pads_state(model: Any) -> bool:
 
 class MixedPrefill(Prefill):
     """Prefills ``seqs`` (each from ``starts[i]``, its caches for its first ``cached``
-    tokens, or fresh) a chunk per engine step; the same interface as ``PrefillJob``."""
+    tokens, or fresh) a chunk per engine step; the same interface as ``PrefillJob``.
+
+    ``align`` (the policy's ``prefill_align``; the caller passes 1 where rows may not be
+    padded, ``pads_state``): the columns computed are a multiple of it, so prefill shapes
+    repeat and CUDA's per-shape plans are made once (``batch.prefill_align``). A group pads
+    its rows on the right, as it does for rows of unequal length. A lone row on its plain
+    caches is right-padded too and its caches trimmed back after the last chunk: under a
+    causal mask no real token sees the padding, so the cache holds exactly what an
+    unpadded prefill leaves. It is padded only where every layer can be trimmed afterwards
+    (a rotating layer whose window the padded prompt does not fill)."""
 
     def __init__(self, model: Any, seqs: list[Sequence], starts: list[list[Any] | None],
-                 merge: Merge) -> None:
+                 merge: Merge, align: int = 1) -> None:
         self.model = model
         self.seqs = seqs
+        self.align = max(1, align)
         rows = [start if start is not None else model.make_cache() for start in starts]
-        if len(rows) == 1 and merge is merge_rows and lone_kinds(rows[0]):
+        lone = len(rows) == 1 and merge is merge_rows and lone_kinds(rows[0])
+        if lone:
             self.cache = private(rows[0]) if starts[0] is not None else rows[0]
         else:
             self.cache = merge(rows)
         tails = [list(s.req.prompt_tokens[s.cached:-1]) for s in seqs]
         lengths = [len(t) for t in tails]
-        self.width = max(lengths)
+        width = max(lengths)
+        self.width = aligned(width, self.align)
+        self.trim = 0  # a lone row's padding columns, trimmed off once they are in
+        if lone and self.width > width:
+            if _trimmable_after(self.cache, self.width):
+                self.trim = self.width - width
+            else:
+                self.width = width
         pads = [self.width - n for n in lengths]
-        self.padded = any(pads)
+        self.padded = any(pads) and not lone
         if self.padded:
             for c in self.cache:
                 c.prepare(lengths=lengths, right_padding=pads)
@@ -146,7 +165,8 @@ class MixedPrefill(Prefill):
         """Run one chunk (``chunk`` tokens in all, at most ``max_cols`` per row); True when
         the prompts are in the cache."""
         if self.done_cols < self.width:
-            end = min(self.width, self.done_cols + max(1, self.per_row(chunk, max_cols)))
+            cols = max(self.align, self.per_row(chunk, max_cols) // self.align * self.align)
+            end = min(self.width, self.done_cols + cols)
             self.model(self.tokens[:, self.done_cols:end], self.cache)
             self.last_cols, self.done_cols = end - self.done_cols, end
             if end < self.width:
@@ -160,7 +180,20 @@ class MixedPrefill(Prefill):
             for c in self.cache:
                 c.finalize()
             self.padded = False
+        if self.trim:
+            for c in self.cache:
+                c.trim(self.trim)
+            self.trim = 0
         mx.eval(arrays(self.cache))
+
+
+def _trimmable_after(caches: list[Any], cols: int) -> bool:
+    """Whether one row's plain ``caches`` can still be trimmed once ``cols`` more tokens
+    are in: a rotating layer only while it holds fewer tokens than its window."""
+    from mlx_lm.models.cache import RotatingKVCache
+
+    return all(type(c) is not RotatingKVCache or c.offset + cols < c.max_size
+               for c in caches)
 
 
 class MixedOps:

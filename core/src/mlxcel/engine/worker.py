@@ -91,7 +91,7 @@ class EngineWorker(Admission, threading.Thread):
         self.path = "shared"  # which caches rows decode on (_choose_path)
         self.batchable = self.grouped = True
         self.merge: Any = None  # mixed path: rows' caches -> batch caches
-        self.align = 1  # prefill column multiple: the policy's on the shared path
+        self.align = 1  # prefill column multiple: the policy's where rows may be padded
         self.budget = self.prefill_chunk  # tokens per step of the group prefilling now
         self._order = itertools.count()
         self._stopping = threading.Event()
@@ -144,7 +144,8 @@ class EngineWorker(Admission, threading.Thread):
                 threads = cpu_blas.limit_threads(self.checkpoint.config, self.prefill_chunk)
                 if threads is not None:
                     log.info("engine_blas_threads", threads=threads, reason="small matmuls")
-            self.align = policy.prefill_align if self.path == "shared" else 1
+            # prefill columns a multiple of the policy's where rows may be padded
+            self.align = policy.prefill_align if self.grouped else 1
             self.batch = self._new_batch()
             if policy.warm_up and self.batchable:
                 vocab = self.checkpoint.tokenizer.vocab_size
@@ -153,7 +154,7 @@ class EngineWorker(Admission, threading.Thread):
                         warm_up(model, self.rope, self.parallel, self.prefill_chunk,
                                 self.align, self.burst_chunks, vocab)
                     else:
-                        warm_mixed(model, self.merge, vocab)
+                        warm_mixed(model, self.merge, vocab, self.prefill_chunk, self.align)
                 except Exception as exc:  # only a speed-up: serve without it
                     log.warning("engine_warmup_failed", error=f"{type(exc).__name__}: {exc}")
             self.memory_budget = request_budget(cfg.request_memory_budget)

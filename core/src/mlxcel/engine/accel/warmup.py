@@ -36,7 +36,7 @@ from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
 
 from mlxcel.engine.batch import DecodeBatch, PrefillJob
-from mlxcel.engine.cache_kinds import arrays
+from mlxcel.engine.cache_kinds import arrays, lone_kinds
 from mlxcel.engine.kvcache import BatchCache, stored_rows
 from mlxcel.engine.sampling import RowRandom
 from mlxcel.types import SamplingParams
@@ -187,14 +187,16 @@ def _mixed_prefilled(model: Any, rows: list[_Row], merge: Any,
     return job
 
 
-def warm_mixed(model: Any, merge: Any, vocab: int) -> float:
+def warm_mixed(model: Any, merge: Any, vocab: int, chunk: int = 512, align: int = 1) -> float:
     """``warm_lifecycle`` for a model on mlx-lm's batch caches (``mixed_batch``): a padded
     group prefilled in chunks (``prepare`` / ``finalize``), groups joined (``extend``),
     sampled and penalised rows, a row leaving (``filter``), rows copied out for the prompt
-    cache (``extract``) and a prompt extending one of them; seconds spent. Each op variant
-    of these caches is JIT-compiled by MLX's CUDA backend the first time it runs, and a
-    served step would wait for it."""
-    from mlxcel.engine.mixed_batch import MixedOps
+    cache (``extract``) and a prompt extending one of them; then, with ``align`` > 1, every
+    prefill chunk shape of a lone row (one row of each multiple of ``align`` up to
+    ``chunk`` columns, on its plain caches); seconds spent. Each op variant of these caches
+    is JIT-compiled by MLX's CUDA backend the first time it runs, and each new shape gets
+    its kernel plans then: a served step would wait for them."""
+    from mlxcel.engine.mixed_batch import MixedOps, merge_rows
 
     t = time.perf_counter()
     greedy = SamplingParams(temperature=0.0)
@@ -221,6 +223,14 @@ def warm_mixed(model: Any, merge: Any, vocab: int) -> float:
         row.finished = True
     batch.drop_finished()  # finished rows are the majority: filtered out
     _step(batch)
+    shapes = 0
+    if align > 1 and merge is merge_rows and lone_kinds(model.make_cache()):
+        for cols in range(align, chunk + 1, align):
+            cache = model.make_cache()
+            model(mx.zeros((1, cols), mx.uint32), cache)
+            mx.eval(arrays(cache))
+            shapes += 1
     seconds = time.perf_counter() - t
-    log.info("engine_warmup", cache="mixed", seconds=round(seconds, 2))
+    log.info("engine_warmup", cache="mixed", lone_prefill_shapes=shapes,
+             seconds=round(seconds, 2))
     return seconds
