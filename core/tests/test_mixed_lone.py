@@ -172,3 +172,22 @@ def test_aligned_prefill_keeps_every_rows_tokens(mlxcel_checkpoint_cache):
     run_until_done(worker, sinks)
     want = solo_outputs(path, [SHORT[:6], *prompts], max_tokens=[10, 6, 6, 6, 6], chunk=16)
     assert [lone.tokens, *(s.tokens for s in sinks)] == want
+
+
+def test_aligned_prefill_from_a_stored_entry_keeps_the_tokens(mlxcel_checkpoint_cache):
+    """The agent-turn case with aligned columns (a 64-token window, so the rows stay
+    trimmable): a padded lone row is stored, the next turn starts from that entry and is
+    padded too; both get their cold tokens."""
+    path = cached_checkpoint("gemma4_text", cache_dir=mlxcel_checkpoint_cache, dtype="float32",
+                             config={"sliding_window": 64})
+    worker = worker_for(path, cache=True, chunk=16, parallel=2, prefill_align=8)
+    prompt = LONG[:21]  # 20 to prefill -> 24 columns, trimmed back
+    assert _job(worker, [prompt]).trim == 4
+    first = submit(worker, prompt, max_tokens=6)
+    run_until_done(worker, [first], settle=True)
+    turn2 = prompt + first.tokens + [7, 8, 9]
+    second = submit(worker, turn2, max_tokens=5)
+    run_until_done(worker, [second], settle=True)
+    assert second.last.usage.cached_tokens >= 16
+    want = solo_outputs(path, [prompt, turn2], max_tokens=[6, 5], chunk=16)
+    assert [first.tokens, second.tokens] == want
