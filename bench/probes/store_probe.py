@@ -7,6 +7,8 @@ runs them (graph built, then ``mx.async_eval`` = encode, then wait):
 * gathering R finished rows from a slice of the buffer (older code) or from the whole buffer;
 * the store (``SharedOps.snapshots``): per-row concatenation of per-layer slices (the code
   before ``kvcache.stored_rows``) against ``stored_rows`` (one gather per layer, one stack);
+* a prefill group of R prompt-cache hits set up from their stored rows, per layer (the code
+  before the stacked ``BatchCache.from_prefixes``) against ``from_prefixes``;
 * ``extend``: a group of G rows joining the batch (one new buffer per layer and side);
 * a plain allocation of the joined size (``mx.zeros``), new and repeated.
 
@@ -89,6 +91,28 @@ def main() -> int:
         timed(f"[{trial}] store, per-row concatenation (old)", per_row)
         timed(f"[{trial}] store, stored_rows", lambda caches=caches, lengths=lengths: [
             a for r in stored_rows(caches, idx, lengths) for a in (r.keys, r.values)])
+        hits = [r for r in stored_rows(caches, idx, lengths)]
+        mx.eval([a for r in hits for a in (r.keys, r.values)])
+        start = 32
+        pads = [0] * len(hits)
+
+        def hits_per_layer(hits=hits) -> list:
+            # the prefill of a group of prompt-cache hits before the stacked from_prefixes:
+            # per layer and row a slice and a pad, per layer a concatenation and a rotation
+            from mlxcel.engine.kvcache import rotate
+
+            out = []
+            for layer in range(layers):
+                k = mx.concatenate([h.keys[layer][..., :start, :] for h in hits])
+                v = mx.concatenate([h.values[layer][..., :start, :] for h in hits])
+                out += [rotate(rope, k, pads), v]
+            return out
+
+        timed(f"[{trial}] {len(hits)} hits into a group, per layer (old)", hits_per_layer)
+        timed(f"[{trial}] {len(hits)} hits into a group, from_prefixes",
+              lambda hits=hits: [a for c in BatchCache.from_prefixes(
+                  [(h.keys, h.values) for h in hits], pads, start, rope)
+                  for a in (c.keys, c.values)])
         group = batch(8, 64 + trial)
 
         def join(caches=caches, group=group) -> list:

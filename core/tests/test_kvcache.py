@@ -64,10 +64,9 @@ class Rows:
                                                                           strict=True))
         pads = [width - n for n in lengths]
         if start:
-            cache = [BatchCache.from_prefixes(
-                [(pre[0][i][:, :, :start - pad], pre[1][i][:, :, :start - pad])
-                 if pre and start > pad else None for pre, pad in zip(prefixes, pads, strict=True)],
-                pads, start, self.rope) for i in range(len(self.model.layers))]
+            cache = BatchCache.from_prefixes(
+                [(mx.stack(pre[0]), mx.stack(pre[1])) if pre and start > pad else None
+                 for pre, pad in zip(prefixes, pads, strict=True)], pads, start, self.rope)
         else:
             cache = [BatchCache(pads, self.rope) for _ in self.model.layers]
         rows = mx.array([[0] * pad + p[:-1] for pad, p in zip(pads, prompts, strict=True)])

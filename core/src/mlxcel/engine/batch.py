@@ -87,12 +87,13 @@ class PrefillJob(Prefill):
     """Prefills ``seqs`` (all but their last prompt token) a chunk per engine step."""
 
     def __init__(self, model: Any, seqs: list[Sequence], batchable: bool,
-                 prefixes: list[tuple[list[Any], list[Any]] | None] | None = None,
+                 prefixes: list[tuple[mx.array, mx.array] | None] | None = None,
                  rope: Any | None = None, align: int = 1) -> None:
-        """``prefixes[i]``: per-layer cached (keys, values) whose first ``seqs[i].cached``
-        tokens are that prompt's, or None. Rows are right-aligned and every row
-        computes the columns of the longest uncached tail, so a row may reuse fewer tokens
-        than were found (``cached`` is set to what it reuses). ``rope``: see BatchCache.
+        """``prefixes[i]``: cached (keys, values) of every layer ([layers, 1, H, n, D], a
+        ``KVRows``'), whose first ``seqs[i].cached`` tokens are that prompt's, or None.
+        Rows are right-aligned and every row computes the columns of the longest uncached
+        tail, so a row may reuse fewer tokens than were found (``cached`` is set to what it
+        reuses). ``rope``: see BatchCache.
         ``align``: the columns computed, and every chunk of them, are a multiple of it
         (more left padding, or fewer reused tokens), so chunk shapes repeat (see
         ``prefill_align``)."""
@@ -111,12 +112,9 @@ class PrefillJob(Prefill):
         if not batchable:
             self.cache = model.make_cache()
         elif start > 0:
-            parts = [[(k[:, :, :s.cached], v[:, :, :s.cached]) if s.cached else None
-                      for k, v in zip(*pre, strict=True)] if pre else None
+            parts = [pre if pre and s.cached else None
                      for s, pre in zip(seqs, prefixes, strict=True)]
-            layers = len(next(p for p in parts if p is not None))
-            self.cache = [BatchCache.from_prefixes([p[i] if p else None for p in parts], pads,
-                                                   start, rope) for i in range(layers)]
+            self.cache = BatchCache.from_prefixes(parts, pads, start, rope)
         else:
             self.cache = [BatchCache(pads, rope) for _ in model.make_cache()]
         if batchable:

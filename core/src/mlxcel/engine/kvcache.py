@@ -93,7 +93,12 @@ class KVRows:
 
 
 def _left_pad(x: mx.array, n: int) -> mx.array:
-    return mx.pad(x, [(0, 0), (0, 0), (n, 0), (0, 0)]) if n else x
+    """``x`` with ``n`` zero slots before its tokens (the second-to-last axis)."""
+    if not n:
+        return x
+    widths = [(0, 0)] * x.ndim
+    widths[-2] = (n, 0)
+    return mx.pad(x, widths)
 
 
 class BatchCache:
@@ -115,24 +120,38 @@ class BatchCache:
 
     @classmethod
     def from_prefixes(cls, parts: list[tuple[mx.array, mx.array] | None], pads: list[int],
-                      start: int, rope: Any | None) -> BatchCache:
-        """Row r holds ``parts[r]`` (canonical keys/values [1, H, n, D] of its first
-        ``n = start - pads[r]`` tokens; None when n is 0) in slots ``pads[r]..start``."""
+                      start: int, rope: Any | None) -> list[BatchCache]:
+        """One cache per layer, in which row r holds ``parts[r]`` (canonical keys and
+        values of every layer, [layers, 1, H, n, D] as ``KVRows`` holds them, of which the
+        first ``n = start - pads[r]`` tokens are taken; None when n is 0) in slots
+        ``pads[r]..start``.
+
+        The rows are padded and joined once per side with every layer stacked, and
+        re-rotated in one call: a group of prompt-cache hits then costs a graph of rows +
+        layers ops, not rows x layers (the prefill of a wave of agent turns waits for it)."""
         ref_k, ref_v = next(p for p in parts if p is not None)
-        h, dk, dv = ref_k.shape[1], ref_k.shape[3], ref_v.shape[3]
+        layers, _, h, _, dk = ref_k.shape
+        dv = ref_v.shape[-1]
         keys, values = [], []
         for part, pad in zip(parts, pads, strict=True):
             if part is None:
-                keys.append(mx.zeros((1, h, start, dk), ref_k.dtype))
-                values.append(mx.zeros((1, h, start, dv), ref_v.dtype))
+                keys.append(mx.zeros((layers, 1, h, start, dk), ref_k.dtype))
+                values.append(mx.zeros((layers, 1, h, start, dv), ref_v.dtype))
             else:
-                keys.append(_left_pad(part[0], pad))
-                values.append(_left_pad(part[1], pad))
-        cache = cls(pads, rope)
-        cache.keys, cache.values, cache._idx = mx.concatenate(keys), mx.concatenate(values), start
-        if rope is not None:  # canonical position i -> slot pads[r] + i
-            cache.keys = rotate(rope, cache.keys, pads)
-        return cache
+                n = start - pad
+                keys.append(_left_pad(part[0][..., :n, :], pad))
+                values.append(_left_pad(part[1][..., :n, :], pad))
+        stacked_k, stacked_v = mx.concatenate(keys, axis=1), mx.concatenate(values, axis=1)
+        if rope is not None:  # canonical position i -> slot pads[r] + i, every layer
+            rows = len(pads)
+            stacked_k = rotate(rope, stacked_k.reshape(layers * rows, h, start, dk),
+                               list(pads) * layers).reshape(layers, rows, h, start, dk)
+        out = []
+        for layer in range(layers):
+            cache = cls(pads, rope)
+            cache.keys, cache.values, cache._idx = stacked_k[layer], stacked_v[layer], start
+            out.append(cache)
+        return out
 
     # -- what the model calls ---------------------------------------------------------------
     @property
