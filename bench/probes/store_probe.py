@@ -91,12 +91,12 @@ def main() -> int:
         timed(f"[{trial}] store, per-row concatenation (old)", per_row)
         timed(f"[{trial}] store, stored_rows", lambda caches=caches, lengths=lengths: [
             a for r in stored_rows(caches, idx, lengths) for a in (r.keys, r.values)])
-        hits = [r for r in stored_rows(caches, idx, lengths)]
+        hits = stored_rows(caches, idx, lengths)
         mx.eval([a for r in hits for a in (r.keys, r.values)])
         start = 32
         pads = [0] * len(hits)
 
-        def hits_per_layer(hits=hits) -> list:
+        def hits_per_layer(hits=hits, start=start, pads=pads) -> list:
             # the prefill of a group of prompt-cache hits before the stacked from_prefixes:
             # per layer and row a slice and a pad, per layer a concatenation and a rotation
             from mlxcel.engine.kvcache import rotate
@@ -110,7 +110,7 @@ def main() -> int:
 
         timed(f"[{trial}] {len(hits)} hits into a group, per layer (old)", hits_per_layer)
         timed(f"[{trial}] {len(hits)} hits into a group, from_prefixes",
-              lambda hits=hits: [a for c in BatchCache.from_prefixes(
+              lambda hits=hits, start=start, pads=pads: [a for c in BatchCache.from_prefixes(
                   [(h.keys, h.values) for h in hits], pads, start, rope)
                   for a in (c.keys, c.values)])
         group = batch(8, 64 + trial)

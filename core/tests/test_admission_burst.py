@@ -111,3 +111,43 @@ def test_held_rows_do_not_shrink_the_next_burst_group(path):
     run_until_done(worker, sinks)
     assert groups == [11, 3]  # 128 tokens: 11 rows; then 3 arriving at 1 decoding row
     assert all(len(s.tokens) == 6 for s in sinks) and not running.done
+
+
+def test_requests_arriving_during_a_prefill_join_with_its_group(path):
+    """Where groups are held (CUDA), requests that reach the engine while a group
+    prefills hold that group back: both groups join the batch in one join, and every row
+    gets its solo tokens."""
+    prompts = [[30 + i] * 12 for i in range(3)]
+    late_prompts = [[40 + i] * 9 for i in range(2)]
+    for hold in (True, False):
+        worker = worker_for(path, cache=False, chunk=64, parallel=8, hold_groups=hold)
+        running = submit(worker, list(range(3, 13)), max_tokens=30)
+        for _ in range(3):
+            worker._iteration()
+        joins = []
+        join = worker.batch.join
+        worker.batch.join = lambda jobs, joins=joins, join=join: (
+            joins.append([len(j.seqs) for j in jobs]), join(jobs))[1]
+        sinks = [submit(worker, p) for p in prompts]
+        late: list = []
+        admit = worker._admit
+
+        def admitting(plan=None, admit=admit, late=late, worker=worker):
+            job = admit(plan)
+            if job is not None and not late:  # these arrive while the first group prefills
+                step = job.step
+
+                def step_and_arrive(chunk, max_cols=None):
+                    late.extend(submit(worker, p) for p in late_prompts)
+                    job.step = step
+                    return step(chunk, max_cols)
+
+                job.step = step_and_arrive
+            return job
+
+        worker._admit = admitting
+        run_until_done(worker, sinks)
+        run_until_done(worker, late)
+        assert joins == ([[3, 2]] if hold else [[3], [2]])
+        assert [s.tokens for s in [*sinks, *late]] == solo_outputs(path, prompts + late_prompts)
+        assert not running.done

@@ -183,8 +183,28 @@ class Admission:
             self.prefilling = None
             self.stats.total_prefill_tokens += job.tokens_total
             self.prefilled.append(job)
-            if not plan.hold:
+            if not (plan.hold or self._hold_for_arrivals()):
                 self._join_prefilled()
+
+    def _hold_for_arrivals(self) -> bool:
+        """Whether the group that just finished prefilling waits after all, because
+        requests arrived while it prefilled (``scheduler.hold_group`` on them): a burst
+        that reaches the server over more than one prefill (the HTTP side takes each
+        request in turn) then joins the batch in one join, not one per group, and every
+        join costs the batch a copy and a step on new shapes where groups are held."""
+        arrived = self._drain(block=False) if self.policy.hold_groups else 0
+        if not arrived:
+            return False
+        self.trace.note(arrived_prefilling=arrived)
+        view, limits = self._view(), self._limits()
+        following = min((s for s in self.waiting if not s.finished and not s.sink.cancelled),
+                        default=None)
+        if following is None:
+            return False
+        decoding = len(self.batch)
+        free = scheduler.free_slots(limits, view)
+        return scheduler.hold_group(limits, self._tail(following), free, len(view.held),
+                                    decoding)
 
     def _join_prefilled(self) -> None:
         if self.prefilled:
