@@ -18,6 +18,7 @@ import mlx.core as mx
 import msgspec
 import structlog
 
+from mlxcel.engine.distributed import liveness
 from mlxcel.engine.distributed import messages as m
 from mlxcel.engine.distributed.group import World
 from mlxcel.engine.distributed.hooks import Alone
@@ -55,6 +56,7 @@ class Follower(Alone):
         self.seqs: dict[int, Sequence] = {}  # by rank 0's order, while any structure holds it
         self.entries: dict[int, Any] = {}  # rank 0's prompt-cache entry id -> this shard
         self.steps: deque[Any] = deque()  # decode steps queued, not read back
+        self.stopped = False  # rank 0 asked this rank to stop
         self.watchdog = Watchdog(timeout + PING_S, exit_follower, "follower")
 
     # -- start-up ------------------------------------------------------------------------
@@ -67,6 +69,10 @@ class Follower(Alone):
         worker.policy = msgspec.structs.replace(
             worker.policy, warm_up=False, hold_groups=a.hold_groups,
             burst_chunks=a.burst_chunks, lazy_leave=a.lazy_leave, prefill_align=a.prefill_align)
+        host = liveness.connect(list(a.hosts), a.port, a.token, self.world.rank, lambda: (
+            self.stopped or exit_follower("rank 0 is gone (its process ended: the liveness "
+                                          "connection closed)")))
+        log.info("distributed_liveness", rank=self.world.rank, rank0=f"{host}:{a.port}")
 
     def share_tokens(self, sampled: Any) -> Any:
         return self.world.share_tokens(sampled)
@@ -81,6 +87,7 @@ class Follower(Alone):
             self.watchdog.beat()
             for op in message.ops:
                 if isinstance(op, m.Stop):
+                    self.stopped = True
                     self.watchdog.stop()
                     log.info("distributed_follower_stopped", rank=self.world.rank)
                     return 0

@@ -18,6 +18,7 @@ from typing import Any
 import msgspec
 import structlog
 
+from mlxcel.engine.distributed import liveness
 from mlxcel.engine.distributed import messages as m
 from mlxcel.engine.distributed.group import World
 from mlxcel.engine.distributed.hooks import Alone
@@ -41,6 +42,7 @@ class Leader(Alone):
         self.last_sent = time.monotonic()
         worker.prompt_cache.journal = []  # its evictions are followed by every rank
         self.watchdog = Watchdog(timeout, lambda why: self.fail(why), "leader")
+        self.live = liveness.Listener()
 
     # -- start-up ------------------------------------------------------------------------
     def agree(self, worker: Any) -> None:
@@ -49,7 +51,11 @@ class Leader(Alone):
         p = worker.policy
         self.world.send(m.encode(m.Agreement(
             hold_groups=p.hold_groups, burst_chunks=p.burst_chunks, lazy_leave=p.lazy_leave,
-            prefill_align=p.prefill_align, path=worker.path, parallel=worker.parallel)))
+            prefill_align=p.prefill_align, path=worker.path, parallel=worker.parallel,
+            port=self.live.port, token=self.live.token,
+            hosts=tuple(liveness.rank0_addresses()))))
+        self.live.accept(self.world.size - 1, lambda rank: self.fail(
+            f"rank {rank} is gone (its process ended: the liveness connection closed)"))
         self.watchdog.start()
 
     # -- the worker's hooks -------------------------------------------------------------
@@ -102,11 +108,13 @@ class Leader(Alone):
     def stop(self) -> None:
         """The engine stops on request: followers end too (exit 0)."""
         self.watchdog.stop()
+        self.live.stopping = True  # followers that end now end on request
         try:
             self._record(m.Stop())
             self.flush()
         except Exception as exc:  # a follower already gone: nothing to tell it
             log.warning("distributed_stop_unsent", error=f"{type(exc).__name__}: {exc}")
+        self.live.close()
 
     def share_tokens(self, sampled: Any) -> Any:
         return self.world.share_tokens(sampled)

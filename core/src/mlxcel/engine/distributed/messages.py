@@ -99,6 +99,9 @@ class Agreement(msgspec.Struct, frozen=True, kw_only=True):
     prefill_align: int
     path: str
     parallel: int
+    port: int  # rank 0's liveness listener (``liveness``)
+    token: str
+    hosts: tuple[str, ...]
 
 
 _encoder = msgspec.msgpack.Encoder()
