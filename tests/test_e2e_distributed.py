@@ -110,6 +110,22 @@ def test_concurrent_greedy_outputs_match_one_process(pair):
         assert_same_greedy(a, b)
 
 
+async def sampled_all(base: str, prompts: list[str]) -> list[str]:
+    """Seeded sampling with a repetition penalty (each step then reads the last token
+    back before the next is built) for every prompt at once."""
+    client = sdk(base, asynchronous=True)
+    calls = [client.chat.completions.create(
+        model="m", messages=ask(p), max_tokens=16, temperature=0.9, top_p=0.95, seed=7 + i,
+        extra_body={"repetition_penalty": 1.3}) for i, p in enumerate(prompts)]
+    return [r.choices[0].message.content for r in await asyncio.gather(*calls)]
+
+
+def test_seeded_sampling_and_penalties_are_rank_0s(pair):
+    one = asyncio.run(sampled_all(pair.single.base_url, PROMPTS[:4]))
+    dist = asyncio.run(sampled_all(pair.dist.base_url, PROMPTS[:4]))
+    assert len(set(one)) > 1 and dist == one
+
+
 def active(base: str) -> int:
     return httpx.get(base + "/health", timeout=10).json()["batch"]["active_sequences"]
 
