@@ -5,8 +5,8 @@ ring backend over loopback, and the real ``openai`` SDK.
 A follower killed mid-stream ends every open stream with the engine's error event,
 ``/health`` says which rank failed, and rank 0 exits non-zero in bounded time; a
 follower that hangs does the same after ``--distributed-timeout``; a follower exits
-non-zero when rank 0 dies; a model that cannot run in the asked mode refuses to start
-with one line.
+non-zero when rank 0 dies; a requested shutdown ends every rank with 0; a model that
+cannot run in the asked mode refuses to start with one line.
 """
 
 from __future__ import annotations
@@ -123,6 +123,20 @@ def test_a_follower_exits_when_rank_0_dies(llama, tmp_path):
         code, took = wait_exit(dist.followers[0])
         assert code != 0 and took < EXIT_WITHIN_S
         assert "distributed_follower_exit" in dist.follower_log()
+    finally:
+        dist.stop()
+
+
+def test_a_requested_shutdown_ends_every_rank_with_status_0(llama, tmp_path):
+    dist = start(llama, tmp_path)
+    try:
+        r = httpx.post(dist.base_url + "/v1/completions", timeout=60,
+                       json={"prompt": "hi there", "max_tokens": 8})
+        assert r.status_code == 200
+        os.kill(dist.rank0.proc.pid, signal.SIGTERM)
+        assert wait_exit(dist.rank0.proc)[0] == 0
+        assert wait_exit(dist.followers[0])[0] == 0
+        assert "distributed_follower_stopped" in dist.follower_log()
     finally:
         dist.stop()
 
