@@ -9,6 +9,7 @@ import subprocess
 import sys
 from types import SimpleNamespace
 
+import mlx.core as mx
 import pytest
 from mlxcel.engine.distributed import launcher, messages, sharding
 from mlxcel.engine.distributed.follower import Follower
@@ -32,11 +33,18 @@ class Wire:
         return sampled
 
 
-def pair(checkpoint):
-    """Rank 0's worker (``Leader`` hooks) and a follower's, on one checkpoint."""
+# the CUDA policy's plan-shaping choices, forced on the CPU: groups held to join together,
+# a burst budget, finished rows kept until they are the majority, aligned prefill columns
+CUDA_PLANS = {"hold_groups": True, "burst_chunks": 4, "lazy_leave": True,
+              "prefill_align": 32, "emit_first": True}
+
+
+def pair(checkpoint, **policy):
+    """Rank 0's worker (``Leader`` hooks) and a follower's, on one checkpoint (the same
+    ``policy`` changes on both, as the start-up agreement makes them)."""
     sent: list[bytes] = []
-    lead = worker_for(checkpoint, cache=True, parallel=3)
-    follow = worker_for(checkpoint, parallel=3)
+    lead = worker_for(checkpoint, cache=True, parallel=3, **policy)
+    follow = worker_for(checkpoint, parallel=3, **policy)
     lead.dist = Leader(lead, Wire(0, sent), timeout=60)
     follow.dist = Follower(follow, Wire(1, sent), timeout=60)
     lead.batch, follow.batch = lead._new_batch(), follow._new_batch()
@@ -71,11 +79,14 @@ def same_state(lead, follow) -> None:
     for entry_id in ids:
         mine, theirs = lead.prompt_cache._entries[entry_id].payload, \
             follow.dist.entries[entry_id]
-        assert isinstance(theirs, KVRows) and mine.keys.shape == theirs.keys.shape
+        assert isinstance(theirs, KVRows)  # the same model on the same rows: the same KV
+        assert mx.array_equal(mine.keys, theirs.keys) and mx.array_equal(mine.values,
+                                                                          theirs.values)
 
 
-def test_a_follower_replays_rank_0_batches_cache_hits_and_evictions(tiny_checkpoint):
-    lead, follow, sent = pair(tiny_checkpoint)
+@pytest.mark.parametrize("policy", [{}, CUDA_PLANS], ids=["cpu", "cuda-plans"])
+def test_a_follower_replays_rank_0_batches_cache_hits_and_evictions(tiny_checkpoint, policy):
+    lead, follow, sent = pair(tiny_checkpoint, **policy)
     prompts = [list(range(5, 5 + n)) for n in (40, 23, 57, 33)]
     sinks = [submit(lead, p, max_tokens=8 + i) for i, p in enumerate(prompts)]
     drive(lead, follow, sent, sinks, cancel=sinks[3])
