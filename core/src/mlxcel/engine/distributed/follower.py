@@ -94,6 +94,7 @@ class Follower(Alone):
                 self.apply(op)
 
     def apply(self, op: Any) -> None:
+        """Run one of rank 0's operations on this rank's worker (``messages``)."""
         w = self.worker
         match op:
             case m.Admit(rows=rows):
