@@ -80,6 +80,7 @@ from mlxcel.testing.servers import (
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SERVERS = ("mlxcel", "mlx_lm")
+DIST = "mlxcel-dist"  # --distributed: mlxcel over 2 ranks of the ring backend on this host
 
 
 # -- client -------------------------------------------------------------------------------
@@ -258,9 +259,12 @@ def run_server(
     logdir: pathlib.Path,
     tag: str,
 ) -> dict[str, Any]:
-    extra = shlex.split(args.mlxcel_args if name == "mlxcel" else args.mlx_lm_args)
-    same = dtype if name == "mlxcel" and mode == "same-dtype" else None
-    argv, ready = server_argv(name, path, args.parallel, same, extra)
+    mine = name in ("mlxcel", DIST)
+    extra = shlex.split(args.mlxcel_args if mine else args.mlx_lm_args)
+    same = dtype if mine and mode == "same-dtype" else None
+    argv, ready = server_argv("mlxcel" if mine else name, path, args.parallel, same, extra)
+    if name == DIST:
+        argv = dist_argv(argv, args.distributed)
     env = None
     if name == "mlxcel" and args.mlxcel_spawn:
         # Granian forks its worker after the parent process may have initialised CUDA
@@ -291,7 +295,7 @@ def run_server(
             n = args.requests if args.requests else max(4, args.requests_factor * c)
             if args.requests_cap:
                 n = min(n, max(args.requests_cap, c))
-            before = health(srv.base) if name == "mlxcel" else None
+            before = health(srv.base) if mine else None
             st = run_level(
                 srv.base,
                 name,
@@ -303,7 +307,7 @@ def run_server(
                 args.level_deadline,
                 timeout,
             )
-            after = health(srv.base) if name == "mlxcel" else None
+            after = health(srv.base) if mine else None
             if before and after:
                 ob, oa = before.get("observability", {}), after.get("observability", {})
                 steps = oa.get("decode_steps_processed", 0) - ob.get("decode_steps_processed", 0)
@@ -343,6 +347,35 @@ def run_server(
 RATIO_KEYS = ("agg_tok_s", "ttft_p50_ms", "ttft_p95_ms", "itl_p50_ms", "tpot_p50_ms")
 
 
+def dist_argv(argv: list[str], mode: str) -> list[str]:
+    """``server_argv``'s mlxcel command as two ranks on loopback (``mlxcel-server launch``,
+    MLX's ring backend), each serving with ``--distributed mode``."""
+    from mlxcel.testing.distributed import free_ports
+
+    python, server = argv[:3], argv[3:]  # [python, -m, mlxcel.cli], the server's flags
+    return [*python, "launch", "-n", "2", "--hosts", "127.0.0.1", "--starting-port",
+            str(free_ports(2)[0]), "--", *server, "--distributed", mode]
+
+
+def dist_lines(e: dict[str, Any]) -> list[str]:
+    """The distributed server against one mlxcel process (ratio = 2 ranks / 1 process)."""
+    srv = e["servers"]
+    if DIST not in srv or "mlxcel" not in srv:
+        return []
+    lines = ["| C | N | 1 process tok/s | 2 ranks tok/s | ratio | TTFT p50 ms (1 / 2) | ratio "
+             "| TPOT p50 ms (1 / 2) | ratio | failed (1 / 2) |",
+             "|---:|---:|---:|---:|---:|---|---:|---|---:|---|"]
+    for c, r in sorted(e.get("dist_ratios", {}).items(), key=lambda kv: int(kv[0])):
+        a, b = srv["mlxcel"]["levels"][c], srv[DIST]["levels"][c]
+        lines.append(
+            f"| {c} | {a['requests']} | {fmt(a['agg_tok_s'], 1)} | {fmt(b['agg_tok_s'], 1)} "
+            f"| **{fmt(r['agg_tok_s'], 2)}x** | {fmt(a['ttft_p50_ms'])} / "
+            f"{fmt(b['ttft_p50_ms'])} | {fmt(r['ttft_p50_ms'], 2)}x | "
+            f"{fmt(a['tpot_p50_ms'], 2)} / {fmt(b['tpot_p50_ms'], 2)} | "
+            f"{fmt(r['tpot_p50_ms'], 2)}x | {a['failed']} / {b['failed']} |")
+    return [*lines, ""]
+
+
 def compute_ratios(entry: dict[str, Any]) -> None:
     srv = entry["servers"]
     entry["ratios"] = {}
@@ -351,6 +384,11 @@ def compute_ratios(entry: dict[str, Any]) -> None:
             b = srv["mlx_lm"]["levels"].get(c)
             if b:
                 entry["ratios"][c] = {k: ratio(a[k], b[k]) for k in RATIO_KEYS}
+    if DIST in srv and "mlxcel" in srv:
+        entry["dist_ratios"] = {
+            c: {k: ratio(b[k], a[k]) for k in RATIO_KEYS}
+            for c, a in srv["mlxcel"]["levels"].items()
+            if (b := srv[DIST]["levels"].get(c))}
     raw = entry.get("raw_loop")
     if raw:
         entry["vs_raw"] = {}
@@ -500,7 +538,7 @@ def render_md(doc: dict[str, Any]) -> str:
                 + ", ".join(f"{n} {fmt(x, 1)} tok/s" for n, x in one.items())
                 + (
                     f"; ratio {one['mlxcel'] / one['mlx_lm']:.2f}x"
-                    if all(one.values()) and len(one) == 2
+                    if all(one.values()) and set(one) == set(SERVERS)
                     else ""
                 )
                 + "."
@@ -527,6 +565,7 @@ def render_md(doc: dict[str, Any]) -> str:
                 + "."
             )
             lines.append("")
+        lines += dist_lines(e)
         lines += [f"Reproduce: `{e['command']}`", ""]
         lines += [f"- {note}" for note in e.get("notes", ())] + ([""] if e.get("notes") else [])
     return "\n".join(lines).rstrip() + "\n"
@@ -572,6 +611,13 @@ def main(argv: list[str] | None = None) -> int:
         help="mlxcel --parallel (default: the highest concurrency)",
     )
     ap.add_argument("--mlxcel-args", default="", help="extra mlxcel-server arguments")
+    ap.add_argument(
+        "--distributed",
+        choices=("tensor", "pipeline"),
+        default=None,
+        help=f"also run {DIST}: mlxcel over 2 ranks of MLX's ring backend on this host "
+        "(`mlxcel-server launch`) in this mode, compared with one mlxcel process",
+    )
     ap.add_argument("--mlx-lm-args", default="", help="extra mlx_lm.server arguments")
     ap.add_argument(
         "--mlxcel-spawn",
@@ -605,6 +651,8 @@ def main(argv: list[str] | None = None) -> int:
         help="target set (mlxcel.testing.bench_checkpoints.TARGETS; cpu and gpu pick their "
         "-gemma4 set for a gemma4_text checkpoint)",
     )
+    ap.add_argument("--note", action="append", default=[],
+                    help="a line for the report under each entry (repeatable)")
     ap.add_argument("--log-dir", default=None, help="keep server logs here (default: temp)")
     ap.add_argument("--out", default="bench/results/serving.json")
     ap.add_argument("--fresh", action="store_true", help="drop other entries in --out")
@@ -614,6 +662,8 @@ def main(argv: list[str] | None = None) -> int:
     args.parallel = args.parallel or max(args.concurrency)
     modes = [m for m in args.modes.split(",") if m]
     servers = [s for s in args.servers.split(",") if s]
+    if args.distributed and DIST not in servers:
+        servers.append(DIST)
     for m in modes:
         if m not in ("defaults", "same-dtype"):
             ap.error(f"unknown mode {m}")
@@ -633,7 +683,10 @@ def main(argv: list[str] | None = None) -> int:
     raw = json.loads(pathlib.Path(args.raw_json).read_text()) if args.raw_json else None
     logdir = pathlib.Path(args.log_dir or tempfile.mkdtemp(prefix="mlxcel-serving-"))
     logdir.mkdir(parents=True, exist_ok=True)
-    cmd_args = [a for a in (argv if argv is not None else sys.argv[1:]) if a != "--fresh"]
+    given = list(argv if argv is not None else sys.argv[1:])
+    notes = {i for i, a in enumerate(given) if a == "--note"}
+    cmd_args = [a for i, a in enumerate(given)  # the reproduce line, without the notes
+                if a != "--fresh" and i not in notes and i - 1 not in notes]
 
     out = pathlib.Path(args.out)
     if not out.is_absolute():
@@ -670,6 +723,7 @@ def main(argv: list[str] | None = None) -> int:
                 "versions": versions(),
                 "machine": machine(),
                 "servers": {},
+                "notes": args.note,
             }
             order = servers if mi % 2 == 0 else list(reversed(servers))
             tag = f"{label}-{mode}"

@@ -38,6 +38,7 @@ ENV_READERS: dict[str, set[str] | None] = {
     "testing/pytest_plugin.py": None,
     "testing/checkpoint.py": None,
     "testing/servers.py": None,  # the benchmarks' startup timeout (bench/gpu/run.sh sets it)
+    "testing/distributed.py": None,  # the ranks it starts inherit the test's environment
 }
 _NAME = re.compile(r"\b(?:MLXCEL|LLAMA_ARG)_[A-Z0-9_]*[A-Z0-9]\b")
 _BEGIN = ("<!-- env twins: generated from mlxcel.options.OPTIONS by "

@@ -44,3 +44,11 @@ def test_the_selecting_plugins_how_to_names_the_real_flags_and_env_twins():
     for dest in ("plugins", "disable_plugins", "tool_call_format"):
         flags, env = rows[dest]
         assert f"`{flags[0]}" in howto and f"`{env}`" in howto, dest
+
+
+def test_the_distributed_how_to_names_the_real_flags_and_the_launch_subcommand():
+    howto = (ROOT / "docs" / "howto" / "distributed.md").read_text()
+    flags = {flag for row in OPTIONS for flag in row.flags}
+    for flag in ("--distributed", "--distributed-timeout"):
+        assert flag in flags and f"`{flag}" in howto, flag
+    assert "mlxcel-server launch --hostfile" in howto and "--backend nccl" in howto

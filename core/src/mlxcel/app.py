@@ -76,16 +76,10 @@ def create_app(settings: Settings, plugins: Plugins | None = None,
     has no bind, so only ``--allowed-hosts`` restricts its Host names)."""
     plugins = plugins or load_plugins(settings.plugins, settings.disable_plugins)
     if engine is None:
-        from mlxcel.engine.loader import load_checkpoint
+        from mlxcel.engine.loader import checkpoint_loader
 
-        model = settings.model
         engine = EngineClient(
-            lambda: load_checkpoint(model, plugins.families, dtype=settings.dtype,
-                                    chat_template_file=settings.chat_template_file,
-                                    chat_template=settings.chat_template, jinja=settings.jinja,
-                                    tool_formats=plugins.tool_formats,
-                                    tool_call_format=settings.tool_call_format,
-                                    reasoning_format=settings.reasoning_format),
+            checkpoint_loader(settings, plugins),
             parallel=settings.parallel, ctx_size=settings.ctx_size,
             prefill_chunk=settings.prefill_chunk(), max_queue_depth=settings.max_queue_depth,
             prompt_cache=prompt_cache_from(settings), config=EngineConfig.from_settings(settings))
@@ -121,7 +115,8 @@ def engine_failure(engine: EngineClient) -> tuple[str, bool] | None:
     when it failed, else None (a requested shutdown)."""
     engine.worker.ready.wait()
     loaded = engine.state == "ready"
-    engine.worker.join()
+    while engine.worker.is_alive() and engine.state != "failed":  # a distributed failure
+        engine.worker.join(0.5)  # leaves the thread stuck in a collective: do not wait
     if engine.state != "failed":
         return None
     if loaded:
@@ -140,8 +135,8 @@ def _exit_on_engine_failure(engine: EngineClient, failure_path: str | None) -> N
             return
         message, was_serving = failure
         log.error("engine_failed", error=message)
-        if was_serving:
-            time.sleep(STREAM_FLUSH_S)  # let open streams send their error frames
+        if was_serving:  # let open streams send their error frames (and /health say why)
+            time.sleep(STREAM_FLUSH_S + getattr(engine.worker.dist, "failure_hold_s", 0.0))
         if failure_path:
             with open(failure_path, "w", encoding="utf-8") as fh:
                 fh.write(message)

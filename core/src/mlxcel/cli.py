@@ -1,4 +1,8 @@
-"""mlxcel-server: flags with llama-server env twins; starts Granian (one worker)."""
+"""mlxcel-server: flags with llama-server env twins; starts Granian (one worker).
+
+``mlxcel-server plugins`` lists plugins; ``mlxcel-server launch ... -- <server args>`` starts
+the ranks of a ``--distributed`` server with MLX's launcher (``mlxcel.engine.distributed``).
+"""
 
 from __future__ import annotations
 
@@ -127,7 +131,7 @@ def _prepare_model(settings: Settings) -> Settings:
 
 POSITIVE = ("parallel", "prefill_chunk_size", "max_queue_depth", "max_connections",
             "idle_timeout", "body_timeout", "timeout", "shutdown_timeout",
-            "grammar_compile_timeout")
+            "grammar_compile_timeout", "distributed_timeout")
 
 
 def check_limits(settings: Settings) -> None:
@@ -170,6 +174,13 @@ def read_api_key(settings: Settings) -> Settings:
     return msgspec.structs.replace(settings, api_key=",".join(keys))
 
 
+def _follower_rank() -> bool:
+    """Whether the launcher made this process a rank other than 0 (it serves no HTTP)."""
+    from mlxcel.engine.distributed.launcher import launcher_rank
+
+    return launcher_rank() != 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """The ``mlxcel-server`` entry point; ``argv`` given = called in-process (no re-exec)."""
     as_program = argv is None
@@ -177,6 +188,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if argv[:1] == ["plugins"]:
             return list_plugins(argv[1:])
+        if argv[:1] == ["launch"]:
+            from mlxcel.engine.distributed.launcher import launch
+
+            return launch(argv[1:])
         args = build_parser().parse_args(argv)
         settings = read_api_key(Settings(**vars(args)))
         check_limits(settings)
@@ -193,6 +208,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if notes := ignored_notes(settings):  # one line for every llama-server flag ignored
             structlog.get_logger("mlxcel.cli").warning("flags_ignored", flags=notes)
         check_fd_hard_limit()
+        if settings.distributed != "off" and _follower_rank():  # no HTTP: a follower
+            from mlxcel.engine.distributed.follower import main as follow
+
+            return follow(_prepare_model(settings))
         address = check_listen(settings.host, settings.port)
         settings = msgspec.structs.replace(settings, host=address)
         return serve(_prepare_model(settings))

@@ -36,7 +36,8 @@ def mlxcel_register_families(registry: FamilyRegistry) -> None:
     ``ReasoningSpec`` (how answers mark reasoning: ``<think>`` blocks, a labelled channel,
     harmony messages; without one the chat layer detects it from the template), a loop
     policy and a batch cache. ``mlxcel.testing.conformance.check_family`` is what a family
-    must pass.
+    must pass. Its loader gets ``LoadOptions``; ``lazy`` (``--distributed``) asks for the
+    parameters unevaluated, so the engine can shard the model before its weights are read.
     """
 
 

@@ -266,6 +266,19 @@ _ROWS: list[tuple[Any, ...]] = [
      "on or off: decode a batch on one RoPE offset where the family and the model allow it"),
     (("--engine-trace",), "engine_trace", path, None, "MLXCEL_ENGINE_TRACE",
      "write one JSON line per engine loop turn that did work to this file (diagnosis)"),
+    # several devices (docs/howto/distributed.md)
+    (("--distributed",), "distributed", choice("distributed", "off", "tensor", "pipeline"),
+     "off", "MLXCEL_DISTRIBUTED",
+     "off, tensor or pipeline: serve one model over the ranks of mlx.launch (or "
+     "`mlxcel-server launch`) on mx.distributed; rank 0 serves HTTP"),
+    (("--distributed-backend",), "distributed_backend",
+     choice("distributed_backend", "any", "ring", "jaccl", "nccl", "mpi"), "any",
+     "MLXCEL_DISTRIBUTED_BACKEND",
+     "mx.distributed backend for --distributed (any: the one the launcher set up)"),
+    (("--distributed-timeout",), "distributed_timeout", float, 60.0,
+     "MLXCEL_DISTRIBUTED_TIMEOUT",
+     "seconds a distributed step may go without progress before the server fails (a rank "
+     "hangs); a rank that dies fails it at once"),
     # llama-server features whose routes are not served yet
     (("--embedding", "--embeddings"), "embeddings", Toggle(), False, "LLAMA_ARG_EMBEDDINGS",
      _EMBEDDINGS, PENDING),

@@ -98,6 +98,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     step_order: str = "auto"
     shared_positions: bool = True
     engine_trace: str | None = None
+    distributed: str = "off"  # mlxcel.engine.distributed
+    distributed_backend: str = "any"
+    distributed_timeout: float = 60.0
     # llama-server features stored for the embeddings work (no routes yet)
     embeddings: bool = False
     reranking: bool = False
@@ -162,6 +165,8 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     shared_positions: bool = True  # where the family and the model allow it
     engine_trace: str | None = None  # a JSONL file path (mlxcel.engine.trace)
     batch_size: int | None = None  # -b: caps a step's prefill tokens (the burst budget)
+    distributed: str = "off"  # --distributed: off, tensor or pipeline
+    distributed_timeout: float = 60.0  # seconds without a distributed step (watchdog)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> EngineConfig:

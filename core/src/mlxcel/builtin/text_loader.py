@@ -34,7 +34,8 @@ def load(path: Path, options: LoadOptions) -> TextModel:
     (mlx-lm's olmo does when its optional package is missing) fails the load as an error,
     since SystemExit would end the engine thread without a word."""
     try:
-        model, config = load_model(Path(path), trust_remote_code=options.trust_remote_code)
+        model, config = load_model(Path(path), lazy=options.lazy,
+                                   trust_remote_code=options.trust_remote_code)
     except SystemExit as exc:
         raise RuntimeError(f"mlx-lm's module for this checkpoint's model_type exited on import "
                            f"(status {exc.code}); it needs a package that is not installed, "

@@ -34,6 +34,7 @@ class Admission:
     inbox: queue.Queue
     prompt_cache: Any
     checkpoint: Any
+    dist: Any
 
     def _drain(self, block: bool) -> int:
         """Move submitted requests to the waiting heap; how many arrived."""
@@ -91,6 +92,7 @@ class Admission:
             self.waiting = [s for s in self.waiting if not s.finished]
             heapq.heapify(self.waiting)
         if plan.drop_job:
+            self.dist.dropped_job()
             self.prefilling = None
         self.prefilled = [job for job in self.prefilled if not all(s.finished for s in job.seqs)]
 
@@ -147,6 +149,7 @@ class Admission:
             return None
         self.stats.sequences_started += len(group)
         self.prefilling = job
+        self.dist.admitted(group)
         self.count_queued(-len(group))
         return job
 
@@ -167,10 +170,13 @@ class Admission:
                 self._join_prefilled()  # nothing starts prefilling: held groups join
                 return
         job = self.prefilling
+        self.dist.prefill(self.budget, self.prefill_chunk)  # the other ranks run it too
         try:
             done = self.trace.timed("prefill_ms",
                                     lambda: job.step(self.budget, self.prefill_chunk))
         except Exception as exc:
+            if self.dist.active:  # the ranks' caches may now differ: the engine stops
+                raise
             log.exception("prefill_failed", request_ids=[s.req.request_id for s in job.seqs])
             for seq in job.seqs:
                 seq.finish("error", error=f"prefill failed: {exc}")
@@ -209,6 +215,7 @@ class Admission:
     def _join_prefilled(self) -> None:
         if self.prefilled:
             jobs, self.prefilled = self.prefilled, []
+            self.dist.joined()
             self.trace.timed("join_ms", lambda: self.batch.join(jobs))
             self.batch.drop_finished()  # rows whose client left while they were held
             self.trace.note(joined=sum(len(job.seqs) for job in jobs))

@@ -58,6 +58,8 @@ def is_batchable(model: Any) -> bool:
     model; those and every other cache mix take ``mlxcel.engine.mixed_batch``."""
     cache = model.make_cache()
     layers = getattr(getattr(model, "model", model), "layers", None)
+    if layers is not None:  # a pipeline rank holds None for the other ranks' layers
+        layers = [layer for layer in layers if layer is not None]
     if layers is not None and len(cache) != len(layers):
         return False
     return bool(cache) and all(type(c) is KVCache for c in cache)
@@ -170,6 +172,7 @@ class DecodeBatch:
         self.top_logprobs = -1  # -1: no row wants logprobs
         self.top: tuple[int, ...] = ()  # per row (Step.top)
         self.guided = False  # some row has an output constraint (``masks``)
+        self.share: Any = None  # --distributed: sampled -> rank 0's sampled, in the graph
 
     def __len__(self) -> int:
         """Rows still decoding for a request."""
@@ -272,6 +275,8 @@ class DecodeBatch:
         scored = apply_masks(logits, self.rows, guided, self._guard) if guided else logits
         scored = scored if plan is None else self.penalties(scored, plan=plan)
         sampled = self.sampler(scored).astype(mx.uint32)
+        if self.share is not None:
+            sampled = self.share(sampled)
         extras = logprob_arrays(logits, sampled, self.top_logprobs) \
             if self.top_logprobs >= 0 else ()
         self.inputs = sampled

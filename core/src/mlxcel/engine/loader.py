@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -149,11 +150,15 @@ def load_checkpoint(model: str, families: FamilyRegistry, *,
                     chat_template_file: str | None = None, dtype: str | None = None,
                     tool_formats: ToolFormatRegistry | None = None,
                     tool_call_format: str | None = None, chat_template: str | None = None,
-                    jinja: bool = True, reasoning_format: str = "auto") -> LoadedCheckpoint:
+                    jinja: bool = True, reasoning_format: str = "auto",
+                    distributed: str = "off", distributed_backend: str = "any",
+                    ) -> LoadedCheckpoint:
     """Load ``model``; ``dtype`` is --dtype (None: auto); ``tool_formats`` (the installed
     ones) and ``tool_call_format`` (the flag) select its tool format; ``chat_template`` and
     ``jinja`` are --chat-template and --jinja (``mlxcel.chat_template``), and
-    ``reasoning_format`` (--reasoning-format) says whether its reasoning is split off."""
+    ``reasoning_format`` (--reasoning-format) says whether its reasoning is split off;
+    ``distributed`` (--distributed tensor|pipeline) loads it lazily and shards it over
+    the launcher's ranks (``mlxcel.engine.distributed``)."""
     started = time.perf_counter()
     requested = dtype or "auto"
     device = backend.mlx_device()
@@ -175,7 +180,12 @@ def load_checkpoint(model: str, families: FamilyRegistry, *,
     quantized = "quantization" in config
     cast = backend.resolve_dtype(requested, device, fast_blas=backend.is_fast_blas(blas),
                                  quantized=quantized)
-    loaded = resolve(family.loader)(path, LoadOptions(dtype=cast or "auto"))
+    lazy = distributed != "off"
+    loaded = resolve(family.loader)(path, LoadOptions(dtype=cast or "auto", lazy=lazy))
+    if lazy:
+        from mlxcel.engine.distributed import load_shard
+
+        load_shard(loaded, config, distributed, distributed_backend)
     actual = backend.model_dtype(getattr(loaded, "model", loaded))
     ctx = int(config.get("max_position_embeddings") or tokenizer.config.get("model_max_length")
               or 4096)
@@ -199,6 +209,17 @@ def load_checkpoint(model: str, families: FamilyRegistry, *,
                             blas=blas, tool_format=tool_format, tool_format_reason=why,
                             reasoning=spec, reasoning_reason=spec_why,
                             reasoning_format=reasoning_format)
+
+
+def checkpoint_loader(settings: Any, plugins: Any) -> Callable[[], LoadedCheckpoint]:
+    """What the engine calls to load the served model: ``load_checkpoint`` with the
+    server's settings (``mlxcel.settings.Settings``) and ``plugins``' registries."""
+    s = settings
+    return lambda: load_checkpoint(
+        s.model, plugins.families, dtype=s.dtype, chat_template_file=s.chat_template_file,
+        chat_template=s.chat_template, jinja=s.jinja, tool_formats=plugins.tool_formats,
+        tool_call_format=s.tool_call_format, reasoning_format=s.reasoning_format,
+        distributed=s.distributed, distributed_backend=s.distributed_backend)
 
 
 def check_checkpoint(path: Path, families: FamilyRegistry,

@@ -95,6 +95,9 @@ class PromptCache:
         self.bytes = 0
         self.counters = dict.fromkeys(("hits", "lookups", "inserts", "evictions_lru",
                                        "evictions_ttl", "rejections_oversized"), 0)
+        # --distributed rank 0: what changed, for the other ranks (``drain_journal``)
+        self.journal: list[tuple[int, ...]] | None = None
+        self._calls = 0  # insert() calls since the journal was last drained
 
     # -- engine thread ----------------------------------------------------------------------
     def lookup(self, tokens: Sequence[int]) -> tuple[CacheEntry, int] | None:
@@ -134,6 +137,7 @@ class PromptCache:
     def insert(self, tokens: Sequence[int], payload: Stored) -> bool:
         """Store ``payload``, the state of ``tokens`` (cut to whole blocks where any prefix
         may be reused); False when refused."""
+        call, self._calls = self._calls, self._calls + 1
         if not self.enabled:
             return False
         hashes = block_hashes(tokens)
@@ -158,6 +162,7 @@ class PromptCache:
                                      or len(self._entries) >= self.max_entries):
                 self._drop(next(iter(self._entries)), "evictions_lru")
             self._entries[entry.id] = entry
+            self._note(0, entry.id, call, len(tokens))
             self.bytes += entry.nbytes
             for h in hashes:
                 self._holders.setdefault(h, []).append(entry.id)
@@ -217,11 +222,28 @@ class PromptCache:
             self._entries.clear()
             self._holders.clear()
             self.bytes = 0
+            self._note(2)
         if self.on_reset is not None:
             self.on_reset()
         return {"cleared": True, "freed_bytes": freed_bytes, "freed_entries": freed_entries}
 
+    def drain_journal(self) -> list[tuple[int, ...]]:
+        """The changes since the last drain, oldest first: ``(0, id, call, length)`` the
+        ``call``-th insert since then made entry ``id`` of its first ``length`` tokens,
+        ``(1, id)`` entry ``id`` left, ``(2,)`` every entry left. A distributed engine's
+        rank 0 sends them, so every rank keeps and drops the same entries (their sizes
+        differ per rank, so only rank 0's byte budget may decide)."""
+        with self._lock:
+            events, self._calls = self.journal or [], 0
+            if self.journal is not None:
+                self.journal = []
+            return events
+
     # -- internals (lock held) ------------------------------------------------------------
+    def _note(self, *event: int) -> None:
+        if self.journal is not None:
+            self.journal.append(event)
+
     def _expire(self) -> None:
         cutoff = time.monotonic() - self.ttl_s
         for entry_id in [i for i, e in self._entries.items() if e.created < cutoff]:
@@ -237,6 +259,7 @@ class PromptCache:
 
     def _drop(self, entry_id: int, reason: str | None) -> None:
         entry = self._entries.pop(entry_id)
+        self._note(1, entry_id)
         self.bytes -= entry.nbytes
         for h in entry.hashes:
             holders = self._holders[h]

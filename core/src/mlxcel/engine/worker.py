@@ -15,7 +15,7 @@ import mlx.core as mx
 import msgspec
 import structlog
 
-from mlxcel.engine import mixed_batch
+from mlxcel.engine import distributed, mixed_batch
 from mlxcel.engine.accel import attention, cpu_blas, fused_proj, module_attrs
 from mlxcel.engine.accel.warmup import warm_mixed, warm_up
 from mlxcel.engine.admission import Admission
@@ -104,6 +104,7 @@ class EngineWorker(Admission, threading.Thread):
         self.idle_release = IDLE_RELEASE_S
         self._idle_since: float | None = None
         self.prompt_cache.on_reset = self.request_clear
+        self.dist: Any = distributed.Alone()  # the other ranks' hooks (--distributed)
 
     # -- views for the event loop --------------------------------------------------------
     @property
@@ -126,10 +127,13 @@ class EngineWorker(Admission, threading.Thread):
         cfg = self.config
         try:
             self.checkpoint = self._load()
+            self.dist = distributed.attach(self)
             self.eos_ids = set(self.checkpoint.tokenizer.eos_ids)
             model, family = self.checkpoint.model, self.checkpoint.family
             policy = self.policy = self.policy or resolve_policy(cfg)
             self._choose_path(model, family)
+            self.dist.agree(self)  # every rank takes rank 0's plan-shaping policy
+            policy = self.policy
             shared = cfg.shared_positions and family.relative_positions
             self.rope = shared_position_rope(model, shared) if self.path == "shared" else None
             path = attention.install(model, choice=policy.decode_attention) \
@@ -191,9 +195,11 @@ class EngineWorker(Admission, threading.Thread):
         return chunks
 
     def _new_batch(self) -> DecodeBatch:
-        return DecodeBatch(self.checkpoint.model, self.checkpoint.tokenizer.vocab_size,
-                           lazy_leave=self.policy.lazy_leave,
-                           ops=mixed_batch.MixedOps if self.path == "mixed" else None)
+        batch = DecodeBatch(self.checkpoint.model, self.checkpoint.tokenizer.vocab_size,
+                            lazy_leave=self.policy.lazy_leave,
+                            ops=mixed_batch.MixedOps if self.path == "mixed" else None)
+        batch.share = self.dist.share_tokens
+        return batch
 
     def run(self) -> None:
         """Serve until shutdown. However the loop ends, every open request gets a finish
@@ -206,6 +212,7 @@ class EngineWorker(Admission, threading.Thread):
             sys.setswitchinterval(self.policy.switch_interval)
         try:
             self._serve()
+            self.dist.stop()
         except BaseException as exc:  # the thread is ending: tell every client, then end
             self.error = f"{type(exc).__name__}: {exc}"
             log.critical("engine_thread_died", error=self.error, exc_info=True)
@@ -219,6 +226,8 @@ class EngineWorker(Admission, threading.Thread):
                 with self.deliveries:
                     self._iteration()
             except Exception as exc:  # not attributable to a row: fail the running batch
+                if (fatal := self.dist.fatal(exc)) is not None:  # ranks out of step
+                    raise RuntimeError(fatal) from exc
                 log.exception("engine_step_failed")
                 self._fail_running(f"engine error: {type(exc).__name__}: {exc}")
 
@@ -275,6 +284,7 @@ class EngineWorker(Admission, threading.Thread):
         a prefill step (admission, held or joining groups), then a decode step."""
         self._cancel(plan)
         if plan.leave:
+            self.dist.dropped()
             self.batch.drop_finished()
         self._prefill_step(plan)
         if self.batch:
@@ -282,6 +292,7 @@ class EngineWorker(Admission, threading.Thread):
         elif self.inflight is not None:
             self._settle(self._read_back())
         self._release_memory()
+        self.dist.end_iteration(self._busy())
         self.trace.end()
 
     def _busy(self) -> bool:
@@ -303,6 +314,7 @@ class EngineWorker(Admission, threading.Thread):
         if self._clear_requested or (self._dirty and idle_long):
             self._clear_requested = self._dirty = False
             self._idle_since = None
+            self.dist.cleared()
             mx.clear_cache()
 
     def _fail_running(self, message: str) -> None:
@@ -326,6 +338,7 @@ class EngineWorker(Admission, threading.Thread):
         except Exception:
             log.exception("prompt_cache_insert_failed",
                           request_ids=[s.req.request_id for s in keep])
+        self.dist.stored(keep)
 
     def _decode_step(self) -> None:
         """Build step n+1, then queue it and hand out step n's tokens.
@@ -340,9 +353,11 @@ class EngineWorker(Admission, threading.Thread):
         """
         if self.batch.needs_sync:  # penalties need the previous token before the next step
             self._settle(self._read_back())
+            self.dist.dropped()
             self.batch.drop_finished()
             if not self.batch:
                 return
+        self.dist.launch()  # the other ranks build the same step
         step = self.trace.timed("build_ms", self.batch.launch)
         self.stats.decode_steps_processed += 1
         self._dirty = True
@@ -367,6 +382,7 @@ class EngineWorker(Admission, threading.Thread):
         if self.inflight is None:
             return []
         step, self.inflight = self.inflight, None
+        self.dist.read_back()
         return read_back(step, self.stats)
 
     def _settle(self, done: list[Sequence]) -> None:

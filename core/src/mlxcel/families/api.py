@@ -101,10 +101,15 @@ class LoadOptions(msgspec.Struct, frozen=True, kw_only=True):
     ``dtype``: ``auto`` = keep the checkpoint's dtype, or ``float32`` / ``float16`` /
     ``bfloat16`` = cast the floating-point parameters (quantized weights stay packed).
     The server resolves ``--dtype auto`` before calling: float32 on MLX's CPU device.
+
+    ``lazy``: leave the parameters unevaluated (``--distributed``): the engine shards the
+    model first, so each rank reads only its part of the weights. A loader that ignores it
+    still works, at the cost of reading every weight on every rank.
     """
 
     dtype: str = "auto"
     trust_remote_code: bool = False
+    lazy: bool = False
 
 
 class LoadedModel(Protocol):

@@ -43,8 +43,11 @@ def health_payload(ctx: AppContext) -> tuple[int, dict[str, Any]]:
     engine = ctx.engine
     if engine.state == "loading":
         return 503, {"status": "loading model", "tool_call_parser": None}
+    world = distributed_info(engine)
     if engine.state == "failed":
-        return _engine_error(str(getattr(engine.worker, "error", None) or "engine failed"))
+        status, payload = _engine_error(str(getattr(engine.worker, "error", None)
+                                            or "engine failed"))
+        return status, {**payload, **world}
     try:
         ckpt = engine.checkpoint
     except MlxcelError as exc:
@@ -61,7 +64,16 @@ def health_payload(ctx: AppContext) -> tuple[int, dict[str, Any]]:
                           "current_batch_size": active, "cache_pool_active": active},
         "context_size": engine.context_size,
         "tool_call_parser": "mlxcel" if ckpt.tool_format is not None else None,
+        **world,
     }
+
+
+def distributed_info(engine: Any) -> dict[str, Any]:
+    """``{"distributed": ...}`` (world size, mode, backend, each rank's device, status)
+    when the model is served over several ranks, else nothing."""
+    dist = getattr(engine.worker, "dist", None)
+    info = dist.info() if dist is not None else None
+    return {"distributed": info} if info is not None else {}
 
 
 def slots_payload(ctx: AppContext) -> list[dict[str, Any]]:
@@ -170,6 +182,7 @@ def build(ctx: AppContext) -> list[Any]:
             "model_path": Path(str(ckpt.path)).name,  # never the server's directory layout
             "chat_template": ckpt.template.source,
             "n_ctx": engine.context_size,
+            **distributed_info(engine),
         }
 
     # in a worker thread: both wait for a prompt-cache store the engine has announced

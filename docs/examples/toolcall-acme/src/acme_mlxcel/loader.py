@@ -33,7 +33,8 @@ class AcmeModel:
 
 def load(path: Path, options: LoadOptions) -> AcmeModel:
     """``Family.loader``: load the checkpoint, cast to ``options.dtype`` unless "auto"."""
-    model, config = load_model(Path(path), trust_remote_code=options.trust_remote_code,
+    model, config = load_model(Path(path), lazy=options.lazy,
+                               trust_remote_code=options.trust_remote_code,
                                get_model_classes=lambda config: (llama.Model, llama.ModelArgs))
     if options.dtype != "auto":
         model.set_dtype(getattr(mx, options.dtype))
