@@ -43,8 +43,9 @@ def test_warm_up_runs_each_shape_on_the_model(mlxcel_checkpoint_cache):
 
 
 def test_a_failing_warm_up_does_not_stop_the_engine(mlxcel_checkpoint_cache, monkeypatch):
-    from mlxcel.engine import worker as worker_module
+    from mlxcel.engine import setup as setup_module
     from mlxcel.engine.loader import load_checkpoint
+    from mlxcel.engine.worker import EngineWorker
     from mlxcel.plugins import load_plugins
     from mlxcel.testing.checkpoint import cached_checkpoint
 
@@ -57,10 +58,10 @@ def test_a_failing_warm_up_does_not_stop_the_engine(mlxcel_checkpoint_cache, mon
 
     from mlxcel.engine.policy import EnginePolicy
 
-    monkeypatch.setattr(worker_module, "warm_up", failing)
+    monkeypatch.setattr(setup_module, "warm_up", failing)
     families = load_plugins().families
-    worker = worker_module.EngineWorker(lambda: load_checkpoint(str(path), families),
-                                        parallel=2, policy=EnginePolicy(warm_up=True))
+    worker = EngineWorker(lambda: load_checkpoint(str(path), families),
+                          parallel=2, policy=EnginePolicy(warm_up=True))
     assert worker.setup() and worker.state == "ready" and calls
 
 

@@ -16,18 +16,14 @@ import msgspec
 import structlog
 
 from mlxcel.engine import distributed, mixed_batch
-from mlxcel.engine.accel import attention, cpu_blas, fused_proj, module_attrs
-from mlxcel.engine.accel.warmup import warm_mixed, warm_up
 from mlxcel.engine.admission import Admission
 from mlxcel.engine.batch import DecodeBatch, PrefillJob, read_back
-from mlxcel.engine.cache_kinds import reuse_rule
-from mlxcel.engine.kvcache import shared_position_rope
-from mlxcel.engine.memory import compute_dtype_bytes, request_budget
-from mlxcel.engine.policy import EnginePolicy, resolve_policy
+from mlxcel.engine.policy import EnginePolicy
 from mlxcel.engine.prompt_cache import PromptCache
 from mlxcel.engine.scheduler import Plan
 from mlxcel.engine.sequence import Sequence, Sink, end_all
-from mlxcel.engine.trace import NullTrace, Trace
+from mlxcel.engine.setup import EngineSetup
+from mlxcel.engine.trace import NullTrace
 from mlxcel.errors import GenerationFailed
 from mlxcel.settings import EngineConfig
 from mlxcel.types import GenerationRequest
@@ -53,7 +49,7 @@ class EngineStats(msgspec.Struct, kw_only=True):
     prefill_chunks_processed: int = 0
 
 
-class EngineWorker(Admission, threading.Thread):
+class EngineWorker(EngineSetup, Admission, threading.Thread):
     """Continuous batching: each loop runs at most one prefill chunk and one decode step.
 
     Waiting requests are admitted by priority lane (then arrival) while slots are free;
@@ -121,70 +117,6 @@ class EngineWorker(Admission, threading.Thread):
         return rows + [s for job in jobs for s in job.seqs] + list(self.waiting)
 
     # -- thread ---------------------------------------------------------------------------
-    def setup(self) -> bool:
-        """Load the model and get ready to schedule (the thread's first act); False if the
-        model failed to load."""
-        cfg = self.config
-        try:
-            self.checkpoint = self._load()
-            self.dist = distributed.attach(self)
-            self.eos_ids = set(self.checkpoint.tokenizer.eos_ids)
-            model, family = self.checkpoint.model, self.checkpoint.family
-            policy = self.policy = self.policy or resolve_policy(cfg)
-            self._choose_path(model, family)
-            self.dist.agree(self)  # every rank takes rank 0's plan-shaping policy
-            policy = self.policy
-            shared = cfg.shared_positions and family.relative_positions
-            self.rope = shared_position_rope(model, shared) if self.path == "shared" else None
-            path = attention.install(model, choice=policy.decode_attention) \
-                if self.batchable else None
-            fused = fused_proj.fuse(model) if policy.fuse_projections else 0
-            bound = module_attrs.bind(model) if policy.bind_modules else 0  # weights final
-            log.info("engine_batch", cache=self.path,
-                     positions="shared" if self.rope is not None else "absolute",
-                     masked_decode_attention=path or "mlx", fused_projections=fused,
-                     bound_attributes=bound, prompt_cache_reuse=self.prompt_cache.reuse.mode)
-            if policy.limit_blas_threads:
-                threads = cpu_blas.limit_threads(self.checkpoint.config, self.prefill_chunk)
-                if threads is not None:
-                    log.info("engine_blas_threads", threads=threads, reason="small matmuls")
-            # prefill columns a multiple of the policy's where rows may be padded
-            self.align = policy.prefill_align if self.grouped else 1
-            self.batch = self._new_batch()
-            if policy.warm_up and self.batchable:
-                vocab = self.checkpoint.tokenizer.vocab_size
-                try:
-                    if self.path == "shared":
-                        warm_up(model, self.rope, self.parallel, self.prefill_chunk,
-                                self.align, self.burst_chunks, vocab)
-                    else:
-                        warm_mixed(model, self.merge, vocab, self.prefill_chunk, self.align)
-                except Exception as exc:  # only a speed-up: serve without it
-                    log.warning("engine_warmup_failed", error=f"{type(exc).__name__}: {exc}")
-            self.memory_budget = request_budget(cfg.request_memory_budget)
-            self.dtype_bytes = compute_dtype_bytes(self.checkpoint.model.model)
-            self.trace = Trace.to(cfg.engine_trace)
-            self.state = "ready"
-        except Exception as exc:
-            self.state, self.error = "failed", f"{type(exc).__name__}: {exc}"
-            log.error("model_load_failed", error=self.error)
-            return False
-        finally:
-            self.ready.set()
-        return True
-
-    def _choose_path(self, model: Any, family: Any) -> None:
-        """Which caches the rows decode on (``mixed_batch.cache_path``); one slot and no
-        prompt cache where none batches."""
-        self.path, self.merge, self.grouped = mixed_batch.cache_path(model, family)
-        self.batchable = self.path != "single"
-        if self.path == "mixed":
-            self.prompt_cache.reuse = reuse_rule(model.make_cache())
-        elif self.path == "single":
-            log.info("engine_single_slot", reason="the model's caches cannot be batched")
-            self.parallel = 1
-            self.prompt_cache.disable("the model's caches cannot be batched: no prefix reuse")
-
     @property
     def burst_chunks(self) -> int:
         """The policy's burst chunks where rows prefill in groups, else 1; ``-b`` (the
