@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import time
-
 from litestar.testing import TestClient
 from mlxcel.app import create_app
 from mlxcel.settings import Settings
+from mlxcel.testing.engine import wait_ready  # noqa: F401 (the tests import it from here)
 
 
 def make_client(checkpoint, **settings):
@@ -14,11 +13,6 @@ def make_client(checkpoint, **settings):
     return TestClient(app, raise_server_exceptions=False)
 
 
-def wait_ready(client):
-    deadline = time.time() + 60
-    while client.get("/health").json()["status"] == "loading model":
-        assert time.time() < deadline, "model did not load"
-        time.sleep(0.05)
 
 
 # prompts the engine-level tests share: two that share a 33-token prefix, and a short one

@@ -6,7 +6,6 @@ special tokens; streamed and whole, through the in-process server."""
 from __future__ import annotations
 
 import json
-import time
 
 import jsonschema
 import pytest
@@ -50,16 +49,9 @@ def check_call(name: str, arguments: str, allowed: set[str]) -> None:
 
 @pytest.fixture(scope="module")
 def client(gemma4_checkpoint):
-    from litestar.testing import TestClient
-    from mlxcel.app import create_app
-    from mlxcel.settings import Settings
+    from mlxcel.testing.engine import app_client
 
-    app = create_app(Settings(model=str(gemma4_checkpoint), alias="tiny", parallel=2))
-    with TestClient(app, raise_server_exceptions=False) as c:
-        deadline = time.time() + 120
-        while c.get("/health").json()["status"] == "loading model":
-            assert time.time() < deadline, "model did not load"
-            time.sleep(0.05)
+    with app_client(gemma4_checkpoint, parallel=2) as c:
         yield c
 
 

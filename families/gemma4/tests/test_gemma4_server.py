@@ -5,7 +5,6 @@ Gemma 4 answer with a thought channel and a call becomes reasoning, content and 
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 from gemma4_fixtures import TOOLS, WEATHER
@@ -15,16 +14,9 @@ TOOL_DEFS = [t.definition for t in TOOLS]
 
 @pytest.fixture(scope="module")
 def client(gemma4_checkpoint):
-    from litestar.testing import TestClient
-    from mlxcel.app import create_app
-    from mlxcel.settings import Settings
+    from mlxcel.testing.engine import app_client
 
-    app = create_app(Settings(model=str(gemma4_checkpoint), alias="tiny"))
-    with TestClient(app, raise_server_exceptions=False) as c:
-        deadline = time.time() + 120
-        while c.get("/health").json()["status"] == "loading model":
-            assert time.time() < deadline, "model did not load"
-            time.sleep(0.05)
+    with app_client(gemma4_checkpoint) as c:
         yield c
 
 

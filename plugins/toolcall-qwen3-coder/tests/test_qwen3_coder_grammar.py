@@ -6,7 +6,6 @@ tokenizer's own token; streamed and whole, through the in-process server."""
 from __future__ import annotations
 
 import json
-import time
 
 import jsonschema
 import pytest
@@ -51,16 +50,9 @@ def checkpoint(mlxcel_checkpoint_cache):
 
 @pytest.fixture(scope="module")
 def client(checkpoint):
-    from litestar.testing import TestClient
-    from mlxcel.app import create_app
-    from mlxcel.settings import Settings
+    from mlxcel.testing.engine import app_client
 
-    app = create_app(Settings(model=str(checkpoint), alias="tiny", parallel=2))
-    with TestClient(app, raise_server_exceptions=False) as c:
-        deadline = time.time() + 120
-        while c.get("/health").json()["status"] == "loading model":
-            assert time.time() < deadline, "model did not load"
-            time.sleep(0.05)
+    with app_client(checkpoint, parallel=2) as c:
         yield c
 
 

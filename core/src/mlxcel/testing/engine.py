@@ -1,5 +1,6 @@
 """Engine helpers for tests: a worker or an engine on a tiny checkpoint, driven by hand or
-through ``submit``, and greedy outputs run one request at a time.
+through ``submit``, greedy outputs run one request at a time, and the whole app in process
+with its model loaded (``app_client``).
 
 A worker (``worker_for``) is set up on the calling thread and driven with
 ``run_until_done``, one ``_iteration`` at a time, so which requests share a step is
@@ -11,8 +12,10 @@ the CPU). Importing this module imports the engine (and so MLX).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from mlxcel.engine.client import EngineClient
@@ -167,3 +170,27 @@ def solo_tokens(checkpoint: Any, reqs: Sequence[GenerationRequest]) -> list[list
         return [run(engine, [r])[0][0] for r in reqs]
     finally:
         engine.shutdown()
+
+
+@contextlib.contextmanager
+def app_client(checkpoint: Any, timeout: float = 120.0, **settings: Any) -> Iterator[Any]:
+    """Litestar's ``TestClient`` on the real app serving ``checkpoint`` (``Settings``
+    fields in ``settings``; the model is named ``tiny`` unless ``alias`` says otherwise),
+    yielded once ``/health`` no longer says the model is loading."""
+    from litestar.testing import TestClient
+
+    from mlxcel.app import create_app
+    from mlxcel.settings import Settings
+
+    app = create_app(Settings(model=str(checkpoint), **{"alias": "tiny", **settings}))
+    with TestClient(app, raise_server_exceptions=False) as client:
+        wait_ready(client, timeout)
+        yield client
+
+
+def wait_ready(client: Any, timeout: float = 60.0) -> None:
+    """Wait until an app's ``/health`` no longer says the model is loading."""
+    deadline = time.time() + timeout
+    while client.get("/health").json()["status"] == "loading model":
+        assert time.time() < deadline, "model did not load"
+        time.sleep(0.05)
