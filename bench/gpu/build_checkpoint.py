@@ -29,6 +29,8 @@ import argparse
 import sys
 import time
 
+from mlxcel.testing.bench_checkpoints import CHECKPOINTS
+
 GEMMA4_PATTERN = ["sliding_attention"] * 5 + ["full_attention"]
 
 
@@ -84,16 +86,7 @@ PRESETS = {
     "gemma4-e4b": gemma4(2560, 8, 2, 256, 10240, 262144, 42, 18, 512, 256, "bfloat16"),
     # Llama-3-8B's layer structure (32 layers, 32/8 heads: the same ops per step) at tiny
     # width: a CPU proxy for the host-side cost of a decode step
-    "skeleton": {
-        "shape": "llama",
-        "hidden_size": 256,
-        "num_layers": 32,
-        "num_heads": 32,
-        "num_kv_heads": 8,
-        "intermediate_size": 512,
-        "vocab_size": 4096,
-        "dtype": "float32",
-    },
+    "skeleton": {**CHECKPOINTS["llama-deep"], "dtype": "float32"},
     # same family and vocabulary handling, small enough for a 2-core CPU test of run.sh
     "tiny": {
         "shape": "llama",
