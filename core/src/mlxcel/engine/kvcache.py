@@ -76,6 +76,14 @@ def rotate(rope: Any, keys: mx.array, delta: int | list[int]) -> mx.array:
     return rope(keys.reshape(b, h * n, 1, d), offset=offset).reshape(b, h, n, d)
 
 
+def rotate_layers(rope: Any, keys: mx.array, delta: int | list[int]) -> mx.array:
+    """Layer-stacked keys [layers, B, H, L, D] moved ``delta`` positions (one int, or one
+    per row, the same in every layer): one rotation for all layers."""
+    layers, b, h, n, d = keys.shape
+    per_row = delta * layers if isinstance(delta, list) else delta
+    return rotate(rope, keys.reshape(layers * b, h, n, d), per_row).reshape(keys.shape)
+
+
 class KVRows:
     """One row's keys and values for all layers stacked ([layers, 1, H, n, D]; iterating one
     gives the layers), in the canonical frame: what the prompt cache keeps of a row of this
@@ -143,9 +151,7 @@ class BatchCache:
                 values.append(_left_pad(part[1][..., :n, :], pad))
         stacked_k, stacked_v = mx.concatenate(keys, axis=1), mx.concatenate(values, axis=1)
         if rope is not None:  # canonical position i -> slot pads[r] + i, every layer
-            rows = len(pads)
-            stacked_k = rotate(rope, stacked_k.reshape(layers * rows, h, start, dk),
-                               list(pads) * layers).reshape(layers, rows, h, start, dk)
+            stacked_k = rotate_layers(rope, stacked_k, list(pads))
         out = []
         for layer in range(layers):
             cache = cls(pads, rope)
@@ -301,16 +307,13 @@ def stored_rows(caches: list[BatchCache], idx: list[int], lengths: list[int]) ->
     cost a graph of rows x layers ops, which the engine thread builds and encodes while the
     rows' clients wait to send their next turn."""
     first = caches[0]
-    layers = len(caches)
     if len(idx) == 1:
         i, n = idx[0], lengths[0]
         p = first.pads[i]
         keys = mx.stack([c.keys[i:i + 1, :, p:p + n] for c in caches])
         values = mx.stack([c.values[i:i + 1, :, p:p + n] for c in caches])
         if first.rope is not None:
-            _, _, h, _, d = keys.shape
-            keys = rotate(first.rope, keys.reshape(layers, h, n, d),
-                          -(p + first.base)).reshape(keys.shape)
+            keys = rotate_layers(first.rope, keys, -(p + first.base))
         return [KVRows(keys, values)]
     take = mx.array(idx)
     hi = max(first.pads[i] + n for i, n in zip(idx, lengths, strict=True))
@@ -319,10 +322,7 @@ def stored_rows(caches: list[BatchCache], idx: list[int], lengths: list[int]) ->
     keys = mx.stack([c.keys[take][..., :hi, :] for c in caches])  # [layers, rows, H, hi, D]
     values = mx.stack([c.values[take][..., :hi, :] for c in caches])
     if first.rope is not None:
-        shape = keys.shape
-        deltas = [-(first.pads[i] + first.base) for i in idx]
-        keys = rotate(first.rope, keys.reshape(layers * len(idx), *shape[2:]),
-                      deltas * layers).reshape(shape)
+        keys = rotate_layers(first.rope, keys, [-(first.pads[i] + first.base) for i in idx])
     out = []
     for j, (i, n) in enumerate(zip(idx, lengths, strict=True)):
         p = first.pads[i]
