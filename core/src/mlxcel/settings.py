@@ -94,6 +94,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     loop_detection: LoopPolicy | None = None
     switch_interval: float | None = None
     fuse_projections: bool | None = None
+    lean_decode: bool | None = None
     decode_attention: str = "auto"
     step_order: str = "auto"
     shared_positions: bool = True
@@ -160,6 +161,7 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     request_memory_budget: int | None = None  # bytes; can only lower the device's
     switch_interval: float | None = None  # None: CUDA_SWITCH_INTERVAL on CUDA, else Python's
     fuse_projections: bool | None = None  # None: on with CUDA only
+    lean_decode: bool | None = None  # None: on with CUDA only
     decode_attention: str = "auto"  # mlxcel.engine.accel.attention.mode
     step_order: str = "auto"  # queue-first | emit-first | auto (EnginePolicy.emit_first)
     shared_positions: bool = True  # where the family and the model allow it

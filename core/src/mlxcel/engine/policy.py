@@ -34,6 +34,8 @@ class EnginePolicy(msgspec.Struct, frozen=True, kw_only=True):
     ``warm_up``: every prefill chunk shape and batch operation runs once at startup
     (CUDA's JIT; ``mlxcel.engine.accel.warmup``).
     ``fuse_projections``: q/k/v and gate/up matmuls fused (``mlxcel.engine.accel.fused_proj``).
+    ``lean_decode``: decode steps of the layouts ``mlxcel.engine.accel.lean_decode`` knows
+    run on [B, D] activations (CUDA, where every graph node of a step costs host time).
     ``bind_modules``: the model's submodules become plain instance attributes, so building
     a step's graph skips ``Module.__getattr__`` (CUDA, where the host builds each step while
     the device waits; ``mlxcel.engine.accel.module_attrs``).
@@ -50,6 +52,7 @@ class EnginePolicy(msgspec.Struct, frozen=True, kw_only=True):
     prefill_align: int = 1
     warm_up: bool = False
     fuse_projections: bool = False
+    lean_decode: bool = False
     bind_modules: bool = False
     decode_attention: str = "fused"
     limit_blas_threads: bool = False
@@ -70,6 +73,7 @@ def resolve_policy(config: EngineConfig) -> EnginePolicy:
         emit_first=cuda if config.step_order == "auto" else config.step_order == "emit-first",
         prefill_align=prefill_align(), warm_up=cuda,
         fuse_projections=cuda if config.fuse_projections is None else config.fuse_projections,
+        lean_decode=cuda if config.lean_decode is None else config.lean_decode,
         bind_modules=cuda,
         decode_attention=attention.mode(config.decode_attention),
         limit_blas_threads=mlx_device() == "cpu", switch_interval=interval)

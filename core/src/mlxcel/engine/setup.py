@@ -13,10 +13,10 @@ from typing import Any
 import structlog
 
 from mlxcel.engine import distributed, mixed_batch
-from mlxcel.engine.accel import attention, cpu_blas, fused_proj, module_attrs
+from mlxcel.engine.accel import attention, cpu_blas, fused_proj, lean_decode, module_attrs
 from mlxcel.engine.accel.warmup import warm_mixed, warm_up
 from mlxcel.engine.cache_kinds import reuse_rule
-from mlxcel.engine.kvcache import shared_position_rope
+from mlxcel.engine.kvcache import BatchCache, shared_position_rope
 from mlxcel.engine.memory import compute_dtype_bytes, request_budget
 from mlxcel.engine.policy import resolve_policy
 from mlxcel.engine.trace import Trace
@@ -62,10 +62,15 @@ class EngineSetup:
             if self.batchable else None
         fused = fused_proj.fuse(model) if policy.fuse_projections else 0
         bound = module_attrs.bind(model) if policy.bind_modules else 0  # weights final
+        layers = len(model.make_cache())
+        self.forward, lean = lean_decode.forward_for(
+            model, policy.lean_decode and self.path == "shared" and not self.dist.active,
+            lambda: [BatchCache([0, 1], self.rope) for _ in range(layers)])
         log.info("engine_batch", cache=self.path,
                  positions="shared" if self.rope is not None else "absolute",
                  masked_decode_attention=path or "mlx", fused_projections=fused,
-                 bound_attributes=bound, prompt_cache_reuse=self.prompt_cache.reuse.mode)
+                 bound_attributes=bound, lean_decode=lean,
+                 prompt_cache_reuse=self.prompt_cache.reuse.mode)
         if policy.limit_blas_threads:
             threads = cpu_blas.limit_threads(self.checkpoint.config, self.prefill_chunk)
             if threads is not None:
@@ -78,7 +83,7 @@ class EngineSetup:
             try:
                 if self.path == "shared":
                     warm_up(model, self.rope, self.parallel, self.prefill_chunk,
-                            self.align, self.burst_chunks, vocab)
+                            self.align, self.burst_chunks, vocab, self.forward)
                 else:
                     warm_mixed(model, self.merge, vocab, self.prefill_chunk, self.align)
             except Exception as exc:  # only a speed-up: serve without it

@@ -87,6 +87,7 @@ class EngineWorker(EngineSetup, Admission, threading.Thread):
         self.path = "shared"  # which caches rows decode on (_choose_path)
         self.batchable = self.grouped = True
         self.merge: Any = None  # mixed path: rows' caches -> batch caches
+        self.forward: Any = None  # a decode step's forward (setup: lean_decode.forward_for)
         self.align = 1  # prefill column multiple: the policy's where rows may be padded
         self.budget = self.prefill_chunk  # tokens per step of the group prefilling now
         self._order = itertools.count()
@@ -129,7 +130,8 @@ class EngineWorker(EngineSetup, Admission, threading.Thread):
     def _new_batch(self) -> DecodeBatch:
         batch = DecodeBatch(self.checkpoint.model, self.checkpoint.tokenizer.vocab_size,
                             lazy_leave=self.policy.lazy_leave,
-                            ops=mixed_batch.MixedOps if self.path == "mixed" else None)
+                            ops=mixed_batch.MixedOps if self.path == "mixed" else None,
+                            forward=self.forward)
         batch.share = self.dist.share_tokens
         return batch
 

@@ -35,6 +35,7 @@ import structlog
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
 
+from mlxcel.engine.accel import lean_decode
 from mlxcel.engine.batch import DecodeBatch, PrefillJob
 from mlxcel.engine.cache_kinds import arrays, lone_kinds
 from mlxcel.engine.kvcache import BatchCache, stored_rows
@@ -85,15 +86,17 @@ def _signature(layer: Any) -> tuple:
 
 
 def warm_up(model: Any, rope: Any | None, parallel: int, chunk: int, align: int,
-            burst: int = 1, vocab: int | None = None) -> float:
-    """Run each decode batch size and prefill chunk shape once (``prefill_shapes``; on one
-    layer, see ``one_layer``), then (``vocab`` given) ``warm_lifecycle``; seconds spent."""
+            burst: int = 1, vocab: int | None = None, forward: Any = None) -> float:
+    """Run each decode batch size (through ``forward``, the engine's decode forward) and
+    prefill chunk shape once (``prefill_shapes``; on one layer, see ``one_layer``), then
+    (``vocab`` given) ``warm_lifecycle``; seconds spent."""
     t = time.perf_counter()
+    forward = forward or lean_decode.generic(model)
     layers = len(make_prompt_cache(model))
     for rows in range(1, parallel + 1):
         # the last row padded: the masked decode path (mlxcel.engine.accel.attention) runs too
         cache = [BatchCache([0] * (rows - 1) + [1], rope) for _ in range(layers)]
-        logits = model(mx.zeros((rows, 1), mx.uint32), cache)[:, -1, :]
+        logits = forward(mx.zeros((rows,), mx.uint32), cache)
         mx.eval(mx.argmax(logits, axis=-1))
     if parallel > 1:  # copying rows out for the prompt cache (a JIT-compiled gather)
         mx.eval([r.keys for r in stored_rows(cache, [0, 1], [1, 1])])
@@ -104,7 +107,7 @@ def warm_up(model: Any, rope: Any | None, parallel: int, chunk: int, align: int,
             model(mx.zeros((rows, cols), mx.uint32), cache)
             mx.eval([c.state for c in cache])
     if vocab is not None:
-        warm_lifecycle(model, rope, vocab, align)
+        warm_lifecycle(model, rope, vocab, align, forward)
     seconds = time.perf_counter() - t
     log.info("engine_warmup", decode_batches=parallel, prefill_shapes=len(shapes),
              seconds=round(seconds, 2))
@@ -143,7 +146,8 @@ def _step(batch: DecodeBatch) -> None:
         row.context.append(token)
 
 
-def warm_lifecycle(model: Any, rope: Any | None, vocab: int, align: int = 1) -> None:
+def warm_lifecycle(model: Any, rope: Any | None, vocab: int, align: int = 1,
+                   forward: Any = None) -> None:
     """One batch's life on four short rows (see the module docstring)."""
     greedy = SamplingParams(temperature=0.0)
     rows = [_Row(list(range(3, 43)), greedy),  # long enough to be reused past ``align``
@@ -152,7 +156,7 @@ def warm_lifecycle(model: Any, rope: Any | None, vocab: int, align: int = 1) -> 
             _Row(list(range(5, 17)), SamplingParams(temperature=0.7, seed=1, logprobs=True,
                                                     top_logprobs=2)),
             _Row([8, 9, 10], SamplingParams(temperature=0.0, repetition_penalty=1.1))]
-    batch = DecodeBatch(model, vocab, lazy_leave=True)
+    batch = DecodeBatch(model, vocab, lazy_leave=True, forward=forward)
     batch.join([_prefilled(model, rows[:2], rope, align)])  # into an empty batch
     batch.join([_prefilled(model, rows[2:], rope, align)])  # merged into a running one
     _step(batch)
