@@ -175,14 +175,18 @@ def switches(native_id: int) -> int:
         return 0
 
 
-def raw_loop(worker, batch: int, steps: int, prompt_len: int = 48) -> dict:
-    """``bench/gpu/raw_loop.py``'s pipelined greedy loop on the engine's model and cache
-    kind (shared-position ``BatchCache`` or the mixed path's merged mlx-lm caches)."""
+def raw_loop(worker, batch: int, steps: int, prompt_len: int = 48,
+             own_cache: bool = False) -> dict:
+    """``bench/gpu/raw_loop.py``'s pipelined greedy loop on the engine's model (with the
+    policy's patches) and cache kind (shared-position ``BatchCache`` or the mixed path's
+    merged mlx-lm caches), or with ``own_cache`` the model's own ``make_cache()``."""
     import mlx.core as mx
     from mlxcel.engine.kvcache import BatchCache
 
     model = worker.checkpoint.model
-    if worker.path == "shared":
+    if own_cache:
+        cache = model.make_cache()
+    elif worker.path == "shared":
         cache = [BatchCache([0] * batch, worker.rope) for _ in model.make_cache()]
     else:
         cache = worker.merge([model.make_cache() for _ in range(batch)])
@@ -264,8 +268,11 @@ class Timed:
         self.walls: list[float] = []
         self.cpus: list[float] = []
         self.queues: list[float] = []
+        self.reads: list[float] = []
 
     def run(self, steps: int) -> None:
+        import mlx.core as mx
+
         for _ in range(steps):
             w, c = time.perf_counter(), time.thread_time()
             outputs = self.build()
@@ -276,7 +283,10 @@ class Timed:
                 self.graph = step_graph(*outputs)
             self.queue(outputs)
             self.queues.append(time.perf_counter() - q)
+            mx.eval(*outputs)  # the read-back's own cost, without the wait
+            r = time.perf_counter()
             self.finish(outputs)
+            self.reads.append(time.perf_counter() - r)
 
     def queue(self, outputs) -> None:
         """Queue the step (``mx.async_eval``; on CUDA this encodes its kernels)."""
@@ -285,11 +295,11 @@ class Timed:
         mx.async_eval(*outputs)
 
     def clear(self) -> None:
-        self.walls, self.cpus, self.queues = [], [], []
+        self.walls, self.cpus, self.queues, self.reads = [], [], [], []
 
-    def summary(self) -> tuple[float, float, float]:
-        return (statistics.median(self.walls) * 1e3, statistics.median(self.cpus) * 1e3,
-                statistics.median(self.queues) * 1e3)
+    def summary(self) -> tuple[float, float, float, float]:
+        return tuple(statistics.median(v) * 1e3
+                     for v in (self.walls, self.cpus, self.queues, self.reads))
 
 
 class EngineSteps(Timed):
@@ -324,23 +334,25 @@ class EngineSteps(Timed):
 
         read_back(self.step, self.worker.stats)
 
-    def pipelined(self, steps: int, emit_first: bool) -> float:
+    def pipelined(self, steps: int, emit_first: bool, depth: int = 1) -> float:
         """ms per step of ``steps`` steps run as ``EngineWorker._decode_step`` runs them
         (step n+1 built before step n is read back; ``emit_first``: read back before
-        queueing), on this thread, with no consumer."""
+        queueing; ``depth`` steps queued ahead of the one read back), on this thread,
+        with no consumer."""
         from mlxcel.engine.batch import read_back
 
-        prev = None
+        pending: list = []
         t0 = time.perf_counter()
         for _ in range(steps):
             step = self.batch.launch()
-            if emit_first and prev is not None:
-                read_back(prev, self.worker.stats)
+            if emit_first and len(pending) >= depth:
+                read_back(pending.pop(0), self.worker.stats)
             step.start()
-            if not emit_first and prev is not None:
-                read_back(prev, self.worker.stats)
-            prev = step
-        read_back(prev, self.worker.stats)
+            pending.append(step)
+            if not emit_first and len(pending) > depth:
+                read_back(pending.pop(0), self.worker.stats)
+        for step in pending:
+            read_back(step, self.worker.stats)
         return (time.perf_counter() - t0) / steps * 1e3
 
 
@@ -398,7 +410,7 @@ def build_time(worker, path: pathlib.Path, prompts: list[list[int]], rounds: int
     from mlxcel.engine.accel import attention
 
     model, choice = worker.checkpoint.model, worker.policy.decode_attention
-    engine = EngineSteps(worker, prompts, 3 * (rounds + 1) * steps + 8)
+    engine = EngineSteps(worker, prompts, 5 * (rounds + 1) * steps + 8)
     reference = ReferenceSteps(path, worker.checkpoint.dtype, len(prompts))
     for r in range(rounds + 1):
         if worker.batchable:
@@ -409,30 +421,35 @@ def build_time(worker, path: pathlib.Path, prompts: list[list[int]], rounds: int
         if r == 0:
             for loop in (engine, reference):
                 loop.clear()
-    (ew, ec, eq), (rw, rc, rq) = engine.summary(), reference.summary()
+    (ew, ec, eq, er), (rw, rc, rq, rr) = engine.summary(), reference.summary()
     print(f"build ms per step at B={len(prompts)} (median of {len(engine.walls)}, "
           f"interleaved): engine {ew:.3f} (CPU {ec:.3f}), reference {rw:.3f} (CPU "
           f"{rc:.3f}); engine / reference = {ew / rw:.3f} (CPU {ec / rc:.3f})", flush=True)
     print(f"queue ms per step (mx.async_eval, the device idle before it): engine {eq:.3f}, "
           f"reference {rq:.3f}; engine / reference = {eq / rq:.3f}", flush=True)
+    print(f"read-back ms per step (the step evaluated first): engine {er:.3f}, reference "
+          f"{rr:.3f}", flush=True)
     print(f"  engine graph: {graph_line(engine.graph)}", flush=True)
     print(f"  reference graph: {graph_line(reference.graph)}", flush=True)
     # the same loops pipelined on this one thread, no consumer: a served step's period
     # minus the other threads (HTTP side, event hand-off), in both step orders
-    runs: dict[str, list[float]] = {"emit-first": [], "queue-first": [], "reference": []}
+    orders = {"emit-first": (True, 1), "queue-first": (False, 1),
+              "queue-first, 2 ahead": (False, 2)}
+    runs: dict[str, list[float]] = {k: [] for k in (*orders, "reference")}
     for _ in range(rounds + 1):
         if worker.batchable:
             attention.install(model, choice=choice)
-        for order in ("emit-first", "queue-first"):
-            runs[order].append(engine.pipelined(steps, order == "emit-first"))
+        for order, (emit_first, depth) in orders.items():
+            runs[order].append(engine.pipelined(steps, emit_first, depth))
         attention.uninstall(model)
-        runs["reference"].append(reference.pipelined(steps))
+        # as many steps as the engine's: both caches grow alike (attention costs grow)
+        runs["reference"].append(statistics.median(
+            reference.pipelined(steps) for _ in orders))
     med = {k: statistics.median(v[1:]) for k, v in runs.items()}
     print(f"pipelined ms per step (median of {rounds} rounds of {steps}, one thread, no "
-          f"consumer): engine emit-first {med['emit-first']:.3f}, engine queue-first "
-          f"{med['queue-first']:.3f}, reference {med['reference']:.3f}; engine / reference "
-          f"= {med['emit-first'] / med['reference']:.3f} / "
-          f"{med['queue-first'] / med['reference']:.3f}", flush=True)
+          "consumer): " + ", ".join(f"{k} {v:.3f}" for k, v in med.items()) + "; engine / "
+          "reference = " + " / ".join(f"{med[k] / med['reference']:.3f}" for k in orders),
+          flush=True)
 
 
 def install_timers() -> dict[str, list[tuple[float, float]]]:
@@ -619,13 +636,18 @@ def main() -> int:
     print("engine medians over runs: " + ", ".join(
         f"{k} {statistics.median(v):.3f}" for k, v in stats.items()), flush=True)
     if args.raw_steps:  # the engine thread has ended: this thread may use MLX now
-        raws = [raw_loop(client.worker, args.concurrency, args.raw_steps)
-                for _ in range(max(1, args.repeat))]
-        for i, raw in enumerate(raws):
-            print(f"[raw {i + 1}] B={args.concurrency}: {raw['tok_s']:.1f} tok/s, "
-                  f"{raw['ms_per_step']:.3f} ms/step, CPU {raw['cpu_ms_per_step']:.3f} "
-                  "ms/step", flush=True)
+        raws, owns = [], []
+        for i in range(max(1, args.repeat)):  # interleaved: engine cache, model's own
+            raws.append(raw_loop(client.worker, args.concurrency, args.raw_steps))
+            owns.append(raw_loop(client.worker, args.concurrency, args.raw_steps,
+                                 own_cache=True))
+            for what, raw in (("engine cache", raws[-1]), ("model's cache", owns[-1])):
+                print(f"[raw {i + 1}, {what}] B={args.concurrency}: {raw['tok_s']:.1f} "
+                      f"tok/s, {raw['ms_per_step']:.3f} ms/step, CPU "
+                      f"{raw['cpu_ms_per_step']:.3f} ms/step", flush=True)
         raw_ms = statistics.median(r["ms_per_step"] for r in raws)
+        own_ms = statistics.median(r["ms_per_step"] for r in owns)
+        print(f"raw on the model's own cache: ms_per_step {own_ms:.3f}", flush=True)
         print(f"raw medians: ms_per_step {raw_ms:.3f}, cpu_ms_per_step "
               f"{statistics.median(r['cpu_ms_per_step'] for r in raws):.3f}; engine steady "
               f"step / raw step = {statistics.median(stats['step_ms']) / raw_ms:.3f}",

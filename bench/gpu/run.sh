@@ -14,7 +14,7 @@
 # default 150, 100 for gemma4-e4b), REQ_CAP (requests per level at most; default 64, i.e.
 # 2 x C up to C = 32, then C; 128 with ARRIVAL=1), TARGETS (serving.py --targets; default
 # gpu, which is gpu-gemma4 for a gemma4 shape), LABEL, MLXCEL_SPAWN (default 1), TRACE (1:
-# mlxcel writes its engine timeline to $OUT/engine_trace.jsonl, see MLXCEL_ENGINE_TRACE),
+# each mlxcel pass writes its engine timeline to $OUT/engine_trace-LABEL.jsonl, see MLXCEL_ENGINE_TRACE),
 # RAW_CACHES (raw_loop.py --caches; default KVCache,BatchKVCache; KIND+PATH entries time
 # an mlxcel attention path too), ALT_ARGS / ALT_LABEL / ALT_CONC (a second mlxcel pass
 # with these extra arguments, labelled LABEL-ALT_LABEL, at ALT_CONC; default 64: an A/B),
@@ -81,7 +81,8 @@ PY
   [ -d "$CKPT" ] || { log "checkpoint build failed"; exit 1; }
   du -sh "$CKPT"
 
-  [ "$TRACE" = 1 ] && export MLXCEL_ENGINE_TRACE="$OUT/engine_trace.jsonl"
+  # TRACE=1: each mlxcel pass writes its own timeline (a server start truncates its file)
+  trace_of() { [ "$TRACE" = 1 ] && echo "$OUT/engine_trace-$1.jsonl"; }
   for round in $(seq 1 "$ROUNDS"); do
     # round 1: every server in SERVERS; later rounds: mlxcel (and the A/B pass) again,
     # each against a raw loop measured just before it, labels suffixed -round<N>
@@ -95,14 +96,16 @@ PY
     RAW=()
     [ -s "$raw" ] && RAW=(--raw-json "$raw")
     log "serving$sfx (servers: $servers)"
-    "$PY" bench/serving.py --model "$CKPT" --label "$LABEL$sfx" --modes defaults \
+    tr=$(trace_of "$LABEL$sfx")
+    env ${tr:+MLXCEL_ENGINE_TRACE="$tr"} "$PY" bench/serving.py --model "$CKPT" --label "$LABEL$sfx" --modes defaults \
       --servers "$servers" --concurrency "$CONC" --max-tokens "$MAXTOK" \
       --parallel "$PARALLEL" --level-deadline "$LEVEL_DEADLINE" --requests-cap "$REQ_CAP" \
       "${SPAWN[@]}" "${RAW[@]}" --targets "$TARGETS" --log-dir "$OUT/logs" \
       --out "$OUT/serving_gpu.json" "${fresh[@]}" || log "serving FAILED"
     if [ -n "$ALT_ARGS" ]; then
       log "serving$sfx, mlxcel $ALT_ARGS (label $LABEL-$ALT_LABEL$sfx)"
-      "$PY" bench/serving.py --model "$CKPT" --label "$LABEL-$ALT_LABEL$sfx" \
+      tr=$(trace_of "$LABEL-$ALT_LABEL$sfx")
+      env ${tr:+MLXCEL_ENGINE_TRACE="$tr"} "$PY" bench/serving.py --model "$CKPT" --label "$LABEL-$ALT_LABEL$sfx" \
         --modes defaults --servers mlxcel --mlxcel-args "$ALT_ARGS" --concurrency "$ALT_CONC" \
         --max-tokens "$MAXTOK" --parallel "$PARALLEL" --level-deadline "$LEVEL_DEADLINE" \
         --requests-cap "$REQ_CAP" "${SPAWN[@]}" "${RAW[@]}" --targets none \
