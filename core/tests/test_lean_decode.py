@@ -109,26 +109,37 @@ def test_other_layouts_keep_the_models_forward():
     sliding = model_of("llama", layer_types=["sliding_attention", "full_attention",
                                              "full_attention"], sliding_window=4)
     assert lean_decode.decoder(sliding) is None
-    forward, lean = lean_decode.forward_for(gemma, True, lambda: [])
+    forward, lean = lean_decode.forward_for(gemma, True, [])
     assert lean is False and forward is not None
 
 
-def test_a_forward_that_disagrees_is_not_taken(monkeypatch):
+def padded_check(model):
+    def check():
+        cache = caches(model, [0, 1], True)
+        model(mx.array([[3, 4, 5, 6], [0, 8, 9, 10]], dtype=mx.uint32), cache)
+        return cache, mx.array([11, 12], dtype=mx.uint32)
+
+    return check
+
+
+def test_a_forward_that_disagrees_or_fails_is_not_taken(monkeypatch):
     model = model_of("llama")
-    broken = lean_decode.decoder(model)
+    lean = lean_decode.decoder(model)
 
-    def skips_the_last_norm(tokens, cache):
-        return broken(tokens, cache) * 1.5
+    def scaled(tokens, cache):
+        return lean(tokens, cache) * 1.5
 
-    def make():
-        return caches(model, [0, 1], True)
+    def fails(tokens, cache):
+        raise ValueError("a layout the mirror gets wrong")
 
-    prompts = mx.array([[3, 4, 5, 6], [7, 8, 9, 10]], dtype=mx.uint32)
-    assert lean_decode.agrees(model, lean_decode.decoder(model), make, prompts)
-    assert not lean_decode.agrees(model, skips_the_last_norm, make, prompts)
-    monkeypatch.setattr(lean_decode, "decoder", lambda m: skips_the_last_norm)
-    forward, lean = lean_decode.forward_for(model, True, make)
-    assert lean is False
+    check = padded_check(model)
+    assert lean_decode.agrees(model, lean, check)
+    assert not lean_decode.agrees(model, scaled, check)
+    assert not lean_decode.agrees(model, fails, check)
+    assert lean_decode.forward_for(model, True, [check])[1] is True
+    assert lean_decode.forward_for(model, False, [check])[1] is False
+    monkeypatch.setattr(lean_decode, "decoder", lambda m: scaled)
+    assert lean_decode.forward_for(model, True, [check])[1] is False
 
 
 def test_the_setting(monkeypatch):
@@ -147,16 +158,72 @@ def test_the_setting(monkeypatch):
         build_parser()
 
 
-def test_engine_decodes_the_same_tokens_lean_or_not(path):
-    from apphelpers import PROMPTS
+GEMMA4 = {"gemma4": None,
+          "gemma4-moe": {"enable_moe_block": True, "num_experts": 4, "top_k_experts": 2,
+                         "moe_intermediate_size": 32}}
+
+
+def gemma4_model(name, cache_dir):
+    from mlx_lm.utils import load_model
+    from mlxcel.testing.checkpoint import cached_checkpoint
+
+    path = cached_checkpoint("gemma4_text", cache_dir=cache_dir, dtype="float32",
+                             config=GEMMA4[name])
+    model, _ = load_model(path)
+    return model
+
+
+def gemma4_steps(model, forward, lengths, steps=6):
+    """Greedy decode logits of rows of ``lengths`` (past the 16-token sliding window
+    too), each prefilled on the model's own caches; several rows merged into mlx-lm's
+    batch caches, as the mixed path decodes them."""
+    from mlxcel.engine.mixed_batch import merge_rows
+
+    rows = []
+    for n in lengths:
+        cache = model.make_cache()
+        model(mx.arange(3, 3 + n, dtype=mx.uint32)[None], cache)
+        rows.append(cache)
+    cache = rows[0] if len(rows) == 1 else merge_rows(rows)
+    tokens = mx.array([7 + i for i in range(len(lengths))], dtype=mx.uint32)
+    out = []
+    for _ in range(steps):
+        logits = forward(tokens, cache)
+        out.append(logits)
+        tokens = mx.argmax(logits, axis=-1).astype(mx.uint32)
+    return mx.stack(out)
+
+
+@pytest.mark.parametrize("name", sorted(GEMMA4))
+@pytest.mark.parametrize("lengths", [[5], [30], [5, 23, 40]])
+def test_gemma4_lean_forward_gives_the_models_logits(name, lengths, mlxcel_checkpoint_cache):
+    model = gemma4_model(name, mlxcel_checkpoint_cache)
+    inner = model.model
+    assert inner.hidden_size_per_layer_input and len(model.make_cache()) < len(inner.layers)
+    lean = lean_decode.decoder(model)
+    assert lean is not None
+    want = gemma4_steps(model, lean_decode.generic(model), lengths)
+    got = gemma4_steps(model, lean, lengths)
+    assert want.shape == got.shape
+    assert mx.allclose(want, got, atol=1e-4).item()
+
+
+@pytest.mark.parametrize("shape,path_kind", [("llama", "shared"), ("gemma4_text", "mixed")])
+def test_engine_batches_the_same_tokens_lean_or_not(shape, path_kind,
+                                                    mlxcel_checkpoint_cache):
+    """Rows of mixed lengths (past the sliding window) on ``--parallel 4``, joining and
+    leaving mid-batch: the same greedy tokens with the lean forward as without."""
+    from mlxcel.testing.checkpoint import cached_checkpoint
     from mlxcel.testing.engine import run_until_done, submit, worker_for
 
+    path = cached_checkpoint(shape, cache_dir=mlxcel_checkpoint_cache, dtype="float32")
+    prompts = [list(range(5, 5 + n)) for n in (5, 23, 40, 9, 31, 3)]
     outputs = []
     for lean in (False, True):
-        worker = worker_for(path, lean_decode=lean, fuse_projections=lean, bind_modules=lean)
-        assert (worker.forward.__name__ == "forward"
-                and worker.forward.__qualname__.startswith("decoder")) is lean
-        sinks = [submit(worker, p, max_tokens=8) for p in PROMPTS]
+        worker = worker_for(path, parallel=4, chunk=16, lean_decode=lean)
+        assert worker.path == path_kind
+        assert worker.forward.__qualname__.startswith("decoder") is lean
+        sinks = [submit(worker, p, max_tokens=6 + i) for i, p in enumerate(prompts)]
         run_until_done(worker, sinks)
         outputs.append([s.tokens for s in sinks])
     assert outputs[0] == outputs[1]

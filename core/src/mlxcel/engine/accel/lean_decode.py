@@ -12,22 +12,31 @@ the same modules (projections, fused or not, norms, RoPE, the MLP), the cache's 
 mlx-lm module (``mlxcel.engine.accel.attention`` may wrap it), so only the views change.
 
 The rule: a model takes this path only where its top-level class and every layer's class
-are exactly one of ``LAYOUTS`` (whose ``__call__`` code this mirrors) with every layer on
-full attention, and where one decode step of both forwards from the same prefilled caches
-agrees (``agrees``, at setup); otherwise ``generic(model)`` is used. On by default on CUDA
-only (``EnginePolicy.lean_decode``, ``--lean-decode``).
+are exactly those of a module whose ``__call__`` code is mirrored here (``LAYOUTS``: Llama,
+Qwen2 and Qwen3 with every layer on full attention; ``mlxcel.engine.accel.lean_gemma4``),
+and where one decode step of both forwards from the same prefilled caches agrees on every
+cache kind the engine will decode it on (``forward_for``, at setup); otherwise
+``generic(model)`` is used. On by default on CUDA only (``EnginePolicy.lean_decode``,
+``--lean-decode``).
 """
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+import structlog
+
+from mlxcel.engine.accel import lean_gemma4
+
+log = structlog.get_logger("mlxcel.engine")
 
 Forward = Callable[[mx.array, list[Any]], mx.array]  # tokens [B], caches -> logits [B, V]
+Check = Callable[[], tuple[list[Any], mx.array]]  # fresh prefilled caches, the next tokens
 
 # mlx-lm modules whose Model / TransformerBlock / Attention / MLP this path mirrors; the
 # flag says whether the attention normalises queries and keys per head (q_norm / k_norm)
@@ -71,10 +80,14 @@ def _layout(model: Any) -> bool | None:
 
 def decoder(model: Any) -> Forward | None:
     """The lean forward for ``model`` (see the module docstring), or None where its layout
-    is not one of ``LAYOUTS``. Built once the model's structure is final (after fused
+    is not one mirrored here. Built once the model's structure is final (after fused
     projections and bound submodules): each layer's callables are looked up here, once."""
     model = _network(model)
-    norms = _layout(model) if model is not None else None
+    if model is None:
+        return None
+    if (gemma := lean_gemma4.decoder(model)) is not None:
+        return gemma
+    norms = _layout(model)
     if norms is None:
         return None
     module = sys.modules[type(model).__module__]
@@ -92,7 +105,7 @@ def decoder(model: Any) -> Forward | None:
     def forward(tokens: mx.array, cache: list[Any]) -> mx.array:
         b = tokens.shape[0]
         h = embed(tokens)
-        mask = cache[0].make_mask(1) if hasattr(cache[0], "make_mask") else None
+        mask = module.create_attention_mask(SimpleNamespace(shape=(b, 1)), cache[0])
         attend = module.scaled_dot_product_attention  # looked up: install() may wrap it
         for (in_norm, q_proj, k_proj, v_proj, q_norm, k_norm, rope, o_proj, heads,
              kv_heads, scale, post_norm, mlp), c in zip(plan, cache, strict=True):
@@ -113,29 +126,35 @@ def decoder(model: Any) -> Forward | None:
     return forward
 
 
-def agrees(model: Any, lean: Forward, make_cache: Callable[[], list[Any]],
-           prompts: mx.array) -> bool:
-    """Whether one decode step of ``lean`` gives the logits of the model's own forward:
-    both caches (``make_cache()``) prefilled with ``prompts`` [B, L], then one step of the
-    same tokens each. The tolerance covers a different kernel order in low precision."""
-    caches = [make_cache(), make_cache()]
-    for cache in caches:
-        model(prompts, cache)
-    tokens = prompts[:, -1]
-    want = generic(model)(tokens, caches[0]).astype(mx.float32)
-    got = lean(tokens, caches[1]).astype(mx.float32)
-    scale = mx.max(mx.abs(want)).item() or 1.0
-    tol = 1e-4 if _network(model).model.norm.weight.dtype == mx.float32 else 3e-2
-    return bool(mx.max(mx.abs(want - got)).item() <= tol * scale)
+def agrees(model: Any, lean: Forward, check: Check) -> bool:
+    """Whether one decode step of ``lean`` gives the logits of the model's own forward, each
+    from its own ``check()`` (fresh caches holding the same prompts, and the next tokens).
+    The tolerance covers a different kernel order in low precision; a step that fails
+    disagrees."""
+    try:
+        caches, tokens = check()
+        want = generic(model)(tokens, caches).astype(mx.float32)
+        caches, tokens = check()
+        got = lean(tokens, caches).astype(mx.float32)
+        scale = mx.max(mx.abs(want)).item() or 1.0
+        tol = 1e-4 if want.dtype == got.dtype and _precise(model) else 3e-2
+        return bool(mx.max(mx.abs(want - got)).item() <= tol * scale)
+    except Exception as exc:  # a layout this mirror gets wrong: the model's own forward
+        log.warning("lean_decode_check_failed", error=f"{type(exc).__name__}: {exc}")
+        return False
 
 
-def forward_for(model: Any, lean: bool, make_cache: Callable[[], list[Any]]) -> tuple[
-        Forward, bool]:
-    """The forward the engine decodes ``model`` with and whether it is the lean one
-    (``lean`` asked, the layout supported, and ``agrees`` on a two-row check whose second
-    row is padded)."""
+def _precise(model: Any) -> bool:
+    norm = getattr(getattr(_network(model), "model", None), "norm", None)
+    weight = getattr(norm, "weight", None)
+    return weight is not None and weight.dtype == mx.float32
+
+
+def forward_for(model: Any, lean: bool, checks: list[Check]) -> tuple[Forward, bool]:
+    """The forward the engine decodes ``model`` with and whether it is the lean one:
+    ``lean`` asked, the layout mirrored and ``agrees`` on every check (one per cache kind
+    the engine decodes on, a padded row among them)."""
     if lean and (fast := decoder(model)) is not None:
-        prompts = mx.array([[3, 4, 5, 6], [7, 8, 9, 10]], dtype=mx.uint32)
-        if agrees(model, fast, make_cache, prompts):
+        if all(agrees(model, fast, check) for check in checks):
             return fast, True
     return generic(model), False
