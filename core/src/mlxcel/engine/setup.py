@@ -85,8 +85,7 @@ class EngineSetup:
                     warm_up(model, self.rope, self.parallel, self.prefill_chunk,
                             self.align, self.burst_chunks, vocab, self.forward)
                 else:
-                    warm_mixed(model, self.merge, vocab, self.prefill_chunk, self.align,
-                               self.forward)
+                    warm_mixed(model, self.merge, vocab, self.prefill_chunk, self.align)
             except Exception as exc:  # only a speed-up: serve without it
                 log.warning("engine_warmup_failed", error=f"{type(exc).__name__}: {exc}")
 

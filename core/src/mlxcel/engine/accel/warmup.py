@@ -191,8 +191,7 @@ def _mixed_prefilled(model: Any, rows: list[_Row], merge: Any,
     return job
 
 
-def warm_mixed(model: Any, merge: Any, vocab: int, chunk: int = 512, align: int = 1,
-               forward: Any = None) -> float:
+def warm_mixed(model: Any, merge: Any, vocab: int, chunk: int = 512, align: int = 1) -> float:
     """``warm_lifecycle`` for a model on mlx-lm's batch caches (``mixed_batch``): a padded
     group prefilled in chunks (``prepare`` / ``finalize``), groups joined (``extend``),
     sampled and penalised rows, a row leaving (``filter``), rows copied out for the prompt
@@ -200,8 +199,7 @@ def warm_mixed(model: Any, merge: Any, vocab: int, chunk: int = 512, align: int 
     prefill chunk shape of a lone row (one row of each multiple of ``align`` up to
     ``chunk`` columns, on its plain caches); seconds spent. Each op variant of these caches
     is JIT-compiled by MLX's CUDA backend the first time it runs, and each new shape gets
-    its kernel plans then: a served step would wait for them. ``forward``: the engine's
-    decode forward."""
+    its kernel plans then: a served step would wait for them."""
     from mlxcel.engine.mixed_batch import MixedOps, merge_rows
 
     t = time.perf_counter()
@@ -211,7 +209,7 @@ def warm_mixed(model: Any, merge: Any, vocab: int, chunk: int = 512, align: int 
             _Row(list(range(5, 17)), SamplingParams(temperature=0.7, seed=1, logprobs=True,
                                                     top_logprobs=2)),
             _Row([8, 9, 10], SamplingParams(temperature=0.0, repetition_penalty=1.1))]
-    batch = DecodeBatch(model, vocab, lazy_leave=True, ops=MixedOps, forward=forward)
+    batch = DecodeBatch(model, vocab, lazy_leave=True, ops=MixedOps)
     batch.join([_mixed_prefilled(model, rows[:2], merge)])  # into an empty batch
     batch.join([_mixed_prefilled(model, rows[2:], merge)])  # merged into a running one
     _step(batch)
