@@ -64,7 +64,7 @@ class EngineSetup:
         fused = fused_proj.fuse(model) if policy.fuse_projections else 0
         bound = module_attrs.bind(model) if policy.bind_modules else 0  # weights final
         self.forward, lean = lean_decode.forward_for(
-            model, policy.lean_decode and self.batchable and not self.dist.active,
+            model, policy.lean_decode and self.path == "shared" and not self.dist.active,
             self._decode_checks(model))
         log.info("engine_batch", cache=self.path,
                  positions="shared" if self.rope is not None else "absolute",
@@ -90,29 +90,15 @@ class EngineSetup:
                 log.warning("engine_warmup_failed", error=f"{type(exc).__name__}: {exc}")
 
     def _decode_checks(self, model: Any) -> list[Any]:
-        """Caches of every kind this path decodes on, prefilled alike, for
-        ``lean_decode.forward_for``: two rows, the second padded (the shared path's
-        ``BatchCache``; the mixed path's batch caches, merged from rows of two lengths),
-        and on the mixed path a lone row on the model's own caches."""
-        prompts = [[3, 4, 5, 6, 7], [8, 9, 10]]
+        """Prefilled caches for ``lean_decode.forward_for``: the shared path's
+        ``BatchCache``, two rows, the second padded."""
 
         def shared() -> tuple[list[Any], mx.array]:
             cache = [BatchCache([0, 2], self.rope) for _ in model.make_cache()]
-            model(mx.array([prompts[0], [0, 0, *prompts[1]]], dtype=mx.uint32), cache)
+            model(mx.array([[3, 4, 5, 6, 7], [0, 0, 8, 9, 10]], dtype=mx.uint32), cache)
             return cache, mx.array([11, 12], dtype=mx.uint32)
 
-        def rows(which: list[int]) -> tuple[list[Any], mx.array]:
-            caches = []
-            for i in which:
-                cache = model.make_cache()
-                model(mx.array([prompts[i]], dtype=mx.uint32), cache)
-                caches.append(cache)
-            merged = caches[0] if len(caches) == 1 else self.merge(caches)
-            return merged, mx.array([11 + i for i in which], dtype=mx.uint32)
-
-        if self.path == "shared":
-            return [shared]
-        return [lambda: rows([0]), lambda: rows([0, 1])]
+        return [shared]
 
     def _choose_path(self, model: Any, family: Any) -> None:
         """Which caches the rows decode on (``mixed_batch.cache_path``); one slot and no

@@ -13,9 +13,8 @@ mlx-lm module (``mlxcel.engine.accel.attention`` may wrap it), so only the views
 
 The rule: a model takes this path only where its top-level class and every layer's class
 are exactly those of a module whose ``__call__`` code is mirrored here (``LAYOUTS``: Llama,
-Qwen2 and Qwen3 with every layer on full attention; ``mlxcel.engine.accel.lean_gemma4``),
-and where one decode step of both forwards from the same prefilled caches agrees on every
-cache kind the engine will decode it on (``forward_for``, at setup); otherwise
+Qwen2 and Qwen3 with every layer on full attention), and where one decode step of both
+forwards from the same prefilled caches agrees (``forward_for``, at setup); otherwise
 ``generic(model)`` is used. On by default on CUDA only (``EnginePolicy.lean_decode``,
 ``--lean-decode``).
 """
@@ -30,8 +29,6 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 import structlog
-
-from mlxcel.engine.accel import lean_gemma4
 
 log = structlog.get_logger("mlxcel.engine")
 
@@ -83,11 +80,7 @@ def decoder(model: Any) -> Forward | None:
     is not one mirrored here. Built once the model's structure is final (after fused
     projections and bound submodules): each layer's callables are looked up here, once."""
     model = _network(model)
-    if model is None:
-        return None
-    if (gemma := lean_gemma4.decoder(model)) is not None:
-        return gemma
-    norms = _layout(model)
+    norms = _layout(model) if model is not None else None
     if norms is None:
         return None
     module = sys.modules[type(model).__module__]
@@ -152,8 +145,8 @@ def _precise(model: Any) -> bool:
 
 def forward_for(model: Any, lean: bool, checks: list[Check]) -> tuple[Forward, bool]:
     """The forward the engine decodes ``model`` with and whether it is the lean one:
-    ``lean`` asked, the layout mirrored and ``agrees`` on every check (one per cache kind
-    the engine decodes on, a padded row among them)."""
+    ``lean`` asked, the layout mirrored and ``agrees`` on every check (prefilled caches of
+    the kind the engine decodes on, a padded row among them)."""
     if lean and (fast := decoder(model)) is not None:
         if all(agrees(model, fast, check) for check in checks):
             return fast, True
