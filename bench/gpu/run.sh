@@ -5,8 +5,8 @@
 #   2. raw MLX decode loop at batch 1/8/64 on it (bench/gpu/raw_loop.py)
 #   3. mlxcel (--parallel 64) then mlx_lm.server, streamed at concurrency 1/8/64
 #      (bench/serving.py), compared with each other and with the raw loop
-# Results go to $OUT: env.txt, raw_loop.json, serving_gpu.json, serving_gpu.md, logs.tgz,
-# run.log. Environment knobs: SHAPE (llama3-8b | gemma4-e4b | tiny | gemma4-tiny |
+# Results go to $OUT: serving_gpu.json, serving_gpu.md, logs.tgz (server logs) and
+# extras.tgz (env.txt, run.log, raw_loop*.json, engine traces). Environment knobs: SHAPE (llama3-8b | gemma4-e4b | tiny | gemma4-tiny |
 # skeleton), ARRIVAL (1: the continuous-arrival load instead: concurrency 1 and 64, 2 x C
 # requests per level, i.e. 128 at C = 64, where a second wave joins as the first
 # finishes; max_tokens 128, targets gpu-arrival, label SHAPE-arrival), OUT, PY, CONC,
@@ -115,4 +115,7 @@ PY
   log "done"
 } 2>&1 | tee "$OUT/run.log"
 tar czf "$OUT/logs.tgz" -C "$OUT" $(cd "$OUT" && ls -d logs logs-alt 2>/dev/null) && rm -rf "$OUT/logs" "$OUT/logs-alt"
+# the device returns at most 8 files from $OUT: the rest travels as one archive
+extras=$(cd "$OUT" && ls env.txt run.log raw_loop*.json engine_trace-*.jsonl 2>/dev/null)
+[ -n "$extras" ] && tar czf "$OUT/extras.tgz" -C "$OUT" $extras && (cd "$OUT" && rm -f $extras)
 ls -la "$OUT"
