@@ -175,6 +175,22 @@ def switches(native_id: int) -> int:
         return 0
 
 
+def pipelined_greedy(step, y, steps: int):
+    """``bench/gpu/raw_loop.py``'s pipelined loop: step n+1 queued before step n's tokens
+    are read; returns the last (queued) tokens."""
+    import mlx.core as mx
+
+    nxt = step(y)
+    mx.async_eval(nxt)
+    for i in range(steps):
+        cur = nxt
+        if i < steps - 1:
+            nxt = step(cur)
+            mx.async_eval(nxt)
+        cur.tolist()
+    return nxt
+
+
 def raw_loop(worker, batch: int, steps: int, prompt_len: int = 48,
              own_cache: bool = False) -> dict:
     """``bench/gpu/raw_loop.py``'s pipelined greedy loop on the engine's model (with the
@@ -201,14 +217,7 @@ def raw_loop(worker, batch: int, steps: int, prompt_len: int = 48,
         y = step(y)
         mx.eval(y)
     c0, t0 = time.thread_time(), time.perf_counter()
-    nxt = step(y)
-    mx.async_eval(nxt)
-    for i in range(steps):
-        cur = nxt
-        if i < steps - 1:
-            nxt = step(cur)
-            mx.async_eval(nxt)
-        cur.tolist()
+    pipelined_greedy(step, y, steps)
     wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
     return {"ms_per_step": wall / steps * 1e3, "cpu_ms_per_step": cpu / steps * 1e3,
             "tok_s": batch * steps / wall}
@@ -334,25 +343,23 @@ class EngineSteps(Timed):
 
         read_back(self.step, self.worker.stats)
 
-    def pipelined(self, steps: int, emit_first: bool, depth: int = 1) -> float:
+    def pipelined(self, steps: int, emit_first: bool) -> float:
         """ms per step of ``steps`` steps run as ``EngineWorker._decode_step`` runs them
         (step n+1 built before step n is read back; ``emit_first``: read back before
-        queueing; ``depth`` steps queued ahead of the one read back), on this thread,
-        with no consumer."""
+        queueing), on this thread, with no consumer."""
         from mlxcel.engine.batch import read_back
 
-        pending: list = []
+        prev = None
         t0 = time.perf_counter()
         for _ in range(steps):
             step = self.batch.launch()
-            if emit_first and len(pending) >= depth:
-                read_back(pending.pop(0), self.worker.stats)
+            if emit_first and prev is not None:
+                read_back(prev, self.worker.stats)
             step.start()
-            pending.append(step)
-            if not emit_first and len(pending) > depth:
-                read_back(pending.pop(0), self.worker.stats)
-        for step in pending:
-            read_back(step, self.worker.stats)
+            if not emit_first and prev is not None:
+                read_back(prev, self.worker.stats)
+            prev = step
+        read_back(prev, self.worker.stats)
         return (time.perf_counter() - t0) / steps * 1e3
 
 
@@ -386,20 +393,10 @@ class ReferenceSteps(Timed):
     def finish(self, outputs) -> None:
         self.y.tolist()
 
-    def pipelined(self, steps: int, emit_first: bool = False) -> float:
+    def pipelined(self, steps: int) -> float:
         """ms per step of ``bench/gpu/raw_loop.py``'s pipelined loop."""
-        import mlx.core as mx
-
         t0 = time.perf_counter()
-        nxt = self.pick(self.y[:, None])
-        mx.async_eval(nxt)
-        for i in range(steps):
-            cur = nxt
-            if i < steps - 1:
-                nxt = self.pick(cur[:, None])
-                mx.async_eval(nxt)
-            cur.tolist()
-        self.y = nxt
+        self.y = pipelined_greedy(lambda y: self.pick(y[:, None]), self.y, steps)
         return (time.perf_counter() - t0) / steps * 1e3
 
 
@@ -410,7 +407,7 @@ def build_time(worker, path: pathlib.Path, prompts: list[list[int]], rounds: int
     from mlxcel.engine.accel import attention
 
     model, choice = worker.checkpoint.model, worker.policy.decode_attention
-    engine = EngineSteps(worker, prompts, 5 * (rounds + 1) * steps + 8)
+    engine = EngineSteps(worker, prompts, 4 * (rounds + 1) * steps + 8)
     reference = ReferenceSteps(path, worker.checkpoint.dtype, len(prompts))
     for r in range(rounds + 1):
         if worker.batchable:
@@ -433,14 +430,13 @@ def build_time(worker, path: pathlib.Path, prompts: list[list[int]], rounds: int
     print(f"  reference graph: {graph_line(reference.graph)}", flush=True)
     # the same loops pipelined on this one thread, no consumer: a served step's period
     # minus the other threads (HTTP side, event hand-off), in both step orders
-    orders = {"emit-first": (True, 1), "queue-first": (False, 1),
-              "queue-first, 2 ahead": (False, 2)}
+    orders = {"emit-first": True, "queue-first": False}
     runs: dict[str, list[float]] = {k: [] for k in (*orders, "reference")}
     for _ in range(rounds + 1):
         if worker.batchable:
             attention.install(model, choice=choice)
-        for order, (emit_first, depth) in orders.items():
-            runs[order].append(engine.pipelined(steps, emit_first, depth))
+        for order, emit_first in orders.items():
+            runs[order].append(engine.pipelined(steps, emit_first))
         attention.uninstall(model)
         # as many steps as the engine's: both caches grow alike (attention costs grow)
         runs["reference"].append(statistics.median(
