@@ -59,6 +59,7 @@ import time
 import uuid
 
 from mlxcel.testing.bench_checkpoints import CHECKPOINTS, bench_checkpoint
+from mlxcel.testing.decode_loop import pipelined_greedy
 from mlxcel.testing.servers import bench_prompt
 
 
@@ -173,22 +174,6 @@ def switches(native_id: int) -> int:
             return sum(int(line.split()[1]) for line in f if "ctxt_switches" in line)
     except OSError:
         return 0
-
-
-def pipelined_greedy(step, y, steps: int):
-    """``bench/gpu/raw_loop.py``'s pipelined loop: step n+1 queued before step n's tokens
-    are read; returns the last (queued) tokens."""
-    import mlx.core as mx
-
-    nxt = step(y)
-    mx.async_eval(nxt)
-    for i in range(steps):
-        cur = nxt
-        if i < steps - 1:
-            nxt = step(cur)
-            mx.async_eval(nxt)
-        cur.tolist()
-    return nxt
 
 
 def raw_loop(worker, batch: int, steps: int, prompt_len: int = 48,

@@ -76,6 +76,7 @@ def measure(
 
 def _measure(model, cache_kind, batch, prompt_len, steps, warmup, ragged, attention) -> dict:
     import mlx.core as mx
+    from mlxcel.testing.decode_loop import pipelined_greedy
 
     pads = [(i % 16) if ragged and cache_kind != "KVCache" else 0 for i in range(batch)]
     cache = make_cache(model, cache_kind, pads)
@@ -92,14 +93,7 @@ def _measure(model, cache_kind, batch, prompt_len, steps, warmup, ragged, attent
         y = step(y)
         mx.eval(y)
     t0 = time.perf_counter()
-    nxt = step(y)
-    mx.async_eval(nxt)
-    for i in range(steps):
-        cur = nxt
-        if i < steps - 1:
-            nxt = step(cur)
-            mx.async_eval(nxt)
-        cur.tolist()
+    pipelined_greedy(step, y, steps)
     dt = time.perf_counter() - t0
     kinds = sorted({type(c).__name__ for c in cache})
     cache.clear()
