@@ -32,7 +32,8 @@ def _fail(message: str) -> int:
 def list_plugins(argv: Sequence[str]) -> int:
     """``mlxcel-server plugins``: every plugin, then the tool formats by specificity, and
     with ``--model`` the format that model would get and why (what the server logs as
-    ``tool_format_selected``), so a choice can be checked before serving."""
+    ``tool_format_selected``) and its chat template's capabilities
+    (``chat_template_caps``), so both can be checked before serving."""
     from mlxcel.plugins import load_plugins
 
     parser = argparse.ArgumentParser(prog="mlxcel-server plugins")
@@ -74,12 +75,14 @@ def _tool_format_lines(plugins: Any, args: argparse.Namespace) -> list[str]:
     lines = ["tool formats, most specific first:", *lines] if lines \
         else ["tool formats: none installed"]
     if args.model:
-        family, picked, why = check_checkpoint(
+        family, picked, why, template = check_checkpoint(
             resolve_model_path(args.model), plugins.families, args.chat_template_file,
             tool_formats=plugins.tool_formats, tool_call_format=args.tool_call_format,
             chat_template=args.chat_template)
         lines.append(f"tool format for {args.model}: {picked.name if picked else 'none'} "
                      f"({why}; family {family.name})")
+        caps = " ".join(f"{k}={v}" for k, v in template.caps.summary().items())
+        lines.append(f"chat template caps for {args.model} ({template.origin}): {caps}")
     return lines
 
 

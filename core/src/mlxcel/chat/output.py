@@ -22,13 +22,13 @@ The stages, in order, for each piece of an event's text:
 from __future__ import annotations
 
 import re
-import uuid
 from collections.abc import Iterable
 from functools import lru_cache
 from typing import Any
 
 import structlog
 
+from mlxcel.chat.call_ids import new_call_id
 from mlxcel.chat.reasoning import splitter
 from mlxcel.engine.stops import StopMatcher
 from mlxcel.families.api import ReasoningSpec
@@ -82,8 +82,9 @@ class _Tools:
     call never streamed is sent whole, and a stream that went another way is logged."""
 
     def __init__(self, parser: ToolCallParser | None, specials: Iterable[str],
-                 request_id: str | None) -> None:
+                 request_id: str | None, call_ids: str = "any") -> None:
         self.parser = parser
+        self.call_ids = call_ids  # the id form the template takes back (chat.call_ids)
         self.markers = _marker_pattern(tuple(specials)) if parser is not None else None
         self.request_id = request_id
         self.streamed: dict[int, list] = {}  # index -> [id, name, arguments so far, ended]
@@ -120,7 +121,7 @@ class _Tools:
     def _settle(self, i: int, call: ParsedCall) -> list[Delta]:
         """The deltas that bring streamed call ``i`` to the authoritative ``call``."""
         if i not in self.streamed:
-            self.streamed[i] = [call.id or _call_id(), call.name, "", False]
+            self.streamed[i] = [call.id or new_call_id(self.call_ids), call.name, "", False]
             out: list[Delta] = [ToolCallStart(index=i, id=self.streamed[i][0], name=call.name)]
         else:
             out = []
@@ -141,7 +142,8 @@ class _Tools:
                 if text := self._visible(e.text):
                     out.append(ContentDelta(text=text))
             elif isinstance(e, CallStart):
-                self.streamed[e.index] = [e.id or _call_id(), e.name, "", False]
+                self.streamed[e.index] = [e.id or new_call_id(self.call_ids), e.name, "",
+                                          False]
                 out.append(ToolCallStart(index=e.index, id=self.streamed[e.index][0],
                                          name=e.name))
             elif isinstance(e, CallArguments):
@@ -175,10 +177,6 @@ def _substantial(delta: Delta) -> bool:
     return not isinstance(delta, (ContentDelta, ReasoningDelta)) or bool(delta.text.strip())
 
 
-def _call_id() -> str:
-    return f"call_{uuid.uuid4().hex[:24]}"
-
-
 class OutputMachine:
     """One answer's state: feed it the request's engine events in order, get deltas."""
 
@@ -186,12 +184,13 @@ class OutputMachine:
                  reasoning: ReasoningSpec | None = None, reasoning_open: bool = False,
                  tool_parser: ToolCallParser | None = None,
                  special_texts: Iterable[str] = (), request_id: str | None = None,
-                 forced: bool = False, legacy_reasoning: bool = False) -> None:
+                 forced: bool = False, legacy_reasoning: bool = False,
+                 call_ids: str = "any") -> None:
         self._stops = StopMatcher(stops)
         self._reasoning = splitter(reasoning, reasoning_open) if reasoning else None
         self._legacy = legacy_reasoning  # reasoning also stays in the content, markers too
         self._emitted: set[type] = set()  # the kinds of delta this answer has produced
-        self._tools = _Tools(tool_parser, special_texts, request_id)
+        self._tools = _Tools(tool_parser, special_texts, request_id, call_ids)
         self._calls: tuple[ParsedCall, ...] = ()
         self._forced = forced  # tool_choice required a call: an answer without one is logged
         self._request_id = request_id
@@ -312,8 +311,9 @@ def merge(deltas: Iterable[Delta]) -> list[Delta]:
 
 def answer_machine(checkpoint: Any, req: Any, prompt: Any) -> OutputMachine:
     """The state machine of one chat answer: the request's stops, the checkpoint's
-    reasoning spec (none with ``--reasoning-format none``), and its tool format when the prompt declared tools (a parser per
-    answer, fed special tokens' text, which content never shows)."""
+    reasoning spec (none with ``--reasoning-format none``), and its tool format when the
+    prompt declared tools (a parser per answer, fed special tokens' text, which content
+    never shows); call ids the server makes are ones its template takes back."""
     fmt = checkpoint.tool_format if prompt.tools else None
     parser = resolve(fmt.parser)(prompt.tools) if fmt is not None else None
     specials = checkpoint.tokenizer.special_markers if parser is not None else ()
@@ -322,4 +322,5 @@ def answer_machine(checkpoint: Any, req: Any, prompt: Any) -> OutputMachine:
                          reasoning_open=prompt.reasoning_open, tool_parser=parser,
                          special_texts=specials, request_id=req.request_id,
                          forced=prompt.forced,
-                         legacy_reasoning=checkpoint.reasoning_format == "deepseek-legacy")
+                         legacy_reasoning=checkpoint.reasoning_format == "deepseek-legacy",
+                         call_ids=checkpoint.template.caps.call_ids)

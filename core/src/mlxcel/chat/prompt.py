@@ -2,7 +2,8 @@
 tools and template variables in, the rendered prompt's token ids (``PromptInput``) out.
 
 Order: template variables, the generation-prompt flags, media, ``tool_choice``, earlier
-reasoning, render, the cut for ``continue_final_message``, tokenize within the context.
+reasoning, the adaptation to the template's capabilities (``chat.adapt``), render, the cut
+for ``continue_final_message``, tokenize within the context.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Any
 
 import msgspec
 
+from mlxcel.chat.adapt import adapt_messages, call_example, legacy_variables
 from mlxcel.chat.reasoning import prompt_opens
 from mlxcel.chat.thinking import drop_earlier_reasoning, knows_reasoning
 from mlxcel.chat.tokens import encode_prompt
@@ -161,9 +163,14 @@ def _render(request: PromptRequest, template: Any,
                                         request.tools, request.tool_choice)
     if knows_reasoning(template.source) and kwargs.get("preserve_thinking") is not True:
         messages = drop_earlier_reasoning(messages)
-    text = template.render([template_message(m) for m in messages],
-                           tools=[t.definition for t in tools] or None,
-                           add_generation_prompt=add_generation, **kwargs)
+    definitions = [t.definition for t in tools]
+    caps = template.caps
+    example = call_example(template) if definitions and not caps.tools else ""
+    adapted = adapt_messages([template_message(m) for m in messages], definitions, caps,
+                             example)
+    text = template.render(adapted, tools=definitions or None,
+                           add_generation_prompt=add_generation,
+                           **legacy_variables(template, definitions, kwargs), **kwargs)
     if request.continue_final_message:
         text = continue_cut(text, messages[-1])
     return text, tuple(tools)

@@ -195,6 +195,7 @@ def load_checkpoint(model: str, families: FamilyRegistry, *,
     log.info("backend", device=device, dtype=actual, requested_dtype=requested, blas=blas,
              checkpoint_dtype=config.get("torch_dtype"), quantized=quantized)
     log.info("tool_format_selected", name=tool_format and tool_format.name, why=why)
+    log.info("chat_template_caps", origin=template.origin, **template.caps.summary())
     log.info("reasoning_selected", markers=spec and (spec.open, spec.close), why=spec_why,
              reasoning_format=reasoning_format)
     if hint := family_hint(config.get("model_type"), family):
@@ -226,9 +227,10 @@ def check_checkpoint(path: Path, families: FamilyRegistry,
                      chat_template_file: str | None = None, *,
                      tool_formats: ToolFormatRegistry | None = None,
                      tool_call_format: str | None = None, chat_template: str | None = None,
-                     jinja: bool = True) -> tuple[Family, ToolFormat | None, str]:
+                     jinja: bool = True
+                     ) -> tuple[Family, ToolFormat | None, str, ChatTemplate]:
     """Cheap checks (no MLX) so a bad --model fails before the server starts; its family,
-    and the tool format ``load_checkpoint`` will select and why."""
+    the tool format ``load_checkpoint`` will select and why, and its chat template."""
     config = _read_json(path / "config.json")
     family = select_family(families, config, path)
     if not any(path.glob("*.safetensors")):
@@ -239,5 +241,6 @@ def check_checkpoint(path: Path, families: FamilyRegistry,
         bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token, template=chat_template,
         jinja=jinja)
     if tool_formats is None:
-        return family, None, "no tool formats given"
-    return (family, *select_tool_format(tool_formats, family, template, tool_call_format))
+        return family, None, "no tool formats given", template
+    return (family, *select_tool_format(tool_formats, family, template, tool_call_format),
+            template)

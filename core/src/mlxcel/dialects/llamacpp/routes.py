@@ -181,6 +181,7 @@ def build(ctx: AppContext) -> list[Any]:
             "model_alias": ctx.model_name,
             "model_path": Path(str(ckpt.path)).name,  # never the server's directory layout
             "chat_template": ckpt.template.source,
+            "chat_template_caps": ckpt.template.caps.wire(),
             "n_ctx": engine.context_size,
             **distributed_info(engine),
         }

@@ -1,17 +1,17 @@
-"""HF-compatible chat templates rendered with jinja2 (no transformers needed)."""
+"""HF-compatible chat templates rendered with jinja2 (no transformers needed), each with
+its capabilities (``caps``), probed once when it loads."""
 
 from __future__ import annotations
 
-import json
-from datetime import datetime
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import jinja2
-from jinja2.ext import loopcontrols
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from mlxcel import chat_templates
+from mlxcel.chat_template import jinja
+from mlxcel.chat_template.caps import TemplateCaps, probe_caps
 from mlxcel.errors import InvalidRequest, StartupError
 
 # Used when a checkpoint ships no template, as llama-server does.
@@ -20,25 +20,6 @@ FALLBACK_CHATML = (
     "{{ message['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
-
-
-def _raise(message: str) -> None:
-    raise jinja2.exceptions.TemplateError(message)
-
-
-def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
-            separators: Any = None, sort_keys: bool = False) -> str:
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent,
-                      separators=separators, sort_keys=sort_keys)
-
-
-def _environment() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                       extensions=[loopcontrols])
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise
-    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-    return env
 
 
 class ChatTemplate:
@@ -52,13 +33,31 @@ class ChatTemplate:
         self.takes_tools = takes_tools  # False: --no-jinja, where llama-server refuses tools
         self.special = {"bos_token": bos_token or "", "eos_token": eos_token or ""}
         try:
-            self._template = _environment().from_string(source)
+            self._template = jinja.environment().from_string(source)
         except jinja2.TemplateSyntaxError as exc:
-            raise StartupError(f"chat template ({origin}) does not compile: {exc}") from exc
+            raise StartupError(f"chat template ({origin}) does not compile: "
+                               f"{jinja.syntax_error(exc)}") from None
+        self.reads = frozenset(name for name in ("functions", "builtin_tools")
+                               if name in source)
+
+    @cached_property
+    def caps(self) -> TemplateCaps:
+        """What this template supports (``mlxcel.chat_template.caps``), probed once."""
+        return probe_caps(self.render_raw)
 
     @property
     def supports_tools(self) -> bool:
         return "tools" in self.source
+
+    def render_raw(self, messages: list[dict[str, Any]], *, tools: list[dict] | None = None,
+                   add_generation_prompt: bool = False, **kwargs: Any) -> str:
+        """Render as given, without adaptation, raising what the template raises."""
+        context: dict[str, Any] = {**kwargs, **self.special, "messages": messages,
+                                   "add_generation_prompt": add_generation_prompt}
+        if tools:
+            context["tools"] = tools
+        with jinja.given(context):
+            return self._template.render(**context)
 
     def render(self, messages: list[dict[str, Any]], *, tools: list[dict] | None = None,
                add_generation_prompt: bool = True, **kwargs: Any) -> str:
@@ -70,12 +69,12 @@ class ChatTemplate:
         if tools and not self.takes_tools:
             raise InvalidRequest("tools need a Jinja chat template: this server runs with "
                                  "--no-jinja (llama.cpp's built-in formats)", param="tools")
-        context: dict[str, Any] = {**kwargs, **self.special, "messages": messages,
-                                   "add_generation_prompt": add_generation_prompt}
-        if tools:
-            context["tools"] = tools
         try:
-            return self._template.render(**context)
+            return self.render_raw(messages, tools=tools,
+                                   add_generation_prompt=add_generation_prompt, **kwargs)
+        except jinja.TemplateRefusal as exc:
+            raise InvalidRequest(f"the model's chat template refused these messages: {exc}",
+                                 param="messages") from None
         except jinja2.TemplateError as exc:
             raise InvalidRequest(f"chat template error: {exc}", param="messages") from exc
         except RecursionError:
