@@ -12,6 +12,22 @@ markup that does not parse. It holds back whatever the text seen so far does not
 text was cut; ``finish()`` gives back what it still held and the authoritative calls of
 the whole answer. ``mlxcel.testing.conformance.check_tool_format`` checks all of this.
 
+Arguments: each call's ``arguments`` is a JSON object that names every key once; where the
+model writes a parameter twice in one call, the last value is the one. A format that
+writes values as bare text (GLM-4.7, LongCat-Flash, MiniMax, Qwen3-Coder) types them by
+the request's tool schema, and where the schema does not settle a value every such format
+reads it by one rule (``mlxcel.toolcalls.values``, which a plugin imports):
+
+- a parameter the schema does not describe (the tool has no ``parameters``, no
+  ``properties`` entry for the name, or one without a type) is the JSON value its text
+  spells, surrounding whitespace aside, when that is a number, a boolean, null, an object
+  or an array (Python's ``True``/``False``/``None`` and literal containers too); any
+  other text, a JSON string included, is the text as written;
+- ``null``, ``None``, ``NULL`` and ``Null`` are null unless the schema allows a string
+  and not null (then they are that string).
+
+``mlxcel.testing.conformance.check_text_values`` checks a bare-text format against it.
+
 Selection: ``--tool-call-format`` names one; else the family's ``default_tool_format``;
 else every installed format's ``detect(template)`` is asked, and the most specific match
 wins (``specificity``: a template that writes Qwen3-Coder's ``<function=`` also contains

@@ -9,26 +9,32 @@ other value as JSON, so this reverses what the template wrote.
 
 A parameter typed as a string *and* something else (``["string", "null"]``, an ``anyOf``)
 takes the parsed value only when its JSON type is one the schema allows, so ``"null"``
-there is null and ``"007"`` stays a string. A parameter the schema does not describe is
-parsed like a non-string one.
+there is null and ``"007"`` stays a string; ``nullable: true`` allows null too.
+
+Two cases are the rule every bare-text format shares (``mlxcel.toolcalls.values``, which
+the Qwen3-Coder plugin reads by as well): a null spelling (``null``, ``None``, ``NULL``,
+``Null``) is null unless the schema allows a string and not null; and a parameter the
+schema does not describe (no ``parameters``, no ``properties`` entry, or one without a
+type) is the non-string JSON value its text spells (or Python's spelling of one), else
+its text verbatim, a string.
 """
 
 from __future__ import annotations
 
-import ast
 import json
-import math
 import re
 from typing import Any
 
 from mlxcel.builtin.toolcalls.markup_stream import MarkupError
+from mlxcel.toolcalls.values import (
+    NO_VALUE,
+    json_type,
+    literal_value,
+    reads_as_null,
+    untyped_value,
+)
 
-_LOOSE = {"True": True, "False": False, "None": None, "TRUE": True, "FALSE": False,
-          "NULL": None, "Null": None}
-_INT = re.compile(r"[+-]?\d+")
-_FLOAT = re.compile(r"[+-]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][+-]?\d+)?")
 _NAME = re.compile(r"[\w.\-:/@]+")
-_NOTHING = object()
 
 
 def parameter_schemas(tools: Any) -> dict[str, dict]:
@@ -74,7 +80,7 @@ def item_schema(schema: Any, position: int) -> dict | None:
 
 def types_of(schema: Any) -> frozenset[str] | None:
     """The JSON types a schema allows (``type``, ``enum``, ``const``, ``anyOf``/``oneOf``/
-    ``allOf``); None when it does not say (then any value goes)."""
+    ``allOf``, ``nullable: true``); None when it does not say (then any value goes)."""
     if not isinstance(schema, dict):
         return None
     out: set[str] = set()
@@ -93,37 +99,28 @@ def types_of(schema: Any) -> frozenset[str] | None:
             if branch_types is None:
                 return None
             out |= branch_types
+    if out and schema.get("nullable") is True:
+        out.add("null")
     return frozenset(out) or None
-
-
-def json_type(value: Any) -> str:
-    """The JSON schema type of a Python value parsed from JSON."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    return "array" if isinstance(value, list) else "object"
 
 
 def typed_value(text: str, schema: Any) -> Any:
     """A parameter's value from the text the model wrote for it (the module's rule)."""
     types = types_of(schema)
-    if types is not None and types <= {"string"}:
+    if types is None:
+        return untyped_value(text)
+    if types <= {"string"}:
         return text
-    value = _parse(text, types)
-    if value is _NOTHING or isinstance(value, str):
+    if reads_as_null(text, types):
+        return None
+    value = literal_value(text, types)
+    if value is NO_VALUE or isinstance(value, str):
         return text
     kind = json_type(value)
-    if types is not None and "string" in types and not _allowed(kind, types):
+    if "string" in types and not _allowed(kind, types):
         return text
-    if kind == "number" and types is not None and "integer" in types \
-            and "number" not in types and value.is_integer():
+    if kind == "number" and "integer" in types and "number" not in types \
+            and value.is_integer():
         return int(value)
     return value
 
@@ -134,47 +131,6 @@ def _allowed(kind: str, types: frozenset[str]) -> bool:
 
 def _no_constants(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
-
-
-def _parse(text: str, types: frozenset[str] | None) -> Any:
-    """JSON, then a loose literal, then a Python literal container; ``_NOTHING`` if none."""
-    s = text.strip()
-    if not s:
-        return _NOTHING
-    try:
-        return _jsonable(json.loads(s, parse_constant=_no_constants))  # 1e999 is no value
-    except (ValueError, RecursionError):
-        pass
-    if s in _LOOSE:
-        return _LOOSE[s]
-    if types is not None and types & {"integer", "number"}:
-        if _INT.fullmatch(s):
-            return int(s)
-        if "number" in types and _FLOAT.fullmatch(s):
-            return _jsonable(float(s))
-    if s[0] in "[{(":
-        try:
-            value = ast.literal_eval(s)
-        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-            return _NOTHING
-        return _jsonable(value)
-    return _NOTHING
-
-
-def _jsonable(value: Any) -> Any:
-    """A Python literal as a JSON value (tuples as lists), or ``_NOTHING`` when it has no
-    JSON form (a set, bytes, a complex or non-finite number, a non-string key)."""
-    if value is None or isinstance(value, (bool, int, str)):
-        return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else _NOTHING
-    if isinstance(value, (list, tuple)):
-        items = [_jsonable(v) for v in value]
-        return _NOTHING if any(v is _NOTHING for v in items) else items
-    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
-        pairs = {k: _jsonable(v) for k, v in value.items()}
-        return _NOTHING if any(v is _NOTHING for v in pairs.values()) else pairs
-    return _NOTHING
 
 
 def arguments_json(arguments: dict[str, Any]) -> str:
