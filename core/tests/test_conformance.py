@@ -6,7 +6,12 @@ import json
 
 import pytest
 from mlxcel.testing.checkpoint import cached_checkpoint
-from mlxcel.testing.conformance import ToolFixture, check_family, check_tool_format
+from mlxcel.testing.conformance import (
+    ToolFixture,
+    check_family,
+    check_text_values,
+    check_tool_format,
+)
 from mlxcel.types.toolcalls import (
     CallArguments,
     CallEnd,
@@ -142,6 +147,8 @@ def test_the_tool_format_runner_catches_a_chunking_bug():
     (("<<get {}>>", [{"name": "get", "arguments": {}}], "x"), "content '' != expected 'x'"),
     (("<<get [1]>>", [{"name": "get", "arguments": [1]}]), "not a JSON object's text"),
     (("<<get {oops>>", []), "unexpected CallError"),
+    (('<<get {"a": 1, "a": 2}>>', [{"name": "get", "arguments": {"a": 2}}]),
+     "name the key 'a' twice"),
     (("<<get {}>>", [{"name": "get", "arguments": {}}], None, True), "gave no CallError"),
 ])
 def test_the_tool_format_runner_compares_calls_content_and_errors(fixture, match):
@@ -171,3 +178,29 @@ def test_the_tool_format_runner_wants_every_call_ended_and_an_installed_name():
         check_tool_format("no-such-format", [])
     with pytest.raises(AssertionError, match="detect\\(\\) rejects the template"):
         check_tool_format(_fmt(_toy()), [], template="plain ChatML")
+
+
+class _Strings:
+    """A bare-text toy, ``<<name key=text>>``, that reads every value as a string: what
+    ``check_text_values`` must refuse (an unschema'd ``7`` is the number 7)."""
+
+    def __init__(self, tools):
+        self.text = ""
+
+    def feed(self, text, token_ids=()):
+        self.text += text
+        return []
+
+    def finish(self):
+        name, _, pair = self.text.removeprefix("<<").removesuffix(">>").partition(" ")
+        key, _, value = pair.partition("=")
+        call = ParsedCall(name=name, arguments=json.dumps({key: value}))
+        return ParseResult(calls=(call,))
+
+
+def test_the_text_values_check_refuses_a_format_that_reads_numbers_as_strings():
+    def write(name, arguments):
+        return f"<<{name}" + "".join(f" {k}={v}" for k, v in arguments.items()) + ">>"
+
+    with pytest.raises(AssertionError, match=r"calls .*'x': '7'.* != expected .*'x': 7"):
+        check_text_values(_fmt(lambda tools: _Strings(tools)), write)

@@ -26,6 +26,7 @@ from mlxcel.chat_template import ChatTemplate
 from mlxcel.lazy import resolve
 from mlxcel.testing.conformance import (
     ToolFixture,
+    check_text_values,
     check_tool_format,
     chunkings_of,
     parse_pieces,
@@ -251,6 +252,9 @@ EITHER = {"anyOf": [INT, STR]}
     ("abc", INT, "abc"), ("", INT, ""), ("true", BOOL, True), ("True", BOOL, True),
     ("FALSE", BOOL, False), ("null", NULLABLE, None), ("None", NULLABLE, None),
     ("007", NULLABLE, "007"), ("7", EITHER, 7), ("abc", EITHER, "abc"),
+    ("None", {"type": "string", "nullable": True}, None), ("null", EITHER, "null"),
+    ("None", {"anyOf": [INT, {"type": "null"}]}, None), ("null", INT, None),
+    ("None", None, None), ("True", None, True), ('"q"', None, '"q"'),
     ("1", {"type": "string", "enum": ["1", "2"]}, "1"), ("0.5", NUM, 0.5),
     ("1e999", NUM, "1e999"), ("NaN", NUM, "NaN"), ("{'a': (1, 2)}", None, {"a": [1, 2]}),
     ("{1, 2}", None, "{1, 2}"), ("007", None, "007"), ("7", None, 7),
@@ -283,3 +287,41 @@ def test_random_markup_never_raises_and_parses_the_same_however_cut(name):
         for pieces in chunkings_of(text, random.Random(rng.randrange(1 << 30)), 2):
             assert parse(name, pieces) == whole, (name, pieces)
         streamed_calls(whole[0], name)
+
+
+# One call of tool ``name`` whose ``arguments`` (key -> the text a model writes) each
+# format writes as its template does.
+NS = "]<]minimax[>["
+WRITE_CALL = {
+    "glm47": lambda name, args: f"<tool_call>{name}" + "".join(
+        f"<arg_key>{k}</arg_key><arg_value>{v}</arg_value>" for k, v in args.items())
+        + "</tool_call>",
+    "longcat": lambda name, args: f"<longcat_tool_call>{name}\n" + "".join(
+        f"<longcat_arg_key>{k}</longcat_arg_key>\n<longcat_arg_value>{v}"
+        "</longcat_arg_value>\n" for k, v in args.items()) + "</longcat_tool_call>",
+    "minimax_m2": lambda name, args: f'<minimax:tool_call>\n<invoke name="{name}">\n'
+        + "".join(f'<parameter name="{k}">{v}</parameter>\n' for k, v in args.items())
+        + "</invoke>\n</minimax:tool_call>",
+    "minimax_m3": lambda name, args: f'{NS}<tool_call>{NS}<invoke name="{name}">'
+        + "".join(f"{NS}<{k}>{v}{NS}</{k}>" for k, v in args.items())
+        + f"{NS}</invoke>{NS}</tool_call>",
+}
+
+
+@pytest.mark.parametrize("name", sorted(WRITE_CALL))
+def test_bare_text_values_follow_the_shared_rules(name):
+    """An unschema'd parameter and a null spelling read alike in every bare-text format
+    (``mlxcel.toolcalls.values``), whole and in random chunkings."""
+    check_text_values(name, WRITE_CALL[name])
+
+
+@pytest.mark.parametrize("name", sorted(WRITE_CALL))
+def test_a_nullable_parameter_written_as_python_none_is_null(name):
+    """What Qwen3.5-style templates print for a None argument (``| string``)."""
+    schema = {"anyOf": [INT, {"type": "null"}]}
+    tools = (_tool("page", {"cursor": schema, "size": {"type": ["integer", "null"]},
+                            "note": {"type": "string", "nullable": True}}),)
+    text = WRITE_CALL[name]("page", {"cursor": "None", "size": "null", "note": "None"})
+    _, calls = parse_pieces(resolve(BY_NAME[name].parser), tools, [text], name)
+    assert [json.loads(c.arguments) for c in calls] == \
+        [{"cursor": None, "size": None, "note": None}]

@@ -20,8 +20,15 @@ call of its index in ``finish().calls`` (name, the fragments joined = its argume
 id), because a client keeps what was streamed. A parser may stream nothing and report
 every call at ``finish()``. ``CallError`` comes where, and only where, a fixture says its
 text holds broken markup; the content a client sees is the text and ``CallError`` events'
-text, in order. Its pieces serve a format's own tests too: ``chunkings_of``, ``parse_pieces``
-(``merge_events``) and ``streamed_calls``.
+text, in order. A call's arguments name each key once. Its pieces serve a format's own
+tests too: ``chunkings_of``, ``parse_pieces`` (``merge_events``) and ``streamed_calls``.
+
+``check_text_values(tool_format, write_call)``: a format that writes argument values as
+bare text (GLM-4.7, LongCat, MiniMax, Qwen3-Coder) reads them by the rules they all share
+(``mlxcel.toolcalls.values``): ``UNTYPED_VALUES`` for a parameter the schema does not
+describe (no tools, a tool without ``parameters``, no ``properties`` entry, an entry
+without a type) and ``NULL_VALUES`` for null spellings under typed schemas, each call
+written by ``write_call(name, {key: text})`` and run through ``check_tool_format``.
 """
 
 from __future__ import annotations
@@ -254,20 +261,36 @@ def _check_answer(events: list, calls: tuple, fixture: ToolFixture, where: str) 
 
 def _calls(calls: tuple, where: str) -> list[dict[str, Any]]:
     """``finish().calls`` as dicts with parsed arguments; each must be a ``ParsedCall``
-    whose ``arguments`` is a JSON object's text."""
+    whose ``arguments`` is a JSON object's text that names no key twice."""
     import json
 
     out = []
     for n, call in enumerate(calls):
         assert isinstance(call, ParsedCall), f"{where}: finish().calls[{n}] is {call!r}"
         try:
-            arguments = json.loads(call.arguments)
+            arguments = json.loads(call.arguments, object_pairs_hook=_unique_keys)
+        except _RepeatedKey as exc:
+            raise AssertionError(f"{where}: call {n} arguments name the key {exc.args[0]!r} "
+                                 f"twice: {call.arguments!r}") from None
         except (TypeError, ValueError):
             arguments = None
         assert isinstance(arguments, dict), \
             f"{where}: call {n} arguments are not a JSON object's text: {call.arguments!r}"
         out.append({"name": call.name, "arguments": arguments, "id": call.id})
     return out
+
+
+class _RepeatedKey(Exception):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise _RepeatedKey(key)
+        seen[key] = value
+    return seen
 
 
 def streamed_calls(events: list, where: str = "parser") -> list[tuple[str, str | None, str]]:
@@ -293,6 +316,58 @@ def streamed_calls(events: list, where: str = "parser") -> list[tuple[str, str |
                 calls[e.index][2] += e.text
     assert open_ is None, f"{where}: call {open_} never ends (finish() must end it)"
     return [tuple(c) for c in calls]
+
+
+# -- values written as bare text -----------------------------------------------------------
+# (the text a model writes for a parameter the schema does not describe, its value by the
+# rule of ``mlxcel.toolcalls.values``)
+UNTYPED_VALUES: tuple[tuple[str, Any], ...] = (
+    ("7", 7), (" -2.5 ", -2.5), ("1e3", 1000.0), ("true", True), ("False", False),
+    ("null", None), ("None", None), ('{"a": [1, null]}', {"a": [1, None]}),
+    ('[1, "x"]', [1, "x"]), ("{'k': (1, True)}", {"k": [1, True]}), ("Paris", "Paris"),
+    ("007", "007"), ('"quoted"', '"quoted"'), (" two words ", " two words "), ("", ""),
+    ("line one\nline two", "line one\nline two"), ("1e999", "1e999"), ("NaN", "NaN"),
+    ("{not json}", "{not json}"),
+)
+_INT, _STR, _NULL = {"type": "integer"}, {"type": "string"}, {"type": "null"}
+# (a parameter's schema, the text a model writes, its value): null spellings
+NULL_VALUES: tuple[tuple[dict, str, Any], ...] = (
+    ({"type": ["integer", "null"]}, "None", None), ({"type": ["integer", "null"]}, "null", None),
+    ({"type": ["integer", "null"]}, "7", 7), ({"anyOf": [_INT, _NULL]}, "None", None),
+    ({"oneOf": [_STR, _NULL]}, "null", None), ({"oneOf": [_STR, _NULL]}, "nil", "nil"),
+    ({"type": "string", "nullable": True}, "None", None), (_INT, "null", None),
+    (_STR, "None", "None"), ({"anyOf": [_INT, _STR]}, "null", "null"),
+)
+
+
+def check_text_values(tool_format: Any, write_call: Any, *, chunkings: int = 4,
+                      seed: int = 0) -> None:
+    """A bare-text format reads ``UNTYPED_VALUES`` and ``NULL_VALUES`` by the shared rules
+    (see the module docstring). ``write_call(name, arguments)``: the model's text of one
+    call of ``name`` whose ``arguments`` (key -> text) are written as the format writes a
+    value; ``tool_format`` as ``check_tool_format`` takes it."""
+    from mlxcel.types.messages import Tool
+
+    def tool(**function: Any) -> Tool:
+        return Tool(name="probe", definition={"type": "function", "function": {
+            "name": "probe", **function}})
+
+    def object_of(**properties: Any) -> dict:
+        return {"type": "object", "properties": properties}
+
+    def fixtures(cases: Any) -> list[ToolFixture]:
+        return [ToolFixture(write_call("probe", {"x": text}),
+                            [{"name": "probe", "arguments": {"x": value}}])
+                for text, value in cases]
+
+    for tools in ((), (tool(),), (tool(parameters=object_of(other=_INT)),),
+                  (tool(parameters=object_of(x={"description": "anything"})),)):
+        check_tool_format(tool_format, fixtures(UNTYPED_VALUES), tools=tools,
+                          chunkings=chunkings, seed=seed)
+    for schema, text, value in NULL_VALUES:
+        check_tool_format(tool_format, fixtures([(text, value)]),
+                          tools=(tool(parameters=object_of(x=schema)),),
+                          chunkings=chunkings, seed=seed)
 
 
 # -- forced-call grammars ------------------------------------------------------------------
