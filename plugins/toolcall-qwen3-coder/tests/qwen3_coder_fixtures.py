@@ -25,6 +25,12 @@ TOOLS = (
          tags={"type": "array", "items": {"type": "string"}},
          limit={"anyOf": [{"type": "integer"}, {"type": "string"}]},
          after={"type": ["integer", "null"]}),
+    # nullable the ways clients write it (Pydantic v2's anyOf, a type list, OpenAPI's
+    # nullable), beside a plain string
+    tool("page", cursor={"anyOf": [{"type": "integer"}, {"type": "null"}]},
+         size={"type": ["integer", "null"], "default": 5},
+         note={"type": "string", "nullable": True},
+         query={"oneOf": [{"type": "string"}, {"type": "null"}]}, label={"type": "string"}),
 )
 
 
@@ -86,11 +92,11 @@ FIXTURES = [
         calls=[{"name": "write_file", "arguments": {"content": "a </parameter> b\n"
                                                                "</parameter>x"}}],
         content=" done"),
-    # no </function>; a string typed value "null" and an empty one; unknown tool
+    # no </function>; an unknown tool, so no schema: "null" is null, an empty value ""
     ToolFixture(
         text=call("<tool_call>", "<function=lookup>", "<parameter=q>", "null",
                   "</parameter>", "<parameter=empty>", "</parameter>", "</tool_call>"),
-        calls=[{"name": "lookup", "arguments": {"q": "null", "empty": ""}}],
+        calls=[{"name": "lookup", "arguments": {"q": None, "empty": ""}}],
         content=""),
     # the answer is cut off inside a value
     ToolFixture(
@@ -104,6 +110,36 @@ FIXTURES = [
     ToolFixture(text="Use a < b, <tool> or <tool_call-like> text; <function=x> is fine.",
                 calls=[],
                 content="Use a < b, <tool> or <tool_call-like> text; <function=x> is fine."),
+]
+
+# Regressions from upstream test outputs (vLLM's qwen3coder parser and its tests).
+FIXTURES += [
+    # a Qwen3.5-style template prints a None argument as Python does: null where the
+    # schema allows null, the text where it is a plain string
+    ToolFixture(
+        text=call("<tool_call>", "<function=page>", "<parameter=cursor>", "None",
+                  "</parameter>", "<parameter=size>", "null", "</parameter>",
+                  "<parameter=note>", "None", "</parameter>", "<parameter=query>", "None",
+                  "</parameter>", "<parameter=label>", "None", "</parameter>", "</function>",
+                  "</tool_call>"),
+        calls=[{"name": "page", "arguments": {"cursor": None, "size": None, "note": None,
+                                              "query": None, "label": "None"}}],
+        content=""),
+    ToolFixture(
+        text=call("<tool_call>", "<function=page>", "<parameter=cursor>", "12",
+                  "</parameter>", "<parameter=query>", "rain", "</parameter>", "</function>",
+                  "</tool_call>"),
+        calls=[{"name": "page", "arguments": {"cursor": 12, "query": "rain"}}], content=""),
+    # a parameter written twice: one key, the last value, where the first stood
+    ToolFixture(
+        text=call("<tool_call>", "<function=get_weather>", "<parameter=city>", "Paris",
+                  "</parameter>", "<parameter=days>", "3", "</parameter>", "<parameter=city>",
+                  "Lyon", "</parameter>", "</function>", "</tool_call>"),
+        calls=[{"name": "get_weather", "arguments": {"city": "Lyon", "days": 3}}], content=""),
+    ToolFixture(
+        text="<tool_call><function=get_weather><parameter=days>1</parameter><parameter=days>"
+             "2</parameter></function></tool_call>",
+        calls=[{"name": "get_weather", "arguments": {"days": 2}}], content=""),
 ]
 
 # Markup that opens a call and does not parse: a CallError keeps its text, nothing is lost.

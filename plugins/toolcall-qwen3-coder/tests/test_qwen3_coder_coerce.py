@@ -21,18 +21,23 @@ CASES = [
     (STRING, "", ""),
     # integers: whole JSON numbers only
     (INTEGER, "7", 7), (INTEGER, " -12 ", -12), (INTEGER, "7.0", 7), (INTEGER, "1e3", 1000),
-    (INTEGER, "7.5", "7.5"), (INTEGER, "seven", "seven"), (INTEGER, "null", "null"),
+    (INTEGER, "7.5", "7.5"), (INTEGER, "seven", "seven"),
     (INTEGER, "true", "true"), (INTEGER, "NaN", "NaN"),
     # numbers
     (NUMBER, "2.5", 2.5), (NUMBER, "-3", -3), (NUMBER, "1e-3", 0.001), (NUMBER, "0x10", "0x10"),
     # booleans: true/false in any case, and nothing else
     (BOOLEAN, "true", True), (BOOLEAN, "False", False), (BOOLEAN, " TRUE\n", True),
     (BOOLEAN, "yes", "yes"), (BOOLEAN, "1", "1"), (BOOLEAN, "no", "no"),
-    # null only where the schema allows it
+    # null (JSON's or Python's spelling) unless the schema allows a string and not null
     ({"type": "null"}, "null", None), (NULLABLE_INT, "null", None), (NULLABLE_INT, "4", 4),
-    (NULLABLE_INT, "None", "None"), ({"type": "string", "nullable": True}, "null", None),
+    (NULLABLE_INT, "None", None), (NULLABLE_INT, " NULL\n", None), (NULLABLE_INT, "none", "none"),
+    ({"type": "string", "nullable": True}, "null", None),
+    ({"type": "string", "nullable": True}, "None", None),
     ({"anyOf": [STRING, {"type": "null"}]}, "null", None),
+    ({"oneOf": [INTEGER, {"type": "null"}]}, "None", None),
     ({"anyOf": [STRING, {"type": "null"}]}, "nothing", "nothing"),
+    (INTEGER, "null", None), (BOOLEAN, "None", None), (STRING, "None", "None"),
+    (INT_OR_STR, "null", "null"),
     # anyOf / oneOf: the first non-string type that reads the text, else the string
     (INT_OR_STR, "7", 7), (INT_OR_STR, "7a", "7a"), (INT_OR_STR, "007", "007"),
     ({"oneOf": [NUMBER, BOOLEAN]}, "false", False), ({"oneOf": [NUMBER, BOOLEAN]}, "1.5", 1.5),
@@ -45,9 +50,11 @@ CASES = [
     ({"type": "array"}, "(1, 'x')", [1, "x"]), ({"type": "array"}, "{1, 2}", "{1, 2}"),
     ({"type": "object"}, '{"text": "a\tb"}', {"text": "a\tb"}),
     ({"type": "object"}, "__import__('os')", "__import__('os')"),
-    # no type: an enum's values say it; else a string, as is an unknown spelling
+    # no type: an enum's values say it; else the non-string JSON the text spells, else
+    # the text (mlxcel.toolcalls.values); an unknown type name is a string
     ({"enum": [1, 2, 3]}, "2", 2), ({"enum": ["a", "b"]}, "a", "a"), ({"const": True}, "true", True),
-    ({"description": "anything"}, "42", "42"), ({}, "[1]", "[1]"),
+    ({"description": "anything"}, "42", 42), ({}, "[1]", [1]), ({}, "True", True),
+    ({}, "Paris", "Paris"), ({}, "007", "007"), ({}, '"q"', '"q"'), ({}, " x \n", " x \n"),
     ({"type": "int"}, "5", 5), ({"type": "bool"}, "true", True), ({"type": "uuid"}, "5", "5"),
 ]
 
@@ -62,6 +69,7 @@ def test_a_value_is_read_by_its_schema(schema, text, value):
     ({"type": "object"}, ' {"b": 1,\n  "a": [2.50, -0]}\n', '{"b": 1,\n  "a": [2.50, -0]}'),
     (NUMBER, "2.50", "2.50"), (NUMBER, " 1E3 ", "1E3"), (INTEGER, "7.0", "7"),
     (INTEGER, "1e3", "1000"), (BOOLEAN, "True", "true"), (NULLABLE_INT, " null", "null"),
+    (NULLABLE_INT, "None", "null"), ({}, " 2.50 ", "2.50"), ({}, "{'a': None}", '{"a": null}'),
     ({"type": "object"}, "{'k': (1, 2)}", '{"k": [1, 2]}'),
     ({"type": "object"}, '{"t": "a\tb"}', '{"t": "a\\tb"}'),
     ({"type": "array"}, "[NaN]", '"[NaN]"'), (STRING, "é\n", '"é\\n"'),
@@ -103,4 +111,4 @@ def test_a_call_coerces_by_its_own_function_schema():
     parser.feed(text)
     calls = parser.finish().calls
     assert [(c.name, json.loads(c.arguments)) for c in calls] == \
-        [("a", {"x": 7}), ("b", {"x": "7"}), ("c", {"x": "7"})]
+        [("a", {"x": 7}), ("b", {"x": "7"}), ("c", {"x": 7})]  # c: no schema

@@ -1,5 +1,6 @@
-"""The parser streams: a call starts once its name is complete, string values flow while
-they are written, typed values arrive when complete, and nothing of the markup is text."""
+"""The parser streams: a call starts once its name is complete, its arguments arrive whole
+when it ends (a repeated parameter keeps its last value), and nothing of the markup is
+text."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import random
 from mlxcel.types.toolcalls import CallArguments, CallEnd, CallError, CallStart, ToolText
 from mlxcel_toolcall_qwen3_coder.parser import new_parser
 from qwen3_coder_fixtures import BROKEN, FIXTURES, TOOLS, WEATHER
+from structlog.testing import capture_logs
 
 
 def feed_until(parser, text: str, *marks: str) -> list[list]:
@@ -31,32 +33,44 @@ def test_a_call_starts_when_its_name_is_complete():
     parser = new_parser(TOOLS)
     before, named, _ = feed_until(parser, "Ok.\n" + WEATHER, "<function=get_weat", "r>")
     assert before == [ToolText(text="Ok.\n")]
-    assert named == [CallStart(index=0, name="get_weather"), CallArguments(index=0, text="{")]
+    assert named == [CallStart(index=0, name="get_weather")]
 
 
-def test_a_string_value_streams_and_a_typed_one_comes_whole():
+def test_the_arguments_come_whole_when_the_call_ends():
+    """Until ``</function>`` a parameter may still be written again, so nothing of the
+    arguments is sent before it."""
     parser = new_parser(TOOLS)
     text = WEATHER.replace("Paris", "Paris, France")
-    head, city, held, closing, days, rest = feed_until(
-        parser, text, "<parameter=city>", "Paris,", "</parameter>\n<", "parameter=",
-        "3\n</parameter>")
-    assert arguments(head) == '{"city": "' and arguments(city) == "Paris,"
-    assert arguments(held) == " France"  # "\n</parameter>\n<" may still close the value
-    assert arguments(closing) == '"'
-    assert days == []  # an integer is read once its value is settled
-    assert arguments(rest) == ', "days": 3}' and rest[-1] == CallEnd(index=0)
+    head, values, rest = feed_until(parser, text, "<parameter=city>", "3\n</parameter>")
+    assert head == [CallStart(index=0, name="get_weather")] and values == []
+    assert rest == [CallArguments(index=0, text='{"city": "Paris, France", "days": 3}'),
+                    CallEnd(index=0)]
     assert parser.finish().events == ()
+
+
+def test_a_repeated_parameter_keeps_its_last_value_and_warns_without_it():
+    text = WEATHER.replace("</function>", "<parameter=city>\nLyon\n</parameter>\n"
+                                          "</function>")
+    with capture_logs() as logs:
+        parser = new_parser(TOOLS)
+        events = [e for ch in text for e in parser.feed(ch)]
+        result = parser.finish()
+    assert arguments(events) == result.calls[0].arguments == '{"city": "Lyon", "days": 3}'
+    warned = [e for e in logs if e["event"] == "tool_call_duplicate_parameter"]
+    assert warned == [{"event": "tool_call_duplicate_parameter", "log_level": "warning",
+                       "function": "get_weather", "parameter": "city", "index": 0}]
+    assert not [e for e in logs if "Paris" in str(e) or "Lyon" in str(e)]
 
 
 def test_a_partial_tag_is_held_until_decided():
     parser = new_parser(TOOLS)
     assert parser.feed("Sure <tool_") == [ToolText(text="Sure ")]
     assert parser.feed("call>\n<func") == []
-    assert parser.feed("tion=search>")[0] == CallStart(index=0, name="search")
-    assert parser.feed("\n<parameter=query>\nx </para") == [
-        CallArguments(index=0, text='"query": "'), CallArguments(index=0, text="x ")]
-    assert parser.feed("m") == []
-    assert parser.feed("s") == [CallArguments(index=0, text="</params")]  # not the tag
+    assert parser.feed("tion=search>") == [CallStart(index=0, name="search")]
+    assert parser.feed("\n<parameter=query>\nx </para") == []
+    assert parser.feed("ms\n</parameter>\n</func") == []  # "</params" was no tag
+    assert parser.feed("tion>") == [CallArguments(index=0, text='{"query": "x </params"}'),
+                                    CallEnd(index=0)]
     other = new_parser(TOOLS)
     assert other.feed("a <tool_cal") == [ToolText(text="a ")]
     assert other.feed("l_me>") == [ToolText(text="<tool_call_me>")]

@@ -6,14 +6,20 @@ tool schema for that parameter:
 - the schema's types are its ``type`` (a name or a list of names), the types of every
   branch of ``anyOf`` / ``oneOf`` / ``allOf``, ``nullable: true`` (adds null), and, with no
   ``type``, the JSON types of its ``enum`` / ``const`` values;
-- the types are tried in the order null, boolean, integer, number, object, array; the
-  first that reads the text wins, and otherwise the text is a string, verbatim;
-- null reads exactly ``null``; boolean reads ``true`` / ``false`` in any letter case and
-  nothing else (``yes``, ``1`` and ``on`` stay strings: the model wrote a word, not a
-  flag); integer reads a JSON number whose value is whole (``7``, ``7.0``, ``1e3``);
-  number reads any JSON number; object and array read JSON, or failing that a Python
-  literal (single quotes, ``True``, ``None``), whose value must be of that type;
-- a parameter the schema does not declare, or declares without any type, is a string;
+- null and a parameter the schema does not type follow the rules every bare-text format
+  shares (``mlxcel.toolcalls.values``): ``null``, ``None``, ``NULL`` or ``Null`` is null
+  unless the schema allows a string and not null (so ``None`` for ``["integer", "null"]``
+  or an ``anyOf`` with a null branch is null, as Qwen3.5's template prints a None
+  argument); a parameter the schema does not declare, or declares without any type, is
+  the non-string JSON value its text spells (``7``, ``true``, ``{"a": 1}``, Python's
+  ``True``/``None``/literal containers), else its text, a string;
+- other types are tried in the order boolean, integer, number, object, array; the first
+  that reads the text wins, and otherwise the text is a string, verbatim;
+- boolean reads ``true`` / ``false`` in any letter case and nothing else (``yes``, ``1``
+  and ``on`` stay strings: the model wrote a word, not a flag); integer reads a JSON
+  number whose value is whole (``7``, ``7.0``, ``1e3``); number reads any JSON number;
+  object and array read JSON, or failing that a Python literal (single quotes, ``True``,
+  ``None``), whose value must be of that type;
 - a value that is standard JSON for what it was read as is kept as the model spelled it
   (``2.50``, an object's key order and spacing); any other is written out afresh.
 
@@ -29,6 +35,8 @@ import json
 import math
 from collections.abc import Iterable
 from typing import Any
+
+from mlxcel.toolcalls.values import is_null, reads_as_null, untyped_value
 
 STRING = frozenset({"string"})
 ORDER = ("null", "boolean", "integer", "number", "object", "array")
@@ -76,16 +84,17 @@ def schema_types(schema: Any, depth: int = 0) -> frozenset[str]:
     return frozenset(found)
 
 
-def streams_verbatim(types: frozenset[str]) -> bool:
-    """A value of these types is its text, whatever it says, so it can be sent while the
-    model writes it (any other type is read only once the value is complete)."""
-    return not types or types == STRING
-
-
 def to_json(text: str, types: frozenset[str]) -> str:
-    """The JSON text of value ``text`` under ``types`` (the module docstring's rules)."""
-    if not streams_verbatim(types):
-        stripped = text.strip()
+    """The JSON text of value ``text`` under ``types`` (the module docstring's rules;
+    empty ``types``: the schema does not type it)."""
+    stripped = text.strip()
+    if not types:
+        value = untyped_value(text)
+        return json.dumps(text, ensure_ascii=False) if isinstance(value, str) \
+            else _spelled(stripped, value)
+    if types != STRING:
+        if reads_as_null(stripped, types):
+            return "null"
         for kind in ORDER:
             if kind in types and (value := _READERS[kind](stripped)) is not _NO:
                 return _spelled(stripped, value)
@@ -123,7 +132,7 @@ def _json_type(value: Any) -> str:
 
 
 def _null(text: str) -> Any:
-    return None if text == "null" else _NO
+    return None if is_null(text) else _NO
 
 
 def _boolean(text: str) -> Any:

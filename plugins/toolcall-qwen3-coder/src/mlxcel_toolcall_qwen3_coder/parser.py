@@ -14,10 +14,12 @@ same however the stream is cut:
 
 - Outside ``<tool_call>`` everything is answer text; a partial ``<tool_call>`` at the end
   is held. A block holds one or more ``<function=NAME>...</function>``.
-- A call starts (``CallStart``, then ``{``) as soon as ``<function=NAME>`` is complete.
-  Its arguments are built as the JSON object ``{"key": value, ...}``: a parameter whose
-  schema type is string (or that the schema does not type) streams its value as it is
-  generated; any other is sent whole, coerced (``coerce``), once its value is complete.
+- A call starts (``CallStart``) as soon as ``<function=NAME>`` is complete. Its
+  arguments, the JSON object ``{"key": value, ...}`` with each value read by its schema
+  (``coerce``), are sent whole, as one fragment, when the call ends: a parameter the
+  model writes twice in one call is one key holding the last value (where the first
+  stood), with a ``tool_call_duplicate_parameter`` warning naming it, and that is only
+  known once the call has ended, since a fragment sent cannot be taken back.
 - A value is the text after ``<parameter=KEY>`` less one leading newline, up to
   ``</parameter>``, less one newline before it. ``</parameter>`` closes the value only
   when what follows it (after whitespace) is ``<parameter=``, ``</function>`` or
@@ -41,6 +43,7 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
+import structlog
 from mlxcel.types.toolcalls import (
     CallArguments,
     CallEnd,
@@ -52,7 +55,9 @@ from mlxcel.types.toolcalls import (
     ToolText,
 )
 
-from mlxcel_toolcall_qwen3_coder.coerce import properties, schema_types, streams_verbatim, to_json
+from mlxcel_toolcall_qwen3_coder.coerce import properties, schema_types, to_json
+
+log = structlog.get_logger("mlxcel.toolcalls")
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 FUNCTION, FUNCTION_END = "<function=", "</function>"
@@ -107,16 +112,17 @@ class Scanner:
     ``value`` (in a parameter's value), ``broken`` (unparsable markup, up to
     ``</tool_call>``)."""
 
-    def __init__(self, schemas: dict[str, dict[str, Any]]) -> None:
-        self.schemas = schemas
+    def __init__(self, schemas: dict[str, dict[str, Any]], warn: bool = True) -> None:
+        self.schemas, self.warn = schemas, warn
         self.buf, self.state = "", "outside"
         self.raw = ""  # a block's text that is not yet part of a call (a CallError's text)
         self.why = ""  # why the markup in ``raw`` is broken
         self.index, self.block_calls = 0, 0
-        self.params: dict[str, Any] = {}  # the open call's parameter schemas
-        # the open value: its key, its schema types, its text so far (a typed value's),
-        # whether its opening newline is settled, and what goes before the next key
-        self.key, self.types, self.value, self.lead, self.sep = "", frozenset(), "", False, ""
+        self.name, self.params = "", {}  # the open call's function and parameter schemas
+        self.arguments: dict[str, str] = {}  # the open call's keys -> their values' JSON
+        # the open value: its key, its schema types, its text so far, and whether its
+        # opening newline is settled
+        self.key, self.types, self.value, self.lead = "", frozenset(), "", False
 
     def feed(self, text: str) -> list[ToolEvent]:
         self.buf += text
@@ -137,7 +143,7 @@ class Scanner:
             out.append(CallError(message=self.why, text=self.raw + self.buf))
         elif self.state == "value":
             self._lead()
-            self._end_value(self.buf[:value_end(self.buf)[0]], out)
+            self._end_value(self.buf[:value_end(self.buf)[0]])
             self._end_call(out)
         elif self.state == "function":
             self._end_call(out)
@@ -185,7 +191,7 @@ class Scanner:
         if rest.startswith(PARAMETER):
             key, size = tag_name(rest, PARAMETER)
             if key:
-                self._start_value(key, out)
+                self._start_value(key)
                 self.buf = rest[size:]
                 return True
             if key == "":
@@ -206,10 +212,9 @@ class Scanner:
             return False
         end, resume = value_end(self.buf)
         if resume is None:
-            self._value_text(self.buf[:end], out)
-            self.buf = self.buf[end:]
+            self.value, self.buf = self.value + self.buf[:end], self.buf[end:]
             return False
-        self._end_value(self.buf[:end], out)
+        self._end_value(self.buf[:end])
         self.buf, self.state = self.buf[resume:], "function"
         return True
 
@@ -231,20 +236,18 @@ class Scanner:
         return True
 
     def _start_call(self, name: str, out: list[ToolEvent]) -> None:
-        out += [CallStart(index=self.index, name=name), CallArguments(index=self.index,
-                                                                       text="{")]
-        self.params, self.sep, self.raw = self.schemas.get(name, {}), "", ""
-        self.state = "function"
+        out.append(CallStart(index=self.index, name=name))
+        self.name, self.params = name, self.schemas.get(name, {})
+        self.arguments, self.raw, self.state = {}, "", "function"
 
     def _end_call(self, out: list[ToolEvent]) -> None:
-        out += [CallArguments(index=self.index, text="}"), CallEnd(index=self.index)]
+        pairs = ", ".join(f"{_dump(key)}: {value}" for key, value in self.arguments.items())
+        out += [CallArguments(index=self.index, text=f"{{{pairs}}}"), CallEnd(index=self.index)]
         self.index, self.block_calls, self.raw = self.index + 1, self.block_calls + 1, ""
 
-    def _start_value(self, key: str, out: list[ToolEvent]) -> None:
+    def _start_value(self, key: str) -> None:
         self.key, self.value, self.lead, self.state = key, "", False, "value"
         self.types = schema_types(self.params.get(key)) if key in self.params else frozenset()
-        if streams_verbatim(self.types):
-            out.append(CallArguments(index=self.index, text=f"{self.sep}{_dump(key)}: \""))
 
     def _lead(self) -> bool:
         """Drop the newline that opens a value; False while that is not yet known."""
@@ -252,21 +255,12 @@ class Scanner:
             self.buf, self.lead = self.buf[1:] if self.buf[0] == "\n" else self.buf, True
         return self.lead
 
-    def _value_text(self, text: str, out: list[ToolEvent]) -> None:
-        if not streams_verbatim(self.types):
-            self.value += text
-        elif text:
-            out.append(CallArguments(index=self.index, text=_dump(text)[1:-1]))
-
-    def _end_value(self, text: str, out: list[ToolEvent]) -> None:
-        if streams_verbatim(self.types):
-            self._value_text(text, out)
-            out.append(CallArguments(index=self.index, text='"'))
-        else:
-            value = to_json(self.value + text, self.types)
-            out.append(CallArguments(index=self.index,
-                                     text=f"{self.sep}{_dump(self.key)}: {value}"))
-        self.sep = ", "
+    def _end_value(self, text: str) -> None:
+        """The value is complete: its JSON is the key's (a repeated key's last value)."""
+        if self.key in self.arguments and self.warn:
+            log.warning("tool_call_duplicate_parameter", function=self.name,
+                        parameter=self.key, index=self.index)
+        self.arguments[self.key] = to_json(self.value + text, self.types)
 
 
 def _dump(text: str) -> str:
@@ -293,7 +287,7 @@ class Qwen3CoderParser:
 
 def parse_calls(answer: str, schemas: dict[str, dict[str, Any]]) -> tuple[ParsedCall, ...]:
     """Every call in the whole ``answer``, by the same rules as the stream."""
-    scanner = Scanner(schemas)
+    scanner = Scanner(schemas, warn=False)  # the stream has warned already
     calls: list[list[str]] = []
     for event in [*scanner.feed(answer), *scanner.finish()]:
         if isinstance(event, CallStart):
