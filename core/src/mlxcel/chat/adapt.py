@@ -13,13 +13,16 @@ the request itself never changes. In order:
    turn, a result becomes a user turn, ``{"tool_response": {"name", "tool_call_id",
    "content"}}`` (results in a row, and the user text right after them, make one turn,
    since such templates alternate roles);
-5. where it has no system role, system text opens the next user turn;
+5. where it has no system role, system text opens the next user turn; so does a later
+   system turn where it shows only the first; where it shows the system prompt only in
+   the last user turn (Mistral Nemo), a conversation that ends otherwise gets it there;
 6. a ``null`` content becomes ``""`` where the template needs a string, and content
    becomes a list of text parts where it needs parts.
 
-Templates that read legacy variables get them: ``functions`` (the tools as indented
-JSON, firefunction-v2) and ``builtin_tools`` (Llama 3.1's built-in tools among the
-request's, by name), unless the request sets them itself.
+The tools reach the template as it reads them (``adapt_tools``): bare functions where it
+reads ``tool.name``, with empty descriptions where it fails without one, and not at all
+where it has no tools (they are in the system prompt then).
+
 """
 
 from __future__ import annotations
@@ -31,9 +34,6 @@ from typing import Any
 from mlxcel.chat.call_ids import fitted
 from mlxcel.chat_template.caps import TemplateCaps
 
-# Llama 3.1's built-in tools, as llama.cpp recognises them among a request's functions.
-LLAMA_BUILTIN_TOOLS = ("wolfram_alpha", "web_search", "brave_search", "python",
-                       "code_interpreter")
 TOOLS_PREAMBLE = "You can call any of the following tools to satisfy the user's requests: "
 
 
@@ -117,13 +117,14 @@ def _add_system(messages: list[dict[str, Any]], text: str) -> list[dict[str, Any
     return [{"role": "system", "content": text.lstrip("\n")}, *messages]
 
 
-def _no_system_role(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _fold_system(messages: list[dict[str, Any]], keep_first: bool) -> list[dict[str, Any]]:
     """System text opens the next user turn (a line break between); with no user turn
-    after it, it is a user turn of its own before the next other turn or at the end."""
+    after it, it is a user turn of its own before the next other turn or at the end.
+    ``keep_first``: a leading system turn stays as it is."""
     out: list[dict[str, Any]] = []
     pending = ""
-    for message in messages:
-        if message["role"] == "system":
+    for at, message in enumerate(messages):
+        if message["role"] == "system" and not (keep_first and at == 0):
             text = message.get("content") or ""
             pending = f"{pending}\n{text}" if pending and text else pending or text
             continue
@@ -137,6 +138,42 @@ def _no_system_role(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         out.append(message)
     if pending:
         out.append({"role": "user", "content": pending})
+    return out
+
+
+def _system_to_last_user(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The leading system text opens the last user turn, as the template itself places
+    it when the conversation ends with that turn."""
+    last = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=None)
+    if last is None or not isinstance(messages[last].get("content"), str):
+        return messages
+    text = messages[0].get("content") or ""
+    out = messages[1:]
+    out[last - 1] = dict(out[last - 1], content=f"{text}\n\n{out[last - 1]['content']}")
+    return out
+
+
+def _described(schema: Any) -> Any:
+    if not isinstance(schema, dict):
+        return schema
+    props = schema.get("properties")
+    if not isinstance(props, dict):
+        return schema
+    return {**schema, "properties": {
+        k: {"description": "", **v} if isinstance(v, dict) else v for k, v in props.items()}}
+
+
+def adapt_tools(tools: list[dict[str, Any]], caps: TemplateCaps) -> list[dict[str, Any]] | None:
+    """The tool list as the template reads it (None: it is not given the tools)."""
+    if not tools or not caps.tools:
+        return None
+    out = []
+    for tool in tools:
+        fn = tool.get("function")
+        if isinstance(fn, dict) and caps.tool_descriptions:
+            fn = {"description": "", **fn, "parameters": _described(fn.get("parameters"))}
+            tool = {**tool, "function": fn}
+        out.append(fn if caps.flat_tools and isinstance(fn, dict) else tool)
     return out
 
 
@@ -156,28 +193,17 @@ def adapt_messages(messages: list[dict[str, Any]], tools: list[dict[str, Any]],
         shown = f"Example tool call syntax:\n\n{example}\n\n" if example else ""
         messages = _add_system(messages, f"\n\n{TOOLS_PREAMBLE}{listing}\n\n{shown}")
     messages = _tool_turns(messages, caps)
-    if not caps.system_role:
-        messages = _no_system_role(messages)
+    if not caps.system_role or not caps.later_system:
+        messages = _fold_system(messages, keep_first=caps.system_role)
+    if caps.system_at_last_user and messages and messages[0]["role"] == "system" \
+            and messages[-1]["role"] != "user":
+        messages = _system_to_last_user(messages)
     for message in messages:
         if message.get("content") is None and caps.non_null_content:
             message["content"] = ""
         if caps.typed_content and isinstance(message.get("content"), str):
             message["content"] = [{"type": "text", "text": message["content"]}]
     return messages
-
-
-def legacy_variables(template: Any, tools: list[dict[str, Any]],
-                     kwargs: dict[str, Any]) -> dict[str, Any]:
-    """``functions`` and ``builtin_tools`` for a template that reads them."""
-    extra: dict[str, Any] = {}
-    if "functions" in template.reads and "functions" not in kwargs and tools:
-        extra["functions"] = json.dumps(tools, indent=2, ensure_ascii=False)
-    if "builtin_tools" in template.reads and "builtin_tools" not in kwargs:
-        names = [t.get("function", {}).get("name") for t in tools]
-        builtin = [n for n in names if n in LLAMA_BUILTIN_TOOLS]
-        if builtin:
-            extra["builtin_tools"] = builtin
-    return extra
 
 
 @lru_cache(maxsize=8)

@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 
-from mlxcel.chat.adapt import adapt_messages, call_example, legacy_variables
+from mlxcel.chat.adapt import adapt_messages, adapt_tools, call_example
 from mlxcel.chat.reasoning import prompt_opens
 from mlxcel.chat.thinking import drop_earlier_reasoning, knows_reasoning
 from mlxcel.chat.tokens import encode_prompt
@@ -168,9 +168,8 @@ def _render(request: PromptRequest, template: Any,
     example = call_example(template) if definitions and not caps.tools else ""
     adapted = adapt_messages([template_message(m) for m in messages], definitions, caps,
                              example)
-    text = template.render(adapted, tools=definitions or None,
-                           add_generation_prompt=add_generation,
-                           **legacy_variables(template, definitions, kwargs), **kwargs)
+    text = template.render(adapted, tools=adapt_tools(definitions, caps),
+                           add_generation_prompt=add_generation, **kwargs)
     if request.continue_final_message:
         text = continue_cut(text, messages[-1])
     return text, tuple(tools)

@@ -37,8 +37,7 @@ class ChatTemplate:
         except jinja2.TemplateSyntaxError as exc:
             raise StartupError(f"chat template ({origin}) does not compile: "
                                f"{jinja.syntax_error(exc)}") from None
-        self.reads = frozenset(name for name in ("functions", "builtin_tools")
-                               if name in source)
+        self.reads = frozenset(name for name in jinja.LEGACY if name in source)
 
     @cached_property
     def caps(self) -> TemplateCaps:
@@ -52,7 +51,8 @@ class ChatTemplate:
     def render_raw(self, messages: list[dict[str, Any]], *, tools: list[dict] | None = None,
                    add_generation_prompt: bool = False, **kwargs: Any) -> str:
         """Render as given, without adaptation, raising what the template raises."""
-        context: dict[str, Any] = {**kwargs, **self.special, "messages": messages,
+        context: dict[str, Any] = {**jinja.legacy(self.reads, tools or [], kwargs), **kwargs,
+                                   **self.special, "messages": messages,
                                    "add_generation_prompt": add_generation_prompt}
         if tools:
             context["tools"] = tools

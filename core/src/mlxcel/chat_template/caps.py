@@ -36,7 +36,11 @@ class TemplateCaps(msgspec.Struct, frozen=True, kw_only=True):
     must be ``""``; ``typed_content``: content must be a list of text parts;
     ``reasoning_field``: the message field it reads earlier reasoning from (None: it
     carries none); ``call_ids``: ``alnum9`` when it refuses tool-call ids that are not 9
-    alphanumeric characters."""
+    alphanumeric characters; ``flat_tools``: it reads a tool's ``name`` at the top level,
+    not under ``function``; ``tool_descriptions``: it fails on a tool or parameter without
+    a ``description``; ``later_system``: it shows a system turn that comes after the
+    first; ``system_at_last_user``: it shows the system prompt only inside the last user
+    turn, so it loses it when a conversation ends with a tool result (Mistral Nemo)."""
 
     system_role: bool = True
     tools: bool = True
@@ -48,6 +52,10 @@ class TemplateCaps(msgspec.Struct, frozen=True, kw_only=True):
     typed_content: bool = False
     reasoning_field: ReasoningField | None = None
     call_ids: CallIds = "any"
+    flat_tools: bool = False
+    tool_descriptions: bool = False
+    later_system: bool = True
+    system_at_last_user: bool = False
 
     def wire(self) -> dict[str, Any]:
         """llama-server's ``chat_template_caps`` names, plus the ones it has no name for."""
@@ -63,6 +71,10 @@ class TemplateCaps(msgspec.Struct, frozen=True, kw_only=True):
             "supports_reasoning": self.reasoning_field is not None,
             "reasoning_field": self.reasoning_field,
             "tool_call_id_format": self.call_ids,
+            "requires_flat_tools": self.flat_tools,
+            "requires_tool_descriptions": self.tool_descriptions,
+            "supports_later_system_turns": self.later_system,
+            "system_at_last_user": self.system_at_last_user,
         }
 
     def summary(self) -> dict[str, Any]:
@@ -151,6 +163,23 @@ def _reasoning_field(probe: _Probe, calls: bool, args: Any) -> ReasoningField | 
     return None
 
 
+def _system_placement(probe: _Probe, calls: bool, args: Any) -> tuple[bool, bool]:
+    """Whether a system turn after the first exchange shows, and whether the leading
+    one shows only in the last user turn (lost after a tool result)."""
+    first = {"role": "system", "content": probe.text(SYSTEM)}
+    later = {"role": "system", "content": probe.text(REASONING)}
+    answer = {"role": "assistant", "content": probe.text("answer")}
+    out = _try(probe.render, [first, probe.user(), answer, later, probe.user()],
+               add_generation_prompt=True)
+    shows_later = _has(out, SYSTEM, REASONING)
+    if not calls:
+        return shows_later, False
+    turns = [first, probe.user(), _calls_turn([_call(TOOL, args, _SHORT_ID)], ""),
+             {"role": "tool", "tool_call_id": _SHORT_ID, "content": probe.text(RESPONSE)}]
+    out = _try(probe.render, turns, add_generation_prompt=True)
+    return shows_later, out is not None and RESPONSE in out and SYSTEM not in out
+
+
 def probe_caps(render: Render) -> TemplateCaps:
     """Probe ``render`` (a raw render of one template) and say what it supports."""
     probe = _Probe(render)
@@ -161,12 +190,17 @@ def probe_caps(render: Render) -> TemplateCaps:
         probe.typed = typed
     system = {"role": "system", "content": probe.text(SYSTEM)}
     system_role = _has(_try(render, [system, probe.user()]), SYSTEM)
-    tool_def = {"type": "function", "function": {
-        "name": TOOL, "description": "A probe tool.",
-        "parameters": {"type": "object", "properties": {
-            "argument_needle": {"type": "string", "description": "An argument."}},
-            "required": ["argument_needle"]}}}
-    tools = _has(_try(render, [probe.user()], tools=[tool_def]), TOOL)
+    bare = {"name": TOOL, "parameters": {"type": "object", "properties": {
+        "argument_needle": {"type": "string"}}, "required": ["argument_needle"]}}
+    described = {**bare, "description": "A probe tool.", "parameters": {
+        **bare["parameters"], "properties": {
+            "argument_needle": {"type": "string", "description": "An argument."}}}}
+    tools = flat = descriptions = False
+    for fn, shape in ((bare, False), (described, False), (bare, True), (described, True)):
+        listed = fn if shape else {"type": "function", "function": fn}
+        if _has(_try(render, [probe.user()], tools=[listed]), TOOL):
+            tools, flat, descriptions = True, shape, fn is described
+            break
     args = {"argument_needle": VALUE}
     as_object, content_o, id_o = probe.arguments(args)
     as_string, content_s, id_s = probe.arguments(json.dumps(args))
@@ -192,8 +226,11 @@ def probe_caps(render: Render) -> TemplateCaps:
         answer = {"role": "assistant", "content": probe.text("calling")}
         out = _try(render, [probe.user(), answer, dict(tool_turn, tool_call_id=_SHORT_ID)])
     responses = _has(out, RESPONSE)
+    later, at_last = _system_placement(probe, calls, sample) if system_role else (True, False)
     return TemplateCaps(
         system_role=system_role, tools=tools, tool_calls=calls, tool_responses=responses,
         parallel_tool_calls=parallel, arguments=arguments if calls else "any",
         non_null_content=non_null, typed_content=probe.typed,
-        reasoning_field=_reasoning_field(probe, calls, sample), call_ids=call_ids)
+        reasoning_field=_reasoning_field(probe, calls, sample), call_ids=call_ids,
+        flat_tools=flat, tool_descriptions=descriptions, later_system=later,
+        system_at_last_user=at_last)

@@ -7,6 +7,12 @@ is the reference: ``trim_blocks`` and ``lstrip_blocks``, ``loopcontrols``, its `
 order), ``raise_exception`` and ``strftime_now``, and its ``{% generation %}`` block
 (assistant-mask tracking, which renders its body unchanged).
 
+Templates written for other servers read variables transformers never sets; they get
+what llama.cpp gives them, unless the request sets them itself: ``functions`` (the
+tools as indented JSON, ``""`` without tools: firefunction-v2), ``datetime`` and
+``date_string`` (the current time and date), and ``builtin_tools`` (Llama 3.1's built-in
+tools among the request's functions, by name; only when there are some).
+
 The sandbox is jinja2's, with one relaxation: a template may call ``append``, ``extend``,
 ``insert``, ``pop``, ``remove``, ``update``, ``setdefault``, ``add`` and ``discard`` on
 lists, dicts and sets it made itself (Kimi K2's and others' templates build lists as
@@ -46,6 +52,32 @@ def tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
 
 def strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
+
+
+LEGACY = ("functions", "datetime", "date_string", "builtin_tools")
+# Llama 3.1's built-in tools, as llama.cpp recognises them among a request's functions.
+LLAMA_BUILTIN_TOOLS = ("wolfram_alpha", "web_search", "brave_search", "python",
+                       "code_interpreter")
+
+
+def legacy(reads: frozenset[str], tools: list[dict[str, Any]],
+           given: dict[str, Any]) -> dict[str, Any]:
+    """The legacy variables a template ``reads`` that ``given`` does not set."""
+    want = reads - given.keys()
+    if not want:
+        return {}
+    now = datetime.now()
+    out: dict[str, Any] = {}
+    if "functions" in want:
+        out["functions"] = json.dumps(tools, indent=2, ensure_ascii=False) if tools else ""
+    if "datetime" in want:
+        out["datetime"] = now.strftime("%b %d %Y %H:%M:%S GMT")
+    if "date_string" in want:
+        out["date_string"] = now.strftime("%d %b %Y")
+    names = [(t.get("function") or t).get("name") for t in tools if isinstance(t, dict)]
+    if "builtin_tools" in want and (builtin := [n for n in names if n in LLAMA_BUILTIN_TOOLS]):
+        out["builtin_tools"] = builtin
+    return out
 
 
 class GenerationBlock(Extension):
