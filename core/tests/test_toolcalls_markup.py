@@ -325,3 +325,27 @@ def test_a_nullable_parameter_written_as_python_none_is_null(name):
     _, calls = parse_pieces(resolve(BY_NAME[name].parser), tools, [text], name)
     assert [json.loads(c.arguments) for c in calls] == \
         [{"cursor": None, "size": None, "note": None}]
+
+
+def test_harmony_drops_a_message_to_a_builtin_tool_with_a_debug_log(monkeypatch):
+    """Neither content nor a call, and the log names the recipient, never the body."""
+    import mlxcel.builtin.toolcalls.harmony as harmony
+
+    seen = []
+
+    class Recorder:
+        def debug(self, event, **fields):
+            seen.append((event, fields))
+
+    monkeypatch.setattr(harmony, "log", Recorder())
+    text = ("<|channel|>commentary to=container.exec <|constrain|>json<|message|>"
+            '{"cmd": ["rm", "-rf", "build"]}<|call|>')
+    events, calls = parse("harmony", list(text))
+    assert events == [] and calls == ()
+    assert seen == [("harmony_message_dropped",
+                     {"recipient": "container.exec", "channel": "commentary"})]
+
+
+def test_harmony_a_message_to_functions_without_a_name_is_broken_markup():
+    events, calls = parse("harmony", ["<|channel|>commentary to=functions. json<|message|>{}"])
+    assert calls == () and [type(e).__name__ for e in events] == ["CallError"]

@@ -10,13 +10,26 @@ message's header (usually with ``<|channel|>``). A header runs to ``<|message|>`
 to ``<|end|>``, ``<|call|>`` or ``<|return|>``, or to the end of the answer, since
 ``<|call|>`` and ``<|return|>`` are stop tokens whose text the answer does not carry.
 
-Routing by header: a recipient (``to=functions.NAME``, before or after the channel, on any
-channel) makes the body a call, sent whole when the body ends, its arguments the model's
-JSON text verbatim; a recipient outside ``functions.`` (a builtin tool the request did not
-offer) is a ``CallError``. A ``final`` body, and a ``commentary`` body without a recipient
-(a preamble the user is meant to see), is answer text, streamed. An ``analysis`` body is
-reasoning: this parser emits nothing for it; the chat layer's reasoning split is what
-routes it to ``reasoning_content``, so text that reaches here is never put into content.
+Routing by header: a recipient ``functions.NAME`` (``to=``, before or after the channel,
+on any channel) makes the body a call, sent whole when the body ends, its arguments the
+model's JSON text verbatim (a body that is not a JSON object is a ``CallError``). A
+``final`` body, and a ``commentary`` body without a recipient (a preamble the user is
+meant to see), is answer text, streamed. An ``analysis`` body is reasoning: this parser
+emits nothing for it; the chat layer's reasoning split is what routes it to
+``reasoning_content``, so text that reaches here is never put into content.
+
+Any other recipient is a message that is neither content nor a call, and its body is
+dropped, with a debug log ``harmony_message_dropped`` (recipient and channel, never the
+body): a builtin tool's (``browser.search``, ``python``, ``container.exec``: gpt-oss calls
+them on the analysis or commentary channel, and the request cannot offer them as
+functions) or ``assistant`` (a tool's reply the model wrote itself, or a garbled header
+such as ``<|channel|>commentary to=assistant<|channel|>analysis``). Upstream agrees that
+such text is never content: vLLM builds calls only from ``functions.*`` recipients and
+content only from ``final`` and recipient-less ``commentary`` messages (openai-harmony's
+parse; analysis-channel ones become reasoning there), and llama.cpp's gpt-oss parser skips
+a header it does not know with a debug log. It is dropped rather than made reasoning
+because a tool parser has no reasoning event, and the chat layer's split hands every
+addressed header to the tool parser.
 
 Text that cannot be a header (a newline, an end marker, or more than ``HEADER_LIMIT``
 characters before ``<|message|>``) is answer text, for a model that does not follow the
@@ -27,6 +40,8 @@ from __future__ import annotations
 
 import re
 from typing import Any
+
+import structlog
 
 from mlxcel.builtin.toolcalls.markup_stream import Decoded, MarkupError, TextStates, first_of
 from mlxcel.builtin.toolcalls.markup_values import call_name, json_object_text
@@ -41,6 +56,8 @@ _LONGEST = max(map(len, (MESSAGE, START, *_NOT_HEADER)))
 _RECIPIENT = re.compile(r"to=([^\s<]+)")
 _CHANNEL = re.compile(r"<\|channel\|>\s*([^\s<]*)")
 _ROLE = re.compile(r"\s*[A-Za-z_]*\s*")
+FUNCTIONS = "functions"
+log = structlog.get_logger("mlxcel.toolcalls")
 
 
 class HarmonyParser(TextStates):
@@ -116,8 +133,13 @@ class HarmonyParser(TextStates):
         recipient = _RECIPIENT.search(header)
         channel = _CHANNEL.search(header)
         self._recipient = recipient.group(1) if recipient else ""
-        if self._recipient:
+        namespace = self._recipient.partition(".")[0]
+        if namespace == FUNCTIONS:
             self._kind = "call"
+        elif self._recipient:
+            log.debug("harmony_message_dropped", recipient=self._recipient,
+                      channel=channel.group(1) if channel else None)
+            self._kind = "hidden"
         elif channel and channel.group(1) == "analysis":
             self._kind = "hidden"
         else:
@@ -147,9 +169,9 @@ class HarmonyParser(TextStates):
     def _call(self, events: list[ToolEvent], body: str) -> None:
         """A call's body: its events, or a ``CallError`` holding the body."""
         try:
-            namespace, dot, function = self._recipient.partition(".")
-            if namespace != "functions" or not dot:
-                raise MarkupError(f"a message to {self._recipient!r}, not to a function")
+            function = self._recipient.partition(".")[2]
+            if not function:
+                raise MarkupError(f"a message to {self._recipient!r} names no function")
             call = Decoded(call_name(function), json_object_text(body))
         except MarkupError as exc:
             events.append(CallError(message=str(exc), text=body))
