@@ -200,9 +200,10 @@ def _turns(messages: list[InputMessage], recall: Recall | None) -> list[Message]
 
 
 def _tools(tools: list[dict[str, Any]] | None) -> tuple[Tool, ...]:
-    """Client tools in the function shape templates read; server tools (no
-    ``input_schema``: hosted web search, code execution, ...) are dropped, since nothing
-    here runs them."""
+    """Client tools in the function shape templates read, keys in the order OpenAI's
+    shape has them (name, description, parameters), so the same tools render the same
+    prompt from every dialect; server tools (no ``input_schema``: hosted web search,
+    code execution, ...) are dropped, since nothing here runs them."""
     out: list[Tool] = []
     for i, tool in enumerate(tools or ()):
         where = f"tools[{i}]"
@@ -214,9 +215,10 @@ def _tools(tools: list[dict[str, Any]] | None) -> tuple[Tool, ...]:
         schema = tool["input_schema"]
         if not isinstance(schema, dict):
             raise _bad(f"{where}.input_schema must be an object", f"{where}.input_schema")
-        fn: dict[str, Any] = {"name": name, "parameters": schema}
+        fn: dict[str, Any] = {"name": name}
         if isinstance(tool.get("description"), str):
             fn["description"] = tool["description"]
+        fn["parameters"] = schema
         out.append(Tool(name=name, definition={"type": "function", "function": fn}))
     return tuple(out)
 
