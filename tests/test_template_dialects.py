@@ -11,15 +11,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import tomllib
-from pathlib import Path
 
 import pytest
 from mlxcel.testing import build_checkpoint
 from mlxcel.testing.engine import app_client
+from template_fixtures import HERE, SOURCES
 
-HERE = Path(__file__).parent / "chat_templates"
-SOURCES = tomllib.loads((HERE / "SOURCES.toml").read_text(encoding="utf-8"))
 SYSTEM = "You are a weather agent."
 ASK = "What is the weather in Lisbon?"
 CALL_ID = "toolu_01A09q90qw90lq917835lq9"

@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import copy
 import json
-from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
-import tomllib
 from mlxcel.chat.prompt import render_chat
 from mlxcel.chat_template import ChatTemplate
 from mlxcel.dialects.anthropic.schemas import CountTokensRequest
@@ -24,9 +22,8 @@ from mlxcel.dialects.anthropic.translate import prompt_request as anthropic_requ
 from mlxcel.dialects.openai.schemas import ChatCompletionRequest
 from mlxcel.dialects.openai.translate import prompt_request as openai_request
 from mlxcel.errors import InvalidRequest
+from template_fixtures import SOURCES, source_of
 
-HERE = Path(__file__).parent / "chat_templates"
-SOURCES = tomllib.loads((HERE / "SOURCES.toml").read_text(encoding="utf-8"))
 REFUSED = "the model's chat template refused these messages: "
 
 WEATHER = {"type": "function", "function": {
@@ -128,8 +125,7 @@ def texts(messages: list[dict[str, Any]]) -> list[str]:
 
 def load(name: str) -> ChatTemplate:
     entry = SOURCES[name]
-    source = (HERE / entry["file"]).read_text(encoding="utf-8")
-    return ChatTemplate(source, bos_token=entry.get("bos_token"),
+    return ChatTemplate(source_of(name), bos_token=entry.get("bos_token"),
                         eos_token=entry.get("eos_token"), origin=entry["file"])
 
 
