@@ -22,7 +22,7 @@ from mlxcel.dialects.anthropic.translate import prompt_request as anthropic_requ
 from mlxcel.dialects.openai.schemas import ChatCompletionRequest
 from mlxcel.dialects.openai.translate import prompt_request as openai_request
 from mlxcel.errors import InvalidRequest
-from template_fixtures import SOURCES, source_of
+from template_fixtures import HERE, SOURCES, source_of
 
 REFUSED = "the model's chat template refused these messages: "
 
@@ -86,6 +86,9 @@ OPENAI: dict[str, dict[str, Any]] = {
         SYSTEM, ASK, {"role": "assistant", "content": "Sunny and mild in Lisbon."},
         {"role": "system", "content": "From now on answer in French."},
         {"role": "user", "content": "And tomorrow in Porto?"}]},
+    # six rounds of parallel calls with reasoning, then a booking: the longest (and the
+    # conversation bench/probes/template_render.py times)
+    "long_agent_session": json.loads((HERE / "long_agent_session.json").read_text()),
 }
 
 ANTHROPIC_TOOL_LOOP = {

@@ -193,3 +193,22 @@ def test_caps_wire_names_match_llama_server():
     assert {"supports_system_role", "supports_tools", "supports_tool_calls",
             "supports_tool_responses", "supports_parallel_tool_calls",
             "requires_non_null_content", "requires_typed_content"} <= wire.keys()
+
+
+# gpt-oss: one call per assistant turn, the rest dropped without a word.
+FIRST_CALL_ONLY = """{% for m in messages %}<{{ m.role }}>{{ m.content or '' }}\
+{% if m.tool_calls %}CALL {{ m.tool_calls[0].function.name }} \
+{{ m.tool_calls[0].function.arguments | tojson }}{% endif %}{% endfor %}"""
+
+
+def test_a_template_that_drops_parallel_calls_gets_one_call_per_turn():
+    t = ChatTemplate(FIRST_CALL_ONLY)
+    assert not t.caps.parallel_tool_calls and not t.caps.refuses_parallel_calls
+    calls = (ToolCall(id="a", name="get_weather", arguments={"city": "A"}),
+             ToolCall(id="b", name="get_time", arguments={"city": "B"}))
+    out = render(t, [msg("user", "x"), msg("assistant", tool_calls=calls),
+                     msg("tool", "rb", tool_call_id="b"), msg("tool", "ra", tool_call_id="a"),
+                     msg("tool", "orphan")])
+    assert out == ('<user>x<assistant>CALL get_weather {"city": "A"}<tool>ra'
+                   '<assistant>CALL get_time {"city": "B"}<tool>rb<tool>orphan')
+    assert ChatTemplate(OBJECT_ARGS).caps.refuses_parallel_calls

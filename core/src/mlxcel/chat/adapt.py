@@ -7,6 +7,9 @@ the request itself never changes. In order:
 1. reasoning goes in the field the template reads (``reasoning_content`` or ``thinking``);
 2. a call's ``arguments`` become what the template prints: the object, or its JSON text;
 3. tool-call ids the template would refuse are replaced consistently (``chat.call_ids``);
+   where it shows only the first call of a turn (gpt-oss), a turn's calls become turns
+   of one call each, each followed by its results (a template that refuses several
+   calls, Llama 3.1's, keeps its refusal: a 400 that quotes it);
 4. where the template has no tools, the tool list and an example call go into the system
    prompt; where it renders no calls, an assistant turn's calls become its text,
    ``{"tool_calls": [{"name", "arguments", "id"}], "content"}``; where it has no tool
@@ -70,6 +73,34 @@ def _ids(messages: list[dict[str, Any]], rule: str) -> None:
                 (pending[0] if pending else fitted(f"mlxcel-{at}", rule))
             if message["tool_call_id"] in pending:
                 pending.remove(message["tool_call_id"])
+
+
+def _one_call_per_turn(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each call its own assistant turn, followed by the results that answer it (by id;
+    results without ids in order)."""
+    out: list[dict[str, Any]] = []
+    at = 0
+    while at < len(messages):
+        message = messages[at]
+        at += 1
+        calls = message.get("tool_calls") or []
+        if len(calls) < 2:
+            out.append(message)
+            continue
+        results = []
+        while at < len(messages) and messages[at]["role"] == "tool":
+            results.append(messages[at])
+            at += 1
+        left = list(results)
+        for n, call in enumerate(calls):
+            content = message.get("content") if n == 0 else ""
+            out.append({**message, "content": content, "tool_calls": [call]})
+            mine = [r for r in left if r.get("tool_call_id") == call.get("id")] \
+                if call.get("id") else left[:1]
+            out += mine
+            left = [r for r in left if all(r is not m for m in mine)]
+        out += left
+    return out
 
 
 def _calls_as_text(message: dict[str, Any]) -> None:
@@ -188,6 +219,8 @@ def adapt_messages(messages: list[dict[str, Any]], tools: list[dict[str, Any]],
             call["function"]["arguments"] = _arguments(call["function"]["arguments"], caps)
     if caps.call_ids != "any":
         _ids(messages, caps.call_ids)
+    if caps.tool_calls and not caps.parallel_tool_calls and not caps.refuses_parallel_calls:
+        messages = _one_call_per_turn(messages)
     if tools and not caps.tools:
         listing = json.dumps(tools, indent=2, ensure_ascii=False)
         shown = f"Example tool call syntax:\n\n{example}\n\n" if example else ""

@@ -40,7 +40,9 @@ class TemplateCaps(msgspec.Struct, frozen=True, kw_only=True):
     not under ``function``; ``tool_descriptions``: it fails on a tool or parameter without
     a ``description``; ``later_system``: it shows a system turn that comes after the
     first; ``system_at_last_user``: it shows the system prompt only inside the last user
-    turn, so it loses it when a conversation ends with a tool result (Mistral Nemo)."""
+    turn, so it loses it when a conversation ends with a tool result (Mistral Nemo);
+    ``refuses_parallel_calls``: without ``parallel_tool_calls`` it raises on a turn with
+    several calls (Llama 3.1) rather than showing only the first (gpt-oss)."""
 
     system_role: bool = True
     tools: bool = True
@@ -56,6 +58,7 @@ class TemplateCaps(msgspec.Struct, frozen=True, kw_only=True):
     tool_descriptions: bool = False
     later_system: bool = True
     system_at_last_user: bool = False
+    refuses_parallel_calls: bool = False
 
     def wire(self) -> dict[str, Any]:
         """llama-server's ``chat_template_caps`` names, plus the ones it has no name for."""
@@ -75,6 +78,7 @@ class TemplateCaps(msgspec.Struct, frozen=True, kw_only=True):
             "requires_tool_descriptions": self.tool_descriptions,
             "supports_later_system_turns": self.later_system,
             "system_at_last_user": self.system_at_last_user,
+            "refuses_parallel_tool_calls": self.refuses_parallel_calls,
         }
 
     def summary(self) -> dict[str, Any]:
@@ -215,12 +219,13 @@ def probe_caps(render: Render) -> TemplateCaps:
         (calls and (content_o if as_object else content_s) == "")
     call_ids: CallIds = "alnum9" if calls and (id_o if as_object else id_s) == _SHORT_ID \
         else "any"
-    parallel = False
+    parallel = refuses = False
     tool_turn = {"role": "tool", "name": TOOL, "content": probe.text(RESPONSE)}
     if calls:
         out, _, _ = probe.with_calls(lambda i: [_call(TOOL + "_a", sample, i),
                                                 _call(TOOL + "_b", sample, i)])
         parallel = _has(out, TOOL + "_a", TOOL + "_b")
+        refuses = out is None
         out, _, _ = probe.with_calls(lambda i: [_call(TOOL, sample, i)], after=[tool_turn])
     else:  # the calls will be text; the results may still have their own turn
         answer = {"role": "assistant", "content": probe.text("calling")}
@@ -233,4 +238,4 @@ def probe_caps(render: Render) -> TemplateCaps:
         non_null_content=non_null, typed_content=probe.typed,
         reasoning_field=_reasoning_field(probe, calls, sample), call_ids=call_ids,
         flat_tools=flat, tool_descriptions=descriptions, later_system=later,
-        system_at_last_user=at_last)
+        system_at_last_user=at_last, refuses_parallel_calls=refuses)
