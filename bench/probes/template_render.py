@@ -27,7 +27,6 @@ import time
 from pathlib import Path
 
 import msgspec
-
 from mlxcel.chat.prompt import render_chat, template_message
 from mlxcel.chat_template import ChatTemplate
 from mlxcel.dialects.openai.schemas import ChatCompletionRequest
@@ -74,7 +73,7 @@ def main() -> None:
         probe_ms = (time.perf_counter() - started) * 1e3
         messages = [template_message(m) for m in request.messages]
 
-        def before() -> str:
+        def before(template=template, messages=messages) -> str:
             return template.render(messages, tools=definitions)
 
         try:
@@ -90,7 +89,7 @@ def main() -> None:
             rows.append({"template": name, "probe_ms": round(probe_ms, 2),
                          "after_refused": exc.message})
             continue
-        a = _times(lambda: render_chat(request, template), args.repeats)
+        a = _times(lambda template=template: render_chat(request, template), args.repeats)
         before_all += b
         after_all += a
         rows.append({"template": name, "probe_ms": round(probe_ms, 2),
