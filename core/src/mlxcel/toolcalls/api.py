@@ -13,7 +13,8 @@ text was cut; ``finish()`` gives back what it still held and the authoritative c
 the whole answer. ``mlxcel.testing.conformance.check_tool_format`` checks all of this.
 
 Arguments: each call's ``arguments`` is a JSON object that names every key once; where the
-model writes a parameter twice in one call, the last value is the one. A format that
+model writes a parameter twice in one call, the last value is the one (unless the format
+gives a repeat a meaning of its own: MiniMax M3's repeated tag is a list). A format that
 writes values as bare text (GLM-4.7, LongCat-Flash, MiniMax, Qwen3-Coder) types them by
 the request's tool schema, and where the schema does not settle a value every such format
 reads it by one rule (``mlxcel.toolcalls.values``, which a plugin imports):
