@@ -83,13 +83,15 @@ def test_plugins_with_a_model_says_which_tool_format_it_gets_and_why(tiny_checkp
     from mlxcel.plugins import load_plugins
 
     formats = load_plugins().tool_formats
-    line = run_cli("plugins", "--model", str(tiny_checkpoint)).stdout.splitlines()[-1]
+    *_, line, caps = run_cli("plugins", "--model", str(tiny_checkpoint)).stdout.splitlines()
     assert line.startswith(f"tool format for {tiny_checkpoint}: ")
     assert line.endswith("; family mlx-lm-text)")
+    assert caps.startswith(f"chat template caps for {tiny_checkpoint} (")
+    assert "system_role=True" in caps and "tool_calls=True" in caps and "call_ids=any" in caps
     if len(formats):  # any installed one can be forced
         name = next(iter(formats))
         proc = run_cli("plugins", "--model", str(tiny_checkpoint), "--tool-call-format", name)
-        assert proc.stdout.splitlines()[-1] == \
+        assert proc.stdout.splitlines()[-2] == \
             f"tool format for {tiny_checkpoint}: {name} (--tool-call-format; family mlx-lm-text)"
     proc = run_cli("plugins", "--model", str(tiny_checkpoint), "--tool-call-format", "nope")
     assert "--tool-call-format nope: no tool format named 'nope'" in one_line_error(proc)
