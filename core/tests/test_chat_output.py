@@ -264,3 +264,14 @@ def test_a_family_with_reasoning_markers_answers_reasoning_first(tiny_checkpoint
         message["reasoning_content"]
     assert "".join(d.get("content", "") for d in deltas) == (message["content"] or "")
     assert "<think>" not in message["reasoning_content"]
+
+
+def test_server_made_call_ids_take_the_templates_form():
+    """A Mistral template refuses ids that are not 9 alphanumerics: the ids the server
+    makes for its model's calls are such ids, so the next turn renders."""
+    m = OutputMachine(tool_parser=_WrapperParser(), special_texts=("<|pad|>", "<|call|>"),
+                      call_ids="alnum9")
+    deltas = merge(run(m, events(CALL_PARTS, random.Random(5))))
+    start = next(d for d in deltas if isinstance(d, ToolCallStart))
+    assert len(start.id) == 9 and start.id.isalnum()
+    assert deltas[-1].calls[0].id == start.id
