@@ -335,9 +335,12 @@ def test_model_needing_a_family_that_failed_to_import_says_what_to_install(
 
 
 def _picked(proc: subprocess.CompletedProcess) -> str:
-    """What ``mlxcel-server plugins --model M`` says M gets: its last line, after the path."""
+    """What ``mlxcel-server plugins --model M`` says M gets: its tool-format line (the one
+    before its template's caps), after the path."""
     assert proc.returncode == 0, f"rc={proc.returncode}\n{proc.stdout}\n{proc.stderr}"
-    return proc.stdout.strip().splitlines()[-1].split(": ", 1)[1]
+    *_, picked, caps = proc.stdout.strip().splitlines()
+    assert caps.startswith("chat template caps for ")
+    return picked.split(": ", 1)[1]
 
 
 def _acme_model(checkpoint: Path, dest: Path) -> Path:

@@ -24,7 +24,7 @@ the request itself never changes. In order:
 
 The tools reach the template as it reads them (``adapt_tools``): bare functions where it
 reads ``tool.name``, with empty descriptions where it fails without one, and not at all
-where it has no tools (they are in the system prompt then).
+where a tool list makes it fail (they are in the system prompt then).
 
 """
 
@@ -196,7 +196,7 @@ def _described(schema: Any) -> Any:
 
 def adapt_tools(tools: list[dict[str, Any]], caps: TemplateCaps) -> list[dict[str, Any]] | None:
     """The tool list as the template reads it (None: it is not given the tools)."""
-    if not tools or not caps.tools:
+    if not tools or caps.tools_fail:
         return None
     out = []
     for tool in tools:

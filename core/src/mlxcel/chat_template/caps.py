@@ -42,7 +42,9 @@ class TemplateCaps(msgspec.Struct, frozen=True, kw_only=True):
     first; ``system_at_last_user``: it shows the system prompt only inside the last user
     turn, so it loses it when a conversation ends with a tool result (Mistral Nemo);
     ``refuses_parallel_calls``: without ``parallel_tool_calls`` it raises on a turn with
-    several calls (Llama 3.1) rather than showing only the first (gpt-oss)."""
+    several calls (Llama 3.1) rather than showing only the first (gpt-oss);
+    ``tools_fail``: without ``tools``, it also fails when given a tool list, so it is
+    given none."""
 
     system_role: bool = True
     tools: bool = True
@@ -59,6 +61,7 @@ class TemplateCaps(msgspec.Struct, frozen=True, kw_only=True):
     later_system: bool = True
     system_at_last_user: bool = False
     refuses_parallel_calls: bool = False
+    tools_fail: bool = False
 
     def wire(self) -> dict[str, Any]:
         """llama-server's ``chat_template_caps`` names, plus the ones it has no name for."""
@@ -200,9 +203,12 @@ def probe_caps(render: Render) -> TemplateCaps:
         **bare["parameters"], "properties": {
             "argument_needle": {"type": "string", "description": "An argument."}}}}
     tools = flat = descriptions = False
+    fails = True
     for fn, shape in ((bare, False), (described, False), (bare, True), (described, True)):
         listed = fn if shape else {"type": "function", "function": fn}
-        if _has(_try(render, [probe.user()], tools=[listed]), TOOL):
+        out = _try(render, [probe.user()], tools=[listed])
+        fails = fails and out is None
+        if _has(out, TOOL):
             tools, flat, descriptions = True, shape, fn is described
             break
     args = {"argument_needle": VALUE}
@@ -238,4 +244,5 @@ def probe_caps(render: Render) -> TemplateCaps:
         non_null_content=non_null, typed_content=probe.typed,
         reasoning_field=_reasoning_field(probe, calls, sample), call_ids=call_ids,
         flat_tools=flat, tool_descriptions=descriptions, later_system=later,
-        system_at_last_user=at_last, refuses_parallel_calls=refuses)
+        system_at_last_user=at_last, refuses_parallel_calls=refuses,
+        tools_fail=not tools and fails)

@@ -9,8 +9,8 @@ order), ``raise_exception`` and ``strftime_now``, and its ``{% generation %}`` b
 
 Templates written for other servers read variables transformers never sets; they get
 what llama.cpp gives them, unless the request sets them itself: ``functions`` (the
-tools as indented JSON, ``""`` without tools: firefunction-v2), ``datetime`` and
-``date_string`` (the current time and date), and ``builtin_tools`` (Llama 3.1's built-in
+tools as indented JSON, ``""`` without tools: firefunction-v2), ``datetime`` (the
+current time, which it needs), and ``builtin_tools`` (Llama 3.1's built-in
 tools among the request's functions, by name; only when there are some).
 
 The sandbox is jinja2's, with one relaxation: a template may call ``append``, ``extend``,
@@ -54,7 +54,7 @@ def strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
-LEGACY = ("functions", "datetime", "date_string", "builtin_tools")
+LEGACY = ("functions", "datetime", "builtin_tools")
 # Llama 3.1's built-in tools, as llama.cpp recognises them among a request's functions.
 LLAMA_BUILTIN_TOOLS = ("wolfram_alpha", "web_search", "brave_search", "python",
                        "code_interpreter")
@@ -72,8 +72,6 @@ def legacy(reads: frozenset[str], tools: list[dict[str, Any]],
         out["functions"] = json.dumps(tools, indent=2, ensure_ascii=False) if tools else ""
     if "datetime" in want:
         out["datetime"] = now.strftime("%b %d %Y %H:%M:%S GMT")
-    if "date_string" in want:
-        out["date_string"] = now.strftime("%d %b %Y")
     names = [(t.get("function") or t).get("name") for t in tools if isinstance(t, dict)]
     if "builtin_tools" in want and (builtin := [n for n in names if n in LLAMA_BUILTIN_TOOLS]):
         out["builtin_tools"] = builtin
