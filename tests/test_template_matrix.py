@@ -192,3 +192,32 @@ def test_the_matrix_covers_the_families_agents_run():
     for family in ("qwen3", "llama 3.1", "mistral nemo", "gemma 2", "gpt-oss", "kimi k2"):
         assert any(family in f for f in families), family
     assert len(SOURCES) >= 30
+
+
+def test_calls_shown_in_the_generic_shape_parse_back():
+    """Where a template renders no calls, the chat layer shows them in llama-server's
+    generic shape and the server reads the model's answers as generic JSON: the example
+    call the prompt shows must parse back into that call."""
+    from mlxcel.chat.adapt import call_example
+    from mlxcel.engine.loader import select_tool_format
+    from mlxcel.lazy import resolve
+    from mlxcel.plugins import load_plugins
+    from mlxcel.types.messages import Tool
+
+    plugins = load_plugins(None, None)
+    text_family = plugins.families.get("mlx-lm-text")
+    tool = Tool(name="tool_name", definition={"type": "function", "function": {
+        "name": "tool_name", "parameters": {"type": "object", "properties": {
+            "arg1": {"type": "string"}}}}})
+    checked = []
+    for name in sorted(SOURCES):
+        t = template(name)
+        fmt, why = select_tool_format(plugins.tool_formats, text_family, t)
+        if t.caps.tool_calls or fmt is None or fmt.name != "generic_json":
+            continue
+        parser = resolve(fmt.parser)((tool,))
+        parser.feed(call_example(t))
+        calls = [(c.name, json.loads(c.arguments)) for c in parser.finish().calls]
+        assert calls == [("tool_name", {"arg1": "some_value"})], (name, why)
+        checked.append(name)
+    assert {"gemma-2", "gemma-3", "phi-4", "smollm3"} <= set(checked), checked

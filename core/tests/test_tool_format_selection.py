@@ -71,6 +71,21 @@ def test_no_match_is_no_format():
     assert _pick(_registry(), HERMES_TEMPLATE)[0] is None
 
 
+def test_a_template_that_renders_no_calls_gets_generic_json_when_installed():
+    """The chat layer shows such a model its calls as llama-server's generic JSON, so that
+    is what its answers are read as; a template that renders calls in an unknown markup
+    gets no format."""
+    generic = ToolFormat(name="generic_json", detect=lambda t: False,
+                         parser="mlxcel.nowhere:new_parser")
+    assert _pick(_registry(HERMES, generic), PLAIN) == \
+        ("generic_json", "the chat template renders no tool calls: generic JSON")
+    markup = ("{% for m in messages %}{{ m.content }}{% for c in m.tool_calls or [] %}"
+              "<<{{ c.function.name }} {{ c.function.arguments | tojson }}>>{% endfor %}"
+              "{% endfor %}")
+    assert _pick(_registry(HERMES, generic), markup)[0] is None
+    assert _pick(_registry(HERMES), PLAIN)[0] is None
+
+
 def test_a_tie_at_the_top_names_both_formats():
     formats = _registry(HERMES, ACME, ACME_TOO)
     with pytest.raises(StartupError) as err:

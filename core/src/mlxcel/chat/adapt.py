@@ -242,7 +242,9 @@ def adapt_messages(messages: list[dict[str, Any]], tools: list[dict[str, Any]],
 @lru_cache(maxsize=8)
 def call_example(template: Any) -> str:
     """How ``template`` (adapted to its caps) renders an assistant turn that calls a tool:
-    the text after the prompt that leads to it (llama.cpp shows the same)."""
+    the text after the prompt that leads to it (llama.cpp shows the same); where that
+    prompt is not a prefix of the turn and the template renders no calls, the generic
+    JSON the call becomes."""
     user = {"role": "user", "content": "Hey"}
     call = {"role": "assistant", "content": None, "tool_calls": [
         {"id": "call_1___", "type": "function",
@@ -258,4 +260,10 @@ def call_example(template: Any) -> str:
     eos = template.special["eos_token"]
     if not full.startswith(prefix) and eos and prefix.endswith(eos):
         prefix = prefix[:-len(eos)]
-    return full[len(prefix):] if full.startswith(prefix) else ""
+    if full.startswith(prefix):
+        return full[len(prefix):]
+    if caps.tool_calls:
+        return ""
+    shown = json.loads(json.dumps(call))  # the text the call becomes, without the turn
+    _calls_as_text(shown)
+    return shown["content"]

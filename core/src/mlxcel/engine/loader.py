@@ -134,16 +134,25 @@ def family_hint(model_type: Any, family: Family) -> str | None:
     return FAMILY_HINTS.get(model_type)
 
 
+GENERIC = "generic_json"  # the builtin format of llama-server's generic JSON calls
+
+
 def select_tool_format(formats: ToolFormatRegistry, family: Family, template: ChatTemplate,
                        flag: str | None = None) -> tuple[ToolFormat | None, str]:
     """The tool format of a checkpoint and why: ``--tool-call-format``, else the family's
     default, else the most specific format its chat template shows (a tie or an unknown
-    name is a ``StartupError``). Chosen once per model, so every answer parses alike."""
+    name is a ``StartupError``), else, for a template that renders no tool calls, generic
+    JSON: the chat layer shows such a model its calls in llama-server's generic shape
+    (``mlxcel.chat.adapt``), which that format reads back. Chosen once per model, so
+    every answer parses alike."""
     try:
-        return formats.choose(template.source, flag=flag,
-                              family_default=family.default_tool_format)
+        picked = formats.choose(template.source, flag=flag,
+                                family_default=family.default_tool_format)
     except StartupError as exc:
         raise StartupError(f"--tool-call-format {flag}: {exc}" if flag else str(exc)) from None
+    if picked[0] is None and GENERIC in formats and not template.caps.tool_calls:
+        return formats.get(GENERIC), "the chat template renders no tool calls: generic JSON"
+    return picked
 
 
 def load_checkpoint(model: str, families: FamilyRegistry, *,
