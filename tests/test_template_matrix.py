@@ -109,7 +109,7 @@ ANTHROPIC_TOOL_LOOP = {
 
 def texts(messages: list[dict[str, Any]]) -> list[str]:
     """What the prompt must show: each message's text (tool results' too), each call's
-    name and its argument values."""
+    name, its argument names and their values."""
     out = []
     for m in messages:
         content = m.get("content")
@@ -119,10 +119,11 @@ def texts(messages: list[dict[str, Any]]) -> list[str]:
             out += [b.get("text") or b.get("content") for b in content
                     if isinstance(b, dict) and (b.get("text") or b.get("content"))]
         for c in m.get("tool_calls") or ():
-            out += [c["function"]["name"], c["function"]["arguments"].split('"')[-2]]
+            args = json.loads(c["function"]["arguments"])
+            out += [c["function"]["name"], *args, *(str(v) for v in args.values())]
         for b in content if isinstance(content, list) else ():
             if isinstance(b, dict) and b.get("type") == "tool_use":
-                out += [b["name"], *b["input"].values()]
+                out += [b["name"], *b["input"], *b["input"].values()]
     return [t for t in out if isinstance(t, str)]
 
 
