@@ -224,3 +224,41 @@ def test_the_constraint_keeps_the_clients_key_order():
     text = JsonSchemaConstraint.from_schema(msgspec.json.decode(
         b'{"properties": {"z": {"type": "integer"}, "a": {"type": "integer"}}}')).schema
     assert text.index('"z"') < text.index('"a"')
+
+
+@pytest.mark.parametrize("node", [
+    {"type": "string", "maxLength": 1_000_000_000},
+    {"type": "string", "minLength": 5000},
+    {"type": "array", "items": {"type": "integer"}, "maxItems": 10**30},
+    {"type": "array", "minItems": 2000},
+    {"type": "object", "maxProperties": 4096},
+    {"type": "string", "pattern": "a{1000000000}"},
+    {"type": "string", "pattern": "(?:(?:ab){100}){100}"},
+    {"type": "string", "pattern": "x{" + "9" * 5000 + "}"},
+], ids=["maxLength", "minLength", "maxItems", "minItems", "maxProperties", "pattern",
+        "nested-pattern", "huge-digits"])
+def test_every_count_is_bounded_before_anything_is_built(node, monkeypatch):
+    """Issue #27 H1: a 40-byte `maxLength` allocated gigabytes; every count (lengths,
+    sizes, pattern repeats, nested ones multiplied) is refused at the check, naming its
+    keyword, before outlines-core sees the schema."""
+    import outlines_core
+
+    def no_building(*args, **kwargs):
+        raise AssertionError("built a regex for a refused schema")
+
+    monkeypatch.setattr(outlines_core.json_schema, "build_regex_from_schema", no_building)
+    schema = {"type": "object", "properties": {MARKER: node}, "required": [MARKER]}
+    with pytest.raises(ConstraintTooComplex) as caught:
+        OutlinesBackend().check(JsonSchemaConstraint.from_schema(schema))
+    keyword = "pattern" if "pattern" in node else next(k for k in node if k.startswith(
+        ("min", "max")))
+    assert caught.value.status == 400 and f"`{keyword}`" in caught.value.message
+    assert caught.value.param == keyword and MARKER not in caught.value.message
+
+
+def test_counts_at_the_bound_pass_the_check():
+    schema = {"type": "object", "properties": {
+        "s": {"type": "string", "maxLength": 1024}, "p": {"type": "string",
+                                                          "pattern": "(?:a{32}){32}"},
+        "a": {"type": "array", "items": {"type": "integer"}, "maxItems": 1024}}}
+    OutlinesBackend().check(JsonSchemaConstraint.from_schema(schema))

@@ -10,7 +10,10 @@ keywords only, so a property named ``not`` or an ``enum`` value holding ``"$ref"
 A regex constraint's pattern is bounded in bytes (``MAX_PATTERN_BYTES``, the bound a JSON
 schema's regex is held to), each counted repetition (``{n}``, ``{m,n}``) to
 ``MAX_REPEAT`` (the regex engine builds every counted copy in memory, unbounded), and its
-markers in number (``check_markers``).
+markers in number (``check_markers``). A JSON schema is held to the same ``MAX_REPEAT``
+in every count it gives (``COUNTS``: string lengths, array sizes, property counts) and in
+its ``pattern`` regexes: the index holds one state per counted position, so a 40-byte
+``{"maxLength": 1000000000}`` would otherwise allocate until the process dies.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ MAX_PATTERN_BYTES = 1 << 20
 MAX_REPEAT = 1024
 # keywords whose meaning the grammar cannot express: refused, never silently dropped
 REJECTED = ("not", "if", "then", "else")
+COUNTS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties")
 DEFINITIONS = ("$defs", "definitions")
 _SCHEMA_MAPS = ("properties", "patternProperties", *DEFINITIONS, "dependentSchemas")
 _SCHEMA_ONE = ("additionalProperties", "additionalItems", "items", "contains",
@@ -62,9 +66,26 @@ def check_json_schema(constraint: JsonSchemaConstraint) -> Any:
             if keyword in node:
                 raise UnsupportedSchema(f"the JSON schema keyword `{keyword}` is not supported")
         refs += "$ref" in node
+        check_counts(node)
     if refs > MAX_REFS:
         raise ConstraintTooComplex(f"the JSON schema has more than {MAX_REFS} `$ref`")
     return schema
+
+
+def check_counts(node: dict) -> None:
+    """Refuse a schema object whose counts or ``pattern`` repeats pass ``MAX_REPEAT``,
+    naming the keyword (never its value's context)."""
+    for keyword in COUNTS:
+        value = node.get(keyword)
+        if isinstance(value, int | float) and not isinstance(value, bool) \
+                and value > MAX_REPEAT:
+            raise ConstraintTooComplex(f"the JSON schema's `{keyword}` is larger than "
+                                       f"{MAX_REPEAT}; bound it to {MAX_REPEAT} or less",
+                                       param=keyword)
+    pattern = node.get("pattern")
+    if isinstance(pattern, str) and max(repeats(pattern), default=0) > MAX_REPEAT:
+        raise ConstraintTooComplex(f"the JSON schema's `pattern` repeats a part more than "
+                                   f"{MAX_REPEAT} times", param="pattern")
 
 
 def check_regex(constraint: RegexConstraint) -> None:
@@ -83,22 +104,56 @@ def check_regex(constraint: RegexConstraint) -> None:
 
 def repeats(pattern: str) -> Iterator[int]:
     """The counts of a pattern's counted repetitions (``{n}``, ``{m,}``, ``{m,n}``),
-    outside character classes and escapes."""
-    depth, i = 0, 0  # depth: inside a character class
+    outside character classes and escapes, each multiplied by the counts of the groups
+    around it (``(a{100}){100}`` repeats ``a`` 10000 times)."""
+    frames, last, i = [1], 1, 0  # frames: the largest repeat inside each open group
     while i < len(pattern):
         ch = pattern[i]
         if ch == "\\":
-            i += 2
+            last, i = 1, i + 2
             continue
         if ch == "[":
-            depth += 1
-        elif ch == "]" and depth:
-            depth -= 1
-        elif ch == "{" and not depth:
+            end = _class_end(pattern, i)
+            last, i = 1, end + 1
+            continue
+        if ch == "(":
+            frames.append(1)
+        elif ch == ")" and len(frames) > 1:
+            last = frames.pop()
+            frames[-1] = max(frames[-1], last)
+        elif ch == "{":
             end = pattern.find("}", i)
-            counts = pattern[i + 1:end].split(",") if end > 0 else []
-            yield from (int(c) for c in counts if c.strip().isdigit())
+            counts = [_count(c) for c in pattern[i + 1:end].split(",")] if end > 0 else []
+            counts = [c for c in counts if c is not None]
+            if counts:
+                last *= max(counts)
+                frames[-1] = max(frames[-1], last)
+                yield last
+                i = end
+        else:
+            last = 1
         i += 1
+
+
+def _count(text: str) -> int | None:
+    """A repeat count; past nine digits, one over any bound (``int`` refuses huge
+    strings)."""
+    text = text.strip()
+    if not text.isdigit():
+        return None
+    return int(text) if len(text) <= 9 else 1 << 40
+
+
+def _class_end(pattern: str, i: int) -> int:
+    """The index of the ``]`` closing the character class opened at ``i``."""
+    j = i + 1
+    if j < len(pattern) and pattern[j] == "^":
+        j += 1
+    if j < len(pattern) and pattern[j] == "]":
+        j += 1
+    while j < len(pattern) and pattern[j] != "]":
+        j += 2 if pattern[j] == "\\" else 1
+    return j
 
 
 def _depth(value: Any) -> int:
