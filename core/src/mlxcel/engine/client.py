@@ -274,7 +274,7 @@ class EngineClient:
         _ = self.checkpoint  # raises while loading / after a failed load
         if not req.prompt_tokens:
             raise InvalidRequest("the prompt is empty", param="prompt")
-        if self.active_count >= self.parallel and self.queue_depth >= self.max_queue_depth:
+        if not self.admits_one_more():
             raise Overloaded("All slots are busy. Please try again later.")
         estimated = self.estimate_bytes(req)
         if estimated > self.worker.memory_budget:
@@ -282,6 +282,13 @@ class EngineClient:
         stream = EventStream(self, req, asyncio.get_running_loop())
         self.worker.enqueue(req, stream)  # GenerationFailed once the engine thread ended
         return stream
+
+    def admits_one_more(self) -> bool:
+        """The queue takes one more while fewer than ``max_queue_depth`` wait, or while a
+        free slot has nobody waiting for it. Counting waiters, not busy slots, keeps the
+        bound under churn: a slot between two sequences must not open the queue."""
+        free = self.parallel - self.active_count
+        return self.queue_depth < max(self.max_queue_depth, free)
 
     def estimate_bytes(self, req: GenerationRequest) -> int:
         worker = self.worker
