@@ -254,6 +254,30 @@ def test_api_key_file_missing_empty_or_doubled_is_one_line(tmp_path):
         assert "file-secret-123" not in proc.stderr and "flag-secret-456" not in proc.stderr
 
 
+def test_a_key_option_with_no_key_refuses_to_start(tmp_path):
+    """An empty key list would turn auth off silently: one line, status 2."""
+    port = str(free_port())
+    for value in ("", ",", " ", " , "):
+        proc = run_cli("--demo", "--api-key", value, "--port", port)
+        assert "holds no key" in one_line_error(proc)
+    proc = run_cli("--demo", "--port", port, env={"LLAMA_API_KEY": ","})
+    assert "holds no key" in one_line_error(proc)
+    assert "names no file" in one_line_error(run_cli("--demo", "--api-key-file", ""))
+
+
+@pytest.mark.slow
+def test_api_key_file_with_a_bom_serves_the_key_without_it(tiny_checkpoint, tmp_path):
+    keyfile = tmp_path / "key"
+    keyfile.write_bytes("\ufeffbom-secret-1\n".encode())
+    srv = Server(["--model", str(tiny_checkpoint), "--api-key-file", str(keyfile)])
+    try:
+        ok = httpx.get(srv.base_url + "/v1/models",
+                       headers={"Authorization": "Bearer bom-secret-1"})
+        assert ok.status_code == 200
+    finally:
+        srv.stop()
+
+
 def test_help_never_prints_the_key_of_an_api_key_file(tmp_path):
     keyfile = tmp_path / "key"
     keyfile.write_text("file-secret-123\n")

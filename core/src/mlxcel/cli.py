@@ -157,14 +157,20 @@ def check_limits(settings: Settings) -> None:
 def read_api_key(settings: Settings) -> Settings:
     """--api-key-file: one key per line, as llama-server reads it (stripped; blank lines
     and lines starting with # skipped); it may not be combined with --api-key
-    (LLAMA_API_KEY), since one of them would be silently ignored."""
-    if not settings.api_key_file:
+    (LLAMA_API_KEY), since one of them would be silently ignored. A key option given
+    with no key in it (``""``, ``","``) is refused: it would turn auth off silently."""
+    if settings.api_key_file == "":
+        raise StartupError("--api-key-file names no file")
+    if settings.api_key_file is None:
+        if settings.api_key is not None and not settings.api_keys():
+            raise StartupError("--api-key (LLAMA_API_KEY) holds no key; leave it unset "
+                               "to serve without auth")
         return settings
     if settings.api_key is not None:
         raise StartupError("give either --api-key (LLAMA_API_KEY) or --api-key-file "
                            "(LLAMA_ARG_API_KEY_FILE), not both")
     try:
-        with open(settings.api_key_file, encoding="utf-8") as fh:
+        with open(settings.api_key_file, encoding="utf-8-sig") as fh:  # BOM: not key
             lines = [line.strip() for line in fh]
     except (OSError, UnicodeDecodeError) as exc:
         reason = getattr(exc, "strerror", None) or type(exc).__name__
