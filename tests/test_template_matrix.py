@@ -222,3 +222,32 @@ def test_calls_shown_in_the_generic_shape_parse_back():
         assert calls == [("tool_name", {"arg1": "some_value"})], (name, why)
         checked.append(name)
     assert {"gemma-2", "gemma-3", "phi-4", "smollm3"} <= set(checked), checked
+
+
+@pytest.mark.parametrize("name", sorted(SOURCES))
+def test_jinja_matches_transformers(name):
+    """Where transformers' own environment renders a template, ours renders the same
+    text for the same messages (its ``tojson``, trimming, loop controls, generation
+    block); ours may render more (a template's own lists, legacy variables)."""
+    utils = pytest.importorskip("transformers.utils.chat_template_utils")
+    entry = SOURCES[name]
+    theirs = utils._compile_jinja_template(source_of(name))
+    special = {"bos_token": entry.get("bos_token") or "",
+               "eos_token": entry.get("eos_token") or ""}
+    compared = 0
+    for conversation in ("plain", "system_user", "multi_turn", "tools_first_turn"):
+        body = OPENAI[conversation]
+        kwargs = {"messages": copy.deepcopy(body["messages"]), "add_generation_prompt": True,
+                  **({"tools": copy.deepcopy(body["tools"])} if "tools" in body else {})}
+        try:
+            expected = theirs.render(**kwargs, **special)
+        except Exception:  # noqa: BLE001 - what transformers cannot render is not compared
+            continue
+        assert template(name).render_raw(**copy.deepcopy(kwargs)) == expected, conversation
+        compared += 1
+    assert compared or name in TRANSFORMERS_FAILS, name
+
+
+# Templates transformers' environment cannot render at all (legacy variables it never
+# sets): firefunction-v2 reads `functions` and `datetime`.
+TRANSFORMERS_FAILS = {"firefunction-v2"}
