@@ -168,3 +168,39 @@ def test_memory_keys_and_bound():
     assert memory.recall(two) is None
     memory.remember([{"type": "text", "text": "no reasoning"}])
     assert len(memory) == 2
+
+
+def test_the_memory_belongs_to_the_key_that_made_it(tiny_checkpoint, opened):
+    """Key A's remembered reasoning is put back for A only: key B resending the same turn
+    without its thinking block gets nothing back."""
+    template = opened.app.state["ctx"].settings.chat_template_file
+    a, b = {"x-api-key": "key-a"}, {"Authorization": "Bearer key-b"}
+    with make_client(tiny_checkpoint, parallel=1, api_key="key-a,key-b",
+                     chat_template_file=template) as c:
+        wait_ready(c)
+        body = {**BASE, "max_tokens": 200, "ignore_eos": False, "tools": TOOLS,
+                "tool_choice": {"type": "any"}}
+        first = c.post("/v1/messages", json=body, headers=a).json()
+        assert first["content"][0]["type"] == "thinking"
+        kept, dropped = _histories(first)
+
+        def counted(headers, messages):
+            r = c.post("/v1/messages/count_tokens", headers=headers, json={
+                "model": "m", "messages": messages, "tools": TOOLS, "thinking": THINK})
+            assert r.status_code == 200, r.text
+            return r.json()["input_tokens"]
+
+        with_thinking = counted(a, kept)
+        assert counted(a, dropped) == with_thinking
+        assert counted(b, dropped) < with_thinking
+
+
+def test_scoped_memories_share_entries_but_not_reasoning():
+    blocks = [{"type": "thinking", "thinking": "R", "signature": "s"},
+              {"type": "text", "text": "Hi."}]
+    resent = Message(role="assistant", content=(TextPart(text="Hi."),))
+    shared = ThinkingMemory(max_entries=2)
+    one, two = shared.scoped("one"), shared.scoped("two")
+    one.remember(blocks)
+    assert one.recall(resent) == "R" and two.recall(resent) is None
+    assert shared.recall(resent) is None and len(two) == 1

@@ -4,9 +4,11 @@ Content-Type, body-read and write timeouts, and one log line per request."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import time
 import uuid
+from contextvars import ContextVar
 from typing import Any
 
 import msgspec
@@ -21,6 +23,15 @@ log = structlog.get_logger("mlxcel.http")
 OPEN_PATHS = frozenset({"/health", "/"})
 _encode = msgspec.json.Encoder().encode
 _BROWSER_HEADERS = (b"origin", b"sec-fetch-site", b"sec-fetch-mode")
+# the request's key scope: a hash of the API key that admitted it ("" on a keyless server);
+# stores scoped per client read it (never the key itself)
+KEY_SCOPE = "api_key_scope"
+key_scope_var: ContextVar[str] = ContextVar(KEY_SCOPE, default="")
+
+
+def key_scope(scope: dict) -> str:
+    """The key scope the middleware put on a request's ASGI scope."""
+    return scope.get("state", {}).get(KEY_SCOPE, "")
 
 
 class GuardConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -67,6 +78,24 @@ def _auth_error(api_keys: tuple[str, ...], authorization: str | None,
     matches = [hmac.compare_digest(token.encode(), key.encode())
                for token in offered for key in api_keys]
     return None if any(matches) else errors.InvalidApiKey("Invalid API key")
+
+
+def _scope_of(api_keys: tuple[str, ...], authorization: str | None,
+              x_api_key: str | None) -> str:
+    """A hash of the configured key that admitted the request (as ``_auth_error`` reads
+    the offered keys, compared in constant time), so that stores can keep each client's
+    entries apart without holding the key."""
+    offered = []
+    if authorization and authorization.strip():
+        token = authorization.strip()
+        offered.append(token[7:].strip() if token[:7].lower() == "bearer " else token)
+    if x_api_key and x_api_key.strip():
+        offered.append(x_api_key.strip())
+    for token in offered:
+        for key in api_keys:
+            if hmac.compare_digest(token.encode(), key.encode()):
+                return hashlib.sha256(b"mlxcel-key-scope:" + key.encode()).hexdigest()[:32]
+    return ""
 
 
 class _Deadline:
@@ -215,6 +244,7 @@ class ServerMiddleware:
                     await ex.preflight(self.cfg.cors.preflight_headers(
                         origin, _text(headers, b"access-control-request-headers")))
                 else:
+                    key_scope_var.set(key_scope(scope))
                     await self.app(scope, ex.receive, ex.send)
             except Exception:
                 await self._failed(ex, scope["path"])
@@ -237,6 +267,8 @@ class ServerMiddleware:
                                _text(headers, b"x-api-key"))
             if auth:
                 return auth
+            scope["state"][KEY_SCOPE] = _scope_of(
+                self.cfg.api_keys, _text(headers, b"authorization"), _text(headers, b"x-api-key"))
         if scope.get("method") == "POST":
             browser = any(name in headers for name in _BROWSER_HEADERS)
             reason = content_type_denial(_text(headers, b"content-type"), browser)

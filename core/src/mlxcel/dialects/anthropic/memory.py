@@ -6,8 +6,10 @@ the prompt cache keeps matching the tokens it stored. Clients often drop thinkin
 from history; without this, every such turn would miss the cache from that point on.
 
 Two turns that show the same text and calls share one entry (the later reasoning wins).
-The memory is per app, bounded (least recently used entries go first), and read from the
-threads that prepare large requests, hence the lock.
+Entries belong to the API key that made them (``scoped``): a client never gets back the
+reasoning another key's answer held. The memory is per app, bounded (least recently used
+entries go first, over all keys), and read from the threads that prepare large requests,
+hence the lock.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 
 import msgspec
 
+from mlxcel.middleware import key_scope_var
 from mlxcel.types.messages import Message
 
 MAX_ENTRIES = 1024
@@ -44,20 +47,26 @@ def blocks_key(blocks: list[dict[str, Any]]) -> str:
 
 
 class ThinkingMemory:
-    def __init__(self, max_entries: int = MAX_ENTRIES) -> None:
-        self.max_entries = max_entries
-        self._entries: OrderedDict[str, str] = OrderedDict()
+    def __init__(self, max_entries: int = MAX_ENTRIES, scope: str = "") -> None:
+        self.max_entries, self.scope = max_entries, scope
+        self._entries: OrderedDict[tuple[str, str], str] = OrderedDict()
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def scoped(self, scope: str) -> ThinkingMemory:
+        """This memory as one API key scope sees it (the same entries and bound)."""
+        view = ThinkingMemory(self.max_entries, scope)
+        view._entries, view._lock = self._entries, self._lock
+        return view
 
     def remember(self, blocks: list[dict[str, Any]]) -> None:
         """Keep the reasoning of an answer's blocks (answers without any are skipped)."""
         reasoning = "".join(b["thinking"] for b in blocks if b["type"] == "thinking")
         if not reasoning:
             return
-        key = blocks_key(blocks)
+        key = (self.scope, blocks_key(blocks))
         with self._lock:
             self._entries[key] = reasoning
             self._entries.move_to_end(key)
@@ -66,7 +75,7 @@ class ThinkingMemory:
 
     def recall(self, message: Message) -> str | None:
         """The reasoning remembered for an assistant turn resent without it, or its own."""
-        key = message_key(message)
+        key = (self.scope, message_key(message))
         with self._lock:
             reasoning = self._entries.get(key)
             if reasoning is not None:
@@ -75,5 +84,7 @@ class ThinkingMemory:
 
 
 def memory_of(ctx: Any) -> ThinkingMemory:
-    """The app's memory (one per app, made on first use)."""
-    return ctx.extra.setdefault("anthropic_thinking_memory", ThinkingMemory())
+    """The app's memory (one per app, made on first use), seen from the current request's
+    API key scope (``mlxcel.middleware``; call it on the request's task)."""
+    shared = ctx.extra.setdefault("anthropic_thinking_memory", ThinkingMemory())
+    return shared.scoped(key_scope_var.get())
