@@ -18,17 +18,12 @@ from mlxcel.engine.constraints import (
     mask_words,
 )
 from mlxcel.engine.tokenizer import Tokenizer
-from mlxcel.errors import ConstraintTooComplex
+from mlxcel.errors import ConstraintTooComplex, Overloaded
 from mlxcel.types.constraints import JsonSchemaConstraint
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
                                            "n": {"type": "integer"}},
           "required": ["name", "n"]}
-# ~2 s to compile at the tiny vocabulary: optional properties multiply the regex
-HUGE = {"type": "object", "properties": {
-    f"p{i}": {"type": "string", "minLength": 5, "maxLength": 60} for i in range(30)}}
-
-
 @pytest.fixture(scope="module")
 def checkpoint(mlxcel_checkpoint_cache):
     from mlxcel.testing.checkpoint import cached_checkpoint
@@ -45,12 +40,6 @@ def _allowed(matcher, size: int) -> list[int]:
     row = np.zeros(mask_words(size), np.int32)
     matcher.write_mask_into(row)
     return np.flatnonzero(np.unpackbits(row.view(np.uint8), bitorder="little")).tolist()
-
-
-def _join_compiles() -> None:
-    for thread in threading.enumerate():
-        if thread.name == "mlxcel-constraint-compile":
-            thread.join()
 
 
 FRESH_PROCESS = """
@@ -170,9 +159,19 @@ def test_equal_requests_in_flight_share_one_compile(tmp_path, vocabulary):
     assert len(results) == 1 and compiler.stats.compiled == 1
 
 
-def test_the_timeout_answers_while_other_threads_run_and_the_compile_still_lands(tmp_path,
-                                                                               vocabulary):
-    compiler = ConstraintCompiler(vocabulary, cache_dir=tmp_path, timeout=0.25)
+# passes every check (each count is under the bound) but builds without end: 24 optional
+# strings of up to 1024 characters
+BOMB = {"type": "object", "properties": {
+    f"p{i}": {"type": "string", "maxLength": 1024} for i in range(24)}}
+
+
+def test_a_timed_out_build_is_killed_and_frees_its_slot_while_others_run(tmp_path,
+                                                                       vocabulary):
+    """Issue #27 M1/H1: the build runs in a worker process that is killed at the timeout
+    (nothing lands, nothing keeps allocating), its slot is free at once, and a thread
+    standing for the engine keeps running meanwhile (the build holds no GIL of ours)."""
+    compiler = ConstraintCompiler(vocabulary, cache_dir=tmp_path, timeout=1.0, workers=1)
+    compiler.compile(JsonSchemaConstraint.from_schema({"type": "integer"}))  # warm worker
     ticks, stop = [0], threading.Event()
 
     def stream() -> None:  # stands for the engine thread decoding other rows
@@ -182,20 +181,50 @@ def test_the_timeout_answers_while_other_threads_run_and_the_compile_still_lands
     other = threading.Thread(target=stream)
     other.start()
     started = time.monotonic()
-    future = compiler.submit(JsonSchemaConstraint.from_schema(HUGE))
-    with pytest.raises(ConstraintTooComplex, match="did not compile within 0.25 s") as caught:
+    future = compiler.submit(JsonSchemaConstraint.from_schema(BOMB))
+    with pytest.raises(ConstraintTooComplex, match="did not compile within 1 s") as caught:
         future.result(timeout=30)
     waited, during = time.monotonic() - started, ticks[0]
     stop.set()
     other.join()
-    assert caught.value.status == 400 and "p29" not in caught.value.message
-    assert during > 10_000 and compiler.stats.timeouts == 1
-    _join_compiles()
-    landed = time.monotonic() - started
-    assert compiler.stats.compiled == 1
-    assert waited < landed  # the answer came before the compile ended (no wall-clock bound)
-    assert compiler.submit(JsonSchemaConstraint.from_schema(HUGE)).result(timeout=0) is not None
-    assert compiler.stats.memory_hits == 1
+    assert caught.value.status == 400 and "p23" not in caught.value.message
+    assert waited < 10 and during > 100_000 and compiler.stats.timeouts == 1
+    assert compiler.stats.compiled == 1 and len(list(tmp_path.rglob("*.idx"))) == 1
+    started = time.monotonic()
+    assert compiler.compile(JsonSchemaConstraint.from_schema({"type": "boolean"})) is not None
+    assert time.monotonic() - started < 10, "the one slot was free again"
+
+
+def test_a_full_queue_is_overloaded_not_the_schemas_fault(tmp_path, vocabulary):
+    """Issue #27 M1: past the slots and the queue, a compile gets 503 Overloaded."""
+    compiler = ConstraintCompiler(vocabulary, cache_dir=tmp_path, timeout=1.5, workers=1,
+                                  queue=1)
+    compiler.compile(JsonSchemaConstraint.from_schema({"type": "integer"}))  # warm worker
+    slow = compiler.submit(JsonSchemaConstraint.from_schema(BOMB))
+    time.sleep(0.2)
+    queued = compiler.submit(JsonSchemaConstraint.from_schema({"type": "string",
+                                                               "maxLength": 3}))
+    time.sleep(0.2)
+    with pytest.raises(Overloaded, match="try again") as caught:
+        compiler.compile(JsonSchemaConstraint.from_schema({"type": "null"}))
+    assert caught.value.status == 503
+    with pytest.raises(ConstraintTooComplex):
+        slow.result(timeout=30)
+    assert queued.result(timeout=30) is not None
+
+
+def test_a_build_past_the_memory_cap_fails_fast_and_the_next_one_compiles(tmp_path,
+                                                                        vocabulary):
+    """Issue #27 H1: the worker's address space is capped; a build that passes it dies
+    (a 400 that blames the schema), and a new worker takes the next compile."""
+    budget = CacheBudget(compile_bytes=400 << 20)
+    compiler = ConstraintCompiler(vocabulary, cache_dir=tmp_path, timeout=30, workers=1,
+                                  budget=budget)
+    started = time.monotonic()
+    with pytest.raises(ConstraintTooComplex, match="more memory") as caught:
+        compiler.compile(JsonSchemaConstraint.from_schema(BOMB))
+    assert caught.value.status == 400 and time.monotonic() - started < 20
+    assert compiler.compile(JsonSchemaConstraint.from_schema(SCHEMA)) is not None
 
 
 def test_a_timeout_must_be_positive(vocabulary):

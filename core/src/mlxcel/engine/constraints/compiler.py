@@ -1,16 +1,20 @@
 """Compiling constraints off the engine thread, once per schema and tokenizer.
 
-A compile can take seconds at a large vocabulary, and native code cannot be interrupted,
-so it runs on a daemon worker thread and the caller gets a ``Future``: the engine thread
-polls ``done()`` between steps, a request handler awaits ``asyncio.wrap_future``, a test
-calls ``result()``. The future fails with ``ConstraintTooComplex`` when the timeout
-passes; the compile itself goes on, and its result is cached, so the same schema asked
-again later is served at once. Equal requests in flight share one compile.
+A compile can take seconds at a large vocabulary, and a hostile schema can make the native
+build allocate without bound, so each build runs in a worker process (``workers``): capped
+in memory (``CacheBudget.compile_bytes``), at a lower priority, off the server's GIL, and
+killed at the timeout, which frees its slot at once. The caller gets a ``Future``: the
+engine thread polls ``done()`` between steps, a request handler awaits
+``asyncio.wrap_future``, a test calls ``result()``. It fails with ``ConstraintTooComplex``
+when the build passes the timeout or the memory cap, and with ``Overloaded`` (503) when
+every slot is busy and the queue is full or a slot did not free within the timeout.
+Equal requests in flight share one compile.
 
 Results are kept in memory and on disk under ``cache_dir`` (``mlxcel.engine.constraints.
 store``), keyed by a hash of the backend's tag, the constraint's ``cache_text`` and the
-vocabulary's fingerprint, so a restarted server does not compile again. Every constraint
-kind goes this one way, with the same timeout and index-size bound.
+vocabulary's fingerprint, so a restarted server does not compile again; each file holds its
+own key, checked on read. Every constraint kind goes this one way, with the same timeout
+and index-size bound.
 """
 
 from __future__ import annotations
@@ -18,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -29,6 +32,7 @@ from mlxcel.engine.constraints.outlines import OutlinesBackend
 from mlxcel.engine.constraints.protocol import Compiled, ConstraintBackend
 from mlxcel.engine.constraints.store import DiskStore, MemoryStore
 from mlxcel.engine.constraints.vocabulary import TokenVocabulary
+from mlxcel.engine.constraints.workers import pool_for
 from mlxcel.errors import ConstraintTooComplex, MlxcelError
 from mlxcel.types.constraints import Constraint
 
@@ -43,11 +47,13 @@ def default_cache_dir() -> Path:
 @dataclass(frozen=True)
 class CacheBudget:
     """Bytes of serialized index: kept in memory, kept on disk, and the most one schema
-    may compile to (past it the request gets ``ConstraintTooComplex``)."""
+    may compile to (past it the request gets ``ConstraintTooComplex``); and the address
+    space a compile worker process may take (``compile_bytes``)."""
 
-    memory_bytes: int = 2 << 30
-    disk_bytes: int = 8 << 30
-    index_bytes: int = 1 << 30
+    memory_bytes: int = 1 << 30
+    disk_bytes: int = 2 << 30
+    index_bytes: int = 512 << 20
+    compile_bytes: int = 4 << 30
 
 
 @dataclass
@@ -68,7 +74,8 @@ class ConstraintCompiler:
     def __init__(self, vocabulary: TokenVocabulary | Callable[[], TokenVocabulary], *,
                  backend: ConstraintBackend | None = None,
                  cache_dir: str | os.PathLike | None = None, timeout: float = DEFAULT_TIMEOUT,
-                 budget: CacheBudget = CacheBudget(), workers: int = 2) -> None:
+                 budget: CacheBudget = CacheBudget(), workers: int = 2,
+                 queue: int = 8) -> None:
         if not timeout > 0:
             raise ValueError("the compile timeout must be > 0")
         self.backend: ConstraintBackend = backend or OutlinesBackend()
@@ -82,7 +89,7 @@ class ConstraintCompiler:
         self._memory = MemoryStore(budget.memory_bytes)
         self._inflight: dict[str, Future] = {}
         self._lock = threading.Lock()
-        self._slots = threading.Semaphore(workers)
+        self._workers, self._queue = workers, queue
 
     @classmethod
     def for_tokenizer(cls, tokenizer: Any, eos_ids: set[int] | None = None,
@@ -132,33 +139,17 @@ class ConstraintCompiler:
             return self._vocabulary
 
     def _chain(self, job: Future, out: Future, subject: str) -> None:
-        """``out`` follows ``job``, or fails with ``ConstraintTooComplex`` at the timeout."""
-        timer = threading.Timer(self.timeout, self._expire, args=(out, subject))
-        timer.daemon = True
+        """``out`` follows ``job`` (whose worker enforces the timeout)."""
 
         def copy(done: Future) -> None:
-            timer.cancel()
             error = done.exception()
             _settle(out, error=error) if error is not None else _settle(out, result=done.result())
 
         job.add_done_callback(copy)
-        if not job.done():
-            timer.start()
-
-    def _expire(self, out: Future, subject: str) -> None:
-        if _settle(out, error=ConstraintTooComplex(
-                f"{subject} did not compile within {self.timeout:g} s; a simpler one "
-                "compiles faster")):
-            with self._lock:
-                self.stats.timeouts += 1
 
     def _run(self, key: str, constraint: Constraint, job: Future) -> None:
-        deadline = time.monotonic() + self.timeout
         try:
-            with self._slots:
-                if time.monotonic() > deadline:  # every waiter has given up already
-                    raise ConstraintTooComplex("the constraint compile queue is full")
-                compiled, size = self._load_or_build(key, constraint)
+            compiled, size = self._load_or_build(key, constraint)
         except Exception as exc:  # the future carries every failure to its waiters
             with self._lock:
                 self._inflight.pop(key, None)
@@ -182,14 +173,21 @@ class ConstraintCompiler:
                 with self._lock:
                     self.stats.disk_hits += 1
                 return compiled, len(data)
-        compiled = self.backend.compile(constraint, vocabulary)
-        data = self.backend.dump(compiled)
+        pool = pool_for(self.backend, vocabulary, size=self._workers,
+                        memory_bytes=self.budget.compile_bytes, queue_size=self._queue)
+        try:
+            data = pool.compile(constraint, self.timeout)
+        except ConstraintTooComplex:
+            with self._lock:
+                self.stats.timeouts += 1
+            raise
         with self._lock:
             self.stats.compiled += 1
         if len(data) > self.budget.index_bytes:
             raise ConstraintTooComplex(
                 f"{constraint.subject} compiles to more than {self.budget.index_bytes >> 20} "
                 "MiB for this model's vocabulary; bound fewer string lengths or array sizes")
+        compiled = self.backend.load(data, constraint, vocabulary)
         self._disk.write(name, data)
         return compiled, len(data)
 

@@ -56,6 +56,13 @@ class OutlinesBackend:
         self._lock = threading.Lock()
         self._vocabs: OrderedDict[tuple, outlines_core.Vocabulary] = OrderedDict()
 
+    def __getstate__(self) -> dict:
+        """What a compile worker process needs (``workers``): no lock, no vocabularies."""
+        return {"whitespace": self.whitespace}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["whitespace"])
+
     def check(self, constraint: Constraint) -> None:
         self.regex(constraint)
 
