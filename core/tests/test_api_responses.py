@@ -290,7 +290,8 @@ def test_the_dialect_conforms(tiny_checkpoint):
     from mlxcel.testing.conformance import check_dialect
 
     dialect = load_plugins().dialects.get("responses")
-    assert dialect.prefixes == ("/v1/responses", "/responses")
+    assert dialect.prefixes == ("/v1/responses", "/responses", "/v1/conversations",
+                                "/conversations")
     with make_client(tiny_checkpoint, api_key="s3cret", parallel=1) as c:
         wait_ready(c)
         made = c.post("/v1/responses", json=BODY, headers={"x-api-key": "s3cret"}).json()

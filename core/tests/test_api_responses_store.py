@@ -68,15 +68,57 @@ def test_previous_response_id_continues_from_its_input_and_output(client):
                                          {"role": "user", "content": "Go on"}])
 
 
+def new_conversation(client, **fields) -> str:
+    r = client.post("/v1/conversations", json=fields)
+    assert r.status_code == 200, r.text
+    made = r.json()
+    assert made["object"] == "conversation" and made["id"].startswith("conv_")
+    return made["id"]
+
+
 def test_a_conversation_collects_every_turn(client):
-    first = create(client, input="Hello", conversation="conv-a")
-    assert first["conversation"] == {"id": "conv-a"}
-    second = create(client, input="And then?", conversation={"id": "conv-a"})
+    conv_a, conv_b = new_conversation(client), new_conversation(client)
+    first = create(client, input="Hello", conversation=conv_a)
+    assert first["conversation"] == {"id": conv_a}
+    second = create(client, input="And then?", conversation={"id": conv_a})
     history = [{"role": "user", "content": "Hello"}, *first["output"],
                {"role": "user", "content": "And then?"}]
     assert second["usage"]["input_tokens"] == count(client, input=history)
-    other = create(client, input="Hello", conversation="conv-b")
+    other = create(client, input="Hello", conversation=conv_b)
     assert other["usage"]["input_tokens"] == first["usage"]["input_tokens"]
+
+
+def test_conversations_are_made_read_and_deleted_by_the_server(client):
+    cid = new_conversation(client, metadata={"topic": "x"},
+                           items=[{"role": "user", "content": "Hello"}])
+    got = client.get(f"/v1/conversations/{cid}").json()
+    assert got["id"] == cid and got["metadata"] == {"topic": "x"}
+    made = create(client, input="And then?", conversation=cid)
+    assert made["usage"]["input_tokens"] == count(client, input=[
+        {"role": "user", "content": "Hello"}, {"role": "user", "content": "And then?"}])
+    gone = client.delete(f"/conversations/{cid}")
+    assert gone.json() == {"id": cid, "object": "conversation.deleted", "deleted": True}
+    assert client.get(f"/v1/conversations/{cid}").status_code == 404
+
+
+@pytest.mark.parametrize("cid", ["conv-never-made", "conv_" + "0" * 32])
+def test_an_unknown_conversation_is_404_and_never_made(client, cid):
+    for _ in range(2):  # the first miss made nothing
+        r = client.post("/v1/responses", json={**BODY, "input": "x", "conversation": cid})
+        assert r.status_code == 404, r.text
+        error = r.json()["error"]
+        assert (error["code"], error["param"]) == ("conversation_not_found", "conversation")
+    r = client.post("/v1/responses/input_tokens", json={"input": "x", "conversation": cid})
+    assert r.status_code == 404
+
+
+def test_store_true_without_a_conversation_makes_none(client):
+    made = create(client, input="Hello")
+    assert made["conversation"] is None
+    stores = client.app.state["ctx"].extra[STORES]
+    before = len(stores.conversations)
+    create(client, input="Hello")
+    assert len(stores.conversations) == before
 
 
 def test_an_unknown_previous_response_is_400(client):
@@ -144,12 +186,16 @@ def test_the_oldest_response_goes_first_past_the_size(small):
 
 def test_a_conversation_expires_and_the_newest_one_stays(small):
     client, clock = small
-    fresh = create(client, input="Hello", conversation="c1")["usage"]["input_tokens"]
-    assert create(client, input="Hello", conversation="c1")["usage"]["input_tokens"] > fresh
-    clock.now += 30
-    assert create(client, input="Hello", conversation="c1")["usage"]["input_tokens"] == fresh
-    create(client, input="Hello", conversation="c2")  # size 1: c1 is dropped
-    assert create(client, input="Hello", conversation="c1")["usage"]["input_tokens"] == fresh
+    c1 = new_conversation(client)
+    fresh = create(client, input="Hello", conversation=c1)["usage"]["input_tokens"]
+    assert create(client, input="Hello", conversation=c1)["usage"]["input_tokens"] > fresh
+    clock.now += 30  # expired: a 404, not a fresh conversation
+    r = client.post("/v1/responses", json={**BODY, "input": "Hello", "conversation": c1})
+    assert r.status_code == 404 and r.json()["error"]["code"] == "conversation_not_found"
+    c1, c2 = new_conversation(client), new_conversation(client)  # size 1: c1 is dropped
+    assert create(client, input="Hello", conversation=c2)["usage"]["input_tokens"] == fresh
+    r = client.post("/v1/responses", json={**BODY, "input": "Hello", "conversation": c1})
+    assert r.status_code == 404
 
 
 def test_ttl_store_rules():

@@ -183,6 +183,14 @@ _ROWS: list[tuple[Any, ...]] = [
     (("--conversation-store-ttl-secs",), "conversation_store_ttl_secs", float, 3600.0,
      "LLAMA_ARG_CONVERSATION_STORE_TTL_SECS",
      "seconds a conversation lives after its last turn"),
+    (("--responses-store-max-bytes",), "responses_store_max_bytes", byte_size, 64 << 20,
+     "MLXCEL_RESPONSES_STORE_MAX_BYTES",
+     "bytes (JSON) the stored responses may hold together, the least recently used dropped "
+     "first; a response larger than this is not stored (e.g. 64M)"),
+    (("--conversation-store-max-bytes",), "conversation_store_max_bytes", byte_size, 64 << 20,
+     "MLXCEL_CONVERSATION_STORE_MAX_BYTES",
+     "bytes (JSON) the conversations may hold together, the least recently used dropped "
+     "first; a turn that would grow one conversation past this gets 400 (e.g. 64M)"),
     (("--slots", "--no-slots"), "slots", Toggle("--no-slots"), False,
      "LLAMA_ARG_ENDPOINT_SLOTS",
      "mount GET /slots (off by default here; llama-server mounts it by default)", KEPT),

@@ -63,6 +63,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     responses_store_ttl_secs: float = 3600.0
     conversation_store_max_entries: int = 256
     conversation_store_ttl_secs: float = 3600.0
+    responses_store_max_bytes: int = 64 << 20
+    conversation_store_max_bytes: int = 64 << 20
     slots: bool = False
     metrics: bool = False
     metrics_port: int = 0

@@ -17,10 +17,12 @@ from mlxcel.dialects.openai.errors import error_type
 from mlxcel.dialects.turn import start_turn
 from mlxcel.dialects.wire import SSEResponse, client_closed, request_priority, stream_answer
 from mlxcel.errors import MlxcelError
+from mlxcel.middleware import key_scope
 
 from . import schemas as s
+from .bounds import check_metadata
 from .compactor import SUMMARY_TOKENS, Compacted, Compactor, keep_tokens
-from .history import chat_messages, conversation_id, history_of, remember
+from .history import chat_messages, check_room, conversation_id, history_of, remember
 from .store import Stores
 from .stream import ResponseBuilder, SSEEncoder, frame
 from .translate import (
@@ -60,9 +62,12 @@ class Create:
     def __init__(self, ctx: AppContext, request: Request, stores: Stores,
                  body: s.CreateRequest) -> None:
         check_request(body)
+        check_metadata(body.metadata)
         self.ctx, self.request, self.stores, self.body = ctx, request, stores, body
+        self.scope = key_scope(request.scope)
         self.threshold = compact_threshold(body.context_management)
-        self.history = history_of(stores, body)
+        self.history = history_of(stores, self.scope, body)
+        check_room(stores, self.scope, body, self.history)
         self.tools, self.choice = tools_of(body.tools), tool_choice_of(body.tool_choice)
         self.options = turn_options(body, response_of(body.text))
         self.rid = f"resp_{uuid.uuid4().hex}"
@@ -77,7 +82,7 @@ class Create:
                               tool_choice=self.choice)
 
     def done(self, response: s.Response) -> None:
-        remember(self.stores, self.body, response, self.history)
+        remember(self.stores, self.scope, self.body, response, self.history)
 
     async def _turn(self) -> Any:
         return await start_turn(self.ctx, self.request, self.prompt(chat_messages(self.history)),

@@ -1,6 +1,9 @@
 """A request's history: the stored items that ``previous_response_id`` or ``conversation``
-names, then its own ``input``; and what a finished turn leaves for the next one
-(``history + response.output``)."""
+names (within the request's API key scope), then its own ``input``; and what a finished
+turn leaves for the next one (``history + response.output``, cut down by ``bounds.slim``).
+
+A conversation exists only once ``POST /v1/conversations`` made it; an unknown, expired or
+evicted id (or another key's) is a 404 ``conversation_not_found``, never a fresh one."""
 
 from __future__ import annotations
 
@@ -8,13 +11,14 @@ from typing import Any
 
 import msgspec
 
-from mlxcel.errors import InvalidRequest
+from mlxcel.errors import InvalidRequest, NotFound
 from mlxcel.types.messages import Message
 
+from .bounds import check_id, slim
 from .compaction import open_capsule, replay
 from .items import messages, normalize
-from .schemas import History, Response
-from .store import Stored, Stores
+from .schemas import Conversation, History, Response
+from .store import Stored, Stores, scoped, size_of
 
 Item = dict[str, Any]
 
@@ -44,6 +48,7 @@ def conversation_id(value: str | dict[str, Any] | None) -> str | None:
     if not isinstance(cid, str) or not cid:
         raise InvalidRequest("'conversation' must be a conversation id string",
                              param="conversation")
+    check_id(cid, "conversation")
     return cid
 
 
@@ -52,36 +57,54 @@ def disabled(what: str, flag: str, param: str) -> InvalidRequest:
                           param=param)
 
 
-def stored_response(stores: Stores, response_id: str, param: str) -> Stored | None:
-    """The stored response (None: not there); a 400 when storing is off."""
+def stored_response(stores: Stores, scope: str, response_id: str,
+                    param: str) -> Stored | None:
+    """The stored response of this key scope (None: not there); a 400 when storing is off."""
     if not stores.responses.enabled:
         raise disabled("response", "--responses-store-max-entries", param)
-    return stores.responses.get(response_id)
+    check_id(response_id, param)
+    return stores.responses.get(scoped(scope, response_id))
 
 
-def earlier(stores: Stores, body: History) -> list[Item]:
+def conversation_not_found(cid: str) -> NotFound:
+    shown = cid if len(cid) <= 64 else cid[:64] + "..."
+    return NotFound(f"conversation '{shown}' was not found (it may have expired)",
+                    code="conversation_not_found", param="conversation")
+
+
+def stored_conversation(stores: Stores, scope: str, cid: str) -> Conversation:
+    """The conversation of this key scope; 404 when there is none, 400 when storing is off."""
+    if not stores.conversations.enabled:
+        raise disabled("conversation", "--conversation-store-max-entries", "conversation")
+    check_id(cid, "conversation")
+    found = stores.conversations.get(scoped(scope, cid))
+    if found is None:
+        raise conversation_not_found(cid)
+    return found
+
+
+def earlier(stores: Stores, scope: str, body: History) -> list[Item]:
     """The stored items the request continues from."""
     cid = conversation_id(body.conversation)
     if body.previous_response_id is not None and cid is not None:
         raise InvalidRequest("'previous_response_id' and 'conversation' cannot be used "
                              "together", param="previous_response_id")
     if body.previous_response_id is not None:
-        found = stored_response(stores, body.previous_response_id, "previous_response_id")
+        found = stored_response(stores, scope, body.previous_response_id,
+                                "previous_response_id")
         if found is None:
             raise InvalidRequest(f"previous response '{body.previous_response_id}' was not "
                                  "found (it may have expired)", code="previous_response_not_found",
                                  param="previous_response_id")
         return [*found.history, *output_items(found.response)]
     if cid is not None:
-        if not stores.conversations.enabled:
-            raise disabled("conversation", "--conversation-store-max-entries", "conversation")
-        return list(stores.conversations.get(cid) or ())
+        return list(stored_conversation(stores, scope, cid).items)
     return []
 
 
-def history_of(stores: Stores, body: History) -> list[Item]:
+def history_of(stores: Stores, scope: str, body: History) -> list[Item]:
     """The whole history of the request: what it continues from, then its input."""
-    items = earlier(stores, body) + input_items(body.input)
+    items = earlier(stores, scope, body) + input_items(body.input)
     if not items:
         raise InvalidRequest("'input' must hold at least one item", param="input")
     return items
@@ -96,11 +119,33 @@ def output_items(response: Response) -> list[Item]:
     return msgspec.to_builtins(response.output)
 
 
-def remember(stores: Stores, body: Any, response: Response, history: list[Item]) -> None:
-    """Store a finished response (``store``) and extend its conversation."""
-    after = [*history, *output_items(response)]
-    if body.store:
-        stores.responses.put(response.id, Stored(response=response, history=history))
+def check_room(stores: Stores, scope: str, body: Any, history: list[Item]) -> None:
+    """Before generating: a conversation already at its byte budget takes no more turns."""
     cid = conversation_id(body.conversation)
-    if cid is not None:
-        stores.conversations.put(cid, after)
+    if cid is None:
+        return
+    convo = stored_conversation(stores, scope, cid)
+    grown = msgspec.structs.replace(convo, items=slim(history))
+    if size_of(grown) > stores.conversations.max_bytes:
+        raise InvalidRequest(
+            f"conversation is over this server's {stores.conversations.max_bytes}-byte "
+            "budget (--conversation-store-max-bytes); compact it with /v1/responses/compact "
+            "and go on in a new conversation", code="conversation_too_large",
+            param="conversation")
+
+
+def remember(stores: Stores, scope: str, body: Any, response: Response,
+             history: list[Item]) -> None:
+    """Store a finished response (``store``) and extend its conversation (a conversation
+    that this turn took past its budget, or that is gone meanwhile, is dropped)."""
+    if body.store:
+        stores.responses.put(scoped(scope, response.id), Stored(
+            response=response, history=slim(history, open_end=True)))
+    cid = conversation_id(body.conversation)
+    if cid is None:
+        return
+    key = scoped(scope, cid)
+    convo = stores.conversations.get(key)
+    if convo is not None:
+        items = slim([*history, *output_items(response)])
+        stores.conversations.put(key, msgspec.structs.replace(convo, items=items))

@@ -11,6 +11,6 @@ def mlxcel_register_dialects(registry) -> None:
     registry.add(Dialect(
         name="responses", routes="mlxcel.dialects.responses.routes:build",
         description="OpenAI Responses (create, retrieve, delete, cancel, input_tokens, "
-                    "compact)",
+                    "compact) and conversations (create, retrieve, delete)",
         errors="mlxcel.dialects.openai.errors:error_body",
-        prefixes=("/v1/responses", "/responses")))
+        prefixes=("/v1/responses", "/responses", "/v1/conversations", "/conversations")))

@@ -1,5 +1,7 @@
 """Responses routes: create, retrieve, delete, cancel, input_tokens and compact, each under
-``/v1/responses`` and without ``/v1``."""
+``/v1/responses`` and without ``/v1``; and ``/v1/conversations`` (create, retrieve,
+delete), which makes the server's conversation ids. Every stored entry belongs to the API
+key that made it: another key gets 404."""
 
 from __future__ import annotations
 
@@ -13,27 +15,50 @@ from litestar import Request, delete, get, post
 from mlxcel.context import AppContext
 from mlxcel.dialects.wire import client_closed, decode_body
 from mlxcel.errors import InvalidRequest, NotFound
+from mlxcel.middleware import key_scope
 
 from . import schemas as s
+from .bounds import check_metadata
 from .compactor import Compactor, keep_tokens, summary_tokens
 from .create import Create
-from .history import history_of, input_items, stored_response
-from .store import Stored, Stores
+from .history import (
+    check_room,
+    history_of,
+    input_items,
+    stored_conversation,
+    stored_response,
+)
+from .store import Stored, Stores, scoped
 from .stream import wire_usage
 from .translate import prompt_request, tool_choice_of, tools_of, turn_options
 
 STORES = "responses.stores"  # AppContext.extra key of the app's stores
 
 
-def paths(tail: str = "") -> list[str]:
-    return [f"/v1/responses{tail}", f"/responses{tail}"]
+def paths(tail: str = "", base: str = "responses") -> list[str]:
+    return [f"/v1/{base}{tail}", f"/{base}{tail}"]
 
 
-def _stored(stores: Stores, response_id: str) -> Stored:
-    found = stored_response(stores, response_id, "response_id")
+def _stored(stores: Stores, request: Request, response_id: str) -> Stored:
+    found = stored_response(stores, key_scope(request.scope), response_id, "response_id")
     if found is None:
         raise NotFound(f"no stored response with id '{response_id}' (it may have expired)")
     return found
+
+
+def _new_conversation(stores: Stores, request: Request,
+                      body: s.ConversationRequest) -> s.Conversation:
+    """A server-made conversation id, stored (empty, or with ``items``) for this key."""
+    if not stores.conversations.enabled:
+        raise InvalidRequest("conversation storage is disabled on this server "
+                             "(--conversation-store-max-entries 0)")
+    check_metadata(body.metadata)
+    convo = s.Conversation(id=f"conv_{uuid.uuid4().hex}", created_at=int(time.time()),
+                           metadata=body.metadata or {}, items=input_items(body.items, "items"))
+    if not stores.conversations.put(scoped(key_scope(request.scope), convo.id), convo):
+        raise InvalidRequest("'items' are over this server's conversation byte budget "
+                             "(--conversation-store-max-bytes)", param="items")
+    return convo
 
 
 def _refuse_for_compact(body: s.CompactRequest) -> None:
@@ -53,21 +78,38 @@ def build(ctx: AppContext) -> list[Any]:
         return await Create(ctx, request, stores, body).answer()
 
     @get(paths("/{response_id:str}"))
-    async def retrieve(response_id: str) -> s.Response:
-        return _stored(stores, response_id).response
+    async def retrieve(request: Request, response_id: str) -> s.Response:
+        return _stored(stores, request, response_id).response
 
     @delete(paths("/{response_id:str}"), status_code=200)
-    async def remove(response_id: str) -> dict[str, Any]:
-        _stored(stores, response_id)
-        stores.responses.delete(response_id)
+    async def remove(request: Request, response_id: str) -> dict[str, Any]:
+        _stored(stores, request, response_id)
+        stores.responses.delete(scoped(key_scope(request.scope), response_id))
         return {"id": response_id, "object": "response.deleted", "deleted": True}
 
     @post(paths("/{response_id:str}/cancel"), status_code=200)
-    async def cancel(response_id: str) -> s.Response:
-        found = _stored(stores, response_id)
+    async def cancel(request: Request, response_id: str) -> s.Response:
+        found = _stored(stores, request, response_id)
         response = msgspec.structs.replace(found.response, status="cancelled")
-        stores.responses.put(response_id, Stored(response=response, history=found.history))
+        stores.responses.put(scoped(key_scope(request.scope), response_id),
+                             Stored(response=response, history=found.history))
         return response
+
+    @post(paths(base="conversations"), status_code=200)
+    async def new_conversation(request: Request) -> dict[str, Any]:
+        body = await decode_body(request, s.ConversationRequest)
+        return _new_conversation(stores, request, body).wire()
+
+    @get(paths("/{conversation_id:str}", "conversations"))
+    async def conversation(request: Request, conversation_id: str) -> dict[str, Any]:
+        return stored_conversation(stores, key_scope(request.scope), conversation_id).wire()
+
+    @delete(paths("/{conversation_id:str}", "conversations"), status_code=200)
+    async def remove_conversation(request: Request, conversation_id: str) -> dict[str, Any]:
+        scope = key_scope(request.scope)
+        stored_conversation(stores, scope, conversation_id)
+        stores.conversations.delete(scoped(scope, conversation_id))
+        return {"id": conversation_id, "object": "conversation.deleted", "deleted": True}
 
     @post(paths("/input_tokens"), status_code=200)
     async def input_tokens(request: Request) -> dict[str, Any]:
@@ -76,7 +118,10 @@ def build(ctx: AppContext) -> list[Any]:
         compactor = Compactor(ctx, request, lambda messages: prompt_request(
             body, body.instructions, messages, tools=tools, tool_choice=choice),
             turn_options(body))
-        count = await compactor.count(history_of(stores, body))
+        scope = key_scope(request.scope)
+        history = history_of(stores, scope, body)
+        check_room(stores, scope, body, history)
+        count = await compactor.count(history)
         return {"object": "response.input_tokens", "input_tokens": count}
 
     @post(paths("/compact"), status_code=200)
@@ -96,4 +141,5 @@ def build(ctx: AppContext) -> list[Any]:
                                    model=body.model or ctx.model_name, output=result.output,
                                    usage=wire_usage(result.usage))
 
-    return [create, retrieve, remove, cancel, input_tokens, compact]
+    return [create, retrieve, remove, cancel, input_tokens, compact, new_conversation,
+            conversation, remove_conversation]

@@ -50,7 +50,7 @@ class CreateRequest(History, kw_only=True):
     parallel_tool_calls: bool | None = None
     text: dict[str, Any] | None = None
     store: bool = True
-    metadata: dict[str, str] | None = None
+    metadata: dict[str, Any] | None = None
     reasoning: dict[str, Any] | None = None
     truncation: str | None = None
     background: bool | None = None
@@ -61,6 +61,27 @@ class CreateRequest(History, kw_only=True):
 
 class CompactRequest(History, kw_only=True):
     keep_tokens: int | None = None  # mlxcel's: tokens of the newest turns kept verbatim
+
+
+class ConversationRequest(msgspec.Struct, kw_only=True):
+    """``POST /v1/conversations``: optional starting ``items`` (input items) and
+    ``metadata``."""
+
+    items: list[Any] | None = None
+    metadata: dict[str, Any] | None = None
+
+
+class Conversation(msgspec.Struct, kw_only=True):
+    """A conversation as stored (its items) and, without them, as the routes answer it."""
+
+    id: str
+    created_at: int
+    metadata: dict[str, Any] = {}
+    items: list[Any] = []
+
+    def wire(self) -> dict[str, Any]:
+        return {"id": self.id, "object": "conversation", "created_at": self.created_at,
+                "metadata": self.metadata}
 
 
 # -- output ------------------------------------------------------------------------------
