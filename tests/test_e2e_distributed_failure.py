@@ -11,6 +11,7 @@ cannot run in the asked mode refuses to start with one line.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -113,6 +114,38 @@ def test_a_hung_follower_times_out_instead_of_hanging(llama, tmp_path):
         assert code != 0
     finally:
         os.killpg(follower.pid, signal.SIGKILL)
+        dist.stop()
+
+
+def rank_pid(launcher_pid: int, rank: int) -> int:
+    """The pid of the launcher's child that runs ``rank`` (MLX_RANK in its environment)."""
+    for task in os.listdir(f"/proc/{launcher_pid}/task"):
+        with open(f"/proc/{launcher_pid}/task/{task}/children") as fh:
+            for pid in map(int, fh.read().split()):
+                with open(f"/proc/{pid}/environ", "rb") as env:
+                    if f"MLX_RANK={rank}".encode() in env.read().split(b"\0"):
+                        return pid
+    raise AssertionError(f"no rank {rank} under the launcher")
+
+
+def test_the_launcher_exits_when_a_rank_fails_beside_a_hung_one(llama, tmp_path):
+    """Rank 0 fails at the distributed timeout beside a stopped follower: the launcher
+    stops the follower and exits with rank 0's status, instead of waiting for it."""
+    dist = DistributedServer(["--model", llama, "--parallel", "2", "--distributed", "tensor",
+                              "--distributed-timeout", "3"], tmp_path, launcher=True)
+    follower = rank_pid(dist.rank0.proc.pid, 1)
+    try:
+        outcomes, _ = open_streams(dist.base_url, 1)
+        os.kill(follower, signal.SIGSTOP)
+        (out,) = joined(outcomes)
+        assert "--distributed-timeout 3" in out["error"]
+        code, took = wait_exit(dist.rank0.proc)
+        assert code == 2 and took < EXIT_WITHIN_S, (code, took)
+        assert not os.path.exists(f"/proc/{follower}") or \
+            open(f"/proc/{follower}/stat").read().split()[2] == "Z"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(follower, signal.SIGKILL)
         dist.stop()
 
 

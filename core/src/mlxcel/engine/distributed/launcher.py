@@ -9,6 +9,10 @@ CUDA device initialised before that fork cannot be used in the worker.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import shlex
+import signal
+import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,6 +24,7 @@ from mlxcel.settings import library_env
 # what MLX's launchers set in each rank's environment (mlx.launch; Open MPI; MPICH)
 RANK_VARIABLES = ("MLX_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
 LAUNCH_BACKENDS = ("ring", "jaccl", "jaccl-ring", "nccl", "mpi")
+TERMINATE_GRACE_S = 5.0  # a rank told to stop may take this long before SIGKILL
 
 
 def launcher_rank() -> int:
@@ -95,21 +100,14 @@ def launch(argv: Sequence[str]) -> int:
 
 def run_mlx_launch(argv: list[str]) -> int:
     """MLX's launcher in this process, with each rank's exit status kept: MLX's own
-    ``main`` reports them in its log only."""
+    ``main`` reports them in its log only. Once a rank exits non-zero, MLX's launcher
+    stops the others; ``recorded_process`` makes that stop end a rank that hangs."""
     from mlx._distributed_utils import launch as mlx_launch
 
     statuses: list[Any] = []
     base = getattr(mlx_launch, "RemoteProcess", None)
     if base is not None:
-        class Recorded(base):  # type: ignore[misc, valid-type]
-            @property
-            def exit_status(self) -> Any:
-                status = super().exit_status
-                if status[0] is not None:
-                    statuses.append(status)
-                return status
-
-        mlx_launch.RemoteProcess = Recorded
+        mlx_launch.RemoteProcess = recorded_process(base, statuses)
     saved, sys.argv = sys.argv, ["mlx.launch", *argv]
     try:
         mlx_launch.main()
@@ -119,3 +117,52 @@ def run_mlx_launch(argv: list[str]) -> int:
             mlx_launch.RemoteProcess = base
     codes = [code if not killed else 1 for code, killed in statuses]
     return next((abs(code) or 1 for code in codes if code), 0)
+
+
+def recorded_process(base: type, statuses: list[Any]) -> type:
+    """MLX's ``RemoteProcess`` with each rank's exit status appended to ``statuses``, and
+    a ``terminate`` that cannot wait forever. MLX's sends SIGTERM and waits for the rank
+    without a limit, so a stopped or hung rank (SIGTERM stays pending while a process is
+    stopped) kept the launcher alive after another rank had failed. Here the rank gets
+    SIGTERM and SIGCONT, then SIGKILL after ``TERMINATE_GRACE_S``."""
+    class Recorded(base):  # type: ignore[misc, valid-type]
+        @property
+        def exit_status(self) -> Any:
+            status = super().exit_status
+            if status[0] is not None:
+                statuses.append(status)
+            return status
+
+        def terminate(self) -> None:
+            if self._killed:
+                return
+            proc = self._process  # the rank itself on this host (exec), else ssh
+            with contextlib.suppress(ProcessLookupError):
+                proc.terminate()
+                proc.send_signal(signal.SIGCONT)
+            try:
+                proc.wait(TERMINATE_GRACE_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            if self._pidfile is None:
+                return
+            cmd = kill_script(self._pidfile)
+            if not self._is_local:
+                cmd = f"ssh {shlex.quote(self._host)} {shlex.quote(cmd)}"
+            done = subprocess.run(cmd, shell=True, executable="/bin/bash",
+                                  capture_output=True, text=True, check=False)
+            self._killed = done.stdout.strip() == "1"
+
+    return Recorded
+
+
+def kill_script(pidfile: str) -> str:
+    """Ends the rank whose pid is in ``pidfile`` (on its host): SIGTERM and SIGCONT, then
+    SIGKILL if it still runs after the grace; prints 1 when it was running."""
+    pid = f"$(cat {shlex.quote(pidfile)})"
+    return (f"pid={pid}; if ps -p $pid >/dev/null; then kill $pid; kill -CONT $pid; "
+            f"for _ in $(seq {int(TERMINATE_GRACE_S * 10)}); do "
+            "ps -p $pid >/dev/null || break; sleep 0.1; done; "
+            "kill -KILL $pid 2>/dev/null; echo 1; else echo 0; fi; "
+            f"rm -f {shlex.quote(pidfile)}")
