@@ -262,3 +262,29 @@ def test_a_mask_row_narrower_than_the_vocabulary_is_an_error(tmp_path, vocabular
         JsonSchemaConstraint.from_schema(SCHEMA)).matcher()
     with pytest.raises(ValueError):
         matcher.write_mask_into(np.zeros(mask_words(vocabulary.size) - 1, np.int32))
+
+
+def test_a_cache_file_copied_over_another_schemas_is_not_served_for_it(tmp_path, vocabulary):
+    """Issue #27 M6: each file holds its own key (constraint hash, vocabulary
+    fingerprint), checked on read; a file put in another's place is a miss."""
+    one = JsonSchemaConstraint.from_schema({"enum": ["one"]})
+    two = JsonSchemaConstraint.from_schema({"enum": ["two"]})
+    first = ConstraintCompiler(vocabulary, cache_dir=tmp_path)
+    first.compile(one)
+    (path_one,) = tmp_path.rglob("*.idx")
+    first.compile(two)
+    (path_two,) = set(tmp_path.rglob("*.idx")) - {path_one}
+    assert path_one.read_bytes().startswith(b"mlxcel-constraint-index 1\n")
+    path_two.write_bytes(path_one.read_bytes())
+    fresh = ConstraintCompiler(vocabulary, cache_dir=tmp_path)
+    matcher = fresh.compile(two).matcher()
+    assert (fresh.stats.disk_hits, fresh.stats.compiled) == (0, 1)
+    assert all(matcher.advance(t) for t in vocabulary_ids(vocabulary, '"two"'))
+    fresh.compile(one)
+    assert fresh.stats.disk_hits == 1, "the untouched file is still served"
+
+
+def vocabulary_ids(vocabulary, text: str) -> list[int]:
+    """Single-byte tokens spelling ``text`` (the tiny vocabulary has every ASCII byte)."""
+    by_bytes = {raw: token for token, raw in vocabulary.tokens.items()}
+    return [by_bytes[ch.encode()] for ch in text]

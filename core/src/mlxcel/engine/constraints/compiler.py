@@ -30,7 +30,7 @@ from typing import Any
 
 from mlxcel.engine.constraints.outlines import OutlinesBackend
 from mlxcel.engine.constraints.protocol import Compiled, ConstraintBackend
-from mlxcel.engine.constraints.store import DiskStore, MemoryStore
+from mlxcel.engine.constraints.store import DiskStore, MemoryStore, file_key, unpack
 from mlxcel.engine.constraints.vocabulary import TokenVocabulary
 from mlxcel.engine.constraints.workers import pool_for
 from mlxcel.errors import ConstraintTooComplex, MlxcelError
@@ -163,7 +163,9 @@ class ConstraintCompiler:
     def _load_or_build(self, key: str, constraint: Constraint) -> tuple[Compiled, int]:
         vocabulary = self.vocabulary()
         name = hashlib.sha256(f"{key}\0{vocabulary.fingerprint}".encode()).hexdigest()[:40]
-        data = self._disk.read(name)
+        header = file_key(self.backend.cache_tag, key, vocabulary.fingerprint)
+        blob = self._disk.read(name)
+        data = None if blob is None else unpack(blob, header)
         if data is not None and len(data) <= self.budget.index_bytes:
             try:
                 compiled = self.backend.load(data, constraint, vocabulary)
@@ -188,7 +190,7 @@ class ConstraintCompiler:
                 f"{constraint.subject} compiles to more than {self.budget.index_bytes >> 20} "
                 "MiB for this model's vocabulary; bound fewer string lengths or array sizes")
         compiled = self.backend.load(data, constraint, vocabulary)
-        self._disk.write(name, data)
+        self._disk.write(name, header, data)
         return compiled, len(data)
 
 

@@ -4,15 +4,35 @@ An index grows with the schema times the vocabulary (every position of a bounded
 is a state that allows most tokens), so one schema can take hundreds of MiB; a count of
 entries would bound nothing. Both stores count the serialized size of each index, which
 is what the disk holds and close to what memory holds.
+
+A file starts with its own key (``MAGIC``, then one line of JSON: the backend's tag, a hash
+of the constraint and the vocabulary's fingerprint) and is served only when that key is the
+one asked for: a file copied or renamed over another schema's is a miss, never its index.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import tempfile
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
+
+MAGIC = b"mlxcel-constraint-index 1\n"
+
+
+def file_key(backend_tag: str, cache_text: str, fingerprint: str) -> bytes:
+    """The header line a file of this constraint and vocabulary starts with."""
+    digest = hashlib.sha256(cache_text.encode()).hexdigest()
+    return MAGIC + json.dumps({"backend": backend_tag, "constraint": digest,
+                               "vocabulary": fingerprint}, sort_keys=True).encode() + b"\n"
+
+
+def unpack(blob: bytes, key: bytes) -> bytes | None:
+    """The index in ``blob`` when its header is ``key``, else None."""
+    return blob[len(key):] if blob.startswith(key) else None
 
 
 class MemoryStore:
@@ -65,13 +85,15 @@ class DiskStore:
             return None
         return data
 
-    def write(self, name: str, data: bytes) -> None:
-        """Atomically (a crash leaves no torn file), then prune."""
+    def write(self, name: str, *parts: bytes) -> None:
+        """``parts`` one after the other, atomically (a crash leaves no torn file), then
+        prune."""
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".tmp-")
             with os.fdopen(fd, "wb") as f:
-                f.write(data)
+                for part in parts:
+                    f.write(part)
             os.replace(tmp, self.path(name))
             self._prune()
         except OSError:
