@@ -117,8 +117,27 @@ def test_the_default_star_still_meets_the_loopback_guard():
     assert remote.status_code == 403
 
 
-def test_on_a_public_bind_any_origin_is_answered():
-    with client(listening=True, base="203.0.113.7:8080", host="0.0.0.0") as c:
+def test_on_a_public_bind_any_origin_is_answered_when_star_is_asked():
+    with client(listening=True, base="203.0.113.7:8080", host="0.0.0.0",
+                cors_origins="*") as c:
         resp = c.options("/v1/chat/completions",
                          headers={**PREFLIGHT, "Origin": "https://any.example"})
     assert resp.status_code == 200 and allows(resp, "https://any.example")
+
+
+def test_the_default_answers_loopback_origins_only_and_never_null():
+    """Another site, or ``Origin: null``, gets no CORS answer by default; ``null`` gets
+    none even with ``*`` (any page can send it, and credentials are allowed)."""
+    with client(listening=True, base="203.0.113.7:8080", host="0.0.0.0") as c:
+        local = c.options("/v1/chat/completions", headers=PREFLIGHT)
+        other = c.post("/v1/chat/completions", json={}, headers={"Origin": "https://any.example"})
+        null = c.post("/v1/chat/completions", json={}, headers={"Origin": "null"})
+    assert allows(local)
+    assert other.status_code == null.status_code == 200
+    assert "access-control-allow-origin" not in other.headers
+    assert "access-control-allow-origin" not in null.headers
+    with client(listening=True, base="203.0.113.7:8080", host="0.0.0.0",
+                cors_origins="*") as c:
+        null = c.options("/v1/chat/completions", headers={**PREFLIGHT, "Origin": "null"})
+    assert "access-control-allow-origin" not in null.headers
+    assert "access-control-allow-credentials" not in null.headers

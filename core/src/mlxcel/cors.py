@@ -38,12 +38,13 @@ def _names(raw: str) -> tuple[str, ...]:
 
 
 class CorsPolicy(msgspec.Struct, frozen=True, kw_only=True):
-    """``origins``: ``*`` (any), ``localhost`` (loopback origins) and exact origins
+    """``origins``: ``*`` (any), ``localhost`` (loopback origins, the default: a page on
+    another site gets no CORS answer unless named) and exact origins
     (``scheme://host[:port]``); ``methods`` and ``headers`` as the preflight answers them
     (``*`` headers: the ones the preflight asks for, since a literal ``*`` does not
     cover ``Authorization`` and means nothing with credentials)."""
 
-    origins: tuple[str, ...] = (ANY,)
+    origins: tuple[str, ...] = (LOCALHOST,)
     methods: str = "GET, POST, DELETE, OPTIONS"
     headers: str = ANY
     credentials: bool = True
@@ -52,11 +53,15 @@ class CorsPolicy(msgspec.Struct, frozen=True, kw_only=True):
     def from_flags(cls, origins: str, methods: str, headers: str,
                    credentials: bool) -> CorsPolicy:
         return cls(origins=tuple(_normal(o) if o not in (ANY, LOCALHOST) else o
-                                 for o in _names(origins)) or (ANY,),
+                                 for o in _names(origins)) or (LOCALHOST,),
                    methods=", ".join(m.upper() for m in _names(methods)),
                    headers=", ".join(_names(headers)) or ANY, credentials=credentials)
 
     def allows(self, origin: str) -> bool:
+        """``Origin: null`` (sandboxed frames, ``file:`` pages, redirects) is never allowed:
+        any page can send it, so echoing it with credentials would admit every page."""
+        if _normal(origin) == "null":
+            return False
         if ANY in self.origins or _normal(origin) in self.origins:
             return True
         return LOCALHOST in self.origins and _origin_host(origin) in LOOPBACK_NAMES

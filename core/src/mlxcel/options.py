@@ -86,10 +86,10 @@ _ROWS: list[tuple[Any, ...]] = [
     (("--allowed-hosts",), "allowed_hosts", str, None, "MLXCEL_ALLOWED_HOSTS",
      "comma-separated Host/Origin names accepted; default on a loopback bind: localhost, "
      "127.0.0.1 and ::1 only (DNS-rebinding and cross-site guard); '*' accepts any"),
-    (("--cors-origins",), "cors_origins", str, "*", "LLAMA_ARG_CORS_ORIGINS",
+    (("--cors-origins",), "cors_origins", str, "localhost", "LLAMA_ARG_CORS_ORIGINS",
      "comma-separated origins answered with CORS headers (every OPTIONS is a preflight, "
      "answered 200 without a key); '*' = any, 'localhost' = loopback origins; listed "
-     "origins also pass the Host/Origin guard", KEPT),
+     "origins also pass the Host/Origin guard; 'null' is never answered", KEPT),
     (("--cors-methods",), "cors_methods", str, "GET, POST, DELETE, OPTIONS",
      "LLAMA_ARG_CORS_METHODS", "comma-separated methods a CORS preflight allows", KEPT),
     (("--cors-headers",), "cors_headers", str, "*", "LLAMA_ARG_CORS_HEADERS",

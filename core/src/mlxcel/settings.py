@@ -31,7 +31,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     api_key: str | None = None
     api_key_file: str | None = None
     allowed_hosts: str | None = None
-    cors_origins: str = "*"
+    cors_origins: str = "localhost"
     cors_methods: str = "GET, POST, DELETE, OPTIONS"
     cors_headers: str = "*"
     cors_credentials: bool = True
