@@ -29,11 +29,14 @@ class AppContext(msgspec.Struct, kw_only=True):
         it, nor imports outlines-core."""
         compiler = self.extra.get("constraint_compiler")
         if compiler is None:
-            from mlxcel.engine.constraints import ConstraintCompiler
+            from mlxcel.engine.constraints import CacheBudget, ConstraintCompiler
 
-            tok = self.engine.checkpoint.tokenizer
+            tok, settings = self.engine.checkpoint.tokenizer, self.settings
+            budget = CacheBudget(memory_bytes=settings.grammar_cache_ram,
+                                 disk_bytes=settings.grammar_cache_disk,
+                                 compile_bytes=settings.grammar_compile_memory)
             compiler = ConstraintCompiler.for_tokenizer(
-                tok, eos_ids=set(tok.eos_ids), timeout=self.settings.grammar_compile_timeout,
-                cache_dir=self.settings.grammar_cache_dir)
+                tok, eos_ids=set(tok.eos_ids), timeout=settings.grammar_compile_timeout,
+                cache_dir=settings.grammar_cache_dir, budget=budget)
             self.extra["constraint_compiler"] = compiler
         return compiler

@@ -171,6 +171,18 @@ _ROWS: list[tuple[Any, ...]] = [
     (("--grammar-cache-dir",), "grammar_cache_dir", path, None, "MLXCEL_GRAMMAR_CACHE_DIR",
      "directory where compiled response_format schemas and tool-call grammars persist "
      "across restarts (unset: ~/.cache/mlxcel/constraints); unwritable: memory only"),
+    (("--grammar-cache-ram",), "grammar_cache_ram", byte_size, 1 << 30,
+     "MLXCEL_GRAMMAR_CACHE_RAM",
+     "bytes of compiled grammars kept in memory, the least recently used dropped first "
+     "(e.g. 1G)"),
+    (("--grammar-cache-disk",), "grammar_cache_disk", byte_size, 2 << 30,
+     "MLXCEL_GRAMMAR_CACHE_DISK",
+     "bytes of compiled grammars kept in --grammar-cache-dir, the least recently used "
+     "pruned first (e.g. 2G)"),
+    (("--grammar-compile-memory",), "grammar_compile_memory", byte_size, 4 << 30,
+     "MLXCEL_GRAMMAR_COMPILE_MEMORY",
+     "address space each grammar compile process may take; a schema that needs more gets "
+     "400 (e.g. 4G)"),
     (("--responses-store-max-entries",), "responses_store_max_entries", int, 1024,
      "LLAMA_ARG_RESPONSES_STORE_MAX_ENTRIES",
      "stored /v1/responses answers kept for GET and previous_response_id (oldest dropped "

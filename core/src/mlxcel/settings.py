@@ -59,6 +59,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     max_queue_depth: int = 32
     grammar_compile_timeout: float = 60.0  # seconds; mlxcel.engine.constraints
     grammar_cache_dir: str | None = None  # None: constraints.default_cache_dir()
+    grammar_cache_ram: int = 1 << 30  # bytes; constraints.CacheBudget.memory_bytes
+    grammar_cache_disk: int = 2 << 30  # bytes; constraints.CacheBudget.disk_bytes
+    grammar_compile_memory: int = 4 << 30  # bytes; constraints.CacheBudget.compile_bytes
     responses_store_max_entries: int = 1024  # mlxcel.dialects.responses.store
     responses_store_ttl_secs: float = 3600.0
     conversation_store_max_entries: int = 256
