@@ -40,11 +40,10 @@ class Worker:
     def __init__(self, backend: Any, vocabulary: TokenVocabulary, memory_bytes: int) -> None:
         down_r, down_w = os.pipe()  # server -> worker
         up_r, up_w = os.pipe()  # worker -> server
-        env = {**os.environ, "MALLOC_ARENA_MAX": "2"}  # arenas reserve address space
         try:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", __name__, str(down_r), str(up_w), str(memory_bytes)],
-                pass_fds=(down_r, up_w), stdin=subprocess.DEVNULL, env=env)
+                pass_fds=(down_r, up_w), stdin=subprocess.DEVNULL)
         finally:
             os.close(down_r)
             os.close(up_w)
@@ -182,6 +181,12 @@ def _limit(memory_bytes: int) -> None:
 
         resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
     except (ImportError, ValueError, OSError):
+        pass
+    try:  # glibc: each thread's malloc arena reserves address space
+        import ctypes
+
+        ctypes.CDLL(None).mallopt(-8, 2)  # M_ARENA_MAX
+    except (OSError, AttributeError):
         pass
     try:
         os.nice(NICE)
