@@ -162,3 +162,35 @@ def test_unknown_route_is_404_in_openai_format(client):
     assert r.json()["error"]["type"] == "not_found_error"
     r = client.get("/v1/chat/completions")
     assert r.status_code == 405 and "error" in r.json()
+
+
+FN = {"name": "get_weather", "parameters": {"type": "object", "properties": {}}}
+
+
+@pytest.mark.parametrize(("extra", "param"), [
+    ({"tools": [{"type": "zz", "function": FN}]}, "tools[0].type"),
+    ({"tools": [{"type": "function"}]}, "tools[0].function"),
+    ({"tools": [{"type": "function", "function": {**FN, "name": ""}}]},
+     "tools[0].function.name"),
+    ({"tools": [{"type": "function", "function": FN},
+                {"type": "function", "function": {**FN, "name": 5}}]},
+     "tools[1].function.name"),
+    ({"tools": [{"type": "function", "function": {**FN, "parameters": 5}}]},
+     "tools[0].function.parameters"),
+    ({"tools": [{"type": "function", "function": {**FN, "description": ["x"]}}]},
+     "tools[0].function.description"),
+    ({"parallel_tool_calls": "x"}, "parallel_tool_calls"),
+])
+def test_malformed_tools_are_400_naming_the_field(client, extra, param):
+    r = client.post("/v1/chat/completions", json={**CHAT, **extra})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["type"] == "invalid_request_error" and err["param"] == param
+    assert param in err["message"]
+
+
+def test_a_well_formed_tool_is_accepted(client):
+    tools = [{"type": "function", "function": {**FN, "description": "d", "strict": True}}]
+    r = client.post("/v1/chat/completions",
+                    json={**CHAT, "tools": tools, "parallel_tool_calls": False})
+    assert r.status_code == 200, r.text

@@ -67,6 +67,7 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     max_completion_tokens: int | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None  # checked only: templates decide parallel calls
     chat_template_kwargs: dict[str, Any] | None = None
     extra_body: dict[str, Any] | None = None
     add_generation_prompt: bool | None = None  # None: true, unless continuing (vLLM's rule)

@@ -107,10 +107,27 @@ def _given(value: Any) -> Any:
     return None if value is msgspec.UNSET else value
 
 
-def _tool(tool: dict[str, Any]) -> Tool:
+def _tool(tool: dict[str, Any], where: str) -> Tool:
+    """``{"type": "function", "function": {"name", "description"?, "parameters"?,
+    "strict"?}}``, each part checked (a 400 names the field, as Responses does): a tool
+    the template cannot render must not reach it."""
+    if tool.get("type", "function") != "function":
+        raise InvalidRequest(f"'{where}.type' must be \"function\"", param=f"{where}.type")
     fn = tool.get("function")
-    name = fn.get("name") if isinstance(fn, dict) else None
-    return Tool(name=name if isinstance(name, str) else "", definition=tool)
+    if not isinstance(fn, dict):
+        raise InvalidRequest(f"'{where}.function' must be an object with a 'name'",
+                             param=f"{where}.function")
+    name = fn.get("name")
+    if not isinstance(name, str) or not name.strip():
+        raise InvalidRequest(f"'{where}.function.name' must be a non-empty string",
+                             param=f"{where}.function.name")
+    for key, kind, what in (("description", str, "a string"),
+                            ("parameters", dict, "a JSON Schema object"),
+                            ("strict", bool, "a boolean")):
+        if fn.get(key) is not None and not isinstance(fn[key], kind):
+            raise InvalidRequest(f"'{where}.function.{key}' must be {what}",
+                                 param=f"{where}.function.{key}")
+    return Tool(name=name, definition=tool)
 
 
 def _tool_choice(value: Any) -> ToolChoice:
@@ -139,7 +156,7 @@ def prompt_request(body: ChatCompletionRequest) -> PromptRequest:
     checked here; the prompt rules are ``mlxcel.chat.prompt``'s)."""
     return PromptRequest(
         messages=tuple(_message(m, i) for i, m in enumerate(body.messages)),
-        tools=tuple(_tool(t) for t in body.tools or ()),
+        tools=tuple(_tool(t, f"tools[{i}]") for i, t in enumerate(body.tools or ())),
         tool_choice=_tool_choice(body.tool_choice),
         template_kwargs=pick_template_kwargs(body.chat_template_kwargs, body.extra_body),
         add_generation_prompt=body.add_generation_prompt,
