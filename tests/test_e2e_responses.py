@@ -1,6 +1,7 @@
 """End to end: the Responses API of the real mlxcel-server process through the real
 openai SDK: create (plain, streamed, with a forced function tool), retrieve, delete,
-chaining with previous_response_id, and a previous output sent back as input."""
+chaining with previous_response_id, a previous output sent back as input, and a
+server-made conversation."""
 
 from __future__ import annotations
 
@@ -93,3 +94,24 @@ def test_chaining_and_resending_the_output_read_the_same_history(sdk):
                                      extra_body=EXTRA)
     assert chained.usage.input_tokens == sent_back.usage.input_tokens
     assert chained.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens
+
+
+def test_a_server_made_conversation_through_the_sdk(sdk, server):
+    """``conversations.create`` makes the id; turns collect in it; an id the server did
+    not make, or deleted, is a 404 (``conversation_not_found``)."""
+    convo = sdk.conversations.create(metadata={"topic": "e2e"})
+    assert convo.id.startswith("conv_") and convo.metadata == {"topic": "e2e"}
+    first = sdk.responses.create(model="tiny", input="Hello", max_output_tokens=4,
+                                 conversation=convo.id, extra_body=EXTRA)
+    assert first.conversation.id == convo.id
+    second = sdk.responses.create(model="tiny", input="Hello", max_output_tokens=4,
+                                  conversation=convo.id, extra_body=EXTRA)
+    assert second.usage.input_tokens > first.usage.input_tokens
+    assert sdk.conversations.retrieve(convo.id).id == convo.id
+    with pytest.raises(openai.NotFoundError) as missing:
+        sdk.responses.create(model="tiny", input="x", conversation="conv_made_up",
+                             max_output_tokens=4)
+    assert missing.value.code == "conversation_not_found"
+    sdk.conversations.delete(convo.id)
+    with pytest.raises(openai.NotFoundError):
+        sdk.conversations.retrieve(convo.id)
