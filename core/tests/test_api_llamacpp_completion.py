@@ -159,6 +159,16 @@ def test_several_prompts_answer_a_list(client):
     assert first["content"] == native(client, prompt="one", n_predict=3, **GREEDY)["content"]
 
 
+def test_more_prompts_than_slots_is_400_naming_the_prompt(client):
+    """One request may not take every slot and the whole queue (the client has 2 slots)."""
+    r = client.post("/completion", json={"prompt": ["a", "b", "c"], "n_predict": 1})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == "prompt" and "at most 2" in err["message"]
+    assert client.post("/completion", json={"prompt": ["a", "b"], "n_predict": 1}
+                       ).status_code == 200
+
+
 def test_completions_alias_is_native_and_v1_stays_openai(client):
     body = client.post("/completions", json={"prompt": "hi", "n_predict": 2}).json()
     assert body["stop"] is True and "choices" not in body

@@ -276,10 +276,15 @@ def generation_settings(ctx: AppContext, plan: Plan, stream: bool) -> dict[str, 
     }
 
 
-def body_prompts(body: CompletionRequest) -> list[Any]:
+def body_prompts(body: CompletionRequest, max_prompts: int) -> list[Any]:
     """The request's prompts; streaming takes one (llama-server interleaves several
-    prompts' chunks, which this server does not)."""
+    prompts' chunks, which this server does not). At most ``max_prompts`` (the slots,
+    ``--parallel``), so one request cannot take every slot and the whole queue."""
     prompts = split_prompts(body.prompt)
+    if len(prompts) > max_prompts:
+        raise InvalidRequest(f"'prompt' holds {len(prompts)} prompts; a request takes at most "
+                             f"{max_prompts} (the server's slots): send the rest in "
+                             "another request", param="prompt")
     if body.stream and len(prompts) > 1:
         raise InvalidRequest("a streaming request takes one prompt; send the prompts as "
                              "separate requests, or without 'stream'", param="prompt")

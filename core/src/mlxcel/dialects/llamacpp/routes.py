@@ -98,7 +98,7 @@ def generation_routes(ctx: AppContext) -> list[Any]:
     async def completion(request: Request) -> Any:
         body = await decode_body(request, CompletionRequest)
         refuse_unsupported(body)
-        prompts = body_prompts(body)
+        prompts = body_prompts(body, max(1, engine.parallel))
         ids = await prepare_for(request, lambda: [prompt_tokens(engine, p) for p in prompts])
         return await respond(ctx, request, body, ids)
 
