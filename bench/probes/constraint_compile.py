@@ -116,7 +116,8 @@ def measure_grammars(vocab_size: int, work: pathlib.Path, runs: int) -> list[dic
     from mlxcel.lazy import resolve
     from mlxcel.types.constraints import RegexConstraint, mark
 
-    budget = CacheBudget(memory_bytes=64 << 30, disk_bytes=64 << 30, index_bytes=16 << 30)
+    budget = CacheBudget(memory_bytes=64 << 30, disk_bytes=64 << 30, index_bytes=16 << 30,
+                         compile_bytes=64 << 30)
     vocab = TokenVocabulary.from_tokenizer(Tokenizer.from_dir(marker_tokenizer(vocab_size,
                                                                                work)))
     rows = []
@@ -181,7 +182,8 @@ def measure(vocab_size: int, work: pathlib.Path) -> dict:
     from mlxcel.types.constraints import JsonSchemaConstraint
 
     # room for every index, so that no run is refused or evicted
-    budget = CacheBudget(memory_bytes=64 << 30, disk_bytes=64 << 30, index_bytes=16 << 30)
+    budget = CacheBudget(memory_bytes=64 << 30, disk_bytes=64 << 30, index_bytes=16 << 30,
+                         compile_bytes=64 << 30)
     tokenizer = Tokenizer.from_dir(train_tokenizer(vocab_size, work))
     build, vocab = timed(lambda: TokenVocabulary.from_tokenizer(tokenizer))
     schemas = [c["schema"] for c in json.loads(CORPUS.read_text())] + [NESTED]
