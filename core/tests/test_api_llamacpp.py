@@ -56,6 +56,19 @@ def test_health_and_root(client):
         assert set(body["observability"]) >= {"sequences_started", "total_decode_tokens"}
 
 
+def test_live_is_200_while_health_says_busy_and_needs_no_key(auth_client, monkeypatch):
+    """/health keeps llama-server's 503 while every slot is busy; /live says only that the
+    process is up, for load balancers, with no API key."""
+    from mlxcel.engine.client import EngineClient
+
+    monkeypatch.setattr(EngineClient, "active_count", property(lambda self: self.parallel))
+    busy = auth_client.get("/health")
+    assert busy.status_code == 503 and busy.json()["status"] == "no slot available"
+    live = auth_client.get("/live")
+    assert live.status_code == 200 and live.json() == {"status": "ok"}
+    assert auth_client.head("/live").status_code == 200
+
+
 def test_props(client):
     body = client.get("/props").json()
     d = body["default_generation_settings"]

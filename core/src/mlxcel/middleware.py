@@ -20,7 +20,7 @@ from mlxcel.errors import BodyTimeout, MlxcelError
 from mlxcel.http_guard import HostPolicy, content_type_denial, request_id
 
 log = structlog.get_logger("mlxcel.http")
-OPEN_PATHS = frozenset({"/health", "/"})
+OPEN_PATHS = frozenset({"/health", "/live", "/"})
 _encode = msgspec.json.Encoder().encode
 _BROWSER_HEADERS = (b"origin", b"sec-fetch-site", b"sec-fetch-mode")
 # the request's key scope: a hash of the API key that admitted it ("" on a keyless server);

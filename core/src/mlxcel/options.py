@@ -78,7 +78,7 @@ _ROWS: list[tuple[Any, ...]] = [
     (("--port",), "port", int, 8080, "LLAMA_ARG_PORT", "port to listen on", KEPT),
     (("--api-key",), "api_key", str, None, "LLAMA_API_KEY",
      "require one of these comma-separated keys (Authorization: Bearer <key>, or "
-     "x-api-key: <key>) on every route but /health and /; "
+     "x-api-key: <key>) on every route but /health, /live and /; "
      "prefer the env twin or --api-key-file (a flag shows in ps)", KEPT),
     (("--api-key-file",), "api_key_file", str, None, "LLAMA_ARG_API_KEY_FILE",
      "read the API keys from this file, one per line; blank lines and lines starting "

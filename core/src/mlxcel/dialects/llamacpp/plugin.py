@@ -14,4 +14,4 @@ def mlxcel_register_dialects(registry) -> None:
         description="llama-server native routes",
         errors="mlxcel.dialects.openai.errors:error_body",  # llama-server's own shape
         prefixes=("/completion", "/infill", "/apply-template", "/tokenize", "/detokenize",
-                  "/props", "/slots", "/health", "/v1/cache", "/embedding", "/rerank")))
+                  "/props", "/slots", "/health", "/live", "/v1/cache", "/embedding", "/rerank")))

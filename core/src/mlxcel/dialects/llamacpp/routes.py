@@ -133,6 +133,12 @@ def build(ctx: AppContext) -> list[Any]:
         status, payload = health_payload(ctx)
         return Response(payload, status_code=status)
 
+    @get("/live")
+    async def live() -> dict[str, str]:
+        """Liveness for load balancers: the process answers. ``/health`` keeps llama-server's
+        meaning (503 while every slot is busy), which would drop a busy, healthy server."""
+        return {"status": "ok"}
+
     def encode(body: TokenizeRequest) -> list[int]:
         """A text too long for any prompt is refused (the same byte bound as prompts), and
         so is one of more than ``TOKENIZE_MAX_TOKENS`` tokens (or the context size, when
@@ -195,7 +201,7 @@ def build(ctx: AppContext) -> list[Any]:
     def cache_reset() -> dict[str, Any]:
         return engine.prompt_cache.reset()
 
-    handlers: list[Any] = [health, tokenize, detokenize, props, cache_stats, cache_reset,
+    handlers: list[Any] = [health, live, tokenize, detokenize, props, cache_stats, cache_reset,
                            *generation_routes(ctx), *unserved_routes(UNSERVED)]
     if ctx.settings.slots:
         @get("/slots")
