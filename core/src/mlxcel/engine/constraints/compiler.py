@@ -75,7 +75,7 @@ class ConstraintCompiler:
                  backend: ConstraintBackend | None = None,
                  cache_dir: str | os.PathLike | None = None, timeout: float = DEFAULT_TIMEOUT,
                  budget: CacheBudget = CacheBudget(), workers: int = 2,
-                 queue: int = 8) -> None:
+                 queue: int = 64) -> None:
         if not timeout > 0:
             raise ValueError("the compile timeout must be > 0")
         self.backend: ConstraintBackend = backend or OutlinesBackend()
