@@ -123,3 +123,33 @@ def test_the_responses_store_holds_its_byte_budget(tight):
     found = [tight.get(f"/v1/responses/{i}").status_code for i in ids]
     assert found[-1] == 200 and found[0] == 404
 
+
+
+IMAGE = {"type": "input_image", "image_url": "data:image/png;base64,AAAA"}
+
+
+@pytest.mark.parametrize("instructions", [None, "Be brief."])
+def test_errors_name_the_input_item_not_messages(client, instructions):
+    cid = client.post("/v1/conversations", json={
+        "items": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}],
+    }).json()["id"]
+    for extra, path in (({}, "input[2].content"), ({"conversation": cid}, "input[2].content")):
+        r = client.post("/v1/responses", json={
+            **BODY, **extra, "instructions": instructions, "input": [
+                {"role": "user", "content": "a"},
+                {"type": "reasoning", "content": [{"type": "reasoning_text", "text": "r"}]},
+                {"role": "user", "content": [{"type": "input_text", "text": "b"}, IMAGE]}]})
+        assert r.status_code == 501, r.text
+        error = r.json()["error"]
+        assert error["param"] == path and "messages" not in error["message"]
+        assert f"{path}[1]" in error["message"]
+        counted = client.post("/v1/responses/input_tokens", json={
+            **extra, "input": [{"role": "user", "content": [IMAGE]}]})
+        assert counted.json()["error"]["param"] == "input[0].content"
+
+
+def test_a_too_long_input_is_named_input(client):
+    r = client.post("/v1/responses", json={**BODY, "input": "word " * 5000})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["code"] == "context_length_exceeded" and error["param"] == "input"

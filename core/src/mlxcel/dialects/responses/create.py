@@ -23,6 +23,7 @@ from . import schemas as s
 from .bounds import check_metadata
 from .compactor import SUMMARY_TOKENS, Compacted, Compactor, keep_tokens
 from .history import chat_messages, check_room, conversation_id, history_of, remember
+from .params import InputPaths, input_count
 from .store import Stores
 from .stream import ResponseBuilder, SSEEncoder, frame
 from .translate import (
@@ -84,16 +85,27 @@ class Create:
     def done(self, response: s.Response) -> None:
         remember(self.stores, self.scope, self.body, response, self.history)
 
+    def paths(self) -> InputPaths:
+        return InputPaths(self.body, self.history, input_count(self.body.input),
+                          1 if self.body.instructions else 0)
+
     async def _turn(self) -> Any:
-        return await start_turn(self.ctx, self.request, self.prompt(chat_messages(self.history)),
-                                self.options, self.rid, priority=request_priority(self.request))
+        try:
+            return await start_turn(self.ctx, self.request,
+                                    self.prompt(chat_messages(self.history)), self.options,
+                                    self.rid, priority=request_priority(self.request))
+        except MlxcelError as exc:
+            raise self.paths().rename(exc) from None
 
     async def _compaction_due(self) -> int | None:
         """The input's size when it is due for compaction (None: not due). A history
         with nothing older than the turns compaction keeps goes on as it is."""
         if self.threshold is None:
             return None
-        before = await self.compactor.count_whole(self.history)
+        try:
+            before = await self.compactor.count_whole(self.history)
+        except MlxcelError as exc:
+            raise self.paths().rename(exc) from None
         room = self.ctx.engine.context_size - before
         if before < self.threshold and room >= (self.body.max_output_tokens or 1):
             return None

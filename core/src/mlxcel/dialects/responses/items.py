@@ -168,13 +168,15 @@ def _add_call(out: list[Message], call: ToolCall, reasoning: str | None) -> None
         out.append(Message(role="assistant", tool_calls=(call,), reasoning=reasoning))
 
 
-def messages(items: list[dict[str, Any]]) -> list[Message]:
+def messages(items: list[dict[str, Any]],
+             sources: list[int] | None = None) -> list[Message]:
     """Normalized items (compaction replayed) as messages: the function calls after an
     assistant message join it; a reasoning item goes to the assistant output right after
-    it (and is dropped when none follows)."""
+    it (and is dropped when none follows). ``sources`` gets, per message, the index of
+    the item it starts at (for errors that name a message)."""
     out: list[Message] = []
     reasoning: str | None = None
-    for item in items:
+    for at, item in enumerate(items):
         kind = item["type"]
         if kind == "reasoning":
             reasoning = (reasoning or "") + reasoning_text(item)
@@ -190,4 +192,6 @@ def messages(items: list[dict[str, Any]]) -> list[Message]:
             out.append(Message(role="tool", content=_parts(item["output"]),
                                tool_call_id=item["call_id"]))
         reasoning = None
+        if sources is not None:
+            sources.extend([at] * (len(out) - len(sources)))
     return out

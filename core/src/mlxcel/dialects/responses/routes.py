@@ -14,7 +14,7 @@ from litestar import Request, delete, get, post
 
 from mlxcel.context import AppContext
 from mlxcel.dialects.wire import client_closed, decode_body
-from mlxcel.errors import InvalidRequest, NotFound
+from mlxcel.errors import InvalidRequest, MlxcelError, NotFound
 from mlxcel.middleware import key_scope
 
 from . import schemas as s
@@ -28,6 +28,7 @@ from .history import (
     stored_conversation,
     stored_response,
 )
+from .params import InputPaths, input_count
 from .store import Stored, Stores, scoped
 from .stream import wire_usage
 from .translate import prompt_request, tool_choice_of, tools_of, turn_options
@@ -121,7 +122,11 @@ def build(ctx: AppContext) -> list[Any]:
         scope = key_scope(request.scope)
         history = history_of(stores, scope, body)
         check_room(stores, scope, body, history)
-        count = await compactor.count(history)
+        try:
+            count = await compactor.count(history)
+        except MlxcelError as exc:
+            raise InputPaths(body, history, input_count(body.input),
+                             1 if body.instructions else 0).rename(exc) from None
         return {"object": "response.input_tokens", "input_tokens": count}
 
     @post(paths("/compact"), status_code=200)
