@@ -288,3 +288,25 @@ def vocabulary_ids(vocabulary, text: str) -> list[int]:
     """Single-byte tokens spelling ``text`` (the tiny vocabulary has every ASCII byte)."""
     by_bytes = {raw: token for token, raw in vocabulary.tokens.items()}
     return [by_bytes[ch.encode()] for ch in text]
+
+
+def test_pools_beyond_the_bound_stop_their_workers(vocabulary):
+    """Worker processes are per vocabulary; past ``POOLS`` vocabularies the least recently
+    used pool's idle workers are stopped, so a process that saw many tokenizers (a test
+    suite) does not keep two processes for each."""
+    import dataclasses
+
+    from mlxcel.engine.constraints import OutlinesBackend
+    from mlxcel.engine.constraints.workers import POOLS, pool_for
+
+    backend = OutlinesBackend()
+    vocabs = [dataclasses.replace(vocabulary, fingerprint=f"pool-test-{i}")
+              for i in range(POOLS + 1)]
+    first = pool_for(backend, vocabs[0], size=1, memory_bytes=1 << 30, queue_size=1)
+    first.compile(JsonSchemaConstraint.from_schema({"type": "integer"}), 30)
+    (worker,) = first._workers
+    for vocab in vocabs[1:]:
+        pool_for(backend, vocab, size=1, memory_bytes=1 << 30, queue_size=1)
+    assert first.closed and not worker.alive and first._workers == [None]
+    assert pool_for(backend, vocabs[0], size=1, memory_bytes=1 << 30,
+                    queue_size=1) is not first

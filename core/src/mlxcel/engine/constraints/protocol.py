@@ -3,8 +3,9 @@
 A backend turns a ``Constraint`` into a ``Compiled`` index for one tokenizer's
 ``TokenVocabulary``; the engine gives each constrained row a ``Matcher`` from it. The
 backend owns no thread, no cache and no MLX array: ``ConstraintCompiler`` runs ``compile``
-on a worker thread and keeps the results (in memory and on disk, through ``dump`` and
-``load``), and the engine step owns the mask buffer and applies it.
+and ``dump`` in a compile worker process (so a backend pickles: ``workers``), ``load``s the
+bytes in the server and keeps the results (in memory and on disk), and the engine step
+owns the mask buffer and applies it.
 
 The mask format is the one outlines-core writes: a row of ``mask_words(n)`` int32 words
 in which bit ``t % 32`` of word ``t // 32`` allows token ``t``. The engine allocates one
@@ -93,7 +94,7 @@ class ConstraintBackend(Protocol):
         ...
 
     def compile(self, constraint: Constraint, vocabulary: TokenVocabulary) -> Compiled:
-        """Build the index: slow, runs on a worker thread (it should release the GIL).
+        """Build the index: slow, runs in a compile worker process (killed at the timeout).
         Raises what ``check`` raises, or an ``InvalidRequest`` subclass when no output
         of this vocabulary can match."""
         ...

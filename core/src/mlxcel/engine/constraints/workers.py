@@ -10,7 +10,8 @@ with the serialized index (``backend.dump``) or the error's class and message.
 
 Workers are started lazily, one per slot, and shared by the compilers of one backend
 configuration and vocabulary in a process (``pool_for``): a server has one, and a test
-suite does not start new processes for each compiler. Frames are pickles over two pipes
+suite does not start new processes for each compiler; beyond ``POOLS`` vocabularies the
+least recently used pool's workers are stopped. Frames are pickles over two pipes
 (``multiprocessing.connection``); nothing else is written on them.
 """
 
@@ -23,6 +24,7 @@ import queue
 import subprocess
 import sys
 import threading
+from collections import OrderedDict
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -113,6 +115,7 @@ class Pool:
         self._workers: list[Worker | None] = [None] * size
         self._waiting = threading.BoundedSemaphore(size + queue_size)
         self.started = 0  # workers started, for tests
+        self.closed = False  # set when evicted: each worker is stopped once it is idle
 
     def compile(self, constraint: Any, timeout: float) -> bytes:
         if not self._waiting.acquire(blocking=False):
@@ -128,7 +131,7 @@ class Pool:
                 return self._worker(slot).compile(constraint, timeout)
             finally:
                 worker = self._workers[slot]
-                if worker is not None and not worker.alive:
+                if worker is not None and (self.closed or not worker.alive):
                     worker.kill()
                     self._workers[slot] = None
                 self._idle.put(slot)
@@ -144,13 +147,24 @@ class Pool:
         return worker
 
     def close(self) -> None:
-        for slot, worker in enumerate(self._workers):
+        """Stop the idle workers now and each busy one when its compile ends."""
+        self.closed = True
+        idle = []
+        while True:
+            try:
+                idle.append(self._idle.get_nowait())
+            except queue.Empty:
+                break
+        for slot in idle:
+            worker = self._workers[slot]
             if worker is not None:
                 worker.kill()
                 self._workers[slot] = None
+            self._idle.put(slot)
 
 
-_POOLS: dict[tuple, Pool] = {}
+POOLS = 4  # pools kept per process (one per vocabulary): the oldest is closed beyond
+_POOLS: OrderedDict[tuple, Pool] = OrderedDict()
 _POOLS_LOCK = threading.Lock()
 
 
@@ -163,6 +177,9 @@ def pool_for(backend: Any, vocabulary: TokenVocabulary, *, size: int, memory_byt
         pool = _POOLS.get(key)
         if pool is None:
             pool = _POOLS[key] = Pool(backend, vocabulary, size, memory_bytes, queue_size)
+            if len(_POOLS) > POOLS:
+                _POOLS.popitem(last=False)[1].close()
+        _POOLS.move_to_end(key)
         return pool
 
 
