@@ -18,6 +18,7 @@ from mlxcel import errors
 from mlxcel.cors import CorsPolicy
 from mlxcel.errors import BodyTimeout, MlxcelError
 from mlxcel.http_guard import HostPolicy, content_type_denial, request_id
+from mlxcel.sendbuf import bound_unread
 
 log = structlog.get_logger("mlxcel.http")
 OPEN_PATHS = frozenset({"/health", "/live", "/"})
@@ -126,6 +127,12 @@ class _Deadline:
         return False
 
 
+def _streaming(start: dict) -> bool:
+    """An SSE response: long-lived, holding a slot while the client reads it."""
+    return any(key.lower() == b"content-type" and value.startswith(b"text/event-stream")
+               for key, value in start.get("headers", ()))
+
+
 def _plain_body(path: str, exc: MlxcelError) -> bytes:
     return _encode({"error": {"message": exc.message, "code": exc.code}})
 
@@ -142,6 +149,7 @@ class _Exchange:
         self.status = 500
         self.started = self.body_timed_out = self.write_timed_out = False
         self._gone: asyncio.Future | None = None  # resolved on a write timeout
+        self.scope: dict = {}  # the request's, for the connection's addresses
 
     async def receive(self) -> dict:
         """Until the body is complete each call waits at most until the body deadline (408);
@@ -185,6 +193,8 @@ class _Exchange:
             return
         if message["type"] == "http.response.start":
             self.started, self.status = True, message["status"]
+            if _streaming(message):  # bound its unread bytes (mlxcel.sendbuf)
+                await asyncio.to_thread(bound_unread, self.scope)
             extra = [(b"x-request-id", self.rid.encode()), *self.cors]
             if self.body_timed_out:
                 extra.append((b"connection", b"close"))
@@ -234,6 +244,7 @@ class ServerMiddleware:
         state["request_id"] = rid
         origin = _text(headers, b"origin")
         ex = _Exchange(self.cfg, receive, send, rid, head, self.cfg.cors.response_headers(origin))
+        ex.scope = scope
         started = time.perf_counter()
         with structlog.contextvars.bound_contextvars(request_id=rid):
             try:
