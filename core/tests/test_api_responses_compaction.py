@@ -268,3 +268,37 @@ def test_a_history_with_nothing_to_drop_goes_on_uncompacted(client):
         assert r.status_code == 200, r.text
         final = sse(r)[-1]["response"] if stream else r.json()
         assert [item["type"] for item in final["output"]] == ["message"]
+
+
+
+def test_a_conversation_whose_answer_filled_the_context_goes_on(small_context):
+    """A stored conversation whose answer filled the context (so that with the next input
+    it is longer than the context) compacts, the summary reading the newest text that
+    fits, answers, and goes on from the compacted history."""
+    c = small_context
+    filled = [user("Tell me everything."), assistant(long_text(300, "beta"))]
+    cid = c.post("/v1/conversations", json={"items": filled}).json()["id"]
+    over = c.post("/v1/responses/input_tokens", json={"input": "Go on", "conversation": cid})
+    assert over.status_code == 400 and over.json()["error"]["code"] == \
+        "context_length_exceeded"
+    second = c.post("/v1/responses", json={
+        "conversation": cid, "input": "Go on", "temperature": 0, "max_output_tokens": 4,
+        "context_management": [{"type": "compaction", "compact_threshold": 400}]})
+    assert second.status_code == 200, second.text
+    assert [item["type"] for item in second.json()["output"]][0] == "compaction"
+    assert second.json()["usage"]["input_tokens"] < 400
+    third = c.post("/v1/responses/input_tokens", json={"input": "More", "conversation": cid})
+    assert third.status_code == 200 and third.json()["input_tokens"] < 400
+
+
+def test_compact_leaves_out_the_oldest_turns_that_do_not_fit(small_context):
+    """/compact of a history longer than the context: the summary reads the newest turns
+    that fit (the oldest left out), and the result fits."""
+    turns = [user("one"), assistant(long_text(150, "old")), user("two"),
+             assistant(long_text(150, "new")), user("three")]
+    assert small_context.post("/v1/responses/input_tokens",
+                              json={"input": turns}).status_code == 400
+    r = small_context.post("/v1/responses/compact", json={
+        "input": turns, "keep_tokens": 1, "max_output_tokens": 64})
+    assert r.status_code == 200, r.text
+    assert count(small_context, {"input": r.json()["output"]}) < 512

@@ -1,7 +1,11 @@
 """Running a compaction (``compaction`` holds its rules): count the history, plan the
 split, generate the summary once (not streamed, bounded by its own output limit), and
-refuse with 400 ``context_length_exceeded``, changing nothing, when the history is longer
-than one context window, the summary does not fit, or the result would not be shorter."""
+refuse with 400 ``context_length_exceeded``, changing nothing, when the summary cannot fit
+even of nothing, the kept turns alone do not fit, or the result would not be shorter.
+
+A history longer than the context (a conversation whose answer filled it) is compacted
+too: the summary reads the dropped items within one context, the oldest turns left out
+first (``fitting``), and an item too long on its own keeps its newest text."""
 
 from __future__ import annotations
 
@@ -20,7 +24,15 @@ from mlxcel.errors import ContextLengthExceeded, InvalidRequest
 from mlxcel.types import Usage
 from mlxcel.types.messages import Message, PromptRequest
 
-from .compaction import Plan, compacted, item_text, plan, replay, summary_request_items
+from .compaction import (
+    Plan,
+    compacted,
+    item_text,
+    plan,
+    replay,
+    split_points,
+    summary_request_items,
+)
 from .history import chat_messages
 from .items import messages
 
@@ -80,38 +92,90 @@ class Compactor:
                   before: int | None = None, watch_client: bool = True) -> Compacted | None:
         """The compacted history (None: the client left during the summary)."""
         if before is None:
-            before = await self.count_whole(items)
+            before = await self.size(items)
         split = self.plan(items, keep)
         if not split.dropped:
             raise ContextLengthExceeded("nothing older than the kept turns to compact, so the "
                                         "result would not be shorter", param="input")
+        split = await self.fitting(split, limit)
         answer = await self._summary(summary_request_items(split), limit, watch_client)
         if answer is None:
             return None
         assert answer.finish is not None and answer.finish.usage is not None
         output = compacted(split, (answer.content.strip() or answer.reasoning.strip()))
-        after = await self.count(output)
+        try:
+            after = await self.count(output)
+        except ContextLengthExceeded:
+            raise ContextLengthExceeded("the kept turns alone do not fit the context window; "
+                                        "lower 'keep_tokens'", param="input") from None
         if after >= before:
             raise ContextLengthExceeded(f"compaction would not make the input shorter ({before} "
                                         f"tokens before, {after} after)", param="input")
         return Compacted(output=output, usage=answer.finish.usage, before=before, after=after)
 
-    async def count_whole(self, items: list[Item]) -> int:
+    async def size(self, items: list[Item]) -> int:
+        """The history's rendered tokens, or the context size when it is longer."""
         try:
             return await self.count(items)
         except ContextLengthExceeded:
-            raise ContextLengthExceeded(
-                "the history is longer than the context window of "
-                f"{self.ctx.engine.context_size} tokens, so it cannot be compacted in one "
-                "pass", param="input") from None
+            return self.ctx.engine.context_size
+
+    async def _room(self, split: Plan, dropped: list[Item]) -> int:
+        """Tokens the context leaves beside the summary prompt over ``dropped`` (< 0: the
+        prompt alone is over the context)."""
+        prompt = self._summary_prompt(summary_request_items(
+            msgspec.structs.replace(split, dropped=dropped)))
+        try:
+            rendered = await render(self.ctx, self.request, prompt)
+        except ContextLengthExceeded:
+            return -1
+        return self.ctx.engine.context_size - len(rendered.token_ids)
+
+    async def fitting(self, split: Plan, limit: int) -> Plan:
+        """``split`` with the dropped items the summary can read within the context beside
+        ``limit`` tokens: the oldest turns left out first (a binary search over the turn
+        starts), then the newest item alone, its text cut to its end when even that is
+        too long. Unchanged when everything fits."""
+        dropped = split.dropped
+        if await self._room(split, dropped) >= limit:
+            return split
+        starts = [p for p in split_points(dropped) if 0 < p < len(dropped)]
+        starts.append(len(dropped) - 1)
+        lo, hi = 0, len(starts)  # the first start whose suffix fits, or hi: none does
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if await self._room(split, dropped[starts[mid]:]) >= limit:
+                hi = mid
+            else:
+                lo = mid + 1
+        if lo < len(starts):
+            return msgspec.structs.replace(split, dropped=dropped[starts[lo]:])
+        base = await self._room(split, [])
+        cut = self._tail(dropped[-1], base - limit - 16)
+        return msgspec.structs.replace(split, dropped=[cut] if cut else [])
+
+    def _tail(self, item: Item, tokens: int) -> Item | None:
+        """A message or tool output as its newest ``tokens`` tokens of text (None: none)."""
+        if tokens <= 0 or item["type"] not in ("message", "function_call_output"):
+            return None
+        tok = self.ctx.engine.checkpoint.tokenizer
+        text = tok.decode(tok.encode(item_text(item))[-tokens:])
+        if item["type"] == "function_call_output":
+            return {**item, "output": text}
+        kind = "output_text" if item.get("role") == "assistant" else "input_text"
+        return {"type": "message", "role": item["role"],
+                "content": [{"type": kind, "text": text}]}
+
+    def _summary_prompt(self, items: list[Item]) -> PromptRequest:
+        prompt = self.prompt(messages(items))
+        return msgspec.structs.replace(prompt, tools=(), tool_choice="auto",
+                                       template_kwargs=without_thinking(
+                                           prompt.template_kwargs, 0))
 
     async def _summary(self, items: list[Item], limit: int, watch_client: bool
                        ) -> Answer | None:
         """One generation of the summary, without reasoning, within ``limit`` tokens."""
-        prompt = self.prompt(messages(items))
-        prompt = msgspec.structs.replace(prompt, tools=(), tool_choice="auto",
-                                         template_kwargs=without_thinking(
-                                             prompt.template_kwargs, 0))
+        prompt = self._summary_prompt(items)
         rendered = await render(self.ctx, self.request, prompt)
         room = self.ctx.engine.context_size - len(rendered.token_ids)
         if room < limit:

@@ -77,6 +77,9 @@ class Create:
                                        lambda text: len(tok.encode(text)))
         self.compactor = Compactor(ctx, request, self.prompt, self.options)
         self.keep = keep_tokens(ctx, None)
+        # the summary's limit: 1024, at most a quarter of the context, so that a summary
+        # of the history that filled a small context still fits beside its prompt
+        self.summary_limit = max(1, min(SUMMARY_TOKENS, ctx.engine.context_size // 4))
 
     def prompt(self, messages: list[Any]) -> Any:
         return prompt_request(self.body, self.body.instructions, messages, tools=self.tools,
@@ -103,7 +106,7 @@ class Create:
         if self.threshold is None:
             return None
         try:
-            before = await self.compactor.count_whole(self.history)
+            before = await self.compactor.size(self.history)
         except MlxcelError as exc:
             raise self.paths().rename(exc) from None
         room = self.ctx.engine.context_size - before
@@ -125,7 +128,7 @@ class Create:
             return SSEResponse(self._compacting_stream(due))
         if due is not None:
             result = await self.compactor.run(self.history, self.keep,
-                                              SUMMARY_TOKENS, before=due)
+                                              self.summary_limit, before=due)
             if result is None:
                 return client_closed()
             self._compacted(result)
@@ -154,7 +157,7 @@ class Create:
         yield frame(builder.event("mlx.compaction.started", input_tokens=before))
         try:
             result = await self.compactor.run(self.history, self.keep,
-                                              SUMMARY_TOKENS, before=before,
+                                              self.summary_limit, before=before,
                                               watch_client=False)
         except MlxcelError as exc:
             yield self._failed(exc)
