@@ -213,6 +213,8 @@ def test_a_full_queue_is_overloaded_not_the_schemas_fault(tmp_path, vocabulary):
     assert queued.result(timeout=30) is not None
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"),
+                    reason="RLIMIT_AS is enforced on Linux only")
 def test_a_build_past_the_memory_cap_fails_fast_and_the_next_one_compiles(tmp_path,
                                                                         vocabulary):
     """Issue #27 H1: the worker's address space is capped; a build that passes it dies
