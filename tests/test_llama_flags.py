@@ -37,7 +37,7 @@ CASES = [
     (["--api-key-file", "/keys"], "api_key_file", "/keys"),
     (["--reasoning-format", "none"], "reasoning_format", "none"),
     (["--reasoning-budget", "128"], "reasoning_budget", 128),
-    (["--cors-origins", "localhost"], "cors_origins", "localhost"),
+    (["--cors-origins", "*"], "cors_origins", "*"),
     (["--cors-methods", "GET"], "cors_methods", "GET"),
     (["--cors-headers", "X-A"], "cors_headers", "X-A"),
     (["--no-cors-credentials"], "cors_credentials", False),
