@@ -7,12 +7,10 @@ import json
 
 import jsonschema
 import pytest
-from mlxcel.engine.constraints import ConstraintCompiler
+from apphelpers import forced_answers
 from mlxcel.lazy import resolve
 from mlxcel.plugins import load_plugins
-from mlxcel.testing.engine import engine_for, run
 from mlxcel.toolcalls.forced import call_schema
-from mlxcel.types import GenerationRequest, SamplingParams
 from mlxcel.types.messages import Tool
 
 # what pydantic's model_json_schema() writes for a model with a nested model and an enum
@@ -48,18 +46,7 @@ def test_the_call_schema_accepts_exactly_the_tools_own_arguments(count):
 def test_a_forced_call_with_local_refs_compiles_and_holds(tiny_checkpoint):
     fmt = load_plugins().tool_formats.get("hermes")
     tools = _tools(PYDANTIC, OTHER)
-    engine = engine_for(tiny_checkpoint, 2)
-    try:
-        tok = engine.worker.checkpoint.tokenizer
-        compiler = ConstraintCompiler.for_tokenizer(tok, eos_ids=set(tok.eos_ids))
-        guide = compiler.compile(resolve(fmt.grammar)(tools, "required"))
-        reqs = [GenerationRequest(request_id=f"r{seed}", prompt_tokens=(5, 6, 7 + seed),
-                                  max_tokens=300, guide=guide,
-                                  sampling=SamplingParams(temperature=1.0, seed=seed))
-                for seed in (1, 2)]
-        outputs = run(engine, reqs)
-    finally:
-        engine.shutdown()
+    tok, outputs = forced_answers(tiny_checkpoint, resolve(fmt.grammar)(tools, "required"), 300, "r")
     for ids, last in outputs:
         assert last.finish_reason == "stop"
         parser = resolve(fmt.parser)(tools)

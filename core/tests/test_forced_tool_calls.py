@@ -9,11 +9,12 @@ import json
 
 import jsonschema
 import pytest
+from apphelpers import forced_answers
 from mlxcel.engine.constraints import ConstraintCompiler
 from mlxcel.lazy import resolve
 from mlxcel.plugins import load_plugins
 from mlxcel.testing.engine import engine_for, run
-from mlxcel.types import GenerationRequest, SamplingParams
+from mlxcel.types import GenerationRequest
 from mlxcel.types.messages import Tool
 from mlxcel.types.toolcalls import ParseResult
 
@@ -88,18 +89,7 @@ def test_each_builtin_grammar_forces_a_call_its_parser_reads(tiny_checkpoint, na
     (the ChatML checkpoint's ``<tool_call>``), else spelled (``[TOOL_CALLS]``)."""
     fmt = load_plugins().tool_formats.get(name)
     tools = tuple(Tool(name=t["function"]["name"], definition=t) for t in TOOLS)
-    engine = engine_for(tiny_checkpoint, 2)
-    try:
-        tok = engine.worker.checkpoint.tokenizer
-        compiler = ConstraintCompiler.for_tokenizer(tok, eos_ids=set(tok.eos_ids))
-        guide = compiler.compile(resolve(fmt.grammar)(tools, "required"))
-        reqs = [GenerationRequest(request_id=f"g{seed}", prompt_tokens=(5, 6, 7 + seed),
-                                  max_tokens=400, guide=guide,
-                                  sampling=SamplingParams(temperature=1.0, seed=seed))
-                for seed in (1, 2)]
-        outputs = run(engine, reqs)
-    finally:
-        engine.shutdown()
+    tok, outputs = forced_answers(tiny_checkpoint, resolve(fmt.grammar)(tools, "required"), 400, "g")
     start, markers = START[name]
     for ids, last in outputs:
         assert last.finish_reason == "stop"

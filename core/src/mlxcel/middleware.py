@@ -60,6 +60,18 @@ def _text(headers: dict[bytes, bytes], name: bytes) -> str | None:
     return None if value is None else value.decode("latin-1")
 
 
+def _offered(authorization: str | None, x_api_key: str | None) -> list[str]:
+    """The keys a request offers: ``Authorization`` (``Bearer <key>`` or the raw key),
+    then ``x-api-key``."""
+    offered = []
+    if authorization and authorization.strip():
+        token = authorization.strip()
+        offered.append(token[7:].strip() if token[:7].lower() == "bearer " else token)
+    if x_api_key and x_api_key.strip():
+        offered.append(x_api_key.strip())
+    return offered
+
+
 def _auth_error(api_keys: tuple[str, ...], authorization: str | None,
                 x_api_key: str | None = None) -> MlxcelError | None:
     """None if allowed, else the error. The key may come as ``Authorization: Bearer
@@ -67,12 +79,7 @@ def _auth_error(api_keys: tuple[str, ...], authorization: str | None,
     Anthropic SDK sends); any one that matches any of ``api_keys`` admits the request.
     Never from the query string, where proxies and logs keep URLs. Every offered key is
     compared with every key in constant time, and no message repeats it."""
-    offered = []
-    if authorization and authorization.strip():
-        token = authorization.strip()
-        offered.append(token[7:].strip() if token[:7].lower() == "bearer " else token)
-    if x_api_key and x_api_key.strip():
-        offered.append(x_api_key.strip())
+    offered = _offered(authorization, x_api_key)
     if not offered:
         return errors.MissingApiKey("Missing API key: send it as 'Authorization: Bearer "
                                     "<key>' or 'x-api-key: <key>'")
@@ -86,13 +93,7 @@ def _scope_of(api_keys: tuple[str, ...], authorization: str | None,
     """A hash of the configured key that admitted the request (as ``_auth_error`` reads
     the offered keys, compared in constant time), so that stores can keep each client's
     entries apart without holding the key."""
-    offered = []
-    if authorization and authorization.strip():
-        token = authorization.strip()
-        offered.append(token[7:].strip() if token[:7].lower() == "bearer " else token)
-    if x_api_key and x_api_key.strip():
-        offered.append(x_api_key.strip())
-    for token in offered:
+    for token in _offered(authorization, x_api_key):
         for key in api_keys:
             if hmac.compare_digest(token.encode(), key.encode()):
                 return hashlib.sha256(b"mlxcel-key-scope:" + key.encode()).hexdigest()[:32]
