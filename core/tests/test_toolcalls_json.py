@@ -31,10 +31,13 @@ from mlxcel.types.toolcalls import CallArguments, CallEnd, CallError, CallStart,
 DATA = Path(__file__).parent / "data" / "toolcalls"
 FORMATS = {fmt.name: fmt for fmt in json_formats.FORMATS}
 STREAMING = ("hermes", "mistral_nemo", "mistral_bracketed", "llama3", "generic_json",
-             "functionary_v3_1", "functionary_v3_2", "command_r", "granite")
+             "functionary_v3_1", "functionary_v3_2", "command_r", "granite", "deepseek_v3_1",
+             "deepseek_r1", "firefunction_v2")
 SPECIFICITY = {"hermes": 10, "generic_json": 10, "mistral_nemo": 20, "mistral_bracketed": 20,
                "llama3": 20, "command_r": 20, "functionary_v3_1": 30, "functionary_v3_2": 30,
-               "granite": 30, "pythonic": 30}
+               "granite": 30, "pythonic": 30, "deepseek_v3_1": 20, "deepseek_r1": 20,
+               "firefunction_v2": 20}
+CHAT_TEMPLATES = Path(__file__).parents[2] / "tests" / "chat_templates"
 
 
 KIT = {"hermes": "chatml", "llama3": "llama3", "mistral_bracketed": "mistral"}
@@ -131,6 +134,11 @@ def test_pythonic_calls_are_sent_whole_when_the_list_closes() -> None:
     ("granite", "<|tool_call|>", '[{"name": "f", "arguments": {}}]'),
     ("pythonic", "<|tool_call_start|>", "[f()]<|tool_call_end|>"),
     ("command_r", "<|START_ACTION|>", '[{"tool_name": "f", "parameters": {}}]'),
+    ("deepseek_v3_1", "<｜tool▁calls▁begin｜>",
+     "<｜tool▁call▁begin｜>f<｜tool▁sep｜>{}<｜tool▁call▁end｜><｜tool▁calls▁end｜>"),
+    ("deepseek_r1", "<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n"
+     "```json\n{}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>"),
+    ("firefunction_v2", " functools[", '{"name": "f", "arguments": {}}]'),
 ])
 def test_a_partial_marker_is_held_until_the_text_decides(name, marker, after) -> None:
     cut = len(marker) - 3
@@ -195,6 +203,9 @@ def test_mistral_ids_reach_the_calls_and_a_call_id_the_start() -> None:
         ("functionary_v3_2", "functionary_v3_2"), ("command_r7b", "command_r"),
         ("command_r_plus", "command_r"), ("granite_3_3", "granite"), ("lfm2", "pythonic"),
         ("llama3_2_pythonic", "pythonic"), ("generic_json", "generic_json"))],
+    *[((CHAT_TEMPLATES / f"{stem}.jinja").read_text("utf-8"), name) for stem, name in (
+        ("deepseek-v3.1", "deepseek_v3_1"), ("deepseek-r1-distill-qwen", "deepseek_r1"),
+        ("deepseek-r1-distill-llama", "deepseek_r1"), ("firefunction-v2", "firefunction_v2"))],
 ])
 def test_a_real_shaped_template_selects_its_format(template: str, name: str) -> None:
     fmt, why = load_plugins().tool_formats.choose(template)
@@ -218,3 +229,30 @@ def test_the_parsers_import_no_heavy_module() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_firefunctions_grammar_forces_a_call_its_parser_reads(tiny_checkpoint) -> None:
+    """`` functools[...]`` with ``required`` and with a named function: every answer is a
+    list of calls of the tools left, with their required arguments."""
+    import jsonschema
+    from apphelpers import forced_answers
+
+    schemas = {"get_weather": {"type": "object", "properties": {
+        "city": {"type": "string", "maxLength": 12}, "unit": {"enum": ["C", "F"]}},
+        "required": ["city", "unit"]}, "get_time": {"type": "object", "properties": {
+            "tz": {"enum": ["UTC", "CET"]}}, "required": ["tz"]}}
+    fmt = FORMATS["firefunction_v2"]
+    tools = tuple(Tool(name=n, definition={"type": "function", "function": {
+        "name": n, "parameters": p}}) for n, p in schemas.items())
+    for left, choice in ((tools, "required"), (tools[1:], "named")):
+        tok, outputs = forced_answers(tiny_checkpoint, resolve(fmt.grammar)(left, choice),
+                                      400, "f")
+        assert outputs
+        for ids, last in outputs:
+            text = tok.decode(ids, skip_special=False)
+            assert last.finish_reason == "stop" and text.startswith(" functools["), text
+            _, calls = parse("firefunction_v2", [text], left)
+            assert calls, text
+            for call in calls:
+                assert call.name in {t.name for t in left}
+                jsonschema.validate(json.loads(call.arguments), schemas[call.name])

@@ -30,3 +30,9 @@ def mistral_nemo(tools: tuple[Any, ...], choice: Any) -> WrappedJsonConstraint:
 def llama3(tools: tuple[Any, ...], choice: Any) -> WrappedJsonConstraint:
     """``{"name": ..., "parameters": {...}}``, the whole answer."""
     return WrappedJsonConstraint.around("", call_schema(tools, "parameters"))
+
+
+def firefunction_v2(tools: tuple[Any, ...], choice: Any) -> WrappedJsonConstraint:
+    """`` functools[{"name": ..., "arguments": {...}}, ...]``."""
+    return WrappedJsonConstraint.around(
+        " functools", {"type": "array", "items": call_schema(tools), "minItems": 1})

@@ -5,15 +5,18 @@ Each is detected in a chat template by what the template writes, and its parser 
 at every start-up, so it imports only mlxcel's contract. Specificity follows
 ``mlxcel.toolcalls.api``: 10 for a marker other formats' templates contain too (Hermes'
 ``<tool_call>``, which Qwen3-Coder's and GLM's templates also write; generic JSON's
-``"arguments"``), 20 for a marker of the family's own, 30 for one that only appears next
+``"arguments"``), 20 for a marker of the family's own (DeepSeek's full-width
+``<｜tool▁calls▁begin｜>``, FireFunction's ``functools[``, whose template also writes
+generic JSON's ``"arguments"``), 30 for one that only appears next
 to a more generic marker (Granite's ``<|start_of_role|>`` turns beside ``<tool_call>``;
 Functionary and the pythonic Llama templates beside Llama 3's ipython header).
 
-Hermes, both Mistral forms, Llama 3, generic JSON, Functionary, Command R and Granite
-stream each call's name and arguments as they are generated; pythonic calls are sent whole
-when their list closes. A forced tool choice (``required``, or a named function) is
-constrained for the JSON-in-fixed-markup forms (Hermes, Mistral Nemo, Llama 3:
-``grammars``); the others get the prompt's directive only.
+Hermes, both Mistral forms, Llama 3, generic JSON, Functionary, Command R, Granite,
+DeepSeek V3.1 and R1 and FireFunction v2 stream each call's name and arguments as they are
+generated; pythonic calls are sent whole when their list closes. A forced tool choice
+(``required``, or a named function) is constrained for the JSON-in-fixed-markup forms
+(Hermes, Mistral Nemo, Llama 3, FireFunction v2: ``grammars``); the others get the
+prompt's directive only.
 """
 
 from __future__ import annotations
@@ -82,10 +85,29 @@ def detect_pythonic(template: str) -> bool:
                                        "[func_name1("))
 
 
+def detect_deepseek_v3_1(template: str) -> bool:
+    """DeepSeek V3.1 writes ``NAME<｜tool▁sep｜>{json}`` in a ``<｜tool▁calls▁begin｜>``
+    section: no ```` ```json ```` fence (R1's)."""
+    return "<｜tool▁calls▁begin｜>" in template and "<｜tool▁sep｜>" in template \
+        and "```json" not in template
+
+
+def detect_deepseek_r1(template: str) -> bool:
+    """DeepSeek R1, its distills and V3 write ``function<｜tool▁sep｜>NAME`` then the
+    arguments in a ```` ```json ```` fence, in a ``<｜tool▁calls▁begin｜>`` section."""
+    return "<｜tool▁calls▁begin｜>" in template and "<｜tool▁sep｜>" in template \
+        and "```json" in template
+
+
+def detect_firefunction_v2(template: str) -> bool:
+    """FireFunction v2's template writes the calls as `` functools[...]``."""
+    return "functools[" in template
+
+
 def _format(name: str, detect, specificity: int, module: str,
-            grammar: str | None = None) -> ToolFormat:
+            grammar: str | None = None, parser: str = "new_parser") -> ToolFormat:
     return ToolFormat(name=name, detect=detect, specificity=specificity,
-                      parser=f"{_PACKAGE}.{module}:new_parser",
+                      parser=f"{_PACKAGE}.{module}:{parser}",
                       grammar=f"{_PACKAGE}.grammars:{grammar}" if grammar else None)
 
 
@@ -100,4 +122,7 @@ FORMATS: tuple[ToolFormat, ...] = (
     _format("command_r", detect_command_r, 20, "command_r"),
     _format("granite", detect_granite, 30, "granite"),
     _format("pythonic", detect_pythonic, 30, "pythonic"),
+    _format("deepseek_v3_1", detect_deepseek_v3_1, 20, "deepseek", parser="new_parser_v3_1"),
+    _format("deepseek_r1", detect_deepseek_r1, 20, "deepseek", parser="new_parser_r1"),
+    _format("firefunction_v2", detect_firefunction_v2, 20, "firefunction", "firefunction_v2"),
 )
