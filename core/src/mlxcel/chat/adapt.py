@@ -31,6 +31,7 @@ where a tool list makes it fail (they are in the system prompt then).
 from __future__ import annotations
 
 import json
+import os
 from functools import lru_cache
 from typing import Any
 
@@ -242,9 +243,9 @@ def adapt_messages(messages: list[dict[str, Any]], tools: list[dict[str, Any]],
 @lru_cache(maxsize=8)
 def call_example(template: Any) -> str:
     """How ``template`` (adapted to its caps) renders an assistant turn that calls a tool:
-    the text after the prompt that leads to it (llama.cpp shows the same); where that
-    prompt is not a prefix of the turn and the template renders no calls, the generic
-    JSON the call becomes."""
+    the text after the prompt that leads to it (llama.cpp shows the same). Where that
+    prompt is not a prefix of the turn, the text after what they share, or, where the
+    template renders no calls, the generic JSON the call becomes."""
     user = {"role": "user", "content": "Hey"}
     call = {"role": "assistant", "content": None, "tool_calls": [
         {"id": "call_1___", "type": "function",
@@ -262,8 +263,8 @@ def call_example(template: Any) -> str:
         prefix = prefix[:-len(eos)]
     if full.startswith(prefix):
         return full[len(prefix):]
-    if caps.tool_calls:
-        return ""
+    if caps.tool_calls:  # a generation prompt the turn does not write (R1's "<think>\n")
+        return full[len(os.path.commonprefix([prefix, full])):]
     shown = json.loads(json.dumps(call))  # the text the call becomes, without the turn
     _calls_as_text(shown)
     return shown["content"]
