@@ -48,22 +48,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import datetime as dt
 import json
 import os
 import pathlib
-import signal
 import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from typing import Any
 
 import httpx
+from abuse_kit import MIB, RSS_CAP, health_samples, stream, summary
+from abuse_round2 import queue_churn, schema_bomb, store_growth, unread_streams  # noqa: F401
 from mlxcel.testing.bench_checkpoints import bench_checkpoint
 from mlxcel.testing.servers import HOST, Server, loadavg, machine, versions
 
@@ -72,8 +71,6 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCENARIOS = ("health_idle", "big_body", "idle_sockets", "dry_bomb", "disconnect",
              "schema_bomb", "store_growth", "queue_churn", "unread_streams")
 BIG_BODY_CAP_S = 60.0
-MIB = 1 << 20
-RSS_CAP = 6 << 30  # a server past this is killed (the old schema build allocates on)
 NOT_ON_MLX_LM = {"schema_bomb": "no json_schema response_format",
                  "store_growth": "no Responses store"}
 MLXCEL_ARGS = {"queue_churn": ["--parallel", "2", "--max-queue-depth", "4"],
@@ -82,71 +79,6 @@ MLX_LM_ARGS = {"queue_churn": ["--decode-concurrency", "2"],
                "unread_streams": ["--decode-concurrency", "2"]}
 # large frees go back to the OS at once, so RSS shows what is kept, not the allocator
 SCENARIO_ENV = {"store_growth": {"MALLOC_MMAP_THRESHOLD_": str(MIB)}}
-
-
-def pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-async def health_samples(base: str, stop: asyncio.Event, out: list[float]) -> None:
-    async with httpx.AsyncClient(base_url=base, timeout=10, trust_env=False) as client:
-        while not stop.is_set():
-            t = time.perf_counter()
-            try:
-                await client.get("/health")
-                out.append((time.perf_counter() - t) * 1000)
-            except httpx.HTTPError:
-                out.append(10_000.0)
-            await asyncio.sleep(0.05)
-
-
-async def stream(client: httpx.AsyncClient, name: str, prompt: str, max_tokens: int,
-                 rec: dict[str, Any] | None = None) -> dict[str, Any]:
-    """A streamed chat request timed per content chunk, recorded into ``rec`` as it goes
-    (pass one to read what a stream cut short by a timeout had got)."""
-    body: dict[str, Any] = {"messages": [{"role": "user", "content": prompt}],
-                            "max_tokens": max_tokens, "temperature": 0, "stream": True}
-    if name != "mlx_lm":
-        body["ignore_eos"] = True
-    rec = rec if rec is not None else {}
-    rec.update(chunks=0, gaps=[], ok=False)
-    t0 = last = rec["last"] = time.perf_counter()
-    try:
-        async with client.stream("POST", "/v1/chat/completions", json=body) as resp:
-            rec["status"] = resp.status_code
-            async for line in resp.aiter_lines():
-                if not line.startswith("data: "):
-                    continue
-                now = time.perf_counter()
-                if line == "data: [DONE]":
-                    rec["ok"] = resp.status_code == 200 and "error" not in rec
-                    continue
-                data = json.loads(line[6:])
-                if "error" in data:
-                    rec["error"] = data["error"].get("message")
-                    continue
-                for choice in data.get("choices", []):
-                    if (choice.get("delta") or {}).get("content"):
-                        if rec["chunks"]:
-                            rec["gaps"].append(now - last)
-                        else:
-                            rec["ttft"] = now - t0
-                        rec["chunks"] += 1
-                        last = rec["last"] = now
-                    if choice.get("finish_reason"):
-                        rec["finish"] = choice["finish_reason"]
-    except httpx.HTTPError as exc:
-        rec["error"] = type(exc).__name__
-    rec["decode_s"] = sum(rec["gaps"])
-    return rec
-
-
-def summary(samples: list[float]) -> dict[str, Any]:
-    return {"n": len(samples), "p50_ms": pct(samples, 0.5), "p99_ms": pct(samples, 0.99),
-            "max_ms": max(samples) if samples else None}
 
 
 async def health_idle(srv: Server, name: str) -> dict[str, Any]:
@@ -259,248 +191,6 @@ async def disconnect(srv: Server, name: str) -> dict[str, Any]:
             else rec["ttft"] + 0.0, "followup_ok": rec["ok"]}
 
 
-def tree_pids(root: int) -> list[int]:
-    """``root`` and its descendants (/proc; Granian's worker and compile workers)."""
-    pids, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        pids.append(pid)
-        for task in pathlib.Path(f"/proc/{pid}/task").glob("*"):
-            try:
-                todo += [int(c) for c in (task / "children").read_text().split()]
-            except OSError:
-                pass
-    return pids
-
-
-def rss_bytes(srv: Server) -> int:
-    """Summed VmRSS of the server's process tree (0 once it is gone)."""
-    total = 0
-    for pid in tree_pids(srv.proc.pid) if srv.alive() else []:
-        try:
-            for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1]) * 1024
-        except OSError:
-            pass
-    return total
-
-
-class RssWatch:
-    """Samples the server's RSS every 0.1 s in a thread: the peak, and past ``cap`` kills
-    the server's process group and notes when (seconds since ``mark()``)."""
-
-    def __init__(self, srv: Server, cap: int) -> None:
-        self.srv, self.cap, self.peak, self.killed_after_s = srv, cap, 0, None
-        self.t0 = time.perf_counter()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def mark(self) -> None:
-        self.t0 = time.perf_counter()
-
-    def _run(self) -> None:
-        while not self._stop.is_set() and self.srv.alive():
-            rss = rss_bytes(self.srv)
-            self.peak = max(self.peak, rss)
-            if rss > self.cap:
-                self.killed_after_s = round(time.perf_counter() - self.t0, 1)
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.srv.proc.pid, signal.SIGKILL)
-                return
-            time.sleep(0.1)
-
-    def __enter__(self) -> RssWatch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
-SCHEMA_BOMB = {"type": "object", "required": ["s"],
-               "properties": {"s": {"type": "string", "maxLength": 1_000_000_000}}}
-
-
-def schema_body(schema: dict[str, Any]) -> dict[str, Any]:
-    return {"messages": [{"role": "user", "content": "fill it in"}], "max_tokens": 8,
-            "temperature": 0, "response_format": {
-                "type": "json_schema", "json_schema": {"name": "b", "schema": schema}}}
-
-
-async def timed_post(client: httpx.AsyncClient, path: str, body: dict[str, Any],
-                     timeout: float) -> tuple[int | str, float]:
-    t = time.perf_counter()
-    try:
-        status: int | str = (await client.post(path, json=body, timeout=timeout)).status_code
-    except httpx.HTTPError as exc:
-        status = type(exc).__name__
-    return status, round(time.perf_counter() - t, 2)
-
-
-async def finished(task: asyncio.Task, timeout: float) -> dict[str, Any]:
-    try:
-        return await asyncio.wait_for(task, max(timeout, 0.1))
-    except asyncio.TimeoutError:
-        return {"ok": False, "gaps": [], "error": "timeout"}
-
-
-async def schema_bomb(srv: Server, name: str) -> dict[str, Any]:
-    out: dict[str, Any] = {"rss_idle_mib": rss_bytes(srv) / MIB}
-    with RssWatch(srv, RSS_CAP) as watch:
-        async with httpx.AsyncClient(base_url=srv.base, timeout=60, trust_env=False) as c:
-            vic: dict[str, Any] = {}
-            victim = asyncio.create_task(stream(c, name, "victim", 2000, vic))
-            await asyncio.sleep(0.3)
-            watch.mark()
-            answers = await asyncio.gather(*[timed_post(
-                c, "/v1/chat/completions", schema_body(SCHEMA_BOMB), 30) for _ in range(3)])
-            out["statuses"] = [a[0] for a in answers]
-            out["answered_s"] = max(a[1] for a in answers)
-            out["rss_at_answers_mib"] = rss_bytes(srv) / MIB
-            await asyncio.sleep(10)
-            out["rss_10s_later_mib"] = rss_bytes(srv) / MIB
-            out["followup"] = (await timed_post(c, "/v1/chat/completions", schema_body(
-                {"type": "integer"}), 12))[0] if srv.alive() else "server gone"
-            done = await finished(victim, 5)
-    stalled = time.perf_counter() - vic["last"] if "timeout" == done.get("error") else 0
-    out.update(rss_peak_mib=watch.peak / MIB, killed_after_s=watch.killed_after_s,
-               victim_ok=vic["ok"], victim_error=done.get("error"), victim_chunks=vic["chunks"],
-               victim_max_gap_ms=max([*vic["gaps"], stalled]) * 1000)
-    return out
-
-
-STORE_JUNK = "j" * (4 << 20)
-
-
-def store_turn(previous: str | None) -> dict[str, Any]:
-    body: dict[str, Any] = {"max_output_tokens": 2, "temperature": 0, "store": True, "input": [
-        {"type": "reasoning", "content": [{"type": "reasoning_text", "text": STORE_JUNK}]},
-        {"role": "user", "content": "Hi", "junk": STORE_JUNK}]}
-    if previous:
-        body["previous_response_id"] = previous
-    return body
-
-
-async def store_growth(srv: Server, name: str, turns: int = 20) -> dict[str, Any]:
-    out: dict[str, Any] = {"rss_idle_mib": rss_bytes(srv) / MIB, "statuses": []}
-    previous, took, start = None, [], time.perf_counter()
-    async with httpx.AsyncClient(base_url=srv.base, timeout=30, trust_env=False) as client:
-        for i in range(turns):
-            if time.perf_counter() - start > 50:
-                break
-            t = time.perf_counter()
-            resp = await client.post("/v1/responses", json=store_turn(previous))
-            took.append(time.perf_counter() - t)
-            out["statuses"].append(resp.status_code)
-            previous = resp.json().get("id") if resp.status_code == 200 else previous
-            if i == 0:  # the allocator has seen an 8 MB body
-                out["rss_turn1_mib"] = rss_bytes(srv) / MIB
-    out.update(turns=len(took), turn_p50_s=statistics.median(took),
-               rss_end_mib=rss_bytes(srv) / MIB, body_mb=len(json.dumps(store_turn("x"))) / 1e6)
-    out["growth_mib"] = out["rss_end_mib"] - out["rss_turn1_mib"]
-    return out
-
-
-async def churn_client(client: httpx.AsyncClient, until: float, codes: list[Any]) -> None:
-    n = 0
-    while time.monotonic() < until:
-        n += 1
-        try:
-            resp = await client.post("/v1/completions", json={
-                "prompt": f"churn {n}", "max_tokens": 4, "temperature": 0})
-            codes.append(resp.status_code)
-        except httpx.HTTPError as exc:
-            codes.append(type(exc).__name__)
-        if codes[-1] != 200:
-            await asyncio.sleep(0.005)
-
-
-async def queue_samples(base: str, until: float, seen: list[int]) -> None:
-    """``/health``'s ``batch.queue_depth`` until ``until`` (nothing where it has none)."""
-    async with httpx.AsyncClient(base_url=base, timeout=10, trust_env=False) as client:
-        while time.monotonic() < until:
-            batch = (await client.get("/health")).json().get("batch")
-            if batch is None:
-                return
-            seen.append(batch.get("queue_depth", 0))
-            await asyncio.sleep(0.01)
-
-
-async def queue_churn(srv: Server, name: str, clients: int = 60, run_s: float = 6.0
-                      ) -> dict[str, Any]:
-    codes: list[Any] = []
-    seen: list[int] = []
-    limits = httpx.Limits(max_connections=clients + 2)
-    async with httpx.AsyncClient(base_url=srv.base, timeout=30, limits=limits,
-                                 trust_env=False) as client:
-        until = time.monotonic() + run_s
-        await asyncio.wait_for(asyncio.gather(
-            queue_samples(srv.base, until, seen),
-            *[churn_client(client, until, codes) for _ in range(clients)]), timeout=50)
-    return {"max_queued": max(seen) if seen else None, "samples": len(seen),
-            "served": codes.count(200), "refused_503": codes.count(503),
-            "other": len(codes) - codes.count(200) - codes.count(503),
-            "other_kinds": sorted({str(c) for c in codes} - {"200", "503"}),
-            "served_per_s": codes.count(200) / run_s}
-
-
-def never_reading(srv: Server, name: str, max_tokens: int) -> socket.socket:
-    """A streamed chat request sent on a socket that is never read from."""
-    body: dict[str, Any] = {"messages": [{"role": "user", "content": "go on"}],
-                            "max_tokens": max_tokens, "temperature": 0, "stream": True}
-    if name != "mlx_lm":
-        body["ignore_eos"] = True
-    data = json.dumps(body).encode()
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: the window
-    sock.connect((HOST, srv.port))
-    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                 b"Content-Type: application/json\r\nContent-Length: "
-                 + str(len(data)).encode() + b"\r\n\r\n" + data)
-    return sock
-
-
-async def engine_state(client: httpx.AsyncClient) -> tuple[int | None, int | None]:
-    """(decode tokens so far, active sequences) from ``/health``, where it has them."""
-    health = (await client.get("/health")).json()
-    return ((health.get("observability") or {}).get("total_decode_tokens"),
-            (health.get("batch") or {}).get("active_sequences"))
-
-
-async def idle_after(client: httpx.AsyncClient, since: float, until: float) -> float | None:
-    """Seconds from ``since`` until ``/health`` shows no active sequence (None: not seen)."""
-    while time.perf_counter() < until:
-        _, active = await engine_state(client)
-        if active is None:
-            return None
-        if active == 0:
-            return round(time.perf_counter() - since, 2)
-        await asyncio.sleep(0.1)
-    return None
-
-
-async def unread_streams(srv: Server, name: str, max_tokens: int = 6000) -> dict[str, Any]:
-    async with httpx.AsyncClient(base_url=srv.base, timeout=50, trust_env=False) as client:
-        before, _ = await engine_state(client)
-        sent = time.perf_counter()
-        socks = [never_reading(srv, name, max_tokens) for _ in range(2)]
-        try:
-            await asyncio.sleep(0.5)
-            rec = await finished(asyncio.create_task(stream(client, name, "third", 8)), 45)
-            idle = await idle_after(client, sent, sent + 55)
-            after, _ = await engine_state(client)
-        finally:
-            for sock in socks:
-                sock.close()
-    unread = None if before is None or after is None \
-        else after - before - rec.get("chunks", 0)
-    return {"third_ttft_s": rec.get("ttft"), "third_ok": rec["ok"],
-            "third_error": rec.get("error"), "unread_tokens": unread, "idle_after_s": idle,
-            "max_tokens_each": max_tokens}
-
-
 async def run_scenarios(srv: Server, name: str, scenarios: list[str], idle_wait: float
                         ) -> dict[str, Any]:
     out: dict[str, Any] = {}
@@ -575,60 +265,6 @@ def _bomb_rss(r: dict[str, Any]) -> str:
     return f"{r['rss_at_answers_mib']:.0f} / {r['rss_10s_later_mib']:.0f}"
 
 
-# (scenario, measure, cell, the number a ratio this / before is taken of, or None)
-ROWS: list[tuple[str, str, Any, Any]] = [
-    ("health_idle", "/health p50 / max ms", lambda r: _ms(r["health"]),
-     lambda r: r["health"]["p50_ms"]),
-    ("big_body", "4 x 9 MB answered in s (statuses)",
-     lambda r: f"{r['answered_s']:.1f} ({', '.join(map(str, r['statuses']))})",
-     lambda r: r["answered_s"]),
-    ("big_body", "/health p50 / max ms meanwhile", lambda r: _ms(r["health"]), None),
-    ("big_body", "victim stream ok, worst gap ms",
-     lambda r: f"{r['victim_ok']}, {r['victim_max_gap_ms']:.0f}", None),
-    ("idle_sockets", "/health p50 / max ms, 1,100 idle sockets", lambda r: _ms(r["health"]),
-     None),
-    ("idle_sockets", "idle sockets closed by the server",
-     lambda r: f"{r['closed_after_wait']} / 1100 after {r['wait_s']:.0f} s", None),
-    ("dry_bomb", "victims that ran to their length / 3 (bomb status)",
-     lambda r: f"{r['victim_finish'].count('length')} ({r['bomb_status']})", None),
-    ("dry_bomb", "victim tok/s bombed / clean", lambda r: _ratio(r["victim_rate_ratio"]), None),
-    ("disconnect", "follow-up TTFT s after 4 leavers",
-     lambda r: f"{r['followup_ttft_s']:.2f} ({'ok' if r['followup_ok'] else 'failed'})",
-     lambda r: r["followup_ttft_s"]),
-    ("schema_bomb", "3 bombs: statuses (all answered in s; client gives up at 30)",
-     lambda r: f"{', '.join(map(str, r['statuses']))} ({r['answered_s']:.2f})", None),
-    ("schema_bomb", "RSS MiB at the answers / 10 s later", _bomb_rss, None),
-    ("schema_bomb", "RSS MiB idle -> peak (ratio: of the rise)", lambda r: f"{r['rss_idle_mib']:.0f} -> "
-     f"{r['rss_peak_mib']:.0f}", lambda r: r["rss_peak_mib"] - r["rss_idle_mib"]),
-    ("schema_bomb", "victim stream ok, worst gap ms",
-     lambda r: f"{r['victim_ok']}, {r['victim_max_gap_ms']:.0f}",
-     lambda r: r["victim_max_gap_ms"]),
-    ("schema_bomb", "follow-up `{\"type\": \"integer\"}` status", lambda r: str(r["followup"]),
-     None),
-    ("store_growth", "turns answered 200 (of 20; body MB)",
-     lambda r: f"{r['statuses'].count(200)} / {r['turns']} ({r['body_mb']:.1f})", None),
-    ("store_growth", "RSS MiB after turn 1 -> turn 20",
-     lambda r: f"{r['rss_turn1_mib']:.0f} -> {r['rss_end_mib']:.0f}", None),
-    ("store_growth", "RSS growth MiB over turns 2-20", lambda r: f"{r['growth_mib']:.0f}",
-     lambda r: r["growth_mib"]),
-    ("store_growth", "turn time p50 s", lambda r: f"{r['turn_p50_s']:.2f}",
-     lambda r: r["turn_p50_s"]),
-    ("queue_churn", "deepest queue on /health (limit 4; samples)",
-     lambda r: f"{_f(r['max_queued'], 'd')} ({r['samples']})", lambda r: r["max_queued"]),
-    ("queue_churn", "answers 200 / 503 / other",
-     lambda r: f"{r['served']} / {r['refused_503']} / {r['other']}", None),
-    ("queue_churn", "200s per s", lambda r: f"{r['served_per_s']:.0f}",
-     lambda r: r["served_per_s"]),
-    ("unread_streams", "third request's first token s",
-     lambda r: f"{_f(r['third_ttft_s'], '.2f')} ({'ok' if r['third_ok'] else r['third_error']})",
-     lambda r: r["third_ttft_s"]),
-    ("unread_streams", "tokens generated for the 2 unread (of 12,000)",
-     lambda r: _f(r["unread_tokens"], "d"), lambda r: r["unread_tokens"]),
-    ("unread_streams", "engine idle s after the unread were sent",
-     lambda r: _f(r["idle_after_s"], ".1f"), lambda r: r["idle_after_s"]),
-]
-
-
 def _cell(r: dict[str, Any] | None, cell: Any, first: bool) -> str:
     if not r:
         return "-"
@@ -682,6 +318,60 @@ def _ms(h: dict[str, Any]) -> str:
 
 def _ratio(v: float | None) -> str:
     return f"{v:.2f}x" if v is not None else "-"
+
+
+# (scenario, measure, cell, the number a ratio this / before is taken of, or None)
+ROWS: list[tuple[str, str, Any, Any]] = [
+    ("health_idle", "/health p50 / max ms", lambda r: _ms(r["health"]),
+     lambda r: r["health"]["p50_ms"]),
+    ("big_body", "4 x 9 MB answered in s (statuses)",
+     lambda r: f"{r['answered_s']:.1f} ({', '.join(map(str, r['statuses']))})",
+     lambda r: r["answered_s"]),
+    ("big_body", "/health p50 / max ms meanwhile", lambda r: _ms(r["health"]), None),
+    ("big_body", "victim stream ok, worst gap ms",
+     lambda r: f"{r['victim_ok']}, {r['victim_max_gap_ms']:.0f}", None),
+    ("idle_sockets", "/health p50 / max ms, 1,100 idle sockets", lambda r: _ms(r["health"]),
+     None),
+    ("idle_sockets", "idle sockets closed by the server",
+     lambda r: f"{r['closed_after_wait']} / 1100 after {r['wait_s']:.0f} s", None),
+    ("dry_bomb", "victims that ran to their length / 3 (bomb status)",
+     lambda r: f"{r['victim_finish'].count('length')} ({r['bomb_status']})", None),
+    ("dry_bomb", "victim tok/s bombed / clean", lambda r: _ratio(r["victim_rate_ratio"]), None),
+    ("disconnect", "follow-up TTFT s after 4 leavers",
+     lambda r: f"{r['followup_ttft_s']:.2f} ({'ok' if r['followup_ok'] else 'failed'})",
+     lambda r: r["followup_ttft_s"]),
+    ("schema_bomb", "3 bombs: statuses (all answered in s; client gives up at 30)",
+     lambda r: f"{', '.join(map(str, r['statuses']))} ({r['answered_s']:.2f})", None),
+    ("schema_bomb", "RSS MiB at the answers / 10 s later", _bomb_rss, None),
+    ("schema_bomb", "RSS MiB idle -> peak (ratio: of the rise)", lambda r: f"{r['rss_idle_mib']:.0f} -> "
+     f"{r['rss_peak_mib']:.0f}", lambda r: r["rss_peak_mib"] - r["rss_idle_mib"]),
+    ("schema_bomb", "victim stream ok, worst gap ms",
+     lambda r: f"{r['victim_ok']}, {r['victim_max_gap_ms']:.0f}",
+     lambda r: r["victim_max_gap_ms"]),
+    ("schema_bomb", "follow-up `{\"type\": \"integer\"}` status", lambda r: str(r["followup"]),
+     None),
+    ("store_growth", "turns answered 200 (of 20; body MB)",
+     lambda r: f"{r['statuses'].count(200)} / {r['turns']} ({r['body_mb']:.1f})", None),
+    ("store_growth", "RSS MiB after turn 1 -> turn 20",
+     lambda r: f"{r['rss_turn1_mib']:.0f} -> {r['rss_end_mib']:.0f}", None),
+    ("store_growth", "RSS growth MiB over turns 2-20", lambda r: f"{r['growth_mib']:.0f}",
+     lambda r: r["growth_mib"]),
+    ("store_growth", "turn time p50 s", lambda r: f"{r['turn_p50_s']:.2f}",
+     lambda r: r["turn_p50_s"]),
+    ("queue_churn", "deepest queue on /health (limit 4; samples)",
+     lambda r: f"{_f(r['max_queued'], 'd')} ({r['samples']})", lambda r: r["max_queued"]),
+    ("queue_churn", "answers 200 / 503 / other",
+     lambda r: f"{r['served']} / {r['refused_503']} / {r['other']}", None),
+    ("queue_churn", "200s per s", lambda r: f"{r['served_per_s']:.0f}",
+     lambda r: r["served_per_s"]),
+    ("unread_streams", "third request's first token s",
+     lambda r: f"{_f(r['third_ttft_s'], '.2f')} ({'ok' if r['third_ok'] else r['third_error']})",
+     lambda r: r["third_ttft_s"]),
+    ("unread_streams", "tokens generated for the 2 unread (of 12,000)",
+     lambda r: _f(r["unread_tokens"], "d"), lambda r: r["unread_tokens"]),
+    ("unread_streams", "engine idle s after the unread were sent",
+     lambda r: _f(r["idle_after_s"], ".1f"), lambda r: r["idle_after_s"]),
+]
 
 
 def ram_gib() -> int:
