@@ -212,3 +212,15 @@ def test_a_template_that_drops_parallel_calls_gets_one_call_per_turn():
     assert out == ('<user>x<assistant>CALL get_weather {"city": "A"}<tool>ra'
                    '<assistant>CALL get_time {"city": "B"}<tool>rb<tool>orphan')
     assert ChatTemplate(OBJECT_ARGS).caps.refuses_parallel_calls
+
+
+def test_split_calls_keep_the_turns_reasoning_once():
+    t = ChatTemplate(FIRST_CALL_ONLY + "{% for m in messages %}"
+                     "{% if m.reasoning_content is defined %}[R:{{ m.reasoning_content }}]"
+                     "{% endif %}{% endfor %}")
+    calls = (ToolCall(id="a", name="get_weather", arguments={"city": "A"}),
+             ToolCall(id="b", name="get_time", arguments={"city": "B"}))
+    out = render(t, [msg("user", "x"), msg("assistant", "let me", tool_calls=calls,
+                                           reasoning="plan"),
+                     msg("tool", "ra", tool_call_id="a"), msg("tool", "rb", tool_call_id="b")])
+    assert out.count("[R:plan]") == 1 and out.count("let me") == 1

@@ -78,7 +78,7 @@ def _ids(messages: list[dict[str, Any]], rule: str) -> None:
 
 def _one_call_per_turn(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each call its own assistant turn, followed by the results that answer it (by id;
-    results without ids in order)."""
+    results without ids in order); the turn's content and reasoning stay on its first."""
     out: list[dict[str, Any]] = []
     at = 0
     while at < len(messages):
@@ -93,9 +93,11 @@ def _one_call_per_turn(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
             results.append(messages[at])
             at += 1
         left = list(results)
+        later = {k: v for k, v in message.items()
+                 if k not in ("content", "reasoning_content", "thinking")}
         for n, call in enumerate(calls):
-            content = message.get("content") if n == 0 else ""
-            out.append({**message, "content": content, "tool_calls": [call]})
+            turn = message if n == 0 else {**later, "content": ""}
+            out.append({**turn, "tool_calls": [call]})
             mine = [r for r in left if r.get("tool_call_id") == call.get("id")] \
                 if call.get("id") else left[:1]
             out += mine
