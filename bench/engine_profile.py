@@ -503,8 +503,8 @@ def main() -> int:
 
     from mlxcel.app import prompt_cache_from
     from mlxcel.engine.client import EngineClient
-    from mlxcel.engine.loader import load_checkpoint
     from mlxcel.engine.worker import EngineWorker
+    from mlxcel.model.loader import load_checkpoint
     from mlxcel.plugins import load_plugins
     from mlxcel.settings import Settings
 
@@ -532,8 +532,8 @@ def main() -> int:
         return ck
 
     import msgspec
+    from mlxcel.engine.config import EngineConfig
     from mlxcel.engine.policy import resolve_policy
-    from mlxcel.settings import EngineConfig
 
     policy = gpu_policy(EngineConfig()) if args.policy == "gpu" else None
     if args.emit_first != "auto":

@@ -15,8 +15,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from mlxcel.engine.config import EngineConfig
 from mlxcel.options import OPTIONS, build_parser
-from mlxcel.settings import EngineConfig, Settings
+from mlxcel.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "core" / "src" / "mlxcel"

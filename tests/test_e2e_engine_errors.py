@@ -22,7 +22,7 @@ MESSAGE = "marker token reached the model"
 WRAPPER = f'''
 """Test-only: the served model raises on a prefill that holds the marker token."""
 import mlx.core as mx
-import mlxcel.engine.loader as loader
+import mlxcel.model.loader as loader
 
 _load = loader.load_checkpoint
 

@@ -16,8 +16,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from mlxcel.engine.config import EngineConfig
 from mlxcel.options import IGNORED, OPTIONS, build_parser, canonical, ignored_notes
-from mlxcel.settings import EngineConfig, Settings
+from mlxcel.settings import Settings
 from mlxcel.testing.servers import MlxcelServer, server_exe
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -16,12 +16,12 @@ from typing import Any
 import msgspec
 import pytest
 from mlxcel.chat.prompt import render_chat
-from mlxcel.chat_template import ChatTemplate
 from mlxcel.dialects.anthropic.schemas import CountTokensRequest
 from mlxcel.dialects.anthropic.translate import prompt_request as anthropic_request
 from mlxcel.dialects.openai.schemas import ChatCompletionRequest
 from mlxcel.dialects.openai.translate import prompt_request as openai_request
 from mlxcel.errors import InvalidRequest
+from mlxcel.model.chat_template import ChatTemplate
 from template_fixtures import HERE, SOURCES, source_of
 
 REFUSED = "the model's chat template refused these messages: "
@@ -200,8 +200,8 @@ def test_calls_shown_in_the_generic_shape_parse_back():
     generic shape and the server reads the model's answers as generic JSON: the example
     call the prompt shows must parse back into that call."""
     from mlxcel.chat.adapt import call_example
-    from mlxcel.engine.loader import select_tool_format
     from mlxcel.lazy import resolve
+    from mlxcel.model.loader import select_tool_format
     from mlxcel.plugins import load_plugins
     from mlxcel.types.messages import Tool
 
@@ -259,8 +259,8 @@ def test_a_templates_own_call_parses_back():
     reads that call back (``call_example``: the call turn as the template renders it; R1's
     generation prompt ends in a ``<think>`` its call turn does not write)."""
     from mlxcel.chat.adapt import call_example
-    from mlxcel.engine.loader import select_tool_format
     from mlxcel.lazy import resolve
+    from mlxcel.model.loader import select_tool_format
     from mlxcel.plugins import load_plugins
     from mlxcel.types.messages import Tool
 

@@ -112,8 +112,8 @@ def marker_tokenizer(vocab_size: int, work: pathlib.Path) -> pathlib.Path:
 def measure_grammars(vocab_size: int, work: pathlib.Path, runs: int) -> list[dict]:
     from mlxcel.engine.constraints import CacheBudget, ConstraintCompiler, TokenVocabulary
     from mlxcel.engine.constraints.outlines import OutlinesBackend
-    from mlxcel.engine.tokenizer import Tokenizer
     from mlxcel.lazy import resolve
+    from mlxcel.model.tokenizer import Tokenizer
     from mlxcel.types.constraints import RegexConstraint, mark
 
     budget = CacheBudget(memory_bytes=64 << 30, disk_bytes=64 << 30, index_bytes=16 << 30,
@@ -178,7 +178,7 @@ def mask_costs(compiled, size: int) -> dict[str, float]:
 
 def measure(vocab_size: int, work: pathlib.Path) -> dict:
     from mlxcel.engine.constraints import CacheBudget, ConstraintCompiler, TokenVocabulary
-    from mlxcel.engine.tokenizer import Tokenizer
+    from mlxcel.model.tokenizer import Tokenizer
     from mlxcel.types.constraints import JsonSchemaConstraint
 
     # room for every index, so that no run is refused or evicted

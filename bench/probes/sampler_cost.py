@@ -20,9 +20,9 @@ from pathlib import Path
 
 import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache
-from mlxcel.engine.loader import load_checkpoint
 from mlxcel.engine.penalties import Penalties
 from mlxcel.engine.sampling import BatchSampler, RowRandom
+from mlxcel.model.loader import load_checkpoint
 from mlxcel.plugins import load_plugins
 from mlxcel.testing.checkpoint import cached_checkpoint
 from mlxcel.types import SamplingParams

@@ -28,10 +28,10 @@ from pathlib import Path
 
 import msgspec
 from mlxcel.chat.prompt import render_chat, template_message
-from mlxcel.chat_template import ChatTemplate
 from mlxcel.dialects.openai.schemas import ChatCompletionRequest
 from mlxcel.dialects.openai.translate import prompt_request
 from mlxcel.errors import InvalidRequest
+from mlxcel.model.chat_template import ChatTemplate
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -33,7 +33,7 @@ def template(tiny_checkpoint):
     """The tiny checkpoint's chat template, loaded as the server loads it."""
     import json
 
-    from mlxcel.chat_template import load_chat_template
+    from mlxcel.model.chat_template import load_chat_template
 
     config = json.loads((tiny_checkpoint / "tokenizer_config.json").read_text())
     return load_chat_template(tiny_checkpoint, config, override=None, bos_token=None,

@@ -41,7 +41,7 @@ def fim_client(qwen_fim):
 def engine_of(path, context_size=4096):
     """What the prompt builder reads of an engine: the checkpoint's tokenizer and the
     context size."""
-    from mlxcel.engine.tokenizer import Tokenizer
+    from mlxcel.model.tokenizer import Tokenizer
 
     return SimpleNamespace(checkpoint=SimpleNamespace(tokenizer=Tokenizer.from_dir(path)),
                            context_size=context_size)

@@ -8,7 +8,7 @@ import threading
 
 from mlxcel.app import _freeze_heap_once_loaded
 from mlxcel.engine.client import EngineClient
-from mlxcel.engine.loader import load_checkpoint
+from mlxcel.model.loader import load_checkpoint
 from mlxcel.plugins import load_plugins
 
 

@@ -13,8 +13,8 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 from mlxcel import backend
-from mlxcel.engine.loader import load_checkpoint
 from mlxcel.errors import StartupError
+from mlxcel.model.loader import load_checkpoint
 from mlxcel.plugins import load_plugins
 from mlxcel.testing.checkpoint import cached_checkpoint
 

@@ -12,14 +12,14 @@ import argparse
 
 import pytest
 from apphelpers import make_client, wait_ready
-from mlxcel.chat_template import ChatTemplate
-from mlxcel.chat_templates import (
+from mlxcel.errors import InvalidRequest
+from mlxcel.model.chat_template import ChatTemplate
+from mlxcel.model.chat_templates import (
     BUILTIN_NAMES,
     builtin_source,
     chat_template_value,
     detect_builtin,
 )
-from mlxcel.errors import InvalidRequest
 
 MESSAGES = [{"role": "system", "content": "S"}, {"role": "user", "content": "U1"},
             {"role": "assistant", "content": "A1"}, {"role": "user", "content": "U2"}]

@@ -10,11 +10,11 @@ import msgspec
 import pytest
 from mlxcel.chat.prompt import prompt_input, refuse_media, render_chat
 from mlxcel.chat.reasoning import prompt_opens
-from mlxcel.chat_template import ChatTemplate
 from mlxcel.dialects.openai.schemas import ChatCompletionRequest
 from mlxcel.dialects.openai.translate import prompt_request
 from mlxcel.errors import CapabilityNotSupported, InvalidRequest
 from mlxcel.families.api import ReasoningSpec
+from mlxcel.model.chat_template import ChatTemplate
 from mlxcel.types.messages import (
     AudioPart,
     ImagePart,

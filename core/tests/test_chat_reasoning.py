@@ -14,6 +14,7 @@ from mlxcel.chat import reasoning as r
 from mlxcel.chat.output import OutputMachine, merge
 from mlxcel.engine.budget import ReasoningBudget
 from mlxcel.families.api import ReasoningSpec
+from mlxcel.model import reasoning as pick
 from mlxcel.types import ContentDelta, Finish, ReasoningDelta, ToolCallStart
 from mlxcel.types.messages import Tool
 from test_chat_output import events, run, texts
@@ -57,7 +58,7 @@ HARMONY_ANSWER = [("<|channel|>", True), ("analysis", False), ("<|message|>", Tr
 
 @pytest.mark.parametrize("seed", [None, *range(6)])
 def test_harmony_analysis_is_reasoning_and_headers_never_content(seed):
-    reasoning, content, finish = split(r.HARMONY, HARMONY_ANSWER, seed)
+    reasoning, content, finish = split(pick.HARMONY, HARMONY_ANSWER, seed)
     assert reasoning == "the user wants a greeting"
     assert content == "Hello there"
     assert not finish.reasoning_only
@@ -69,7 +70,7 @@ def test_harmony_calls_parse_outside_the_analysis_only():
              ("<|start|>", True), ("assistant", False), ("<|channel|>", True),
              ("commentary to=functions.get_weather ", False), ("<|constrain|>", True),
              ("json", False), ("<|message|>", True), ('{"city": "Paris"}', False)]
-    machine = OutputMachine(reasoning=r.HARMONY, tool_parser=HarmonyParser(),
+    machine = OutputMachine(reasoning=pick.HARMONY, tool_parser=HarmonyParser(),
                             special_texts=("<|channel|>", "<|message|>", "<|end|>",
                                            "<|start|>", "<|constrain|>"))
     deltas = run(machine, events(parts, random.Random(3)))
@@ -82,7 +83,7 @@ def test_harmony_calls_parse_outside_the_analysis_only():
 
 def test_harmony_text_that_is_no_header_is_the_answer():
     parts = [("just words\nand more", False)]
-    assert split(r.HARMONY, parts)[:2] == ("", "just words\nand more")
+    assert split(pick.HARMONY, parts)[:2] == ("", "just words\nand more")
 
 
 @pytest.mark.parametrize("seed", [None, 1, 2])
@@ -130,14 +131,14 @@ VOCAB = {"<think>": 1, "</think>": 2, "[THINK]": 3, "[/THINK]": 4, "<|channel|>"
     ("plain template", VOCAB, None),  # a vocabulary with markers the template never writes
 ])
 def test_detect_needs_the_template_and_the_vocabulary(template, vocab, found):
-    spec, why = r.detect(template, vocab)
+    spec, why = pick.detect(template, vocab)
     assert (spec and (spec.open, spec.close, spec.style)) == found
     assert why
 
 
 def test_select_prefers_the_family():
-    assert r.select(GEMMA, "{{ '<think>' }}", VOCAB) == (GEMMA, "the family's")
-    assert r.select(None, "{{ '<think>' }}", VOCAB)[0] == THINK
+    assert pick.select(GEMMA, "{{ '<think>' }}", VOCAB) == (GEMMA, "the family's")
+    assert pick.select(None, "{{ '<think>' }}", VOCAB)[0] == THINK
 
 
 def test_an_unknown_style_is_refused():
@@ -201,7 +202,7 @@ def test_a_broken_streamed_call_does_not_shift_the_calls_after_it():
 
 @pytest.fixture(scope="module")
 def harmony_checkpoint(tmp_path_factory):
-    from mlxcel.engine.loader import load_checkpoint
+    from mlxcel.model.loader import load_checkpoint
     from mlxcel.plugins import load_plugins
     from mlxcel.testing import build_checkpoint
 
@@ -215,12 +216,12 @@ def test_a_harmony_checkpoint_splits_its_answer_token_by_token(harmony_checkpoin
     as the engine emits it: the analysis is reasoning, the call parses, the final message
     is content, and no header reaches the content."""
     from mlxcel.chat.output import answer_machine
-    from mlxcel.engine.detokenizer import IncrementalDetokenizer
+    from mlxcel.model.detokenizer import IncrementalDetokenizer
     from mlxcel.types import GenerationEvent, GenerationRequest
     from mlxcel.types.messages import PromptInput
 
     ckpt = harmony_checkpoint
-    assert ckpt.reasoning == r.HARMONY and ckpt.tool_format.name == "harmony"
+    assert ckpt.reasoning == pick.HARMONY and ckpt.tool_format.name == "harmony"
     answer = ("<|channel|>analysis<|message|>Need the weather.<|end|>"
               "<|start|>assistant<|channel|>commentary to=functions.get_weather "
               "<|constrain|>json<|message|>{\"city\": \"Paris\"}<|call|>")

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from mlxcel.chat_template import FALLBACK_CHATML, ChatTemplate, load_chat_template
 from mlxcel.errors import InvalidRequest, StartupError
+from mlxcel.model.chat_template import FALLBACK_CHATML, ChatTemplate, load_chat_template
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "w",
                                            "parameters": {"type": "object", "properties": {}}}}]

@@ -17,8 +17,8 @@ from mlxcel.engine.constraints import (
     TokenVocabulary,
     mask_words,
 )
-from mlxcel.engine.tokenizer import Tokenizer
 from mlxcel.errors import ConstraintTooComplex, Overloaded
+from mlxcel.model.tokenizer import Tokenizer
 from mlxcel.types.constraints import JsonSchemaConstraint
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
@@ -51,7 +51,7 @@ from mlxcel.engine.constraints import (
     mask_words,
 )
 from mlxcel.engine.constraints import outlines
-from mlxcel.engine.tokenizer import Tokenizer
+from mlxcel.model.tokenizer import Tokenizer
 from mlxcel.types.constraints import JsonSchemaConstraint
 import numpy as np
 

@@ -19,7 +19,7 @@ import jsonschema
 import numpy as np
 import pytest
 from mlxcel.engine.constraints import ConstraintCompiler, TokenVocabulary, mask_words
-from mlxcel.engine.tokenizer import Tokenizer
+from mlxcel.model.tokenizer import Tokenizer
 from mlxcel.types.constraints import JsonSchemaConstraint
 
 CORPUS = json.loads((pathlib.Path(__file__).parent / "data" / "constraint_schemas.json")

@@ -16,8 +16,8 @@ from mlxcel.engine.constraints import (
     OutlinesBackend,
     TokenVocabulary,
 )
-from mlxcel.engine.tokenizer import Tokenizer
 from mlxcel.errors import ConstraintTooComplex, InvalidRequest, UnsupportedSchema
+from mlxcel.model.tokenizer import Tokenizer
 from mlxcel.types.constraints import JsonSchemaConstraint
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from mlxcel.engine.constraints import CacheBudget, ConstraintCompiler, TokenVocabulary, mask_words
 from mlxcel.engine.constraints.limits import MAX_PATTERN_BYTES, MAX_REPEAT
-from mlxcel.engine.tokenizer import Tokenizer
 from mlxcel.errors import ConstraintTooComplex, UnsupportedSchema
+from mlxcel.model.tokenizer import Tokenizer
 from mlxcel.types.constraints import (
     MARKS,
     MAX_MARKERS,

@@ -14,8 +14,8 @@ import outlines_core
 import pytest
 from mlxcel.engine.constraints import ConstraintCompiler, OutlinesBackend, TokenVocabulary
 from mlxcel.engine.constraints.vocabulary import byte_level_bytes
-from mlxcel.engine.tokenizer import Tokenizer
 from mlxcel.errors import InvalidRequest, UnsupportedTokenizer
+from mlxcel.model.tokenizer import Tokenizer
 from mlxcel.types.constraints import JsonSchemaConstraint
 
 TEXTS = ["hello world", "  two  spaces", "tab\tand\nnewline", "café naïve", "日本語 🙂",

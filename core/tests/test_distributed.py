@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import mlx.core as mx
 import pytest
+from mlxcel import cli
 from mlxcel.engine.distributed import launcher, messages, sharding
 from mlxcel.engine.distributed.follower import Follower
 from mlxcel.engine.distributed.leader import Leader
@@ -157,7 +158,7 @@ def test_launch_runs_mlx_launch_with_mlxcel_server_on_every_rank():
     assert argv[split + 1].endswith("mlxcel-server") and argv[-2:] == ["--distributed",
                                                                         "tensor"]
     with pytest.raises(StartupError, match="must set --distributed"):
-        launcher.check_server_args(["--model", "m"])
+        cli.check_launched_args(["--model", "m"])
 
 
 def test_launch_exits_with_the_first_failing_rank_status():

@@ -173,7 +173,7 @@ def test_take_ready_returns_what_arrived_and_ends_with_the_finish(engine):
 def test_the_switch_interval_setting_is_applied_by_the_engine(tiny_checkpoint):
     import sys
 
-    from mlxcel.settings import EngineConfig
+    from mlxcel.engine.config import EngineConfig
 
     before = sys.getswitchinterval()
     client = engine_for(tiny_checkpoint, 1, config=EngineConfig(switch_interval=0.0007))

@@ -8,8 +8,8 @@ import asyncio
 
 import pytest
 from mlxcel.engine.client import EngineClient
-from mlxcel.engine.loader import load_checkpoint
 from mlxcel.errors import GenerationFailed
+from mlxcel.model.loader import load_checkpoint
 from mlxcel.plugins import load_plugins
 from mlxcel.types import GenerationRequest, SamplingParams
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from mlxcel.settings import EngineConfig
+from mlxcel.engine.config import EngineConfig
 from mlxcel.testing.engine import run_until_done, submit, worker_for
 
 

@@ -7,7 +7,7 @@ import threading
 import time
 
 from mlxcel.engine.client import EngineClient, HeldWakeups, Mailbox
-from mlxcel.engine.loader import load_checkpoint
+from mlxcel.model.loader import load_checkpoint
 from mlxcel.plugins import load_plugins
 from mlxcel.types import GenerationRequest, SamplingParams
 

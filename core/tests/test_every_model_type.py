@@ -13,10 +13,10 @@ import pytest
 from apphelpers import make_client, wait_ready
 from mlxcel.builtin import mlx_lm_types
 from mlxcel.builtin.text_family import TEXT_MODEL_TYPES
-from mlxcel.engine.loader import check_checkpoint, select_family
 from mlxcel.errors import StartupError, UnknownModelType
 from mlxcel.families.api import Family
 from mlxcel.families.registry import FamilyRegistry
+from mlxcel.model.loader import check_checkpoint, select_family
 from mlxcel.plugins import load_plugins
 from mlxcel.testing.checkpoint import SHAPES, cached_checkpoint
 
@@ -173,7 +173,7 @@ def test_startup_check_of_a_generic_type_does_not_import_mlx(mlxcel_checkpoint_c
     lookup must not import MLX there (see test_backend)."""
     path = cached_checkpoint("gpt_oss", cache_dir=mlxcel_checkpoint_cache)
     code = ("import sys; from pathlib import Path; from mlxcel.plugins import load_plugins; "
-            "from mlxcel.engine.loader import check_checkpoint; "
+            "from mlxcel.model.loader import check_checkpoint; "
             f"check_checkpoint(Path({str(path)!r}), load_plugins().families); "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('mlx', 'mlx_lm')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -222,7 +222,7 @@ def test_fewer_caches_than_layers_is_not_batchable(mlxcel_checkpoint_cache, fami
     beyond it (it batches on mlx-lm's batch caches instead, test_mixed_batch.py)."""
     from mlx_lm.models.cache import KVCache
     from mlxcel.engine.batch import is_batchable
-    from mlxcel.engine.loader import load_checkpoint
+    from mlxcel.model.loader import load_checkpoint
 
     path = cached_checkpoint("gemma4_text", cache_dir=mlxcel_checkpoint_cache)
     model = load_checkpoint(str(path), families).model
@@ -238,7 +238,7 @@ def test_a_module_that_exits_on_import_fails_the_load(families, tiny_checkpoint,
     must be a load error, not a SystemExit that ends the engine thread."""
     import importlib.util
 
-    from mlxcel.engine.loader import load_checkpoint
+    from mlxcel.model.loader import load_checkpoint
 
     assert importlib.util.find_spec("hf_olmo") is None, "this test needs hf_olmo absent"
     target = tmp_path / "olmo"

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 from mlxcel.builtin import text_family
-from mlxcel.engine.loader import FAMILY_HINTS, family_hint
 from mlxcel.families.api import Family
 from mlxcel.families.registry import FamilyRegistry
+from mlxcel.model.loader import FAMILY_HINTS, family_hint
 
 GEMMA4 = Family(name="gemma4", model_types=("gemma4", "gemma4_text"), loader="x:load")
 

@@ -9,9 +9,9 @@ import pytest
 from mlx.utils import tree_flatten
 from mlx_lm.models import llama, qwen2
 from mlxcel.engine.accel import fused_proj
+from mlxcel.engine.config import EngineConfig
 from mlxcel.errors import StartupError
 from mlxcel.options import build_parser
-from mlxcel.settings import EngineConfig
 
 SHAPE = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=96, num_attention_heads=4,
              num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=300, rope_theta=10000.0,
@@ -118,8 +118,8 @@ def test_the_setting(monkeypatch):
 
 def test_engine_with_fused_projections_gives_the_same_tokens(path):
     from apphelpers import PROMPTS
-    from mlxcel.engine.loader import load_checkpoint
     from mlxcel.engine.worker import EngineWorker
+    from mlxcel.model.loader import load_checkpoint
     from mlxcel.plugins import load_plugins
     from mlxcel.testing.engine import run_until_done, submit
 

@@ -101,7 +101,7 @@ def test_completion_logprobs_shape(client):
 
 
 def test_loop_detection_unit():
-    from mlxcel.engine.tokenizer import Tokenizer
+    from mlxcel.model.tokenizer import Tokenizer
 
     class Sink:
         cancelled = False

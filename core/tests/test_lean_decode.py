@@ -8,10 +8,10 @@ import mlx.nn as nn
 import pytest
 from mlx_lm.models import gemma3_text, llama, qwen2, qwen3
 from mlxcel.engine.accel import fused_proj, lean_decode, module_attrs
+from mlxcel.engine.config import EngineConfig
 from mlxcel.engine.kvcache import BatchCache, shared_position_rope
 from mlxcel.errors import StartupError
 from mlxcel.options import build_parser
-from mlxcel.settings import EngineConfig
 
 SHAPE = dict(hidden_size=64, num_hidden_layers=3, intermediate_size=96, num_attention_heads=4,
              num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=300, rope_theta=10000.0,

@@ -5,13 +5,13 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from mlxcel.engine.loader import (
+from mlxcel.errors import StartupError
+from mlxcel.model.loader import (
     check_checkpoint,
     generation_defaults,
     load_checkpoint,
     resolve_model_path,
 )
-from mlxcel.errors import StartupError
 from mlxcel.plugins import load_plugins
 
 

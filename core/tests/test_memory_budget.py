@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from mlxcel.engine.config import EngineConfig
 from mlxcel.engine.memory import device_budget, estimate_request_bytes, request_budget
 from mlxcel.errors import MemoryBudgetExceeded, StartupError
 from mlxcel.options import build_parser, parse_size
-from mlxcel.settings import EngineConfig
 from mlxcel.testing.engine import engine_for
 from mlxcel.types import GenerationRequest, SamplingParams
 

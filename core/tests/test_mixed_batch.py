@@ -15,8 +15,8 @@ import time
 import pytest
 from apphelpers import make_client, wait_ready
 from mlxcel.engine.client import EngineClient
-from mlxcel.engine.loader import load_checkpoint
 from mlxcel.engine.prompt_cache import PromptCache
+from mlxcel.model.loader import load_checkpoint
 from mlxcel.plugins import load_plugins
 from mlxcel.testing.checkpoint import cached_checkpoint
 from mlxcel.testing.engine import cpu_policy, engine_for, request, run, solo_tokens

@@ -13,7 +13,7 @@ import mlx.core as mx
 from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
 from mlxcel.engine.cache_kinds import arrays, is_lone, lone_kinds, private
-from mlxcel.engine.loader import load_checkpoint
+from mlxcel.model.loader import load_checkpoint
 from mlxcel.plugins import load_plugins
 from mlxcel.testing.checkpoint import cached_checkpoint
 from mlxcel.testing.engine import run_until_done, solo_outputs, submit, worker_for

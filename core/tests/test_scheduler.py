@@ -7,9 +7,9 @@ import time
 
 import pytest
 from mlxcel.engine.client import MAX_BUFFERED_EVENTS
-from mlxcel.engine.loader import load_checkpoint
 from mlxcel.engine.sequence import Sequence
 from mlxcel.errors import Overloaded
+from mlxcel.model.loader import load_checkpoint
 from mlxcel.plugins import load_plugins
 from mlxcel.testing.engine import engine_for
 from mlxcel.types import GenerationRequest, SamplingParams

@@ -1,4 +1,4 @@
-"""Template capabilities (mlxcel.chat_template.caps) and the adaptation of each conversation
+"""Template capabilities (mlxcel.model.chat_template.caps) and the adaptation of each conversation
 to them (mlxcel.chat.adapt), on small templates that each behave as a real family does."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import json
 import pytest
 from mlxcel.chat.call_ids import fitted, new_call_id
 from mlxcel.chat.prompt import render_chat
-from mlxcel.chat_template import FALLBACK_CHATML, ChatTemplate
 from mlxcel.errors import InvalidRequest
+from mlxcel.model.chat_template import FALLBACK_CHATML, ChatTemplate
 from mlxcel.types.messages import Message, PromptRequest, TextPart, Tool, ToolCall
 
 # Llama 3.1: arguments through tojson (an object), one call per turn, ipython results.

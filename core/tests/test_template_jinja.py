@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from mlxcel.chat_template import ChatTemplate
 from mlxcel.errors import InvalidRequest, StartupError
+from mlxcel.model.chat_template import ChatTemplate
 
 USER = [{"role": "user", "content": "hi"}]
 

@@ -8,7 +8,7 @@ import json
 import pathlib
 
 import pytest
-from mlxcel.chat_template import ChatTemplate
+from mlxcel.model.chat_template import ChatTemplate
 from mlxcel.testing import build_checkpoint, build_tokenizer, cached_checkpoint
 from mlxcel.testing import checkpoint as ckpt_mod
 from mlxcel.testing.templates import STYLES, style
@@ -107,8 +107,8 @@ def _json(path: pathlib.Path, name: str) -> dict:
 
 def _template(path: pathlib.Path) -> ChatTemplate:
     """The template as mlxcel's loader builds it from a checkpoint."""
-    from mlxcel.chat_template import load_chat_template
-    from mlxcel.engine.tokenizer import Tokenizer
+    from mlxcel.model.chat_template import load_chat_template
+    from mlxcel.model.tokenizer import Tokenizer
 
     tok = Tokenizer.from_dir(path)
     return load_chat_template(path, tok.config, override=None, bos_token=tok.bos_token,
@@ -244,7 +244,7 @@ def test_llama3_builtin_tools_use_python_tag_and_eom():
 
 
 def test_markers_are_single_tokens_and_special_ones_vanish(styled):
-    from mlxcel.engine.tokenizer import Tokenizer
+    from mlxcel.model.tokenizer import Tokenizer
 
     name, path = styled
     st = STYLES[name]

@@ -5,9 +5,9 @@ from __future__ import annotations
 import random
 
 import pytest
-from mlxcel.engine.detokenizer import IncrementalDetokenizer
 from mlxcel.engine.stops import StopMatcher
-from mlxcel.engine.tokenizer import Tokenizer
+from mlxcel.model.detokenizer import IncrementalDetokenizer
+from mlxcel.model.tokenizer import Tokenizer
 
 MULTIBYTE = "naïve café 日本語のテキスト 한국어 😀🎉 ok ∑∫ end"
 

@@ -7,10 +7,10 @@ import msgspec
 import pytest
 from mlxcel.chat.prompt import render_chat
 from mlxcel.chat.tool_choice import place_directive
-from mlxcel.chat_template import ChatTemplate
 from mlxcel.dialects.openai.schemas import ChatCompletionRequest
 from mlxcel.dialects.openai.translate import prompt_request
 from mlxcel.errors import InvalidRequest
+from mlxcel.model.chat_template import ChatTemplate
 from mlxcel.types.messages import FunctionChoice, Message, PromptRequest, TextPart, Tool
 
 CHAT = "/v1/chat/completions"

@@ -6,10 +6,10 @@ unknown name refuses to start. The choice rides on the loaded checkpoint, is log
 from __future__ import annotations
 
 import pytest
-from mlxcel.chat_template import ChatTemplate
-from mlxcel.engine.loader import load_checkpoint, select_tool_format
 from mlxcel.errors import StartupError
 from mlxcel.families.api import Family
+from mlxcel.model.chat_template import ChatTemplate
+from mlxcel.model.loader import load_checkpoint, select_tool_format
 from mlxcel.toolcalls.api import ToolFormat
 from mlxcel.toolcalls.registry import ToolFormatRegistry
 

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 from mlxcel.builtin.toolcalls.markup_formats import FORMATS
 from mlxcel.builtin.toolcalls.markup_values import typed_value
-from mlxcel.chat_template import ChatTemplate
 from mlxcel.lazy import resolve
+from mlxcel.model.chat_template import ChatTemplate
 from mlxcel.testing.conformance import (
     ToolFixture,
     check_text_values,

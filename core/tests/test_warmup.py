@@ -44,8 +44,8 @@ def test_warm_up_runs_each_shape_on_the_model(mlxcel_checkpoint_cache):
 
 def test_a_failing_warm_up_does_not_stop_the_engine(mlxcel_checkpoint_cache, monkeypatch):
     from mlxcel.engine import setup as setup_module
-    from mlxcel.engine.loader import load_checkpoint
     from mlxcel.engine.worker import EngineWorker
+    from mlxcel.model.loader import load_checkpoint
     from mlxcel.plugins import load_plugins
     from mlxcel.testing.checkpoint import cached_checkpoint
 
@@ -71,7 +71,7 @@ def test_lifecycle_warm_up_runs_every_batch_operation_once(mlxcel_checkpoint_cac
     backend JIT-compiles them on first use: a 2.5-3.2 s stall in a served step)."""
     from mlxcel.engine import batch, kvcache, penalties, sampling
     from mlxcel.engine.accel.warmup import warm_lifecycle
-    from mlxcel.engine.loader import load_checkpoint
+    from mlxcel.model.loader import load_checkpoint
     from mlxcel.plugins import load_plugins
     from mlxcel.testing.checkpoint import cached_checkpoint
 
@@ -144,7 +144,7 @@ def test_burst_shapes_cover_every_group_the_budget_allows():
 
 def test_one_layer_runs_the_first_layer_and_restores_the_rest(mlxcel_checkpoint_cache):
     from mlxcel.engine.accel.warmup import one_layer
-    from mlxcel.engine.loader import load_checkpoint
+    from mlxcel.model.loader import load_checkpoint
     from mlxcel.plugins import load_plugins
     from mlxcel.testing.checkpoint import cached_checkpoint
 
@@ -176,7 +176,7 @@ def test_mixed_warm_up_plays_every_batch_cache_operation(shape, mlxcel_checkpoin
     from mlx_lm.models import cache as mlc
     from mlxcel.engine import mixed_batch
     from mlxcel.engine.accel.warmup import warm_mixed
-    from mlxcel.engine.loader import load_checkpoint
+    from mlxcel.model.loader import load_checkpoint
     from mlxcel.plugins import load_plugins
     from mlxcel.testing.checkpoint import cached_checkpoint
 
@@ -199,7 +199,7 @@ def test_mixed_warm_up_runs_every_aligned_lone_prefill_shape(mlxcel_checkpoint_c
     """With aligned prefill columns (CUDA), a lone row's every chunk shape runs once."""
     from mlxcel.engine import mixed_batch
     from mlxcel.engine.accel.warmup import warm_mixed
-    from mlxcel.engine.loader import load_checkpoint
+    from mlxcel.model.loader import load_checkpoint
     from mlxcel.plugins import load_plugins
     from mlxcel.testing.checkpoint import cached_checkpoint
 

@@ -52,7 +52,7 @@ def test_killing_the_engine_mid_stream_ends_streams_and_the_server(start_server)
 DEATH = '''
 """Test-only: the served model kills the engine thread on a prefill holding the marker."""
 import mlx.core as mx
-import mlxcel.engine.loader as loader
+import mlxcel.model.loader as loader
 
 _load = loader.load_checkpoint
 

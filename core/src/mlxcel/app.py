@@ -17,6 +17,7 @@ from mlxcel.context import AppContext
 from mlxcel.cors import CorsPolicy
 from mlxcel.dialects.shapes import ErrorShapes, router_handlers
 from mlxcel.engine.client import EngineClient
+from mlxcel.engine.config import EngineConfig
 from mlxcel.engine.prompt_cache import PromptCache
 from mlxcel.http_guard import HostPolicy
 from mlxcel.lazy import resolve
@@ -25,7 +26,7 @@ from mlxcel.metrics import Metrics, metrics_route
 from mlxcel.middleware import GuardConfig, ServerMiddleware
 from mlxcel.plugins import Plugins, load_plugins
 from mlxcel.serving import on_end_streams
-from mlxcel.settings import EngineConfig, Settings, failure_file
+from mlxcel.settings import Settings, failure_file
 
 log = structlog.get_logger("mlxcel.app")
 STREAM_FLUSH_S = 0.5  # how long open streams get to send their error frame before exit
@@ -76,7 +77,7 @@ def create_app(settings: Settings, plugins: Plugins | None = None,
     has no bind, so only ``--allowed-hosts`` restricts its Host names)."""
     plugins = plugins or load_plugins(settings.plugins, settings.disable_plugins)
     if engine is None:
-        from mlxcel.engine.loader import checkpoint_loader
+        from mlxcel.model.loader import checkpoint_loader
 
         engine = EngineClient(
             checkpoint_loader(settings, plugins),

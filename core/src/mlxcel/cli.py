@@ -66,7 +66,7 @@ def list_plugins(argv: Sequence[str]) -> int:
 
 def _tool_format_lines(plugins: Any, args: argparse.Namespace) -> list[str]:
     """The installed tool formats, most specific first; with ``--model``, its pick."""
-    from mlxcel.engine.loader import check_checkpoint, resolve_model_path
+    from mlxcel.model.loader import check_checkpoint, resolve_model_path
 
     formats = sorted((fmt for _, fmt in plugins.tool_formats.items()),
                      key=lambda f: (-f.specificity, f.name))
@@ -102,7 +102,7 @@ def _build_demo_checkpoint() -> str:
 def _prepare_model(settings: Settings) -> Settings:
     """Resolve --demo / --model to a local directory and check it before serving (its
     tool format too, so an unknown --tool-call-format or a tie is one line, pre-fork)."""
-    from mlxcel.engine.loader import check_checkpoint, resolve_model_path
+    from mlxcel.model.loader import check_checkpoint, resolve_model_path
     from mlxcel.plugins import load_plugins
 
     plugins = load_plugins(settings.plugins, settings.disable_plugins)
@@ -190,6 +190,35 @@ def _follower_rank() -> bool:
     return launcher_rank() != 0
 
 
+def check_launched_args(server_args: list[str]) -> None:
+    """The ranks must be told to split the model: ``--distributed`` (or its env twin)."""
+    if build_parser().parse_args(server_args).distributed == "off":
+        raise StartupError("mlxcel-server launch: the server's arguments (after --) must set "
+                           "--distributed tensor or --distributed pipeline")
+
+
+def follow(settings: Settings) -> int:
+    """A follower rank's process (the launcher's rank is not 0): load this rank's shard,
+    agree with rank 0, then replay its messages until it stops. It serves no HTTP."""
+    from mlxcel.engine.config import EngineConfig
+    from mlxcel.engine.distributed.watchdog import exit_follower
+    from mlxcel.engine.worker import EngineWorker
+    from mlxcel.model.loader import checkpoint_loader
+    from mlxcel.plugins import load_plugins
+
+    settings = msgspec.structs.replace(settings, engine_trace=None)  # rank 0's file
+    plugins = load_plugins(settings.plugins, settings.disable_plugins)
+    worker = EngineWorker(checkpoint_loader(settings, plugins), settings.parallel,
+                          settings.prefill_chunk(), config=EngineConfig.from_settings(settings))
+    if not worker.setup():
+        raise StartupError(f"the model failed to load: {worker.error}")
+    try:
+        return worker.dist.serve()
+    except Exception as exc:
+        exit_follower(f"{type(exc).__name__}: {exc}")
+        return 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """The ``mlxcel-server`` entry point; ``argv`` given = called in-process (no re-exec)."""
     as_program = argv is None
@@ -200,7 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if argv[:1] == ["launch"]:
             from mlxcel.engine.distributed.launcher import launch
 
-            return launch(argv[1:])
+            return launch(argv[1:], check_launched_args)
         args = build_parser().parse_args(argv)
         settings = read_api_key(Settings(**vars(args)))
         check_limits(settings)
@@ -218,8 +247,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             structlog.get_logger("mlxcel.cli").warning("flags_ignored", flags=notes)
         check_fd_hard_limit()
         if settings.distributed != "off" and _follower_rank():  # no HTTP: a follower
-            from mlxcel.engine.distributed.follower import main as follow
-
             return follow(_prepare_model(settings))
         address = check_listen(settings.host, settings.port)
         settings = msgspec.structs.replace(settings, host=address)

@@ -4,7 +4,7 @@ Every value mlxcel takes from its operator is a row here, parsed and checked by 
 type (``mlxcel.option_types``, which imports no MLX), so a bad value, given as a flag or
 as its env twin, refuses to start before anything is loaded. The CLI resolves the table
 once into ``Settings``, which is passed down; no other module reads ``os.environ`` for
-mlxcel's own settings (``mlxcel.settings.library_env`` holds the variables of other
+mlxcel's own settings (``mlxcel.backend.library_env`` holds the variables of other
 programs).
 
 A row's ``llama`` column says what a llama-server flag does here, so a llama-server
@@ -22,8 +22,8 @@ import os
 from typing import Any, NamedTuple
 
 from mlxcel import __version__
-from mlxcel.chat_templates import chat_template_value
 from mlxcel.errors import StartupError
+from mlxcel.model.chat_templates import chat_template_value
 from mlxcel.option_types import (  # noqa: F401 (re-exported: the table's types)
     RESERVED_TEMPLATE_KEYS,
     HelpFormatter,

@@ -4,14 +4,13 @@
 The CLI hands the settings to the Granian worker through ``SETTINGS_ENV`` and the worker
 hands a fatal error back through the file named by ``FAILURE_ENV``; these two variables are
 process plumbing between the CLI and its worker, not settings. This module is the one place
-besides the options table that touches the environment (``library_env`` holds other
-programs' variables).
+besides the options table that touches the environment (other programs' variables are
+``mlxcel.backend.library_env``'s).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from typing import Any
 
 import msgspec
@@ -45,7 +44,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     parallel: int = 4
     n_predict: int = -1
     chat_template_file: str | None = None
-    chat_template: str | None = None  # a built-in name or Jinja text (mlxcel.chat_templates)
+    chat_template: str | None = None  # a built-in name or Jinja text (mlxcel.model.chat_templates)
     jinja: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
     tool_call_format: str | None = None
@@ -145,36 +144,3 @@ def hand_to_worker(settings: Settings, failure: str) -> None:
     worker leaves a fatal error, travel through the environment the worker inherits."""
     os.environ[SETTINGS_ENV] = settings.to_env()
     os.environ[FAILURE_ENV] = failure
-
-
-def library_env() -> Mapping[str, str]:
-    """The process environment, for the variables that belong to other programs.
-
-    These are not settings of mlxcel's: ``LD_PRELOAD`` is the dynamic loader's (the
-    OpenBLAS re-exec in ``mlxcel.backend`` prepends to it), and ``OPENBLAS_NUM_THREADS`` /
-    ``OMP_NUM_THREADS`` are OpenBLAS's own, which ``mlxcel.engine.accel.cpu_blas`` leaves alone
-    when a user set them. They are read where those libraries read them, so they come
-    from here rather than from the options table.
-    """
-    return os.environ
-
-
-class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
-    """What the engine thread takes from the settings when it sets up; the defaults are
-    the engine's own (nothing configured), so an engine built in-process needs none."""
-
-    request_memory_budget: int | None = None  # bytes; can only lower the device's
-    switch_interval: float | None = None  # None: CUDA_SWITCH_INTERVAL on CUDA, else Python's
-    fuse_projections: bool | None = None  # None: on with CUDA only
-    lean_decode: bool | None = None  # None: on with CUDA only
-    decode_attention: str = "auto"  # mlxcel.engine.accel.attention.mode
-    step_order: str = "auto"  # queue-first | emit-first | auto (EnginePolicy.emit_first)
-    shared_positions: bool = True  # where the family and the model allow it
-    engine_trace: str | None = None  # a JSONL file path (mlxcel.engine.trace)
-    batch_size: int | None = None  # -b: caps a step's prefill tokens (the burst budget)
-    distributed: str = "off"  # --distributed: off, tensor or pipeline
-    distributed_timeout: float = 60.0  # seconds without a distributed step (watchdog)
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> EngineConfig:
-        return cls(**{name: getattr(settings, name) for name in cls.__struct_fields__})

@@ -139,7 +139,7 @@ def test_optional_items_are_separated_once_and_required_ones_kept(flags):
 @pytest.fixture(scope="module")
 def vocabulary(gemma4_checkpoint):
     from mlxcel.engine.constraints import TokenVocabulary
-    from mlxcel.engine.tokenizer import Tokenizer
+    from mlxcel.model.tokenizer import Tokenizer
 
     return TokenVocabulary.from_tokenizer(Tokenizer.from_dir(gemma4_checkpoint))
 

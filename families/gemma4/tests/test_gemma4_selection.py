@@ -7,8 +7,8 @@ from __future__ import annotations
 import pathlib
 
 import pytest
-from mlxcel.engine.loader import family_hint, load_checkpoint, select_family
 from mlxcel.families.api import LoopPolicy
+from mlxcel.model.loader import family_hint, load_checkpoint, select_family
 from mlxcel.plugins import load_plugins
 from mlxcel.testing.templates import STYLES, template_text
 from mlxcel_family_gemma4 import plugin

@@ -45,8 +45,8 @@ def test_an_answer_splits_into_reasoning_content_and_a_call(gemma4_checkpoint):
     tool format, fed a Gemma 4 answer token by token as the engine emits it (special
     tokens' text kept, with their spans)."""
     from mlxcel.chat.output import OutputMachine, merge
-    from mlxcel.engine.loader import load_checkpoint
     from mlxcel.lazy import resolve
+    from mlxcel.model.loader import load_checkpoint
     from mlxcel.plugins import load_plugins
     from mlxcel.types import ContentDelta, GenerationEvent, ReasoningDelta
 

@@ -13,7 +13,7 @@ from qwen3_coder_fixtures import FIXTURES, TOOLS
 
 @pytest.fixture(scope="module")
 def loaded(mlxcel_checkpoint_cache):
-    from mlxcel.engine.loader import load_checkpoint
+    from mlxcel.model.loader import load_checkpoint
     from mlxcel.plugins import load_plugins
     from mlxcel.testing.checkpoint import cached_checkpoint
 
@@ -34,8 +34,8 @@ def test_the_checkpoint_template_selects_the_installed_format(loaded):
 def test_an_answer_in_the_checkpoints_tokens_parses(loaded):
     """The answer as the engine would emit it: token by token through the detokenizer,
     ``<tool_call>`` an added token of its own."""
-    from mlxcel.engine.detokenizer import IncrementalDetokenizer
     from mlxcel.lazy import resolve
+    from mlxcel.model.detokenizer import IncrementalDetokenizer
 
     plugins, checkpoint = loaded
     tokenizer, fixture = checkpoint.tokenizer, FIXTURES[3]

@@ -122,7 +122,7 @@ def test_a_tool_that_cannot_be_written_as_tags_is_left_out():
 @pytest.fixture(scope="module")
 def vocabulary(checkpoint):
     from mlxcel.engine.constraints import TokenVocabulary
-    from mlxcel.engine.tokenizer import Tokenizer
+    from mlxcel.model.tokenizer import Tokenizer
 
     return TokenVocabulary.from_tokenizer(Tokenizer.from_dir(checkpoint))
 

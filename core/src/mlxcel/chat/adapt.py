@@ -36,7 +36,7 @@ from functools import lru_cache
 from typing import Any
 
 from mlxcel.chat.call_ids import fitted
-from mlxcel.chat_template.caps import TemplateCaps
+from mlxcel.model.chat_template.caps import TemplateCaps
 
 TOOLS_PREAMBLE = "You can call any of the following tools to satisfy the user's requests: "
 

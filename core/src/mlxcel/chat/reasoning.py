@@ -1,5 +1,6 @@
 """The reasoning split: an answer's text routed to its reasoning or to its answer, at the
-markers of the model's ``ReasoningSpec``; and which spec a checkpoint has.
+markers of the model's ``ReasoningSpec`` (which spec a checkpoint has is
+``mlxcel.model.reasoning``'s).
 
 A splitter is fed an answer's pieces in order (``(text, is a special token's text)``) and
 returns runs ``(kind, text, special)``: ``"reasoning"`` text, ``"answer"`` text (for the
@@ -16,15 +17,11 @@ from typing import Any
 
 from mlxcel.engine.stops import partial_suffix
 from mlxcel.families.api import ReasoningSpec
+from mlxcel.model.reasoning import HARMONY_MESSAGE
 from mlxcel.types.requests import ReasoningLimit
 
 Run = tuple[str, str, bool]  # (kind, text, special)
 
-# (open, close) pairs that mark reasoning blocks, as mlx-lm's tokenizer wrapper knows them
-BLOCK_MARKERS = (("<think>", "</think>"), ("<longcat_think>", "</longcat_think>"),
-                 ("<|think:start|>", "<|think:end|>"), ("[THINK]", "[/THINK]"),
-                 ("<seed:think>", "</seed:think>"))
-HARMONY = ReasoningSpec(open="<|channel|>", close="<|end|>", label="analysis", style="harmony")
 
 
 class BlockSplitter:
@@ -102,7 +99,7 @@ class HarmonySplitter:
     tool parser reads them, the content drops them). Text that cannot be a header (a
     newline in it, or more than ``HEADER_LIMIT`` characters) is answer text."""
 
-    START, MESSAGE, CONSTRAIN = "<|start|>", "<|message|>", "<|constrain|>"
+    START, MESSAGE, CONSTRAIN = "<|start|>", HARMONY_MESSAGE, "<|constrain|>"
     ENDS = ("<|end|>", "<|call|>", "<|return|>")
     HEADER_LIMIT = 256
 
@@ -162,30 +159,6 @@ def splitter(spec: ReasoningSpec, inside: bool) -> Any:
     except KeyError:
         raise ValueError(f"unknown reasoning style {spec.style!r} (known: "
                          f"{', '.join(SPLITTERS)})") from None
-
-
-def detect(template_source: str, vocab: Any) -> tuple[ReasoningSpec | None, str]:
-    """The reasoning spec a chat template and vocabulary show, and why: harmony channels,
-    or a known block pair whose markers are both tokens of the vocabulary and whose open
-    marker the template writes (a vocabulary may carry ``<think>`` for a model that was
-    never taught to use it)."""
-    if HARMONY.open in template_source and HARMONY.label in template_source \
-            and all(m in vocab for m in (HARMONY.open, HarmonySplitter.MESSAGE, HARMONY.close)):
-        return HARMONY, "the chat template writes harmony channels"
-    for opening, closing in BLOCK_MARKERS:
-        if opening in vocab and closing in vocab and opening in template_source:
-            return (ReasoningSpec(open=opening, close=closing),
-                    f"the chat template writes {opening} and the vocabulary has {closing}")
-    return None, "no reasoning markers in the chat template"
-
-
-def select(family_spec: ReasoningSpec | None, template_source: str, vocab: Any
-           ) -> tuple[ReasoningSpec | None, str]:
-    """A checkpoint's reasoning spec and why: the family's, else what ``detect`` finds.
-    (``--reasoning-format none`` keeps the spec, for budgets, and splits nothing.)"""
-    if family_spec is not None:
-        return family_spec, "the family's"
-    return detect(template_source, vocab)
 
 
 def prompt_opens(text: str, spec: ReasoningSpec | None) -> bool:

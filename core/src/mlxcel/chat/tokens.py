@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlxcel.engine.tokenizer import TooManyTokens
 from mlxcel.errors import ContextLengthExceeded
+from mlxcel.model.tokenizer import TooManyTokens
 
 
 def byte_bound(engine: Any) -> int | None:

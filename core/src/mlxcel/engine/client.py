@@ -10,6 +10,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from mlxcel.engine.config import EngineConfig
 from mlxcel.engine.memory import estimate_request_bytes
 from mlxcel.engine.prompt_cache import PromptCache
 from mlxcel.engine.worker import EngineWorker
@@ -21,7 +22,6 @@ from mlxcel.errors import (
     ModelLoading,
     Overloaded,
 )
-from mlxcel.settings import EngineConfig
 from mlxcel.types import GenerationEvent, GenerationRequest
 
 # A slow reader never stalls the engine: past this many unread events, text is merged

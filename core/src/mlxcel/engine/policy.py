@@ -12,7 +12,7 @@ from __future__ import annotations
 import msgspec
 
 from mlxcel.backend import CUDA_SWITCH_INTERVAL, mlx_device, on_cuda
-from mlxcel.settings import EngineConfig
+from mlxcel.engine.config import EngineConfig
 
 BURST_CHUNKS = 8  # CUDA: a burst's prefill group may take this many chunks' tokens per step
 

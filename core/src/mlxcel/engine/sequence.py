@@ -10,10 +10,10 @@ from typing import Any, Protocol
 import structlog
 
 from mlxcel.engine.budget import ReasoningBudget
-from mlxcel.engine.detokenizer import IncrementalDetokenizer
 from mlxcel.engine.sampling import RowRandom
 from mlxcel.engine.stops import StopMatcher
-from mlxcel.engine.tokenizer import Tokenizer
+from mlxcel.model.detokenizer import IncrementalDetokenizer
+from mlxcel.model.tokenizer import Tokenizer
 from mlxcel.types import FinishReason, GenerationEvent, GenerationRequest, TokenLogprob, Usage
 
 log = structlog.get_logger("mlxcel.engine")

@@ -18,6 +18,7 @@ import structlog
 from mlxcel.engine import distributed, mixed_batch
 from mlxcel.engine.admission import Admission
 from mlxcel.engine.batch import DecodeBatch, PrefillJob, read_back
+from mlxcel.engine.config import EngineConfig
 from mlxcel.engine.policy import EnginePolicy
 from mlxcel.engine.prompt_cache import PromptCache
 from mlxcel.engine.scheduler import Plan
@@ -25,7 +26,6 @@ from mlxcel.engine.sequence import Sequence, Sink, end_all
 from mlxcel.engine.setup import EngineSetup
 from mlxcel.engine.trace import NullTrace
 from mlxcel.errors import GenerationFailed
-from mlxcel.settings import EngineConfig
 from mlxcel.types import GenerationRequest
 
 log = structlog.get_logger("mlxcel.engine")

@@ -44,7 +44,7 @@ def check_family(checkpoint: Any, family: str) -> None:
     import json
     import pathlib
 
-    from mlxcel.engine.loader import select_family
+    from mlxcel.model.loader import select_family
     from mlxcel.plugins import load_plugins
 
     config = json.loads((pathlib.Path(checkpoint) / "config.json").read_text())

@@ -19,12 +19,12 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from mlxcel.engine.client import EngineClient
-from mlxcel.engine.loader import load_checkpoint
+from mlxcel.engine.config import EngineConfig
 from mlxcel.engine.policy import EnginePolicy, resolve_policy
 from mlxcel.engine.prompt_cache import PromptCache
 from mlxcel.engine.worker import EngineWorker
+from mlxcel.model.loader import load_checkpoint
 from mlxcel.plugins import load_plugins
-from mlxcel.settings import EngineConfig
 from mlxcel.types import GenerationEvent, GenerationRequest, SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0)

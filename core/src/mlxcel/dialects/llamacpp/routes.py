@@ -17,8 +17,8 @@ from mlxcel.dialects.openai.translate import prompt_request
 from mlxcel.dialects.prepare import check_fits, check_token_ids, prepare_for
 from mlxcel.dialects.unserved import unserved_routes
 from mlxcel.dialects.wire import decode_body
-from mlxcel.engine.tokenizer import TooManyTokens
 from mlxcel.errors import CapabilityNotSupported, InvalidRequest, MlxcelError
+from mlxcel.model.tokenizer import TooManyTokens
 
 from .completion import body_prompts, n_predict_of, prompt_tokens, refuse_unsupported
 from .infill import answer_reserve, fim_markers, infill_prompt

@@ -14,7 +14,7 @@ from typing import Any
 
 from mlxcel.chat.answer import failure
 from mlxcel.dialects.wire import error_frame, sse
-from mlxcel.engine.tokenizer import Tokenizer
+from mlxcel.model.tokenizer import Tokenizer
 from mlxcel.types import ContentDelta, Delta, Finish, GenerationEvent, TokenLogprob, Usage
 
 from .completion import Plan

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from mlxcel.engine.tokenizer import Tokenizer
+from mlxcel.model.tokenizer import Tokenizer
 from mlxcel.types import TokenLogprob
 
 

@@ -11,7 +11,7 @@ from msgspec import UNSET
 
 from mlxcel.chat.answer import Answer, failure
 from mlxcel.dialects.wire import SSE_DONE, error_frame, sse
-from mlxcel.engine.tokenizer import Tokenizer
+from mlxcel.model.tokenizer import Tokenizer
 from mlxcel.types import (
     ContentDelta,
     Delta,

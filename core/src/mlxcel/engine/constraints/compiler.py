@@ -94,7 +94,7 @@ class ConstraintCompiler:
     @classmethod
     def for_tokenizer(cls, tokenizer: Any, eos_ids: set[int] | None = None,
                       **options: Any) -> ConstraintCompiler:
-        """For an ``mlxcel.engine.tokenizer.Tokenizer``; ``eos_ids``: the model's."""
+        """For an ``mlxcel.model.tokenizer.Tokenizer``; ``eos_ids``: the model's."""
         return cls(lambda: TokenVocabulary.from_tokenizer(tokenizer, eos_ids), **options)
 
     def check(self, constraint: Constraint) -> None:

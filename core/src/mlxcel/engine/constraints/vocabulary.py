@@ -56,7 +56,7 @@ class TokenVocabulary:
 
     @classmethod
     def from_tokenizer(cls, tokenizer: Any, eos_ids: set[int] | None = None) -> TokenVocabulary:
-        """From an ``mlxcel.engine.tokenizer.Tokenizer``; ``eos_ids`` defaults to its own
+        """From an ``mlxcel.model.tokenizer.Tokenizer``; ``eos_ids`` defaults to its own
         (the engine passes the model's: ``generation_config.json`` may add more)."""
         hf = getattr(tokenizer, "hf", None)
         if hf is None or not hasattr(hf, "to_str"):

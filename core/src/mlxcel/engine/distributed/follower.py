@@ -164,25 +164,3 @@ class Follower(Alone):
                 self.entries.pop(event[1], None)
             else:
                 self.entries.clear()
-
-
-
-def main(settings: Any) -> int:
-    """A follower rank's process (the CLI, when the launcher's rank is not 0): load this
-    rank's shard, agree with rank 0, then replay its messages until it stops."""
-    from mlxcel.engine.loader import checkpoint_loader
-    from mlxcel.engine.worker import EngineWorker
-    from mlxcel.plugins import load_plugins
-    from mlxcel.settings import EngineConfig
-
-    settings = msgspec.structs.replace(settings, engine_trace=None)  # rank 0's file
-    plugins = load_plugins(settings.plugins, settings.disable_plugins)
-    worker = EngineWorker(checkpoint_loader(settings, plugins), settings.parallel,
-                          settings.prefill_chunk(), config=EngineConfig.from_settings(settings))
-    if not worker.setup():
-        raise StartupError(f"the model failed to load: {worker.error}")
-    try:
-        return worker.dist.serve()
-    except Exception as exc:
-        exit_follower(f"{type(exc).__name__}: {exc}")
-        return 1

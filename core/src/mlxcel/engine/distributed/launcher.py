@@ -14,12 +14,11 @@ import shlex
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from mlxcel.errors import StartupError
-from mlxcel.settings import library_env
+from mlxcel.backend import library_env
 
 # what MLX's launchers set in each rank's environment (mlx.launch; Open MPI; MPICH)
 RANK_VARIABLES = ("MLX_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
@@ -77,19 +76,11 @@ def server_program() -> str:
     return str(exe) if exe.exists() else "mlxcel-server"
 
 
-def check_server_args(server_args: Sequence[str]) -> None:
-    """The ranks must be told to split the model: ``--distributed`` (or its env twin)."""
-    from mlxcel.options import build_parser
-
-    parsed = build_parser().parse_args(list(server_args))
-    if parsed.distributed == "off":
-        raise StartupError("mlxcel-server launch: the server's arguments (after --) must set "
-                           "--distributed tensor or --distributed pipeline")
-
-
-def launch(argv: Sequence[str]) -> int:
+def launch(argv: Sequence[str], check_server_args: Callable[[list[str]], None]) -> int:
     """``mlxcel-server launch [launcher options] -- <server options>``: run MLX's launcher;
-    its exit status is the first non-zero exit status of a rank (0 when all ended well)."""
+    its exit status is the first non-zero exit status of a rank (0 when all ended well).
+    ``check_server_args`` (the CLI's) refuses server options that would not split the
+    model, before any rank starts."""
     argv = list(argv)
     split = argv.index("--") if "--" in argv else len(argv)
     args = launch_parser().parse_args(argv[:split])

@@ -9,10 +9,10 @@ from typing import Any
 
 import jinja2
 
-from mlxcel import chat_templates
-from mlxcel.chat_template import jinja
-from mlxcel.chat_template.caps import TemplateCaps, probe_caps
 from mlxcel.errors import InvalidRequest, StartupError
+from mlxcel.model import chat_templates
+from mlxcel.model.chat_template import jinja
+from mlxcel.model.chat_template.caps import TemplateCaps, probe_caps
 
 # Used when a checkpoint ships no template, as llama-server does.
 FALLBACK_CHATML = (
@@ -41,7 +41,7 @@ class ChatTemplate:
 
     @cached_property
     def caps(self) -> TemplateCaps:
-        """What this template supports (``mlxcel.chat_template.caps``), probed once."""
+        """What this template supports (``mlxcel.model.chat_template.caps``), probed once."""
         return probe_caps(self.render_raw)
 
     @property

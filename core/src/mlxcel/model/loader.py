@@ -12,13 +12,13 @@ import msgspec
 import structlog
 
 from mlxcel import backend
-from mlxcel.chat import reasoning
-from mlxcel.chat_template import ChatTemplate, load_chat_template
-from mlxcel.engine.tokenizer import Tokenizer
 from mlxcel.errors import StartupError, UnknownModelType
 from mlxcel.families.api import Family, LoadOptions, ReasoningSpec
 from mlxcel.families.registry import FamilyRegistry
 from mlxcel.lazy import resolve
+from mlxcel.model import reasoning
+from mlxcel.model.chat_template import ChatTemplate, load_chat_template
+from mlxcel.model.tokenizer import Tokenizer
 from mlxcel.toolcalls.api import ToolFormat
 from mlxcel.toolcalls.registry import ToolFormatRegistry
 
@@ -164,7 +164,7 @@ def load_checkpoint(model: str, families: FamilyRegistry, *,
                     ) -> LoadedCheckpoint:
     """Load ``model``; ``dtype`` is --dtype (None: auto); ``tool_formats`` (the installed
     ones) and ``tool_call_format`` (the flag) select its tool format; ``chat_template`` and
-    ``jinja`` are --chat-template and --jinja (``mlxcel.chat_template``), and
+    ``jinja`` are --chat-template and --jinja (``mlxcel.model.chat_template``), and
     ``reasoning_format`` (--reasoning-format) says whether its reasoning is split off;
     ``distributed`` (--distributed tensor|pipeline) loads it lazily and shards it over
     the launcher's ranks (``mlxcel.engine.distributed``)."""

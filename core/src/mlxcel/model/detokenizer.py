@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mlxcel.engine.tokenizer import Tokenizer
+from mlxcel.model.tokenizer import Tokenizer
 
 _REPLACEMENT = "\ufffd"
 
