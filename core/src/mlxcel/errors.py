@@ -102,6 +102,13 @@ class Overloaded(MlxcelError):
     status = 503
 
 
+class RequestTimedOut(MlxcelError):
+    """A queued side job (an embedding, a rerank, ...) was not answered within its task's
+    timeout; the engine drops what it had not yet run."""
+
+    status = 504
+
+
 class ModelLoading(Overloaded):
     """The model is still loading."""
 

@@ -1,4 +1,5 @@
-"""Model family contract: which checkpoints a family loads and what it can do."""
+"""Model family contract: which checkpoints a family owns, which tasks it serves, and how
+it loads them (``mlxcel.families.tasks`` holds the side tasks' runner contracts)."""
 
 from __future__ import annotations
 
@@ -6,18 +7,11 @@ from typing import Any, Protocol
 
 import msgspec
 
-CAPABILITIES = frozenset(
-    {"text", "vision", "audio_in", "transcription", "speech", "embedding", "rerank",
-     "image_generation"}
-)
+from mlxcel.families.tasks import TASKS
+from mlxcel.types.requests import LoopPolicy
 
-
-class LoopPolicy(msgspec.Struct, frozen=True):
-    """Tail n-gram loop detection defaults a family asks for."""
-
-    min_pattern_size: int = 1
-    max_pattern_size: int = 20
-    min_count: int = 4
+__all__ = ["TASKS", "Family", "LoadOptions", "Loaded", "LoadedModel", "LoopPolicy",
+           "ReasoningSpec"]
 
 
 class ReasoningSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -47,16 +41,35 @@ class ReasoningSpec(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Family(msgspec.Struct, frozen=True, kw_only=True):
-    """A model family plugin.
+    """A model family plugin (contract v2: tasks, ``check``, ``load``).
 
-    ``loader`` is a ``"module:attr"`` string naming ``load(path, options) -> LoadedModel``;
-    it is imported only when a checkpoint of this family is loaded.
+    ``tasks``: task name (``mlxcel.families.tasks.TASKS``) -> ``"module:attr"`` that core
+    calls for it. For ``generate`` the attr is ``decoder(loaded) -> LoadedModel``, the
+    model the continuous batch drives; for a side task (``embed``, ``rerank``, ...) it is
+    ``make(loaded, options: TaskOptions) -> runner`` (``mlxcel.families.tasks``).
 
-    ``accepts``: a ``"module:attr"`` string naming ``accepts(model_type, config) -> bool``,
-    for a family whose types are an open set (every type a library implements). It is asked
-    only about a ``model_type`` that no family lists in ``model_types``, so a family naming
-    a type always takes precedence over one that merely accepts it. It runs in the startup
-    check before the server forks, so its module must not import MLX.
+    ``load``: a ``"module:attr"`` naming ``load(path, options: LoadOptions) -> Loaded``;
+    imported only when a checkpoint of this family is loaded, on the engine thread.
+
+    ``check``: a ``"module:attr"`` naming ``check(path, config) -> bool | str``: whether
+    this family owns the checkpoint directory ``path`` (``config``: its ``config.json``),
+    or a one-line reason it does not. It is cheap: no MLX import and no weight read, since
+    it runs in the CLI before the server forks. It sees checkpoints with no
+    ``tokenizer.json`` or chat template too (an embedder's, a speech model's).
+
+    ``tasks_of``: for a family with several tasks, a ``"module:attr"`` naming
+    ``tasks_of(path, config) -> tuple[str, ...]``: the tasks this checkpoint serves (an
+    embedder's ``embed``, a cross-encoder's ``rerank``), as cheap as ``check``; ``-m``
+    serves the first. None: every task of the family.
+
+    Which family owns a checkpoint: among the families that serve the task asked for
+    (``--embedding-model`` asks ``embed``; ``-m`` asks whichever task the checkpoint
+    serves), one that lists its ``model_type`` in ``model_types`` and whose ``check`` (if
+    any) passes; else the one whose ``check`` passes. A listed type wins over a ``check``
+    alone, so an installed family takes precedence over a catch-all for the types it
+    names; two catch-alls taking one checkpoint are a startup error naming both.
+
+    The rest concern ``generate`` only:
 
     ``relative_positions``: the family's models read ``cache.offset`` only as the RoPE
     offset, so the engine may give every row of a batch one shared (shifted) position and
@@ -79,14 +92,16 @@ class Family(msgspec.Struct, frozen=True, kw_only=True):
     of a prefill group padded together.
 
     ``reasoning``: how its models mark reasoning (``ReasoningSpec``). None: the chat layer
-    detects it from the vocabulary and the chat template (``chat.reasoning.detect``).
+    detects it from the vocabulary and the chat template (``mlxcel.model.reasoning``).
+    ``loop_detection``: the tail n-gram loop policy its models need by default.
     """
 
     name: str
-    model_types: tuple[str, ...]
-    loader: str
-    accepts: str | None = None
-    capabilities: frozenset[str] = frozenset({"text"})
+    tasks: dict[str, str]
+    load: str
+    model_types: tuple[str, ...] = ()
+    check: str | None = None
+    tasks_of: str | None = None
     supports_batching: bool = True
     default_tool_format: str | None = None
     reasoning: ReasoningSpec | None = None
@@ -102,6 +117,9 @@ class LoadOptions(msgspec.Struct, frozen=True, kw_only=True):
     ``bfloat16`` = cast the floating-point parameters (quantized weights stay packed).
     The server resolves ``--dtype auto`` before calling: float32 on MLX's CPU device.
 
+    ``task``: the task the server loads the checkpoint for (``--embedding-model`` loads
+    for ``embed``); None for ``-m``, where the checkpoint's own task is served.
+
     ``lazy``: leave the parameters unevaluated (``--distributed``): the engine shards the
     model first, so each rank reads only its part of the weights. A loader that ignores it
     still works, at the cost of reading every weight on every rank.
@@ -110,6 +128,24 @@ class LoadOptions(msgspec.Struct, frozen=True, kw_only=True):
     dtype: str = "auto"
     trust_remote_code: bool = False
     lazy: bool = False
+    task: str | None = None
+
+
+class Loaded(msgspec.Struct, kw_only=True):
+    """What ``load`` returns: the model and what the family brings with it.
+
+    ``tasks``: the tasks this checkpoint serves (of the family's). ``tokenizer`` /
+    ``template`` / ``processor``: the family's own, or None for core's text default
+    (``tokenizer.json`` and the checkpoint's chat template, loaded by core for
+    ``generate``). ``config``: the checkpoint's ``config.json``.
+    """
+
+    model: Any
+    tasks: tuple[str, ...]
+    config: dict[str, Any] = {}
+    tokenizer: Any = None
+    template: Any = None
+    processor: Any = None
 
 
 class LoadedModel(Protocol):

@@ -13,6 +13,7 @@ from mlxcel import errors as e
 TYPES: tuple[tuple[type[e.MlxcelError], str], ...] = (
     (e.MemoryBudgetExceeded, "overloaded_error"),
     (e.Overloaded, "overloaded_error"),
+    (e.RequestTimedOut, "timeout_error"),
     (e.Unauthorized, "authentication_error"),
     (e.Forbidden, "permission_error"),
     (e.NotFound, "not_found_error"),

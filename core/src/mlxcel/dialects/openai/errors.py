@@ -12,6 +12,7 @@ from mlxcel import errors as e
 TYPES: tuple[tuple[type[e.MlxcelError], str], ...] = (
     (e.MemoryBudgetExceeded, "request_memory_budget_exceeded"),
     (e.Overloaded, "server_busy"),
+    (e.RequestTimedOut, "timeout_error"),
     (e.MissingApiKey, "missing_api_key"),
     (e.Unauthorized, "invalid_api_key"),
     (e.NotFound, "not_found_error"),

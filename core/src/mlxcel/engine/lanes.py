@@ -1,0 +1,209 @@
+"""The job lane: one-shot MLX work (an embedding batch, a rerank batch, later a transcription
+or an image) run on an engine thread between decode steps.
+
+Each task has its own bounded queue (``LaneLimits.depth`` jobs, else ``Overloaded``: 503)
+and timeout (``RequestTimedOut``: 504). Jobs of one task with equal ``key`` are batched
+together, up to ``batch_items`` items per run, so requests that arrive together share one
+forward; tasks take turns, and the decode loop runs one batch per step, so a flood of side
+jobs never holds running streams for more than one batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Hashable
+from typing import Any
+
+import msgspec
+import structlog
+
+from mlxcel.errors import MlxcelError, Overloaded, RequestTimedOut
+
+log = structlog.get_logger("mlxcel.engine.lanes")
+
+
+class LaneLimits(msgspec.Struct, frozen=True, kw_only=True):
+    """A task's queue: at most ``depth`` jobs admitted and unfinished, each answered within
+    ``timeout_s`` seconds, run ``batch_items`` items at a time."""
+
+    depth: int = 8
+    timeout_s: float = 120.0
+    batch_items: int = 16
+
+
+class Job:
+    """One request's items of one task. ``fn(batch)`` runs on the engine thread and returns
+    one result per item of ``batch``, which may hold items of other jobs of equal ``key``."""
+
+    __slots__ = ("task", "key", "items", "fn", "results", "next", "done_count", "deadline",
+                 "cancelled", "_loop", "_future")
+
+    def __init__(self, task: str, key: Hashable, items: list[Any],
+                 fn: Callable[[list[Any]], list[Any]]) -> None:
+        self.task, self.key, self.items, self.fn = task, key, list(items), fn
+        self.results: list[Any] = [None] * len(self.items)
+        self.next = 0  # the first item not yet taken into a batch
+        self.done_count = 0
+        self.deadline = 0.0
+        self.cancelled = False  # the caller gave up (timeout or disconnect)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._future: asyncio.Future[list[Any]] | None = None
+
+    def _settle(self, result: list[Any] | None, error: BaseException | None) -> None:
+        """Hand the outcome to the caller's event loop (from the engine thread)."""
+        fut, loop = self._future, self._loop
+        if fut is None or loop is None:
+            return
+
+        def deliver() -> None:
+            if not fut.done():
+                if error is not None:
+                    fut.set_exception(error)
+                else:
+                    fut.set_result(result or [])
+
+        try:
+            loop.call_soon_threadsafe(deliver)
+        except RuntimeError:  # the loop is gone: nobody waits for this job any more
+            pass
+
+
+class JobLane:
+    """The engine-thread side: queued jobs by task, taken a batch at a time (``run_one``).
+    ``submit`` is called from any thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._queues: dict[str, deque[Job]] = {}
+        self._open: dict[str, int] = {}  # admitted, unfinished jobs per task
+        self._turn: deque[str] = deque()  # tasks in the order they get the next batch
+        self.batches_run = 0
+
+    def pending(self) -> bool:
+        return any(self._queues.values())
+
+    def open_jobs(self, task: str) -> int:
+        return self._open.get(task, 0)
+
+    def submit(self, job: Job, limits: LaneLimits) -> None:
+        """Queue ``job``, or raise ``Overloaded`` when its task holds ``limits.depth`` jobs."""
+        with self._lock:
+            if self._open.get(job.task, 0) >= limits.depth:
+                raise Overloaded(f"the {job.task} queue is full ({limits.depth} requests); "
+                                 "try again later")
+            self._open[job.task] = self._open.get(job.task, 0) + 1
+            queue = self._queues.setdefault(job.task, deque())
+            if job.task not in self._turn:
+                self._turn.append(job.task)
+            queue.append(job)
+
+    def _finish(self, job: Job, result: list[Any] | None, error: BaseException | None) -> None:
+        with self._lock:
+            self._open[job.task] -= 1
+        job._settle(result, error)
+
+    def _take(self, batch_items: Callable[[str], int]) -> tuple[list[tuple[Job, int]], Any]:
+        """The next batch: (job, item index) pairs of one task and key, and its ``fn``."""
+        now = time.monotonic()
+        with self._lock:
+            for _ in range(len(self._turn)):
+                task = self._turn[0]
+                self._turn.rotate(-1)
+                queue = self._queues.get(task)
+                expired = [j for j in queue or () if j.cancelled or (j.deadline and
+                                                                    now > j.deadline)]
+                for job in expired:
+                    queue.remove(job)
+                if not queue:
+                    self._drop_expired(expired)
+                    continue
+                key, fn, limit = queue[0].key, queue[0].fn, max(1, batch_items(task))
+                picked: list[tuple[Job, int]] = []
+                for job in list(queue):
+                    if job.key != key:
+                        continue
+                    while job.next < len(job.items) and len(picked) < limit:
+                        picked.append((job, job.next))
+                        job.next += 1
+                    if job.next == len(job.items):
+                        queue.remove(job)
+                    if len(picked) >= limit:
+                        break
+                self._drop_expired(expired)
+                return picked, fn
+        return [], None
+
+    def _drop_expired(self, jobs: list[Job]) -> None:
+        """Outside the scan: close jobs whose caller left or whose time ran out."""
+        for job in jobs:
+            self._open[job.task] -= 1
+            job._settle(None, RequestTimedOut(f"the {job.task} request timed out"))
+
+    def run_one(self, batch_items: Callable[[str], int]) -> bool:
+        """Run one batch, if any is queued; True when one ran. An exception from ``fn``
+        fails the jobs of that batch only."""
+        picked, fn = self._take(batch_items)
+        if not picked:
+            return False
+        self.batches_run += 1
+        jobs = list(dict.fromkeys(job for job, _ in picked))
+        try:
+            results = fn([job.items[i] for job, i in picked])
+            if len(results) != len(picked):
+                raise RuntimeError(f"a {jobs[0].task} batch of {len(picked)} items gave "
+                                   f"{len(results)} results")
+        except Exception as exc:
+            error = exc if isinstance(exc, MlxcelError) else None
+            if error is None:
+                log.exception("side_job_failed", task=jobs[0].task, items=len(picked))
+                error = MlxcelError(f"the {jobs[0].task} job failed: {type(exc).__name__}")
+            with self._lock:  # a job with items still queued leaves the queue too
+                for job in jobs:
+                    queue = self._queues.get(job.task)
+                    if queue is not None and job in queue:
+                        queue.remove(job)
+            for job in jobs:
+                self._finish(job, None, error)
+            return True
+        for (job, i), value in zip(picked, results):
+            job.results[i] = value
+            job.done_count += 1
+        for job in jobs:  # a cancelled job's future is cancelled: settling it is a no-op
+            if job.done_count == len(job.items):
+                self._finish(job, job.results, None)
+        return True
+
+
+class LaneClient:
+    """The asyncio side: ``call`` queues a job, wakes the engine thread, and waits for its
+    results within the task's timeout."""
+
+    def __init__(self, lane: JobLane, wake: Callable[[], None]) -> None:
+        self.lane = lane
+        self.wake = wake
+        self.limits: dict[str, LaneLimits] = {}
+
+    def batch_items(self, task: str) -> int:
+        return self.limits.get(task, LaneLimits()).batch_items
+
+    async def call(self, job: Job, limits: LaneLimits) -> list[Any]:
+        self.limits[job.task] = limits
+        loop = asyncio.get_running_loop()
+        job._loop, job._future = loop, loop.create_future()
+        job.deadline = time.monotonic() + limits.timeout_s
+        self.lane.submit(job, limits)
+        self.wake()
+        try:
+            return await asyncio.wait_for(asyncio.shield(job._future), limits.timeout_s)
+        except asyncio.TimeoutError:
+            job.cancelled = True
+            job._future.cancel()
+            raise RequestTimedOut(f"the {job.task} request took longer than "
+                                  f"{limits.timeout_s:g} s") from None
+        except asyncio.CancelledError:  # the client left: the engine skips what is left
+            job.cancelled = True
+            job._future.cancel()
+            raise

@@ -1,0 +1,64 @@
+"""SideEngine: a side model (an embedder, a reranker, ...) served through the engine's job
+lane. Routes call ``await side.run(items, key, fn)``; the model is loaded, and ``fn`` runs,
+on the engine thread only."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from typing import Any
+
+from mlxcel.engine.lanes import Job, LaneClient, LaneLimits
+from mlxcel.errors import GenerationFailed, ModelLoading
+
+
+class SideEngine:
+    """One side model, by task.
+
+    ``task``: ``embed`` or ``rerank`` (later ``transcribe``, ``speak``, ...). ``name``: its
+    display name (``/v1/models``). ``load()`` runs on the engine thread and returns the
+    task's runner (``mlxcel.families.tasks``); ``runner`` raises ``ModelLoading`` until it
+    has, and ``GenerationFailed`` if it failed.
+    """
+
+    def __init__(self, task: str, name: str, load: Callable[[], Any], lane: LaneClient,
+                 limits: LaneLimits) -> None:
+        self.task = task
+        self.name = name
+        self.load = load
+        self.lane = lane
+        self.limits = limits
+        self.state = "loading"
+        self.error: str | None = None
+        self._runner: Any = None
+
+    def loaded(self, runner: Any) -> None:
+        """Engine thread: the model is ready."""
+        self._runner, self.state = runner, "ready"
+
+    def failed(self, error: str) -> None:
+        """Engine thread: the model did not load."""
+        self.error, self.state = error, "failed"
+
+    @property
+    def runner(self) -> Any:
+        if self.state == "loading":
+            raise ModelLoading("Loading model")
+        if self.state == "failed":
+            raise GenerationFailed(f"the {self.task} model failed to load: {self.error}")
+        return self._runner
+
+    @property
+    def batch_items(self) -> int:
+        """The most items one run of ``fn`` takes (``--embedding-batch-size``, ...)."""
+        return self.limits.batch_items
+
+    async def run(self, items: list[Any], key: Hashable,
+                  fn: Callable[[list[Any]], list[Any]]) -> list[Any]:
+        """``fn(batch)`` on the engine thread over ``items`` (maybe beside other requests'
+        items of the same ``key``, in batches of at most ``batch_items``); one result per
+        item, in order. ``Overloaded`` (503) when this task's queue is full,
+        ``RequestTimedOut`` (504) past its timeout; an exception ``fn`` raises is raised
+        here."""
+        _ = self.runner  # ModelLoading / GenerationFailed before queueing
+        return await self.lane.call(Job(task=self.task, key=key, items=items, fn=fn),
+                                    self.limits)
