@@ -446,7 +446,7 @@ def install_timers() -> dict[str, list[tuple[float, float]]]:
                (worker.EngineWorker, "_settle", "settle"),
                (worker.EngineWorker, "_plan", "plan"), (worker.EngineWorker, "_drain", "drain"),
                (worker.EngineWorker, "_remember", "prompt-cache store"),
-               (worker.EngineWorker, "_iteration", "iteration (all)")]
+               (worker.EngineWorker, "step", "iteration (all)")]
     for cls, name, label in targets:
         def wrap(fn, label=label):
             def timed(*a, **kw):
@@ -501,7 +501,7 @@ def main() -> int:
                     help="turn the prompt cache off (the server's default has it on)")
     args = ap.parse_args()
 
-    from mlxcel.app import prompt_cache_from
+    from mlxcel.engines import prompt_cache_from
     from mlxcel.engine.client import EngineClient
     from mlxcel.engine.worker import EngineWorker
     from mlxcel.model.loader import load_checkpoint

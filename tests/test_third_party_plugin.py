@@ -42,7 +42,8 @@ from mlxcel import hookimpl
 @hookimpl
 def mlxcel_register_families(registry):
     registry.add(Family(
-        name="acme-llama", model_types=("llama",), loader="acme_llama.loader:load"))
+        name="acme-llama", model_types=("llama",), load="acme_llama.loader:load",
+        tasks={"generate": "acme_llama.loader:decoder"}))
 """
 
 BROKEN_PLUGIN = """
@@ -194,14 +195,14 @@ def test_the_docs_show_the_real_listing(sites) -> None:
 
 def test_third_party_registrations_are_usable_and_lazy(sites) -> None:
     code = textwrap.dedent("""
-        import json, sys
+        import json, pathlib, sys
         import msgspec
         from mlxcel.lazy import resolve
         from mlxcel.plugins import load_plugins
 
         p = load_plugins()
         eager = [m for m in ("acme_mlxcel.parser", "acme_mlxcel.loader") if m in sys.modules]
-        family = p.families.for_model_type("acme_lm")
+        family = p.families.select(pathlib.Path("."), {"model_type": "acme_lm"}, "generate")
         fmt = p.tool_formats.select("{% if tools %}<acme_call>{% endif %}")
         by_default = p.tool_formats.select(None, family_default=family.default_tool_format)
         parser = resolve(fmt.parser)(())

@@ -36,7 +36,7 @@ def test_a_burst_at_one_decoding_row_prefills_in_one_group(path):
     worker = worker_for(path, cache=False, chunk=16, parallel=12, burst_chunks=8)
     running = submit(worker, list(range(3, 13)), max_tokens=40)
     for _ in range(3):
-        worker._iteration()
+        worker.step()
     assert len(worker.batch) == 1
     sinks = [submit(worker, p) for p in BURST]
     worker._drain(block=False)
@@ -74,7 +74,7 @@ def test_a_long_prompt_arriving_alone_still_prefills_a_chunk_per_step(path):
     worker = worker_for(path, cache=False, chunk=16, parallel=12, burst_chunks=8)
     running = submit(worker, list(range(3, 13)), max_tokens=40)
     for _ in range(3):
-        worker._iteration()
+        worker.step()
     long = submit(worker, list(range(3, 60)))  # 56 tokens to prefill
     worker._drain(block=False)
     # 1 arriving at 1 decoding row: 8 chunks, but a row computes one chunk's columns a step
@@ -96,7 +96,7 @@ def test_held_rows_do_not_shrink_the_next_burst_group(path):
                         hold_groups=True)
     running = submit(worker, list(range(3, 13)), max_tokens=40)
     for _ in range(3):
-        worker._iteration()
+        worker.step()
     groups = []
     admit = worker._admit
 
@@ -123,7 +123,7 @@ def test_requests_arriving_during_a_prefill_join_with_its_group(path):
         worker = worker_for(path, cache=False, chunk=64, parallel=8, hold_groups=hold)
         running = submit(worker, list(range(3, 13)), max_tokens=30)
         for _ in range(3):
-            worker._iteration()
+            worker.step()
         joins = []
         join = worker.batch.join
         worker.batch.join = lambda jobs, joins=joins, join=join: (

@@ -1,6 +1,6 @@
 """Admission: waiting requests are prefilled together, prompt-cache hits included.
 
-The engine worker is driven by hand (``setup()`` then ``_iteration()`` on this thread), so
+The engine worker is driven by hand (``setup()`` then ``step()`` on this thread), so
 which requests form one prefill group is deterministic.
 """
 
@@ -125,7 +125,7 @@ def test_a_failing_queue_still_sends_held_finish_events(path, monkeypatch):
         if short.done and long.done:
             break
         try:
-            worker._iteration()
+            worker.step()
         except RuntimeError:
             worker._fail_running("engine error: injected")
     assert short.done and short.events[-1].finish_reason == "length"
@@ -154,7 +154,7 @@ def test_a_burst_joins_the_idle_batch_in_one_merge(path):
     worker = worker_for(path, cache=False, chunk=45, hold_groups=True)
     joins = _record_joins(worker)
     sinks = [submit(worker, p) for p in PROMPTS]
-    worker._iteration()
+    worker.step()
     assert len(worker.prefilled) == 1 and not worker.batch  # held: the next can start now
     run_until_done(worker, sinks)
     assert joins == [3]
@@ -170,7 +170,7 @@ def test_groups_held_while_rows_decode_are_bounded(path):
                         hold_groups=True)  # as on CUDA
     running = submit(worker, BASE[:10], max_tokens=60)
     for _ in range(3):
-        worker._iteration()
+        worker.step()
     assert len(worker.batch) == 1
     joins = _record_joins(worker)
     before = len(running.tokens)
@@ -186,10 +186,10 @@ def test_groups_held_while_rows_decode_are_bounded(path):
 def test_a_cancelled_row_in_a_held_group_frees_its_slot(path):
     worker = worker_for(path, cache=False, chunk=45, parallel=2, hold_groups=True)
     sinks = [submit(worker, p) for p in PROMPTS]
-    worker._iteration()
+    worker.step()
     assert [len(j.seqs) for j in worker.prefilled] == [1] and worker._free() == 1
     sinks[0].cancelled = True
-    worker._iteration()  # the held row leaves: its group is gone, the slot is free again
+    worker.step()  # the held row leaves: its group is gone, the slot is free again
     assert sinks[0].events[-1].finish_reason == "cancelled"
     assert worker._free() >= 0 and all(not s.finished for j in worker.prefilled for s in j.seqs)
     run_until_done(worker, sinks[1:])
@@ -220,9 +220,9 @@ def test_off_cuda_each_group_joins_as_soon_as_it_is_prefilled(path):
     assert not worker.policy.hold_groups
     joins = _record_joins(worker)
     sinks = [submit(worker, p) for p in PROMPTS]
-    worker._iteration()
+    worker.step()
     assert len(worker.batch) == 1 and not worker.prefilled
-    worker._iteration()  # the second group joins; the first one's first token is out
+    worker.step()  # the second group joins; the first one's first token is out
     assert len(worker.batch) == 2 and sinks[0].tokens and not sinks[2].tokens
     run_until_done(worker, sinks)
     assert joins == [1, 1, 1]

@@ -6,10 +6,10 @@ from __future__ import annotations
 import gc
 import threading
 
-from mlxcel.app import _freeze_heap_once_loaded
 from mlxcel.engine.client import EngineClient
 from mlxcel.model.loader import load_checkpoint
 from mlxcel.plugins import load_plugins
+from mlxcel.serving import _freeze_heap_once_loaded
 
 
 def _freezer() -> threading.Thread:
@@ -21,7 +21,7 @@ def test_heap_is_frozen_after_the_model_loads(tiny_checkpoint):
     engine = EngineClient(lambda: load_checkpoint(str(tiny_checkpoint), families), parallel=1)
     gc.unfreeze()
     try:
-        _freeze_heap_once_loaded(engine)
+        _freeze_heap_once_loaded([engine.worker])
         thread = _freezer()
         assert gc.get_freeze_count() == 0  # nothing frozen while the model is not loaded
         engine.start()
@@ -40,7 +40,7 @@ def test_a_failed_load_freezes_nothing(tmp_path):
     engine = EngineClient(fail, parallel=1)
     gc.unfreeze()
     try:
-        _freeze_heap_once_loaded(engine)
+        _freeze_heap_once_loaded([engine.worker])
         thread = _freezer()
         engine.start()
         thread.join(60)

@@ -11,15 +11,15 @@ def test_cancelled_waiting_and_prefilling_requests_leave_at_once(tiny_checkpoint
     long_prompt = [(3 * i) % 90 + 3 for i in range(200)]  # many 16-token chunks
     prefilling = submit(worker, long_prompt, 4)
     waiting = submit(worker, [3, 4, 5], 4)
-    worker._iteration()
+    worker.step()
     assert worker.prefilling is not None and worker.queued == 1
     assert [s.sink for s in worker.waiting] == [waiting]
     waiting.cancelled = True
-    worker._iteration()
+    worker.step()
     assert worker.queued == 0 and not worker.waiting
     assert waiting.last.finish_reason == "cancelled"
     prefilling.cancelled = True
-    worker._iteration()
+    worker.step()
     assert worker.prefilling is None and not worker.active
     assert prefilling.last.finish_reason == "cancelled"
     after = submit(worker, [3, 4, 5], 4)  # the slot is free again

@@ -67,9 +67,9 @@ def drive(lead, follow, sent, sinks, cancel=None) -> None:
             break
         if cancel is not None and step == 6:
             cancel.cancelled = True
-        lead._iteration()
+        lead.step()
         replay(follow, sent)
-    lead._iteration()  # idle: what is left is sent at once
+    lead.step()  # idle: what is left is sent at once
     replay(follow, sent)
 
 
@@ -100,7 +100,7 @@ def test_a_follower_replays_rank_0_batches_cache_hits_and_evictions(tiny_checkpo
     assert sink.last.usage.cached_tokens >= BLOCK_SIZE
     same_state(lead, follow)
     lead.prompt_cache.reset()  # a reset from HTTP reaches the follower with the next message
-    lead._iteration()
+    lead.step()
     replay(follow, sent)
     assert follow.dist.entries == {} and not sent
 
@@ -117,7 +117,7 @@ def test_rank_0_sends_before_each_collective_step_and_pings_when_idle(tiny_check
     assert sum(k.count("Launch") for k in kinds) == sum(k.count("ReadBack") for k in kinds)
     lead.dist.last_sent -= 5  # long idle: an empty message tells the followers it lives
     sent.clear()
-    lead._iteration()
+    lead.step()
     assert [messages.decode_message(p).ops for p in sent] == [()]
 
 

@@ -70,8 +70,8 @@ def test_the_engine_wakes_the_loop_at_most_once_per_iteration(tiny_checkpoint):
     client.start()
     client.worker.ready.wait(60)
     iterations: list[int] = []
-    real = client.worker._iteration
-    client.worker._iteration = lambda: (iterations.append(1), real())[1]
+    real = client.worker.step
+    client.worker.step = lambda: (iterations.append(1), real())[1]
 
     async def main():
         wakeups = _count_wakeups(asyncio.get_running_loop())

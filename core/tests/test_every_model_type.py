@@ -136,8 +136,8 @@ def test_an_installed_family_takes_precedence_for_its_types(families, tmp_path):
         reg.current_owner = families.owner(key)
         reg.add(family)
     reg.current_owner = "family-gemma3"
-    reg.add(Family(name="gemma3", model_types=("gemma3_text",),
-                                  loader="pkg_gemma3.loader:load"))
+    reg.add(Family(name="gemma3", model_types=("gemma3_text",), load="pkg_gemma3.loader:load",
+                   tasks={"generate": "pkg_gemma3.loader:decoder"}))
     assert select_family(reg, {"model_type": "gemma3_text"}, tmp_path).name == "gemma3"
     assert select_family(reg, {"model_type": "gpt_oss"}, tmp_path).name == "mlx-lm-generic"
 
@@ -146,8 +146,9 @@ def test_two_fallback_families_accepting_one_type_name_both():
     reg = FamilyRegistry()
     for owner, name in (("family-one", "one"), ("family-two", "two")):
         reg.current_owner = owner
-        reg.add(Family(name=name, model_types=(), loader="pkg.loader:load",
-                                  accepts="mlxcel.builtin.mlx_lm_types:accepts"))
+        reg.add(Family(name=name, model_types=(), load="pkg.loader:load",
+                       tasks={"generate": "pkg.loader:decoder"},
+                       check="mlxcel.builtin.mlx_lm_types:check"))
     with pytest.raises(StartupError) as err:
         reg.for_model_type("gpt_oss", {})
     assert "'one' (from 'family-one')" in str(err.value)

@@ -11,7 +11,8 @@ from mlxcel.families.api import Family
 from mlxcel.families.registry import FamilyRegistry
 from mlxcel.model.loader import FAMILY_HINTS, family_hint
 
-GEMMA4 = Family(name="gemma4", model_types=("gemma4", "gemma4_text"), loader="x:load")
+GEMMA4 = Family(name="gemma4", model_types=("gemma4", "gemma4_text"), load="x:load",
+                tasks={"generate": "x:decoder"})
 
 
 def builtin_family(model_type: str) -> Family:

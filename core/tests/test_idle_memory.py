@@ -18,9 +18,9 @@ def idle_worker(path, cache: bool):
 
 def idle_out(worker) -> None:
     """Iterate past the idle delay (the loop wakes at least every 0.5 s when idle)."""
-    worker._iteration()
+    worker.step()
     time.sleep(worker.idle_release + 0.05)
-    worker._iteration()
+    worker.step()
 
 
 def finish_and_hold(worker, sinks) -> int:
@@ -28,7 +28,7 @@ def finish_and_hold(worker, sinks) -> int:
     for _ in range(2000):
         if all(s.done for s in sinks):
             return mx.get_cache_memory()
-        worker._iteration()
+        worker.step()
     raise AssertionError("requests did not finish")
 
 
@@ -38,7 +38,7 @@ def test_a_big_request_leaves_no_buffer_cache_once_idle(tiny_checkpoint):
            for _ in range(3)]
     held = finish_and_hold(worker, big)
     assert held > 0  # the prefill's buffers were returned to MLX's cache, not the system
-    worker._iteration()  # drops the finished rows: the engine is idle
+    worker.step()  # drops the finished rows: the engine is idle
     assert not worker._busy()
     assert mx.get_cache_memory() > 0  # kept for a request that follows at once
     idle_out(worker)
@@ -54,5 +54,5 @@ def test_a_prompt_cache_reset_frees_its_buffers_on_the_engine_thread(tiny_checkp
     assert mx.get_cache_memory() == 0  # idle: cleared, the cache entry itself kept
     worker.prompt_cache.reset()  # as /v1/cache/reset does, from an HTTP thread
     assert mx.get_cache_memory() > 0  # the entry's arrays went to MLX's buffer cache
-    worker._iteration()  # woken by the reset
+    worker.step()  # woken by the reset
     assert mx.get_cache_memory() == 0

@@ -18,7 +18,7 @@ def test_finished_rows_stay_until_they_are_the_majority(path):
     for _ in range(200):
         if all(s.done for s in sinks):
             break
-        worker._iteration()
+        worker.step()
         seen.append((len(worker.batch.rows), len(worker.batch), len(worker.active),
                      worker._free()))
     assert [s.tokens for s in sinks] == expected
@@ -38,8 +38,8 @@ def test_a_join_drops_the_finished_rows_in_its_merge(path):
     sinks = [submit(worker, p, max_tokens=n) for p, n in zip(PROMPTS[:2], lengths,
                                                                strict=True)]
     while not sinks[0].done:
-        worker._iteration()
-    worker._iteration()
+        worker.step()
+    worker.step()
     assert len(worker.batch.rows) == 2 and len(worker.batch) == 1  # kept: 1 of 2 finished
     extends = []
     cache = worker.batch.cache[0]
@@ -53,7 +53,7 @@ def test_a_join_drops_the_finished_rows_in_its_merge(path):
     try:
         late = submit(worker, PROMPTS[2], max_tokens=4)
         while len(worker.batch.rows) != 2 or len(worker.batch) != 2:
-            worker._iteration()
+            worker.step()
     finally:
         type(cache).extend = real
     assert extends and extends[0] == [1]  # the merge kept the running row only

@@ -42,7 +42,7 @@ def test_a_lone_row_takes_the_plain_step_of_mlx_lms_generate_loop(mlxcel_checkpo
     sink = submit(worker, LONG, max_tokens=12)
     seen = set()
     while not sink.done:
-        worker._iteration()
+        worker.step()
         seen.add(_kinds(worker))
         if worker.batch and worker.batch.cache is not None:
             assert {type(c) for c in worker.batch.cache} == {KVCache, RotatingKVCache}
@@ -64,11 +64,11 @@ def test_rows_joining_and_leaving_a_lone_row_keep_every_rows_tokens(mlxcel_check
     later = []
     for prompt, n in ((SHORT, 5), (LONG[:23], 4)):
         while len(first.tokens) < 4 + 10 * len(later):
-            worker._iteration()
+            worker.step()
             seen.append(_kinds(worker))
         later.append(submit(worker, prompt, max_tokens=n))
     while not first.done:
-        worker._iteration()
+        worker.step()
         seen.append(_kinds(worker))
     states = [k for i, k in enumerate(seen) if k and (i == 0 or k != seen[i - 1])]
     assert states == ["lone", "batch", "lone", "batch", "lone"]
@@ -88,7 +88,7 @@ def test_the_whole_cuda_policy_on_a_lone_row_and_its_joiners(mlxcel_checkpoint_c
     run_until_done(worker, [first], settle=True)
     lone = submit(worker, LONG, max_tokens=12)
     while len(lone.tokens) < 3:
-        worker._iteration()
+        worker.step()
     assert is_lone(worker.batch.cache)
     prompts = [LONG + first.tokens + [4, 5], SHORT, LONG[:23]]  # the first: a cache hit
     sinks = [submit(worker, p, max_tokens=6) for p in prompts]

@@ -73,7 +73,9 @@ def test_registry_keys_items_by_their_own_name() -> None:
 
 
 def _family(name: str, *model_types: str, **kw) -> Family:
-    return Family(name=name, model_types=model_types, loader=f"pkg_{name}.loader:load", **kw)
+    tasks = kw.pop("tasks", {"generate": f"pkg_{name}.loader:decoder"})
+    return Family(name=name, model_types=model_types, load=f"pkg_{name}.loader:load",
+                  tasks=tasks, **kw)
 
 
 def test_family_registry_refuses_duplicate_model_type_naming_both() -> None:
@@ -103,15 +105,30 @@ def test_family_registry_refuses_duplicate_family_name() -> None:
         reg.add(_family("same", "t2"))
 
 
-def test_family_registry_refuses_unknown_capabilities() -> None:
+def test_family_registry_refuses_unknown_tasks_and_no_tasks() -> None:
     reg = FamilyRegistry()
     reg.current_owner = "family-odd"
     with pytest.raises(PluginError) as err:
-        reg.add(_family("odd", "odd_lm", capabilities=frozenset({"text", "telepathy"})))
+        reg.add(_family("odd", "odd_lm", tasks={"generate": "a:b", "telepathy": "a:c"}))
     assert "telepathy" in str(err.value) and "family-odd" in str(err.value)
+    with pytest.raises(PluginError, match="declares no tasks"):
+        reg.add(_family("none", "none_lm", tasks={}))
     assert "odd" not in reg and reg.for_model_type("odd_lm") is None
-    reg.add(_family("ok", "ok_lm", capabilities=frozenset({"text", "vision"})))
-    assert reg.for_model_type("ok_lm").capabilities == {"text", "vision"}
+    reg.add(_family("ok", "ok_lm", tasks={"embed": "a:b", "rerank": "a:c"}))
+    assert reg.for_model_type("ok_lm") is None  # it does not generate
+    assert reg.for_model_type("ok_lm", task="rerank").name == "ok"
+
+
+def test_one_model_type_in_two_families_of_different_tasks() -> None:
+    """A chat family and an embedder family may both list ``qwen3``: they serve
+    different tasks, so neither shadows the other."""
+    reg = FamilyRegistry()
+    reg.add(_family("chat", "qwen3"))
+    reg.add(_family("emb", "qwen3", tasks={"embed": "a:b"}))
+    assert reg.for_model_type("qwen3").name == "chat"
+    assert reg.for_model_type("qwen3", task="embed").name == "emb"
+    with pytest.raises(PluginError, match="duplicate model_type 'qwen3'"):
+        reg.add(_family("emb2", "qwen3", tasks={"embed": "a:b"}))
 
 
 # --- ToolFormatRegistry.select --------------------------------------------------------------
@@ -331,7 +348,8 @@ def test_registrations_are_recorded_per_plugin(install_plugin) -> None:
         @hookimpl
         def mlxcel_register_families(registry):
             registry.add(Family(name="unit-fam", model_types=("unit_lm",),
-                                                 loader="unit_multi_pkg.heavy:load"))
+                                load="unit_multi_pkg.heavy:load",
+                                tasks={"generate": "unit_multi_pkg.heavy:decoder"}))
 
         @hookimpl
         def mlxcel_register_tool_formats(registry):

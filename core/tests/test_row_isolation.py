@@ -1,7 +1,7 @@
 """One request's inputs fail that request alone: the rows decoding beside it finish with the
 same greedy tokens as when they run without it.
 
-The engine worker is driven by hand (``setup()`` then ``_iteration()`` on this thread) on
+The engine worker is driven by hand (``setup()`` then ``step()`` on this thread) on
 the tiny checkpoint, so the test is deterministic.
 """
 
@@ -31,9 +31,9 @@ def submit(worker, prompt, sampling=GREEDY, max_tokens=8) -> ListSink:
 def run_until_done(worker, sinks) -> None:
     for _ in range(2000):
         if all(s.done for s in sinks):
-            worker._iteration()  # drop the finished rows
+            worker.step()  # drop the finished rows
             return
-        worker._iteration()
+        worker.step()
     raise AssertionError("requests did not finish")
 
 
@@ -61,7 +61,7 @@ BOMBS = {
 def test_a_bad_row_fails_alone_and_the_batch_goes_on(worker, bomb):
     expected = victims_alone(worker)
     victims = [submit(worker, VICTIMS[0])]
-    worker._iteration()  # the first victim is decoding when the bomb arrives
+    worker.step()  # the first victim is decoding when the bomb arrives
     bad = BOMBS[bomb](worker)
     victims += [submit(worker, p) for p in VICTIMS[1:]]
     run_until_done(worker, [*victims, bad])

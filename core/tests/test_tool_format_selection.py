@@ -37,7 +37,8 @@ def _registry(*formats: ToolFormat) -> ToolFormatRegistry:
 
 
 def _pick(formats, template, flag=None, default=None):
-    family = Family(name="fam", model_types=("x",), loader="mlxcel.nowhere:load",
+    family = Family(name="fam", model_types=("x",), load="mlxcel.nowhere:load",
+                    tasks={"generate": "mlxcel.nowhere:decoder"},
                     default_tool_format=default)
     fmt, why = select_tool_format(formats, family, ChatTemplate(template), flag)
     return (fmt.name if fmt else None), why

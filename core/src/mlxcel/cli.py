@@ -100,12 +100,13 @@ def _build_demo_checkpoint() -> str:
 
 
 def _prepare_model(settings: Settings) -> Settings:
-    """Resolve --demo / --model to a local directory and check it before serving (its
-    tool format too, so an unknown --tool-call-format or a tie is one line, pre-fork)."""
-    from mlxcel.model.loader import check_checkpoint, resolve_model_path
+    """Resolve --demo / --model and the side models to local directories and check them
+    before serving (the chat model's tool format too, so an unknown --tool-call-format or a
+    tie is one line, pre-fork)."""
     from mlxcel.plugins import load_plugins
 
     plugins = load_plugins(settings.plugins, settings.disable_plugins)
+    settings = _prepare_sides(settings, plugins)
     if settings.demo and not settings.model:
         print("mlxcel-server: DEMO MODE - serving a tiny checkpoint with RANDOM weights; "
               "its output is random text. Pass --model to serve a real model.",
@@ -114,8 +115,32 @@ def _prepare_model(settings: Settings) -> Settings:
         return msgspec.structs.replace(settings, model=str(path),
                                        alias=settings.alias or "mlxcel-demo")
     if not settings.model:
-        raise StartupError("no model given: pass --model PATH_OR_HF_ID (or --demo)")
+        if settings.embedding_model or settings.reranker_model:
+            return settings
+        raise StartupError("no model given: pass --model PATH_OR_HF_ID (or --demo, "
+                           "--embedding-model, --reranker-model)")
+    path = _check_main_model(settings, plugins)
+    alias = settings.alias or settings.model.rstrip("/").split("/")[-1]
+    return msgspec.structs.replace(settings, model=str(path), alias=alias)
+
+
+def _check_main_model(settings: Settings, plugins: Any) -> Any:
+    """``-m``'s directory, checked for the task it will serve: a chat checkpoint with its
+    template and tool format, or a side model (an embedder) for its family."""
+    from mlxcel.engines import MODES
+    from mlxcel.model.loader import (
+        check_checkpoint,
+        check_task_model,
+        resolve_model_path,
+        served_task,
+    )
+
     path = resolve_model_path(settings.model)
+    modes = [task for task, toggle in MODES.items() if getattr(settings, toggle)]
+    task = modes[0] if modes else served_task(str(path), plugins.families)
+    if task != "generate":
+        check_task_model(str(path), plugins.families, task)
+        return path
     try:
         check_checkpoint(path, plugins.families, settings.chat_template_file,
                          tool_formats=plugins.tool_formats,
@@ -128,13 +153,28 @@ def _prepare_model(settings: Settings) -> Settings:
         if failed:
             raise StartupError(f"{exc}; plugins that failed to load: {'; '.join(failed)}") from exc
         raise
-    alias = settings.alias or settings.model.rstrip("/").split("/")[-1]
-    return msgspec.structs.replace(settings, model=str(path), alias=alias)
+    return path
+
+
+def _prepare_sides(settings: Settings, plugins: Any) -> Settings:
+    """--embedding-model / --reranker-model resolved to local directories and checked
+    for their task (one line naming the model and the distribution to install)."""
+    from mlxcel.model.loader import check_task_model, resolve_model_path
+
+    changes = {}
+    for field, task in (("embedding_model", "embed"), ("reranker_model", "rerank")):
+        model = getattr(settings, field)
+        if model:
+            path = str(resolve_model_path(model))
+            check_task_model(path, plugins.families, task)
+            changes[field] = path
+    return msgspec.structs.replace(settings, **changes) if changes else settings
 
 
 POSITIVE = ("parallel", "prefill_chunk_size", "max_queue_depth", "max_connections",
             "idle_timeout", "body_timeout", "timeout", "shutdown_timeout",
-            "grammar_compile_timeout", "distributed_timeout")
+            "grammar_compile_timeout", "distributed_timeout", "embedding_batch_size",
+            "embedding_queue_depth", "embedding_request_timeout_secs", "rerank_batch_size")
 
 
 def check_limits(settings: Settings) -> None:

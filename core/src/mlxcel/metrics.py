@@ -108,10 +108,11 @@ class RequestCounters:
 
 
 def engine_values(engine: Any) -> dict[str, int]:
-    """Engine gauges and batch counters; all 0 while the model loads (or if a read fails)."""
+    """Engine gauges and batch counters; all 0 without a chat model, while it loads, or if
+    a read fails."""
     zero = dict.fromkeys(("slots_total", "slots_available", "queue_depth", "started",
                           "completed", "prefill_tokens", "decode_tokens", "active"), 0)
-    if engine.state != "ready":
+    if engine is None or engine.state != "ready":  # no chat model, or loading
         return zero
     try:
         parallel, active = int(engine.parallel), int(engine.active_count)

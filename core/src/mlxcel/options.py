@@ -62,10 +62,9 @@ class Option(NamedTuple):
     env: str | None  # None only for llama-server flags that have no env twin there
     help: str
     llama: str | None = None
+    env_also: str | None = None  # a second env twin, read when the first is unset
 
 
-_EMBEDDINGS = ("stored; the embeddings and rerank routes arrive with the embeddings work, "
-               "and until then this server serves its chat model only")
 
 # (flags, dest, type, default, env twin, help[, llama]); see Option
 _ROWS: list[tuple[Any, ...]] = [
@@ -302,13 +301,41 @@ _ROWS: list[tuple[Any, ...]] = [
      "MLXCEL_DISTRIBUTED_TIMEOUT",
      "seconds a distributed step may go without progress before the server fails (a rank "
      "hangs); a rank that dies fails it at once"),
-    # llama-server features whose routes are not served yet
+    # side models: embeddings and reranking (mlxcel-family-embeddings)
+    (("--embedding-model",), "embedding_model", str, None, "LLAMA_ARG_EMBEDDING_MODEL",
+     "an embedding model served beside the chat model (/v1/embeddings, /embedding); "
+     "needs mlxcel-family-embeddings", None, "MLXCEL_EMBEDDING_MODEL"),
+    (("--reranker-model",), "reranker_model", str, None, "LLAMA_ARG_RERANKER_MODEL",
+     "a reranker served beside the chat model (/v1/rerank, /rerank); a generative "
+     "reranker (Qwen3-Reranker) needs this flag", None, "MLXCEL_RERANKER_MODEL"),
     (("--embedding", "--embeddings"), "embeddings", Toggle(), False, "LLAMA_ARG_EMBEDDINGS",
-     _EMBEDDINGS, PENDING),
+     "serve embeddings only: -m (or --embedding-model) is the embedder, and the "
+     "generation routes answer 501", KEPT),
     (("--rerank", "--reranking"), "reranking", Toggle(), False, "LLAMA_ARG_RERANKING",
-     _EMBEDDINGS, PENDING),
+     "serve reranking only: -m (or --reranker-model) is the reranker, and the generation "
+     "routes answer 501", KEPT),
     (("--pooling",), "pooling", choice("pooling", "none", "mean", "cls", "last", "rank"),
-     None, "LLAMA_ARG_POOLING", _EMBEDDINGS, PENDING),
+     None, "LLAMA_ARG_POOLING", "the embedder's pooling (default: the checkpoint's "
+     "sentence-transformers 1_Pooling config); none gives one vector per token", KEPT,
+     "MLXCEL_EMBEDDING_POOLING"),
+    (("--embd-normalize",), "embd_normalize", int, 2, "MLXCEL_EMBD_NORMALIZE",
+     "embedding normalization: -1 none, 0 max-abs to int16, 1 taxicab, 2 euclidean, "
+     ">2 p-norm", KEPT),
+    (("--embedding-batch-size",), "embedding_batch_size", int, 16,
+     "MLXCEL_EMBEDDING_BATCH_SIZE",
+     "most inputs one embedding forward takes, across the requests queued together"),
+    (("--embedding-max-length",), "embedding_max_length", int, 0,
+     "MLXCEL_EMBEDDING_MAX_LENGTH",
+     "most tokens one embedding input may have (0: the model's, at most 8192); longer is "
+     "a 400"),
+    (("--embedding-queue-depth",), "embedding_queue_depth", int, 8,
+     "MLXCEL_EMBEDDING_QUEUE_DEPTH",
+     "embedding (and rerank) requests queued at once; more get 503"),
+    (("--embedding-request-timeout-secs",), "embedding_request_timeout_secs", float, 120.0,
+     "MLXCEL_EMBEDDING_REQUEST_TIMEOUT_SECS",
+     "seconds an embedding (or rerank) request may wait and run; then 504"),
+    (("--rerank-batch-size",), "rerank_batch_size", int, 8, "MLXCEL_RERANK_BATCH_SIZE",
+     "most (query, document) pairs one rerank forward takes"),
     # llama-server flags with no meaning on MLX: accepted, and named in one log line
     *((flags, IGNORED_DEST, type_, None, env, why, IGNORED)
       for flags, type_, env, why in IGNORED_ROWS),
@@ -316,9 +343,12 @@ _ROWS: list[tuple[Any, ...]] = [
 OPTIONS: list[Option] = [Option(*row) for row in _ROWS]
 
 
-def _env_default(env: str | None, type_: Any, default: Any) -> Any:
-    """The row's default as its env twin sets it (unset or empty: the table's default);
-    a value its type refuses is a StartupError naming the variable."""
+def _env_default(env: str | None, type_: Any, default: Any, also: str | None = None) -> Any:
+    """The row's default as its env twin (else its second twin ``also``) sets it (unset
+    or empty: the table's default); a value its type refuses is a StartupError naming
+    the variable."""
+    if also and not os.environ.get(env or "") and os.environ.get(also):
+        env = also
     raw = os.environ.get(env) if env else None
     if raw is None or raw == "":
         return default
@@ -336,7 +366,7 @@ def env_default(dest: str) -> Any:
     command that takes a few of the server's options (``mlxcel-server plugins``)."""
     for row in OPTIONS:
         if row.dest == dest:
-            value = _env_default(row.env, row.type, row.default)
+            value = _env_default(row.env, row.type, row.default, row.env_also)
             return row.type(value) if isinstance(value, str) and row.type is not str else value
     raise KeyError(dest)
 
@@ -353,7 +383,7 @@ def _ignored_from_env() -> dict[str, str]:
 
 
 def _add(parser: argparse.ArgumentParser, row: Option) -> None:
-    twin = f" [env: {row.env}]" if row.env else ""
+    twin = f" [env: {row.env}{', ' + row.env_also if row.env_also else ''}]" if row.env else ""
     if row.llama == IGNORED:
         switch = isinstance(row.type, Toggle)
         parser.add_argument(*row.flags, dest=IGNORED_DEST, action=IgnoredAction,
@@ -362,7 +392,8 @@ def _add(parser: argparse.ArgumentParser, row: Option) -> None:
                             help=f"ignored on MLX: {row.help}{twin}")
         return
     kwargs: dict[str, Any] = {"dest": row.dest, "help": f"{row.help}{twin}",
-                              "default": _env_default(row.env, row.type, row.default)}
+                              "default": _env_default(row.env, row.type, row.default,
+                                                      row.env_also)}
     if isinstance(row.type, Toggle):  # a switch: its spellings set it; the env twin, the default
         kwargs.update(action=ToggleAction, toggle=row.type)
     else:

@@ -1,23 +1,28 @@
-"""Granian launch: the listen probe, the open-file limit, HTTP/1.1 settings and shutdown."""
+"""The process shell around the app: the listen probe, the open-file limit, Granian's
+HTTP/1.1 settings and shutdown, and the Granian worker's lifecycle (the app it builds, an
+engine failure that stops the server, the heap freeze once the models have loaded)."""
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import gc
 import multiprocessing
 import os
 import signal
 import socket
 import tempfile
 import threading
+import time
 from typing import Any
 
 import structlog
 
 from mlxcel.errors import StartupError
-from mlxcel.settings import Settings, hand_to_worker
+from mlxcel.settings import Settings, failure_file, hand_to_worker
 
 log = structlog.get_logger("mlxcel.serving")
+STREAM_FLUSH_S = 0.5  # how long open streams get to send their error frame before exit
 FD_HEADROOM = 256  # descriptors beyond the connections: listen sockets, pipes, files, metrics
 MLX_LM_HARD_NOFILE = 4096  # the hard limit mlx_lm.utils sets on import (it fails below it)
 
@@ -98,7 +103,7 @@ def worker_app() -> Any:
     pair when imported, so it is imported first and the limit raised after it."""
     import resource
 
-    from mlxcel.app import app_from_env
+    from mlxcel.app import create_app
     from mlxcel.logging import configure
 
     settings = Settings.from_env()
@@ -107,7 +112,67 @@ def worker_app() -> Any:
     import mlx_lm.utils  # noqa: F401  (check_fd_hard_limit made its setrlimit possible)
 
     raise_fd_limit(settings.max_connections, hard_before)
-    return app_from_env()
+    app = create_app(settings, listening=True)
+    engines = app.state["engines"]
+    for thread in engines.threads:
+        _exit_on_engine_failure(thread, failure_file())
+    _freeze_heap_once_loaded(engines.threads)
+    app.on_startup.append(lambda: on_end_streams(lambda: [
+        thread.shutdown(timeout=0) for thread in engines.threads]))
+    return app
+
+
+def engine_failure(worker: Any) -> tuple[str, bool] | None:
+    """Wait for an engine thread to end: (the fatal message, whether it had been serving)
+    when it failed, else None (a requested shutdown)."""
+    worker.ready.wait()
+    loaded = worker.state == "ready"
+    while worker.is_alive() and worker.state != "failed":  # a distributed failure
+        worker.join(0.5)  # leaves the thread stuck in a collective: do not wait
+    if worker.state != "failed":
+        return None
+    if loaded:
+        return f"the engine stopped: {worker.error}", True
+    return f"the model failed to load: {worker.error}", False
+
+
+def _exit_on_engine_failure(worker: Any, failure_path: str | None) -> None:
+    """In the Granian worker: an engine thread that fails (at load or later) stops the
+    whole server, with the reason handed to the CLI (which prints it and exits non-zero)
+    in the file ``failure_path``."""
+
+    def watch() -> None:
+        failure = engine_failure(worker)
+        if failure is None:
+            return
+        message, was_serving = failure
+        log.error("engine_failed", error=message)
+        if was_serving:  # let open streams send their error frames (and /health say why)
+            dist = getattr(worker, "dist", None)
+            time.sleep(STREAM_FLUSH_S + getattr(dist, "failure_hold_s", 0.0))
+        if failure_path:
+            with open(failure_path, "w", encoding="utf-8") as fh:
+                fh.write(message)
+        os.kill(os.getppid(), signal.SIGTERM)  # Granian's main process shuts down
+        os._exit(3)
+
+    threading.Thread(target=watch, name="mlxcel-engine-watch", daemon=True).start()
+
+
+def _freeze_heap_once_loaded(workers: list[Any]) -> None:
+    """Once the models have loaded, collect and then freeze what the process holds
+    (modules, models, tokenizers, templates): a full collection stops every thread, the
+    engine's too, for as long as it walks the heap, and after the freeze it walks only what
+    serving made since, not the whole startup heap each time."""
+
+    def freeze() -> None:
+        for worker in workers:
+            worker.ready.wait()
+        if all(worker.state == "ready" for worker in workers):
+            gc.collect()
+            gc.freeze()
+
+    threading.Thread(target=freeze, name="mlxcel-gc-freeze", daemon=True).start()
 
 
 END_STREAMS_SIGNAL = signal.SIGUSR1  # main -> worker: end the running requests now

@@ -106,10 +106,18 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     distributed: str = "off"  # mlxcel.engine.distributed
     distributed_backend: str = "any"
     distributed_timeout: float = 60.0
-    # llama-server features stored for the embeddings work (no routes yet)
-    embeddings: bool = False
-    reranking: bool = False
-    pooling: str | None = None
+    # side models (mlxcel.engines): embeddings and reranking
+    embedding_model: str | None = None
+    reranker_model: str | None = None
+    embeddings: bool = False  # serve embeddings only
+    reranking: bool = False  # serve reranking only
+    pooling: str | None = None  # None: the checkpoint's
+    embd_normalize: int = 2
+    embedding_batch_size: int = 16
+    embedding_max_length: int = 0  # 0: the model's
+    embedding_queue_depth: int = 8
+    embedding_request_timeout_secs: float = 120.0
+    rerank_batch_size: int = 8
     # llama-server flags with no meaning on MLX, as given: {"--n-gpu-layers": "-ngl 99"}
     ignored_flags: dict[str, str] = {}
 

@@ -99,6 +99,17 @@ def accepts(model_type: str, config: dict) -> bool:
     return is_model_module(module_name(model_type, config.get("architectures") or ()))
 
 
+def check(path: Path, config: dict) -> bool | str:
+    """The generic text family's ``check``: a text decoder's checkpoint whose
+    ``model_type`` the installed mlx-lm implements."""
+    from mlxcel.families.text import side_model_reason
+
+    model_type = config.get("model_type")
+    if not isinstance(model_type, str) or not accepts(model_type, config):
+        return f"mlx-lm does not implement model_type '{model_type}'"
+    return side_model_reason(path, config) or True
+
+
 def model_types() -> tuple[str, ...]:
     """Every model_type mlx-lm loads: its model modules and the types remapped onto them."""
     root = package_dir()

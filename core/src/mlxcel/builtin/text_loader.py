@@ -9,7 +9,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load_model
 
-from mlxcel.families.api import LoadOptions
+from mlxcel.families.api import Loaded, LoadOptions
 
 _DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
 
@@ -29,7 +29,7 @@ class TextModel:
         return self.model(inputs, cache=cache)
 
 
-def load(path: Path, options: LoadOptions) -> TextModel:
+def load(path: Path, options: LoadOptions) -> Loaded:
     """mlx-lm's model for the checkpoint. A model module that calls ``sys.exit`` on import
     (mlx-lm's olmo does when its optional package is missing) fails the load as an error,
     since SystemExit would end the engine thread without a word."""
@@ -47,4 +47,5 @@ def load(path: Path, options: LoadOptions) -> TextModel:
         # mx.quantized_matmul runs with float32 scales/biases on CPU and GPU.
         model.set_dtype(dtype)
     model.eval()
-    return TextModel(model, config, Path(path))
+    return Loaded(model=TextModel(model, config, Path(path)), tasks=("generate",),
+                  config=config)

@@ -183,7 +183,7 @@ class Admission:
             self.prefilling = None
             return
         self.stats.prefill_chunks_processed += 1
-        self._dirty = True
+        self.buffers.dirty = True
         self.trace.note(prefill_rows=len(job.seqs), prefill_cols=job.last_cols)
         if done:
             self.prefilling = None

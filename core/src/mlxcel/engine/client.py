@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mlxcel.engine.config import EngineConfig
+from mlxcel.engine.lanes import Job, LaneClient, LaneLimits
 from mlxcel.engine.memory import estimate_request_bytes
 from mlxcel.engine.prompt_cache import PromptCache
 from mlxcel.engine.worker import EngineWorker
@@ -231,6 +232,12 @@ class EngineClient:
         self.prompt_cache = self.worker.prompt_cache
         self.requested_ctx = ctx_size
         self.max_queue_depth = max_queue_depth
+        self.lanes = LaneClient(self.worker.lane, self.worker.wake)
+
+    async def call(self, job: Job, limits: LaneLimits) -> list[Any]:
+        """Run one-shot work on the engine thread between decode steps (the job lane):
+        ``job.fn`` over ``job.items``, batched with other jobs of its task and key."""
+        return await self.lanes.call(job, limits)
 
     def start(self) -> None:
         self.worker.start()

@@ -20,7 +20,7 @@ from typing import Any
 import msgspec
 import structlog
 
-from mlxcel.errors import MlxcelError, Overloaded, RequestTimedOut
+from mlxcel.errors import GenerationFailed, MlxcelError, Overloaded, RequestTimedOut
 
 log = structlog.get_logger("mlxcel.engine.lanes")
 
@@ -80,7 +80,9 @@ class JobLane:
         self._queues: dict[str, deque[Job]] = {}
         self._open: dict[str, int] = {}  # admitted, unfinished jobs per task
         self._turn: deque[str] = deque()  # tasks in the order they get the next batch
+        self._limits: dict[str, LaneLimits] = {}
         self.batches_run = 0
+        self.closed: str | None = None  # why the lane takes no more jobs
 
     def pending(self) -> bool:
         return any(self._queues.values())
@@ -91,21 +93,35 @@ class JobLane:
     def submit(self, job: Job, limits: LaneLimits) -> None:
         """Queue ``job``, or raise ``Overloaded`` when its task holds ``limits.depth`` jobs."""
         with self._lock:
+            if self.closed is not None:
+                raise GenerationFailed(self.closed)
             if self._open.get(job.task, 0) >= limits.depth:
                 raise Overloaded(f"the {job.task} queue is full ({limits.depth} requests); "
                                  "try again later")
             self._open[job.task] = self._open.get(job.task, 0) + 1
+            self._limits[job.task] = limits
             queue = self._queues.setdefault(job.task, deque())
             if job.task not in self._turn:
                 self._turn.append(job.task)
             queue.append(job)
+
+    def close(self, message: str) -> None:
+        """Refuse new jobs and fail every queued one with ``message`` (the engine thread
+        is ending: nobody would run them)."""
+        with self._lock:
+            self.closed = message
+            queued = [job for queue in self._queues.values() for job in queue]
+            for queue in self._queues.values():
+                queue.clear()
+        for job in queued:
+            self._finish(job, None, GenerationFailed(message))
 
     def _finish(self, job: Job, result: list[Any] | None, error: BaseException | None) -> None:
         with self._lock:
             self._open[job.task] -= 1
         job._settle(result, error)
 
-    def _take(self, batch_items: Callable[[str], int]) -> tuple[list[tuple[Job, int]], Any]:
+    def _take(self) -> tuple[list[tuple[Job, int]], Any]:
         """The next batch: (job, item index) pairs of one task and key, and its ``fn``."""
         now = time.monotonic()
         with self._lock:
@@ -120,7 +136,8 @@ class JobLane:
                 if not queue:
                     self._drop_expired(expired)
                     continue
-                key, fn, limit = queue[0].key, queue[0].fn, max(1, batch_items(task))
+                key, fn = queue[0].key, queue[0].fn
+                limit = max(1, self._limits[task].batch_items)
                 picked: list[tuple[Job, int]] = []
                 for job in list(queue):
                     if job.key != key:
@@ -142,10 +159,10 @@ class JobLane:
             self._open[job.task] -= 1
             job._settle(None, RequestTimedOut(f"the {job.task} request timed out"))
 
-    def run_one(self, batch_items: Callable[[str], int]) -> bool:
+    def run_one(self) -> bool:
         """Run one batch, if any is queued; True when one ran. An exception from ``fn``
         fails the jobs of that batch only."""
-        picked, fn = self._take(batch_items)
+        picked, fn = self._take()
         if not picked:
             return False
         self.batches_run += 1
@@ -168,7 +185,7 @@ class JobLane:
             for job in jobs:
                 self._finish(job, None, error)
             return True
-        for (job, i), value in zip(picked, results):
+        for (job, i), value in zip(picked, results, strict=True):
             job.results[i] = value
             job.done_count += 1
         for job in jobs:  # a cancelled job's future is cancelled: settling it is a no-op
@@ -184,13 +201,8 @@ class LaneClient:
     def __init__(self, lane: JobLane, wake: Callable[[], None]) -> None:
         self.lane = lane
         self.wake = wake
-        self.limits: dict[str, LaneLimits] = {}
-
-    def batch_items(self, task: str) -> int:
-        return self.limits.get(task, LaneLimits()).batch_items
 
     async def call(self, job: Job, limits: LaneLimits) -> list[Any]:
-        self.limits[job.task] = limits
         loop = asyncio.get_running_loop()
         job._loop, job._future = loop, loop.create_future()
         job.deadline = time.monotonic() + limits.timeout_s

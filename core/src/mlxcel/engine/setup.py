@@ -20,6 +20,7 @@ from mlxcel.engine.cache_kinds import reuse_rule
 from mlxcel.engine.kvcache import BatchCache, shared_position_rope
 from mlxcel.engine.memory import compute_dtype_bytes, request_budget
 from mlxcel.engine.policy import resolve_policy
+from mlxcel.engine.side import load_sides
 from mlxcel.engine.trace import Trace
 
 log = structlog.get_logger("mlxcel.engine")
@@ -44,6 +45,7 @@ class EngineSetup:
             self.memory_budget = request_budget(cfg.request_memory_budget)
             self.dtype_bytes = compute_dtype_bytes(self.checkpoint.model.model)
             self.trace = Trace.to(cfg.engine_trace)
+            load_sides(self.sides)
             self.state = "ready"
         except Exception as exc:
             self.state, self.error = "failed", f"{type(exc).__name__}: {exc}"

@@ -62,3 +62,16 @@ class SideEngine:
         _ = self.runner  # ModelLoading / GenerationFailed before queueing
         return await self.lane.call(Job(task=self.task, key=key, items=items, fn=fn),
                                     self.limits)
+
+
+def load_sides(sides: list[SideEngine]) -> None:
+    """Engine thread: load every side model, in order. The first failure raises, naming the
+    model: a server asked for a side model does not start without it."""
+    for side in sides:
+        try:
+            runner = side.load()
+        except Exception as exc:
+            side.failed(f"{type(exc).__name__}: {exc}")
+            raise RuntimeError(f"the {side.task} model {side.name} failed to load: "
+                               f"{type(exc).__name__}: {exc}") from exc
+        side.loaded(runner)

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import queue
 import sys
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -19,18 +17,19 @@ from mlxcel.engine import distributed, mixed_batch
 from mlxcel.engine.admission import Admission
 from mlxcel.engine.batch import DecodeBatch, PrefillJob, read_back
 from mlxcel.engine.config import EngineConfig
+from mlxcel.engine.lanes import JobLane
+from mlxcel.engine.parts import BufferRelease, Inbox
 from mlxcel.engine.policy import EnginePolicy
 from mlxcel.engine.prompt_cache import PromptCache
 from mlxcel.engine.scheduler import Plan
 from mlxcel.engine.sequence import Sequence, Sink, end_all
 from mlxcel.engine.setup import EngineSetup
+from mlxcel.engine.side import SideEngine
 from mlxcel.engine.trace import NullTrace
-from mlxcel.errors import GenerationFailed
 from mlxcel.types import GenerationRequest
 
 log = structlog.get_logger("mlxcel.engine")
 
-IDLE_RELEASE_S = 2.0  # idle this long after work: MLX's buffer cache goes back (see below)
 
 
 class Deliveries(contextlib.nullcontext):
@@ -50,7 +49,8 @@ class EngineStats(msgspec.Struct, kw_only=True):
 
 
 class EngineWorker(EngineSetup, Admission, threading.Thread):
-    """Continuous batching: each loop runs at most one prefill chunk and one decode step.
+    """Continuous batching: each loop (``step``) runs at most one prefill chunk, one decode
+    step and one batch of side jobs (``lane``: embeddings, rerank, ...).
 
     Waiting requests are admitted by priority lane (then arrival) while slots are free;
     rows that finish or whose client left are dropped before the next step. Step n+1 is
@@ -61,9 +61,12 @@ class EngineWorker(EngineSetup, Admission, threading.Thread):
     def __init__(self, load: Callable[[], Any], parallel: int, prefill_chunk: int = 512,
                  prompt_cache: PromptCache | None = None,
                  config: EngineConfig | None = None,
-                 policy: EnginePolicy | None = None) -> None:
+                 policy: EnginePolicy | None = None,
+                 sides: list[SideEngine] | None = None,
+                 lane: JobLane | None = None) -> None:
         """``policy``: the device choices; None resolves them from this process's device
-        and ``config`` at setup (``mlxcel.engine.policy``)."""
+        and ``config`` at setup (``mlxcel.engine.policy``). ``sides``: side models this
+        thread loads at setup and whose jobs (on ``lane``) it runs between steps."""
         super().__init__(name="mlxcel-engine", daemon=True)
         self.config = config or EngineConfig()
         self.policy = policy
@@ -71,15 +74,13 @@ class EngineWorker(EngineSetup, Admission, threading.Thread):
         self._load = load
         self.parallel = max(1, parallel)
         self.prefill_chunk = max(1, prefill_chunk)
-        self.inbox: queue.Queue[tuple[GenerationRequest, Sink] | None] = queue.Queue()
+        self.requests = Inbox()  # submitted requests (their count, closing)
         self.waiting: list[Sequence] = []  # heap
         self.prefilling: PrefillJob | None = None
         self.prefilled: list[PrefillJob] = []  # prefilled, waiting to join together
         self.batch: DecodeBatch | None = None
         self.inflight: tuple[list[Sequence], Any] | None = None
         self.stats = EngineStats()
-        self.queued = 0  # submitted, not yet admitted to a slot (guarded by _queue_lock)
-        self._queue_lock = threading.Lock()
         self.state = "loading"
         self.error: str | None = None
         self.checkpoint: Any = None
@@ -95,13 +96,11 @@ class EngineWorker(EngineSetup, Admission, threading.Thread):
         self.ready = threading.Event()
         self.trace: NullTrace = NullTrace()  # --engine-trace (mlxcel.engine.trace)
         self.deliveries = Deliveries()  # one wake-up per iteration (EngineClient's)
-        self.closed = False  # the thread ended: submits are refused (guarded by _queue_lock)
-        self._dirty = False  # work ran since MLX's buffer cache was last cleared
-        self._clear_requested = False  # set from other threads (prompt-cache reset)
-        self.idle_release = IDLE_RELEASE_S
-        self._idle_since: float | None = None
+        self.buffers = BufferRelease()  # when MLX's buffer cache goes back
         self.prompt_cache.on_reset = self.request_clear
         self.dist: Any = distributed.Alone()  # the other ranks' hooks (--distributed)
+        self.sides = list(sides or [])
+        self.lane = lane or JobLane()
 
     # -- views for the event loop --------------------------------------------------------
     @property
@@ -158,7 +157,7 @@ class EngineWorker(EngineSetup, Admission, threading.Thread):
         while not self._stopping.is_set():
             try:
                 with self.deliveries:
-                    self._iteration()
+                    self.step()
             except Exception as exc:  # not attributable to a row: fail the running batch
                 if (fatal := self.dist.fatal(exc)) is not None:  # ranks out of step
                     raise RuntimeError(fatal) from exc
@@ -167,8 +166,8 @@ class EngineWorker(EngineSetup, Admission, threading.Thread):
 
     def close(self) -> None:
         """Refuse new submits, then end every held and queued request with an error."""
-        with self._queue_lock:
-            self.closed = True
+        self.requests.close()
+        with self.requests.lock:
             if self._stopping.is_set() and self.error is None:
                 self.state, message = "stopped", "server shutting down"
             else:
@@ -177,18 +176,37 @@ class EngineWorker(EngineSetup, Admission, threading.Thread):
         held = self.held()
         self.waiting, self.prefilling, self.prefilled, self.inflight = [], None, [], None
         end_all(held, self.inbox, message)
+        self.lane.close(message)
+
+    # -- the parts' views (tests and the client read these) ------------------------------
+    @property
+    def inbox(self) -> Any:
+        return self.requests.items
+
+    @property
+    def queued(self) -> int:
+        return self.requests.queued
+
+    @property
+    def closed(self) -> bool:
+        return self.requests.closed
+
+    @property
+    def idle_release(self) -> float:
+        return self.buffers.idle_s
+
+    @idle_release.setter
+    def idle_release(self, seconds: float) -> None:
+        self.buffers.idle_s = seconds
 
     def enqueue(self, req: GenerationRequest, sink: Sink) -> None:
         """Queue a request for the engine thread; GenerationFailed once it has ended."""
-        with self._queue_lock:
-            if self.closed:
-                raise GenerationFailed(f"engine stopped: {self.error or 'shut down'}")
-            self.queued += 1
-            self.inbox.put((req, sink))
+        self.requests.put((req, sink),
+                          lambda: f"engine stopped: {self.error or 'shut down'}")
 
     def request_clear(self) -> None:
         """Ask the engine thread to free MLX's buffer cache (from any thread)."""
-        self._clear_requested = True
+        self.buffers.requested = True
         self.wake()
 
     def shutdown(self, timeout: float = 10.0) -> None:
@@ -199,19 +217,24 @@ class EngineWorker(EngineSetup, Admission, threading.Thread):
             self.join(timeout)
 
     def count_queued(self, delta: int) -> None:
-        with self._queue_lock:
-            self.queued += delta
+        self.requests.count(delta)
 
     def wake(self) -> None:
         """Unblock the thread (a ``None`` item carries no request)."""
-        self.inbox.put_nowait(None)
+        self.requests.wake()
 
-    def _iteration(self) -> None:
-        busy = bool(self.batch or self.prefilling or self.prefilled or self.waiting)
+    def step(self) -> None:
+        """One loop of the engine thread: take what arrived (waiting for it when idle),
+        plan, execute, then run at most one batch of side jobs, so a flood of them delays
+        running streams by one batch per step at most."""
+        busy = bool(self.batch or self.prefilling or self.prefilled or self.waiting
+                    or self.lane.pending())
         arrived = self._drain(block=not busy)
         self.trace.begin()
         self.trace.note(arrived=arrived, waiting=len(self.waiting))
         self.execute(self._plan())
+        if self.lane.run_one():
+            self.buffers.dirty = True
 
     def execute(self, plan: Plan) -> None:
         """Carry out one plan (``mlxcel.engine.scheduler``): cancellations, leaving rows,
@@ -234,20 +257,9 @@ class EngineWorker(EngineSetup, Admission, threading.Thread):
                     or self.inflight is not None)
 
     def _release_memory(self) -> None:
-        """Free MLX's buffer cache once the engine has been idle for ``idle_release``
-        seconds after work, and at once after a prompt-cache reset: buffers a burst or a
-        long prompt left behind go back to the system instead of staying held by an idle
-        server, while back-to-back requests keep reusing them instead of allocating anew.
-        Only this thread calls MLX."""
-        if self._busy():
-            self._idle_since = None
-        elif self._dirty and self._idle_since is None:
-            self._idle_since = time.monotonic()
-        idle_long = self._idle_since is not None \
-            and time.monotonic() - self._idle_since >= self.idle_release
-        if self._clear_requested or (self._dirty and idle_long):
-            self._clear_requested = self._dirty = False
-            self._idle_since = None
+        """Free MLX's buffer cache when ``buffers`` says so (``BufferRelease``); only this
+        thread calls MLX."""
+        if self.buffers.due(self._busy()):
             self.dist.cleared()
             mx.clear_cache()
 
@@ -258,7 +270,7 @@ class EngineWorker(EngineSetup, Admission, threading.Thread):
         end_all([s for s in self.held() if id(s) not in waiting], None, message)
         self.prefilling, self.inflight, self.prefilled = None, None, []
         self.batch = self._new_batch()
-        self._dirty = True
+        self.buffers.dirty = True
 
     def _remember(self, keep: list[Sequence]) -> None:
         """Keep finished sequences' KV (prompt + output) for later prompts that share it."""
@@ -294,7 +306,7 @@ class EngineWorker(EngineSetup, Admission, threading.Thread):
         self.dist.launch()  # the other ranks build the same step
         step = self.trace.timed("build_ms", self.batch.launch)
         self.stats.decode_steps_processed += 1
-        self._dirty = True
+        self.buffers.dirty = True
         self.trace.note(decode_rows=len(step.rows))
         done: list[Sequence] = []
         try:

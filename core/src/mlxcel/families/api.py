@@ -65,9 +65,11 @@ class Family(msgspec.Struct, frozen=True, kw_only=True):
     Which family owns a checkpoint: among the families that serve the task asked for
     (``--embedding-model`` asks ``embed``; ``-m`` asks whichever task the checkpoint
     serves), one that lists its ``model_type`` in ``model_types`` and whose ``check`` (if
-    any) passes; else the one whose ``check`` passes. A listed type wins over a ``check``
-    alone, so an installed family takes precedence over a catch-all for the types it
-    names; two catch-alls taking one checkpoint are a startup error naming both.
+    any) passes; else the one catch-all (a family listing no types) whose ``check``
+    passes. A listed type wins over a catch-all, so an installed family takes precedence
+    for the types it names; two families taking one checkpoint are a startup error naming
+    both. For ``-m`` a family that generates is asked first, so a chat checkpoint is
+    served as one.
 
     The rest concern ``generate`` only:
 

@@ -12,9 +12,10 @@ import msgspec
 import structlog
 
 from mlxcel import backend
-from mlxcel.errors import StartupError, UnknownModelType
-from mlxcel.families.api import Family, LoadOptions, ReasoningSpec
+from mlxcel.errors import StartupError
+from mlxcel.families.api import Family, Loaded, LoadOptions, ReasoningSpec
 from mlxcel.families.registry import FamilyRegistry
+from mlxcel.families.tasks import TaskOptions
 from mlxcel.lazy import resolve
 from mlxcel.model import reasoning
 from mlxcel.model.chat_template import ChatTemplate, load_chat_template
@@ -114,15 +115,10 @@ def generation_defaults(path: Path, config: dict) -> GenerationDefaults:
     return GenerationDefaults(eos_token_ids=eos, **values)
 
 
-def select_family(families: FamilyRegistry, config: dict, path: Path) -> Family:
-    model_type = config.get("model_type")
-    family = families.for_model_type(model_type, config) if isinstance(model_type, str) else None
-    if family is None:
-        raise UnknownModelType(
-            f"no installed model family handles model_type '{model_type}' ({path}); "
-            "install the family plugin for it (mlxcel-server plugins lists what is installed)"
-        )
-    return family
+def select_family(families: FamilyRegistry, config: dict, path: Path,
+                  task: str | None = "generate") -> Family:
+    """The family that owns the checkpoint for ``task`` (``FamilyRegistry.select``)."""
+    return families.select(path, config, task)
 
 
 def family_hint(model_type: Any, family: Family) -> str | None:
@@ -190,7 +186,11 @@ def load_checkpoint(model: str, families: FamilyRegistry, *,
     cast = backend.resolve_dtype(requested, device, fast_blas=backend.is_fast_blas(blas),
                                  quantized=quantized)
     lazy = distributed != "off"
-    loaded = resolve(family.loader)(path, LoadOptions(dtype=cast or "auto", lazy=lazy))
+    brought = resolve(family.load)(path, LoadOptions(dtype=cast or "auto", lazy=lazy,
+                                                     task="generate"))
+    loaded = resolve(family.tasks["generate"])(brought)
+    tokenizer = brought.tokenizer or tokenizer
+    template = brought.template or template
     if lazy:
         from mlxcel.engine.distributed import load_shard
 
@@ -213,7 +213,8 @@ def load_checkpoint(model: str, families: FamilyRegistry, *,
     if cast and actual not in (cast, "unknown"):
         log.warning("dtype_not_applied", requested=cast, dtype=actual, family=family.name,
                     reason="the family's loader kept its own dtype")
-    return LoadedCheckpoint(path=path, family=family, model=loaded, config=loaded.config,
+    return LoadedCheckpoint(path=path, family=family, model=loaded,
+                            config=brought.config or config,
                             tokenizer=tokenizer, template=template, defaults=defaults,
                             context_length=min(ctx, 1 << 20), dtype=actual, device=device,
                             blas=blas, tool_format=tool_format, tool_format_reason=why,
@@ -253,3 +254,50 @@ def check_checkpoint(path: Path, families: FamilyRegistry,
         return family, None, "no tool formats given", template
     return (family, *select_tool_format(tool_formats, family, template, tool_call_format),
             template)
+
+
+def served_task(model: str, families: FamilyRegistry) -> str:
+    """The task ``-m model`` serves: ``generate`` for a checkpoint a generating family
+    owns, else the first task of the family that owns it (an embedder's ``embed``).
+    Cheap: reads the config, imports no MLX."""
+    path = resolve_model_path(model)
+    config = _read_json(path / "config.json")
+    family = families.select(path, config, None)
+    if "generate" in family.tasks:
+        return "generate"
+    return (families.tasks_of(family, path, config) or tuple(family.tasks))[0]
+
+
+def check_task_model(model: str, families: FamilyRegistry, task: str) -> tuple[Family, str]:
+    """Cheap checks (no MLX) that ``model`` can serve ``task``: a family owns it for
+    that task, it has weights, and it serves the task (``tasks_of``); one line if not."""
+    path = resolve_model_path(model)
+    config = _read_json(path / "config.json")
+    family = families.select(path, config, task)
+    if not any(path.glob("*.safetensors")):
+        raise StartupError(f"{path} has no *.safetensors weights")
+    served = families.tasks_of(family, path, config)
+    if task not in served:
+        raise StartupError(f"{path} is served by family '{family.name}' for "
+                           f"{', '.join(served) or 'no task'}, not {task}")
+    return family, task
+
+
+def load_task_model(model: str, families: FamilyRegistry, task: str, *,
+                    dtype: str | None = None, options: TaskOptions | None = None
+                    ) -> tuple[Family, Loaded, Any]:
+    """Load ``model`` for a side task (engine thread): its family, what ``load``
+    brought, and the task's runner (``mlxcel.families.tasks``)."""
+    started = time.perf_counter()
+    path = resolve_model_path(model)
+    config = _read_json(path / "config.json")
+    family = families.select(path, config, task)
+    cast = backend.resolve_dtype(dtype or "auto", backend.mlx_device(),
+                                 fast_blas=backend.is_fast_blas(backend.blas_in_use()),
+                                 quantized="quantization" in config)
+    loaded = resolve(family.load)(path, LoadOptions(dtype=cast or "auto", task=task))
+    runner = resolve(family.tasks[task])(loaded, options or TaskOptions())
+    log.info("side_model_loaded", task=task, path=str(path), family=family.name,
+             model_type=config.get("model_type"),
+             seconds=round(time.perf_counter() - started, 2))
+    return family, loaded, runner

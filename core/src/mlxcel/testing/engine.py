@@ -3,7 +3,7 @@ through ``submit``, greedy outputs run one request at a time, and the whole app 
 with its model loaded (``app_client``).
 
 A worker (``worker_for``) is set up on the calling thread and driven with
-``run_until_done``, one ``_iteration`` at a time, so which requests share a step is
+``run_until_done``, one ``step()`` at a time, so which requests share a step is
 deterministic; an engine (``engine_for``) runs its own thread behind ``EngineClient``, as
 the server does. ``policy`` changes are ``EnginePolicy`` fields (a CUDA choice forced on
 the CPU). Importing this module imports the engine (and so MLX).
@@ -111,9 +111,9 @@ def run_until_done(worker: EngineWorker, sinks: Sequence[ListSink], settle: bool
     for _ in range(limit):
         if all(s.done for s in sinks):
             if settle:
-                worker._iteration()
+                worker.step()
             return
-        worker._iteration()
+        worker.step()
     raise AssertionError("requests did not finish")
 
 

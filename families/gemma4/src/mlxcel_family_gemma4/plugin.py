@@ -1,11 +1,12 @@
 """The entry point: register the ``gemma4`` family and tool format. Heavy code is named.
 
 mlxcel imports this module at every start-up, so it imports only mlxcel's contracts; the
-loader (core's own mlx-lm text loader: mlx-lm 0.32 implements ``gemma4`` and
-``gemma4_text``) and the parser are ``"module:attr"`` strings, imported on first use.
+loader (core's text family kit, ``mlxcel.families.text``: mlx-lm 0.32 implements
+``gemma4`` and ``gemma4_text``) and the parser are ``"module:attr"`` strings, imported on first use.
 """
 
 from mlxcel import hookimpl
+from mlxcel.families import text
 from mlxcel.families.api import Family, LoopPolicy, ReasoningSpec
 from mlxcel.toolcalls.api import ToolFormat
 
@@ -44,7 +45,9 @@ def mlxcel_register_families(registry):
     registry.add(Family(
         name=NAME,
         model_types=MODEL_TYPES,
-        loader="mlxcel.builtin.text_loader:load",
+        tasks=text.TASKS,
+        load=text.LOAD,
+        check=text.CHECK,
         default_tool_format=NAME,
         reasoning=REASONING,
         loop_detection=LOOP,

@@ -61,10 +61,10 @@ class Watchdog:
 def abort(worker: Any, message: str) -> None:
     """Fail rank 0's engine from outside its thread (which may be stuck in a collective):
     refuse new requests, end every open one with an error event, and leave the state
-    ``failed`` so /health says why and the server exits (``mlxcel.app``)."""
+    ``failed`` so /health says why and the server exits (``mlxcel.serving``)."""
     log.error("distributed_failed", error=message)
-    with worker._queue_lock:
-        worker.closed = True
+    worker.requests.close()
+    with worker.requests.lock:
         worker.error = message
         worker.state = "failed"
     end_all(worker.held(), worker.inbox, f"engine stopped: {message}")

@@ -14,7 +14,7 @@ import mlx.core as mx
 from mlx_lm.models import llama
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load_model
-from mlxcel.families.api import LoadOptions
+from mlxcel.families.api import Loaded, LoadOptions
 
 
 class AcmeModel:
@@ -31,12 +31,18 @@ class AcmeModel:
         return self.model(inputs, cache=cache)
 
 
-def load(path: Path, options: LoadOptions) -> AcmeModel:
-    """``Family.loader``: load the checkpoint, cast to ``options.dtype`` unless "auto"."""
+def load(path: Path, options: LoadOptions) -> Loaded:
+    """``Family.load``: load the checkpoint, cast to ``options.dtype`` unless "auto"."""
     model, config = load_model(Path(path), lazy=options.lazy,
                                trust_remote_code=options.trust_remote_code,
                                get_model_classes=lambda config: (llama.Model, llama.ModelArgs))
     if options.dtype != "auto":
         model.set_dtype(getattr(mx, options.dtype))
     model.eval()
-    return AcmeModel(model, config, Path(path))
+    return Loaded(model=AcmeModel(model, config, Path(path)), tasks=("generate",),
+                  config=config)
+
+
+def decoder(loaded: Loaded) -> AcmeModel:
+    """``Family.tasks["generate"]``: the model the continuous batch drives."""
+    return loaded.model

@@ -32,6 +32,7 @@ def mlxcel_register_families(registry):
     registry.add(Family(
         name="acme",
         model_types=("acme_lm",),
-        loader="acme_mlxcel.loader:load",
+        tasks={"generate": "acme_mlxcel.loader:decoder"},
+        load="acme_mlxcel.loader:load",
         default_tool_format="acme-xml",
     ))

@@ -1,0 +1,258 @@
+"""Embeddings throughput and the chat streams beside them: mlxcel vs ``mlx_vlm.server`` vs a
+raw mlx-vlm loop, on the same random-weight embedder.
+
+Rules, and why:
+
+- Servers run one at a time, alone, on the same checkpoint, each warmed up first.
+- Inputs are ~100 tokens of text, unique per request (no cache can help anyone).
+- Levels: concurrency C (closed loop: each client sends its next request when its last one
+  ended) x inputs per request N, with C, N in {1, 16}; inputs/s = inputs / level wall time.
+- The raw loop is mlx-vlm's model called in a loop on pre-tokenized batches of N inputs (no
+  HTTP, no tokenizer): the ceiling a server can approach. mlxcel's ratio to it at C = 16
+  measures the lane's dynamic batching and the HTTP path together.
+- ITL: chat streams' inter-token latency alone, then while C = 16 clients flood the
+  embeddings route, on one mlxcel server holding both models; the ratio is the cost of the
+  side jobs to decoding.
+- Report ratios and medians, never one absolute time.
+
+    python bench/embeddings.py                                # CPU: tiny + 30m BERT
+    python bench/embeddings.py --checkpoint bert-base,qwen3-emb-0.6b --dtype bfloat16 \
+        --out bench/results/embeddings_gpu.json                # the H200 run
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import pathlib
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+import httpx
+from mlxcel.testing.servers import Server, loadavg, machine, server_argv, stream_chat, versions
+
+# name -> (kind, dims): the shapes the issue names; random weights, real configs
+SHAPES: dict[str, tuple[str, dict[str, int]]] = {
+    "tiny": ("bert", {}),
+    "30m": ("bert", {"hidden_size": 512, "num_hidden_layers": 6, "intermediate_size": 2048,
+                     "num_attention_heads": 8}),
+    "bert-base": ("bert", {"hidden_size": 768, "num_hidden_layers": 12,
+                           "intermediate_size": 3072, "num_attention_heads": 12}),
+    "qwen3-emb-0.6b": ("qwen3", {"hidden_size": 1024, "num_hidden_layers": 28,
+                                 "intermediate_size": 3072, "num_attention_heads": 16,
+                                 "num_key_value_heads": 8}),
+}
+WORDS = ("river stone quiet lantern orbit meadow signal copper harbor thread velvet "
+         "summit ember glacier pixel canyon willow beacon marble prism").split()
+
+
+def text(tag: str, i: int, words: int = 100) -> str:
+    """~100 tokens of text unique to (tag, i), the unique part first."""
+    body = " ".join(WORDS[(i * 7 + k * 3) % len(WORDS)] for k in range(words))
+    return f"{tag} {i} {body}"
+
+
+def build(label: str, root: pathlib.Path, dtype: str) -> pathlib.Path:
+    """The embedder ``label`` names, built in a child process (this one stays MLX-free)."""
+    kind, dims = SHAPES[label]
+    path = root / f"emb-{label}-{dtype}"
+    if not (path / "config.json").exists():
+        code = ("import json, sys, pathlib; from mlxcel.testing.side_checkpoints import "
+                "build_embedder; build_embedder(pathlib.Path(sys.argv[1]), kind=sys.argv[2], "
+                "dtype=sys.argv[3], **json.loads(sys.argv[4]))")
+        subprocess.run([sys.executable, "-c", code, str(path), kind, dtype, json.dumps(dims)],
+                       check=True)
+    return path
+
+
+RAW = r"""
+import json, sys, time, pathlib
+import mlx.core as mx
+from tokenizers import Tokenizer
+from mlx_vlm.embedding_loader import load_embedding_model
+path, batches, rounds = pathlib.Path(sys.argv[1]), json.loads(sys.argv[2]), int(sys.argv[3])
+model = load_embedding_model(path)
+tok = Tokenizer.from_file(str(path / "tokenizer.json"))
+out = {}
+for n in batches:
+    texts = [sys.argv[4] + f" raw {i}" for i in range(n)]
+    enc = tok.encode_batch(texts)
+    width = max(len(e.ids) for e in enc)
+    ids = mx.array([e.ids + [0] * (width - len(e.ids)) for e in enc])
+    mask = mx.array([[1] * len(e.ids) + [0] * (width - len(e.ids)) for e in enc])
+    mx.eval(model(ids, attention_mask=mask).text_embeds)  # warm-up
+    t0 = time.perf_counter()
+    for _ in range(rounds):
+        mx.eval(model(ids, attention_mask=mask).text_embeds)
+    out[str(n)] = n * rounds / (time.perf_counter() - t0)
+print(json.dumps(out))
+"""
+
+
+def raw_loop(path: pathlib.Path, batches: list[int], rounds: int) -> dict[str, float]:
+    proc = subprocess.run([sys.executable, "-c", RAW, str(path), json.dumps(batches),
+                           str(rounds), text("raw", 0)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(proc.stderr[-2000:])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+async def level(base: str, concurrency: int, per_request: int, requests: int,
+                tag: str) -> dict[str, Any]:
+    """A closed loop of ``requests`` embeddings requests over ``concurrency`` clients."""
+    counter = iter(range(requests))
+    failures: list[str] = []
+    latencies: list[float] = []
+
+    async def client_loop(client: httpx.AsyncClient) -> None:
+        for i in counter:
+            body = {"model": "m", "input": [text(tag, i * per_request + k)
+                                            for k in range(per_request)]}
+            t0 = time.perf_counter()
+            r = await client.post(base + "/v1/embeddings", json=body, timeout=600)
+            latencies.append(time.perf_counter() - t0)
+            if r.status_code != 200 or len(r.json()["data"]) != per_request:
+                failures.append(f"http_{r.status_code}")
+
+    async with httpx.AsyncClient(trust_env=False) as client:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(client_loop(client) for _ in range(concurrency)))
+        wall = time.perf_counter() - t0
+    done = requests - len(failures)
+    return {"concurrency": concurrency, "per_request": per_request, "requests": requests,
+            "failures": failures, "inputs_per_s": done * per_request / wall,
+            "latency_p50_s": statistics.median(latencies)}
+
+
+def serve(name: str, argv: list[str], logdir: pathlib.Path, tag: str,
+          ready: str) -> Server:
+    server = Server(name, argv, ready, logdir, tag)
+    server.start()
+    server.wait_ready()
+    return server
+
+
+def server_levels(base: str, levels: list[tuple[int, int]], tag: str) -> list[dict]:
+    asyncio.run(level(base, 2, 2, 4, f"warm-{tag}"))
+    return [asyncio.run(level(base, c, n, max(8, 4 * c), f"{tag}-{c}-{n}"))
+            for c, n in levels]
+
+
+def throughput(label: str, path: pathlib.Path, args: argparse.Namespace,
+               logdir: pathlib.Path) -> dict[str, Any]:
+    levels = [(c, n) for c in args.concurrency for n in args.per_request]
+    result: dict[str, Any] = {"label": label, "raw": raw_loop(path, args.per_request,
+                                                              args.raw_rounds)}
+    mlxcel = [sys.executable, "-m", "mlxcel.cli", "--model", str(path),
+              "--embedding-batch-size", str(max(args.per_request)),
+              "--dtype", args.dtype]
+    srv = serve("mlxcel", mlxcel, logdir, label, "/health")
+    try:
+        result["mlxcel"] = server_levels(srv.base, levels, f"{label}-x")
+    finally:
+        srv.stop()
+    if "mlx_vlm" in args.servers:
+        vlm = [sys.executable, "-m", "mlx_vlm.server", "--embedding-model", str(path)]
+        srv = serve("mlx_vlm", vlm, logdir, label, "/health")
+        try:
+            result["mlx_vlm"] = server_levels(srv.base, levels, f"{label}-v")
+        finally:
+            srv.stop()
+    return result
+
+
+async def chat_itl(base: str, streams: int, max_tokens: int, tag: str) -> float:
+    body = {"model": "m", "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+            "stream": True}
+    async with httpx.AsyncClient(trust_env=False, timeout=600) as client:
+        recs = await asyncio.gather(*(stream_chat(
+            client, base + "/v1/chat/completions",
+            {**body, "messages": [{"role": "user", "content": text(tag, i, 20)}]},
+            max_tokens) for i in range(streams)))
+    gaps = [g for rec in recs for g in rec.get("gaps_ms", [])]
+    return statistics.median(gaps) / 1000
+
+
+async def itl_with_flood(base: str, streams: int, max_tokens: int) -> float:
+    stop = asyncio.Event()
+
+    async def flood() -> None:
+        async with httpx.AsyncClient(trust_env=False, timeout=600) as client:
+            i = 0
+            while not stop.is_set():
+                i += 1
+                await client.post(base + "/v1/embeddings",
+                                  json={"input": [text("flood", i * 16 + k)
+                                                  for k in range(16)]})
+
+    floods = [asyncio.ensure_future(flood()) for _ in range(16)]
+    await asyncio.sleep(0.5)
+    try:
+        return await chat_itl(base, streams, max_tokens, "flooded")
+    finally:
+        stop.set()
+        await asyncio.gather(*floods, return_exceptions=True)
+
+
+def itl(label: str, path: pathlib.Path, args: argparse.Namespace,
+        logdir: pathlib.Path) -> dict[str, Any]:
+    from mlxcel.testing.bench_checkpoints import bench_checkpoint
+
+    chat = bench_checkpoint(args.chat_checkpoint)
+    argv, ready = server_argv("mlxcel", chat, parallel=8, extra=[
+        "--embedding-model", str(path), "--embedding-batch-size", "16"])
+    srv = serve("mlxcel", argv, logdir, f"{label}-itl", ready)
+    try:
+        asyncio.run(chat_itl(srv.base, 2, 8, "warm"))
+        alone = [asyncio.run(chat_itl(srv.base, args.streams, args.max_tokens, f"a{i}"))
+                 for i in range(args.itl_rounds)]
+        flooded = [asyncio.run(itl_with_flood(srv.base, args.streams, args.max_tokens))
+                   for _ in range(args.itl_rounds)]
+    finally:
+        srv.stop()
+    a, f = statistics.median(alone), statistics.median(flooded)
+    return {"label": label, "streams": args.streams, "itl_alone_ms": a * 1000,
+            "itl_flooded_ms": f * 1000, "ratio": f / a}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--checkpoint", default="tiny,30m")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--concurrency", default="1,16")
+    ap.add_argument("--per-request", default="1,16")
+    ap.add_argument("--servers", default="mlxcel,mlx_vlm")
+    ap.add_argument("--raw-rounds", type=int, default=20)
+    ap.add_argument("--chat-checkpoint", default="tiny")
+    ap.add_argument("--streams", type=int, default=4)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--itl-rounds", type=int, default=3)
+    ap.add_argument("--out", default="bench/results/embeddings.json")
+    args = ap.parse_args()
+    args.concurrency = [int(x) for x in args.concurrency.split(",")]
+    args.per_request = [int(x) for x in args.per_request.split(",")]
+    args.servers = args.servers.split(",")
+    root = pathlib.Path(tempfile.gettempdir()) / "mlxcel-bench-embedders"
+    logdir = pathlib.Path(tempfile.mkdtemp(prefix="mlxcel-bench-emb-"))
+    report: dict[str, Any] = {"machine": machine(), "versions": versions(),
+                              "loadavg_start": loadavg(), "runs": [], "itl": []}
+    for label in args.checkpoint.split(","):
+        path = build(label, root, args.dtype)
+        report["runs"].append(throughput(label, path, args, logdir))
+        report["itl"].append(itl(label, path, args, logdir))
+        print(json.dumps(report["runs"][-1]), json.dumps(report["itl"][-1]), flush=True)
+    report["loadavg_end"] = loadavg()
+    out = pathlib.Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1))
+    print(f"wrote {out}; logs in {logdir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

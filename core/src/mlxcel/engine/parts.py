@@ -1,0 +1,74 @@
+"""Parts of the engine worker that own their state: the inbox of submitted requests, and
+the release of MLX's buffer cache when the engine goes idle. (The job lane is
+``mlxcel.engine.lanes``'s; the scheduling state is the worker's own.)"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from mlxcel.errors import GenerationFailed
+
+IDLE_RELEASE_S = 2.0  # idle this long after work: MLX's buffer cache goes back
+
+
+class Inbox:
+    """Requests handed to the engine thread. ``queued`` counts those submitted and not yet
+    admitted to a slot (the admission limit reads it); once ``closed``, the thread has
+    ended and submits are refused, so no request waits for a thread that is gone."""
+
+    def __init__(self) -> None:
+        self.items: queue.Queue[Any] = queue.Queue()
+        self.queued = 0
+        self.closed = False
+        self.lock = threading.Lock()
+
+    def put(self, item: Any, error: Callable[[], str]) -> None:
+        """Queue ``item``; GenerationFailed (with ``error()``) once closed."""
+        with self.lock:
+            if self.closed:
+                raise GenerationFailed(error())
+            self.queued += 1
+            self.items.put(item)
+
+    def count(self, delta: int) -> None:
+        with self.lock:
+            self.queued += delta
+
+    def close(self) -> None:
+        with self.lock:
+            self.closed = True
+
+    def wake(self) -> None:
+        """Unblock the thread (a ``None`` item carries no request)."""
+        self.items.put_nowait(None)
+
+
+class BufferRelease:
+    """When to free MLX's buffer cache: once the engine has been idle for ``idle_s``
+    seconds after work, and at once after a prompt-cache reset. Buffers a burst or a long
+    prompt left behind go back to the system instead of staying held by an idle server,
+    while back-to-back requests keep reusing them instead of allocating anew."""
+
+    def __init__(self, idle_s: float = IDLE_RELEASE_S) -> None:
+        self.idle_s = idle_s
+        self.dirty = False  # work ran since the cache was last cleared
+        self.requested = False  # set from other threads (a prompt-cache reset)
+        self._idle_since: float | None = None
+
+    def due(self, busy: bool) -> bool:
+        """Whether to clear now (then the state starts over); ``busy``: work is held."""
+        if busy:
+            self._idle_since = None
+        elif self.dirty and self._idle_since is None:
+            self._idle_since = time.monotonic()
+        idle_long = self._idle_since is not None \
+            and time.monotonic() - self._idle_since >= self.idle_s
+        if self.requested or (self.dirty and idle_long):
+            self.requested = self.dirty = False
+            self._idle_since = None
+            return True
+        return False
