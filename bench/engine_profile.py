@@ -501,9 +501,9 @@ def main() -> int:
                     help="turn the prompt cache off (the server's default has it on)")
     args = ap.parse_args()
 
-    from mlxcel.engines import prompt_cache_from
     from mlxcel.engine.client import EngineClient
     from mlxcel.engine.worker import EngineWorker
+    from mlxcel.engines import prompt_cache_from
     from mlxcel.model.loader import load_checkpoint
     from mlxcel.plugins import load_plugins
     from mlxcel.settings import Settings
