@@ -15,9 +15,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from mlxcel.engine.stops import partial_suffix
 from mlxcel.families.api import ReasoningSpec
 from mlxcel.model.reasoning import HARMONY_MESSAGE
+from mlxcel.text import partial_suffix
 from mlxcel.types.requests import ReasoningLimit
 
 Run = tuple[str, str, bool]  # (kind, text, special)

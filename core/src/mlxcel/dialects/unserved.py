@@ -17,10 +17,15 @@ PREFIX = "unserved:"  # the name of every handler made here
 
 def _served(request: Request) -> str:
     """The app's paths that some real handler serves (Litestar's own OPTIONS handlers
-    serve nothing)."""
+    serve nothing), less the routes of tasks whose model is not loaded."""
+    from mlxcel.context import TASK_ROUTES
+
+    ctx = request.app.state.get("ctx")
+    served = ctx.served_tasks() if ctx is not None else tuple(TASK_ROUTES)
+    missing = {p for task, paths in TASK_ROUTES.items() if task not in served for p in paths}
     paths = {r.path for r in request.app.routes
              if any(not (h.name or "").startswith(PREFIX) and h.http_methods != {"OPTIONS"}
-                    for h in r.route_handlers)}
+                    for h in r.route_handlers)} - missing
     return ", ".join(sorted(paths))
 
 

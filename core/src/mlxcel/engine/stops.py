@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from mlxcel.text import partial_suffix
+
 
 class StopMatcher:
     """Feed decoded text; get back what is safe to emit and whether a stop matched.
@@ -35,14 +37,3 @@ class StopMatcher:
     def _partial_suffix(self, buf: str) -> int:
         return partial_suffix(buf, self.stops)
 
-
-def partial_suffix(buf: str, needles: tuple[str, ...]) -> int:
-    """Length of the longest suffix of ``buf`` that is a proper prefix of one of
-    ``needles``: what must be held back until the next text says whether it completes."""
-    best = 0
-    for needle in needles:
-        for n in range(min(len(needle) - 1, len(buf)), best, -1):
-            if buf.endswith(needle[:n]):
-                best = n
-                break
-    return best

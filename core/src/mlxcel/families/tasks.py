@@ -50,12 +50,14 @@ class Embedder(Protocol):
 
     ``dimensions``: the length of a pooled vector. ``max_length``: the most tokens one
     input may have (longer ones are refused by core, naming the input). ``pooling``: the
-    pooling used when a request or flag names none.
+    pooling it runs (``--pooling``, else the checkpoint's). ``vocab_size``: token ids a
+    request may send as input are below it.
     """
 
     dimensions: int
     max_length: int
     pooling: str
+    vocab_size: int
 
     def tokenize(self, text: str) -> Encoded:
         """``text`` as the model reads it, its special tokens included. HTTP side."""

@@ -68,6 +68,8 @@ class Embedder:
         self.max_length = _max_length(self.model, options)
         owned = getattr(self.model.module, "dense", None)
         self.dense = list(owned) if isinstance(owned, list) else self.model.dense
+        self.vocab_size = int(loaded.config.get("vocab_size") or
+                              self.tokenizer.get_vocab_size())
         hidden = int(loaded.config.get("hidden_size") or 0)
         last = self.dense[-1].weight.shape[0] if self.dense else hidden
         self.dimensions = int(last)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlxcel.builtin.toolcalls.json_stream import StreamParser
+from mlxcel.toolcalls.kit import StreamParser
 
 ACTION, END, PLAIN, FENCE = "<|START_ACTION|>", "<|END_ACTION|>", "Action:", "```"
 RESPONSE = ("<|START_RESPONSE|>", "<|END_RESPONSE|>")

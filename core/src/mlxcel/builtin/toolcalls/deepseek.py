@@ -20,8 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlxcel.builtin.toolcalls.json_stream import NAME, StreamParser
-from mlxcel.engine.stops import partial_suffix
+from mlxcel.toolcalls.kit import NAME, StreamParser, partial_suffix
 
 SECTIONS = ("<｜tool▁calls▁begin｜>", "<｜tool_calls_begin｜>", "<｜tool calls begin｜>",
             "<｜tool\\_calls\\_begin｜>", "<｜tool▁calls｜>")

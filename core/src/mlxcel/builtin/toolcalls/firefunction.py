@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlxcel.builtin.toolcalls.json_stream import StreamParser
+from mlxcel.toolcalls.kit import StreamParser
 
 MARKERS = (" functools[", "functools[")
 

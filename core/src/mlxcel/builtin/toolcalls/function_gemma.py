@@ -16,8 +16,8 @@ import json
 import math
 from typing import Any
 
-from mlxcel.builtin.toolcalls.markup_stream import BlockParser, Blocks, Decoded, MarkupError
 from mlxcel.builtin.toolcalls.markup_values import arguments_json, call_name, skip_space
+from mlxcel.toolcalls.kit import BlockParser, Blocks, Decoded, MarkupError
 
 OPEN, CLOSE = "<start_function_call>", "<end_function_call>"
 ESCAPE = "<escape>"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlxcel.builtin.toolcalls.json_stream import StreamParser
+from mlxcel.toolcalls.kit import StreamParser
 
 OPEN, CLOSE, TAG = "<function=", "</function>", "<|python_tag|>"
 

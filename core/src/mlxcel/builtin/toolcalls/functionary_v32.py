@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from mlxcel.builtin.toolcalls.json_stream import StreamParser
+from mlxcel.toolcalls.kit import StreamParser
 
 HEADER = ">>>"
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from mlxcel.builtin.toolcalls.json_scan import WHITESPACE, JsonExtent
-from mlxcel.builtin.toolcalls.json_stream import StreamParser
+from mlxcel.toolcalls.json_scan import WHITESPACE, JsonExtent
+from mlxcel.toolcalls.kit import StreamParser
 
 _KEYS = ('"tool_calls"', '"tool_call"')
 

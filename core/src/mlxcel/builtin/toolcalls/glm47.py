@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlxcel.builtin.toolcalls.markup_stream import BlockParser, Blocks, Decoded, MarkupError
 from mlxcel.builtin.toolcalls.markup_values import (
     arguments_json,
     call_name,
@@ -22,6 +21,7 @@ from mlxcel.builtin.toolcalls.markup_values import (
     skip_space,
     typed_value,
 )
+from mlxcel.toolcalls.kit import BlockParser, Blocks, Decoded, MarkupError
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 TAGS = ("<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>")

@@ -43,9 +43,8 @@ from typing import Any
 
 import structlog
 
-from mlxcel.builtin.toolcalls.markup_stream import Decoded, MarkupError, TextStates, first_of
 from mlxcel.builtin.toolcalls.markup_values import call_name, json_object_text
-from mlxcel.engine.stops import partial_suffix
+from mlxcel.toolcalls.kit import Decoded, MarkupError, TextStates, first_of, partial_suffix
 from mlxcel.types.toolcalls import CallError, ParseResult, ToolEvent, ToolText
 
 START, CHANNEL, MESSAGE, CONSTRAIN = "<|start|>", "<|channel|>", "<|message|>", "<|constrain|>"
@@ -74,27 +73,27 @@ class HarmonyParser(TextStates):
         """The open message ends with the answer: a call's body is decoded, answer text
         flushed; an unfinished header is dropped unless it is plain text."""
         events: list[ToolEvent] = []
-        buf, self._buf = self._buf, ""
-        if self._state == "plain" or (self._state == "body" and self._kind == "text"):
+        buf, self.buf = self.buf, ""
+        if self.state == "plain" or (self.state == "body" and self._kind == "text"):
             events += [ToolText(text=buf)] if buf else []
-        elif self._state == "body" and self._kind == "call":
+        elif self.state == "body" and self._kind == "call":
             self._call(events, buf)
-        elif self._state == "header" and self._stray(buf):
+        elif self.state == "header" and self._stray(buf):
             events.append(ToolText(text=buf))
-        self._state = "header"
+        self.state = "header"
         return ParseResult(events=tuple(events), calls=tuple(self.calls))
 
     def _header(self, events: list[ToolEvent]) -> bool:
-        at, marker = first_of(self._buf, (MESSAGE, START, *_NOT_HEADER), self._scan)
+        at, marker = first_of(self.buf, (MESSAGE, START, *_NOT_HEADER), self.scan)
         if at < 0 or at > HEADER_LIMIT:
-            self._scan = max(0, len(self._buf) - _LONGEST + 1)
-            if len(self._buf) < HEADER_LIMIT + _LONGEST:
+            self.scan = max(0, len(self.buf) - _LONGEST + 1)
+            if len(self.buf) < HEADER_LIMIT + _LONGEST:
                 return False  # a marker within the limit may still complete
             return self._give_up(events, HEADER_LIMIT)
-        self._scan = 0
+        self.scan = 0
         if marker in _NOT_HEADER:
             return self._give_up(events, at + len(marker))
-        head, self._buf = self._buf[:at], self._buf[at + len(marker):]
+        head, self.buf = self.buf[:at], self.buf[at + len(marker):]
         if self._stray(head):  # words, not a header: answer text
             events.append(ToolText(text=head))
         if marker == START:  # a new message begins; what came before was no header
@@ -111,21 +110,21 @@ class HarmonyParser(TextStates):
 
     def _give_up(self, events: list[ToolEvent], cut: int) -> bool:
         """The first ``cut`` characters are no header: answer text."""
-        events.append(ToolText(text=self._buf[:cut]))
-        self._buf, self._state, self._scan = self._buf[cut:], "plain", 0
+        events.append(ToolText(text=self.buf[:cut]))
+        self.buf, self.state, self.scan = self.buf[cut:], "plain", 0
         self._role_next = False
         return True
 
     def _plain(self, events: list[ToolEvent]) -> bool:
-        at, marker = first_of(self._buf, (START, CHANNEL))
-        cut = len(self._buf) - partial_suffix(self._buf, (START, CHANNEL)) if at < 0 else at
+        at, marker = first_of(self.buf, (START, CHANNEL))
+        cut = len(self.buf) - partial_suffix(self.buf, (START, CHANNEL)) if at < 0 else at
         if cut:
-            events.append(ToolText(text=self._buf[:cut]))
+            events.append(ToolText(text=self.buf[:cut]))
         if at < 0:
-            self._buf = self._buf[cut:]
+            self.buf = self.buf[cut:]
             return False
         skip = len(START) if marker == START else 0  # a channel marker is the header's
-        self._buf, self._state, self._role_next = self._buf[at + skip:], "header", bool(skip)
+        self.buf, self.state, self._role_next = self.buf[at + skip:], "header", bool(skip)
         return True
 
     def _open(self, header: str) -> None:
@@ -144,25 +143,25 @@ class HarmonyParser(TextStates):
             self._kind = "hidden"
         else:
             self._kind = "text"
-        self._state = "body"
+        self.state = "body"
 
     def _body(self, events: list[ToolEvent]) -> bool:
-        at, marker = first_of(self._buf, ENDS, self._scan)
+        at, marker = first_of(self.buf, ENDS, self.scan)
         if self._kind == "call":
             if at < 0:
-                self._scan = max(0, len(self._buf) - _LONGEST + 1)
+                self.scan = max(0, len(self.buf) - _LONGEST + 1)
                 return False
-            body, self._buf, self._scan = self._buf[:at], self._buf[at + len(marker):], 0
+            body, self.buf, self.scan = self.buf[:at], self.buf[at + len(marker):], 0
             self._call(events, body)
-            self._state, self._role_next = "header", False
+            self.state, self._role_next = "header", False
             return True
-        cut = len(self._buf) - partial_suffix(self._buf, ENDS) if at < 0 else at
+        cut = len(self.buf) - partial_suffix(self.buf, ENDS) if at < 0 else at
         if cut and self._kind == "text":
-            events.append(ToolText(text=self._buf[:cut]))
+            events.append(ToolText(text=self.buf[:cut]))
         if at < 0:
-            self._buf = self._buf[cut:]
+            self.buf = self.buf[cut:]
             return False
-        self._buf, self._state = self._buf[at + len(marker):], "header"
+        self.buf, self.state = self.buf[at + len(marker):], "header"
         self._role_next = False
         return True
 

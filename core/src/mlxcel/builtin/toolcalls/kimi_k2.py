@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlxcel.builtin.toolcalls.markup_stream import BlockParser, Blocks, Decoded, MarkupError
 from mlxcel.builtin.toolcalls.markup_values import call_name, json_object_text
+from mlxcel.toolcalls.kit import BlockParser, Blocks, Decoded, MarkupError
 
 SECTION = (("<|tool_calls_section_begin|>", "<|tool_call_section_begin|>"),
            ("<|tool_calls_section_end|>", "<|tool_call_section_end|>"))

@@ -21,8 +21,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from mlxcel.builtin.toolcalls.json_stream import StreamParser
 from mlxcel.builtin.toolcalls.py_calls import PyExtent, builtin_call
+from mlxcel.toolcalls.kit import StreamParser
 
 TAG = "<|python_tag|>"
 _BUILTIN = re.compile(r"([A-Za-z_]\w*)\.call\(")

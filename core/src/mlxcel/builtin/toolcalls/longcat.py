@@ -14,12 +14,12 @@ import json
 from typing import Any
 
 from mlxcel.builtin.toolcalls.glm47 import decode_pairs
-from mlxcel.builtin.toolcalls.markup_stream import BlockParser, Blocks, Decoded, MarkupError
 from mlxcel.builtin.toolcalls.markup_values import (
     arguments_json,
     call_name,
     parameter_schemas,
 )
+from mlxcel.toolcalls.kit import BlockParser, Blocks, Decoded, MarkupError
 
 OPEN, CLOSE = "<longcat_tool_call>", "</longcat_tool_call>"
 TAGS = ("<longcat_arg_key>", "</longcat_arg_key>", "<longcat_arg_value>",

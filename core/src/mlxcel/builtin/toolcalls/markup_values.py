@@ -25,7 +25,7 @@ import json
 import re
 from typing import Any
 
-from mlxcel.builtin.toolcalls.markup_stream import MarkupError
+from mlxcel.toolcalls.kit import MarkupError
 from mlxcel.toolcalls.values import (
     NO_VALUE,
     json_type,

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlxcel.builtin.toolcalls.markup_stream import BlockParser, Blocks, Decoded, MarkupError
 from mlxcel.builtin.toolcalls.markup_values import (
     arguments_json,
     call_name,
@@ -41,6 +40,7 @@ from mlxcel.builtin.toolcalls.markup_values import (
     types_of,
     unquote,
 )
+from mlxcel.toolcalls.kit import BlockParser, Blocks, Decoded, MarkupError
 
 M2_SECTION = (("<minimax:tool_call>",), ("</minimax:tool_call>",))
 M2_INVOKE = ("<invoke name=", "</invoke>")

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlxcel.builtin.toolcalls.json_stream import StreamParser
+from mlxcel.toolcalls.kit import StreamParser
 
 OPEN, ARGS, CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from mlxcel.builtin.toolcalls.json_stream import StreamParser
 from mlxcel.builtin.toolcalls.py_calls import PyExtent, call_list
+from mlxcel.toolcalls.kit import StreamParser
 
 START, END = "<|tool_call_start|>", "<|tool_call_end|>"
 _HEAD = re.compile(r"\[\s*[A-Za-z_][\w.]*\s*\(")

@@ -45,6 +45,7 @@ async def _prompt(ctx: AppContext, request: Request, body: s.CountTokensRequest
 def build(ctx: AppContext) -> list[Any]:
     @post(["/v1/messages", "/messages"], status_code=200)
     async def messages(request: Request) -> Any:
+        ctx.require_chat()
         body = await decode_body(request, s.MessagesRequest)
         prompt, memory = await _prompt(ctx, request, body)
         rid = f"msg_{uuid.uuid4().hex[:24]}"
@@ -63,6 +64,7 @@ def build(ctx: AppContext) -> list[Any]:
     async def count_tokens(request: Request) -> Response:
         """The prompt ``/v1/messages`` would render for this body (system, tools, tool
         choice and thinking included), counted without generating."""
+        ctx.require_chat()
         body = await decode_body(request, s.CountTokensRequest)
         prompt, _ = await _prompt(ctx, request, body)
         budget = budget_of(ctx, TurnOptions(reasoning_budget=thinking_budget(body)))

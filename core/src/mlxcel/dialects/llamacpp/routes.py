@@ -1,6 +1,6 @@
 """llama-server routes: /completion(s), /infill, /apply-template, /tokenize, /detokenize,
-/health (and /), /props, /slots, the prompt cache, and the native routes of side models
-this server has not loaded."""
+/health (and /), /props, /slots, the prompt cache, and the side models' native routes
+(``retrieval``: embedding and rerank)."""
 
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ from mlxcel.context import AppContext
 from mlxcel.dialects.openai.schemas import ChatCompletionRequest
 from mlxcel.dialects.openai.translate import prompt_request
 from mlxcel.dialects.prepare import check_fits, check_token_ids, prepare_for
-from mlxcel.dialects.unserved import unserved_routes
 from mlxcel.dialects.wire import decode_body
 from mlxcel.errors import CapabilityNotSupported, InvalidRequest, MlxcelError
 from mlxcel.model.tokenizer import TooManyTokens
 
+from . import retrieval
 from .completion import body_prompts, n_predict_of, prompt_tokens, refuse_unsupported
 from .infill import answer_reserve, fim_markers, infill_prompt
 from .run import respond
@@ -39,7 +39,10 @@ def health_payload(ctx: AppContext) -> tuple[int, dict[str, Any]]:
     is a 503 ``error`` with its message, so that a supervisor can restart the server.
     ``tool_call_parser`` is the spec's ``"mlxcel"`` when the loaded model has a tool format
     (selected once at startup), else null: it says whether tool calls are parsed, and the
-    format's name is in the ``tool_format_selected`` log line and ``mlxcel-server plugins``."""
+    format's name is in the ``tool_format_selected`` log line and ``mlxcel-server plugins``.
+    ``capabilities``: the tasks served (``completion``, ``embedding``, ``rerank``)."""
+    if not ctx.has_chat:
+        return side_health(ctx)
     engine = ctx.engine
     if engine.state == "loading":
         return 503, {"status": "loading model", "tool_call_parser": None}
@@ -64,8 +67,23 @@ def health_payload(ctx: AppContext) -> tuple[int, dict[str, Any]]:
                           "current_batch_size": active, "cache_pool_active": active},
         "context_size": engine.context_size,
         "tool_call_parser": "mlxcel" if ckpt.tool_format is not None else None,
+        "capabilities": ctx.capabilities(),
         **world,
     }
+
+
+def side_health(ctx: AppContext) -> tuple[int, dict[str, Any]]:
+    """A process of side models only (``--embeddings``, ``-m`` an embedder): loading and
+    failed as for a chat model, else ``ok`` with the models and what they serve."""
+    states = {side.state for side in ctx.sides.values()}
+    if "failed" in states:
+        failed = next(s for s in ctx.sides.values() if s.state == "failed")
+        return _engine_error(f"the {failed.task} model failed to load: {failed.error}")
+    if "loading" in states:
+        return 503, {"status": "loading model", "tool_call_parser": None}
+    return 200, {"status": "ok", "model": ctx.model_name, "tool_call_parser": None,
+                 "capabilities": ctx.capabilities(),
+                 "models": [{"id": side.name, "task": task} for task, side in ctx.sides.items()]}
 
 
 def distributed_info(engine: Any) -> dict[str, Any]:
@@ -85,9 +103,6 @@ def slots_payload(ctx: AppContext) -> list[dict[str, Any]]:
              "is_processing": state == "decoding"} for i, state in enumerate(states)]
 
 
-# llama-server's own side-model routes (the OpenAI ones are the OpenAI dialect's)
-UNSERVED = (("POST", "an embedding model", ("/embedding", "/embeddings")),
-            ("POST", "a reranking model", ("/rerank", "/reranking")))
 
 
 def generation_routes(ctx: AppContext) -> list[Any]:
@@ -96,6 +111,7 @@ def generation_routes(ctx: AppContext) -> list[Any]:
 
     @post(["/completion", "/completions"], status_code=200)
     async def completion(request: Request) -> Any:
+        ctx.require_chat()
         body = await decode_body(request, CompletionRequest)
         refuse_unsupported(body)
         prompts = body_prompts(body, max(1, engine.parallel))
@@ -104,6 +120,7 @@ def generation_routes(ctx: AppContext) -> list[Any]:
 
     @post("/infill", status_code=200)
     async def infill(request: Request) -> Any:
+        ctx.require_chat()
         fim = fim_markers(engine.checkpoint.tokenizer)  # 501 before the body is read
         body = await decode_body(request, InfillRequest)
         refuse_unsupported(body)
@@ -116,6 +133,7 @@ def generation_routes(ctx: AppContext) -> list[Any]:
     async def apply_template(request: Request) -> dict[str, Any]:
         """The chat prompt as ``/v1/chat/completions`` would render it (the same wire
         format, read by the OpenAI dialect's schema), without generating."""
+        ctx.require_chat()
         body = await decode_body(request, ChatCompletionRequest)
         text = await prepare_for(request, lambda: render_chat(
             prompt_request(body), engine.checkpoint.template,
@@ -154,11 +172,13 @@ def build(ctx: AppContext) -> list[Any]:
 
     @post("/tokenize", status_code=200)
     async def tokenize(request: Request) -> dict[str, Any]:
+        ctx.require_chat()
         body = await decode_body(request, TokenizeRequest)
         return {"tokens": await prepare_for(request, lambda: encode(body))}
 
     @post("/detokenize", status_code=200)
     async def detokenize(request: Request) -> dict[str, Any]:
+        ctx.require_chat()
         body = await decode_body(request, DetokenizeRequest)
         tok = engine.checkpoint.tokenizer
         check_token_ids(tok, body.tokens, "tokens")
@@ -167,6 +187,10 @@ def build(ctx: AppContext) -> list[Any]:
 
     @get("/props")
     async def props() -> dict[str, Any]:
+        if not ctx.has_chat:
+            return {"model_alias": ctx.model_name, "total_slots": 0,
+                    "capabilities": ctx.capabilities(),
+                    **{f"{task}_model": side.name for task, side in ctx.sides.items()}}
         ckpt = engine.checkpoint
         d = server_sampling_defaults(ckpt, ctx.settings)
         return {
@@ -189,6 +213,7 @@ def build(ctx: AppContext) -> list[Any]:
             "chat_template": ckpt.template.source,
             "chat_template_caps": ckpt.template.caps.wire(),
             "n_ctx": engine.context_size,
+            "capabilities": ctx.capabilities(),
             **distributed_info(engine),
         }
 
@@ -202,7 +227,7 @@ def build(ctx: AppContext) -> list[Any]:
         return engine.prompt_cache.reset()
 
     handlers: list[Any] = [health, live, tokenize, detokenize, props, cache_stats, cache_reset,
-                           *generation_routes(ctx), *unserved_routes(UNSERVED)]
+                           *generation_routes(ctx), *retrieval.build(ctx)]
     if ctx.settings.slots:
         @get("/slots")
         async def slots() -> list[dict[str, Any]]:

@@ -1,5 +1,5 @@
 """OpenAI routes: /v1/chat/completions (+ unprefixed), /v1/completions, /v1/models (+
-unprefixed), and the OpenAI routes of side models this server has not loaded. The
+unprefixed), /v1/embeddings, and the OpenAI routes of side models not built yet. The
 unprefixed /completions is llama-server's native route (``dialects.llamacpp``), as in
 llama-server."""
 
@@ -13,7 +13,7 @@ from litestar import Request, Response, get, post
 
 from mlxcel.chat.output import OutputMachine
 from mlxcel.chat.structured import compile_constraint, response_constraint
-from mlxcel.context import AppContext
+from mlxcel.context import CAPABILITIES, AppContext
 from mlxcel.dialects.prepare import prepare_for
 from mlxcel.dialects.turn import Turn, generation_request, start_turn
 from mlxcel.dialects.unserved import unserved_routes
@@ -26,6 +26,7 @@ from mlxcel.dialects.wire import (
 )
 from mlxcel.types.messages import PromptInput
 
+from . import embeddings
 from . import schemas as s
 from .stream import ChatEncoder, CompletionEncoder
 from .translate import (
@@ -37,8 +38,6 @@ from .translate import (
 )
 
 UNSERVED = (
-    ("POST", "an embedding model", ("/v1/embeddings",)),
-    ("POST", "a reranking model", ("/v1/rerank", "/v1/reranking")),
     ("POST", "a speech model (Whisper transcribes and translates, Kokoro speaks)",
      ("/v1/audio/speech", "/v1/audio/transcriptions", "/v1/audio/translations",
       "/audio/speech", "/audio/transcriptions", "/audio/translations")),
@@ -60,6 +59,7 @@ def _include_usage(body: s.SamplingFields) -> bool:
 def build(ctx: AppContext) -> list[Any]:
     @post(["/v1/chat/completions", "/chat/completions"], status_code=200)
     async def chat_completions(request: Request) -> Any:
+        ctx.require_chat()
         body = await decode_body(request, s.ChatCompletionRequest)
         limit, field = ((body.max_completion_tokens, "max_completion_tokens")
                         if body.max_completion_tokens is not None else (body.max_tokens,
@@ -81,6 +81,7 @@ def build(ctx: AppContext) -> list[Any]:
 
     @post("/v1/completions", status_code=200)
     async def completions(request: Request) -> Any:
+        ctx.require_chat()
         body = await decode_body(request, s.CompletionRequest)
         check_completion_options(body)
         rid = f"cmpl-{uuid.uuid4().hex[:24]}"
@@ -106,10 +107,15 @@ def build(ctx: AppContext) -> list[Any]:
 
     @get(["/v1/models", "/models"])
     async def models() -> Response:
-        names = ctx.settings.aliases() or (ctx.model_name,)  # --alias a,b: one entry each
+        """Each model the server holds, with what it serves (``capabilities``): the chat
+        model under each of its names (``--alias a,b``), then the side models."""
+        names = (ctx.settings.aliases() or (ctx.model_name,)) if ctx.has_chat else ()
+        entries = [(name, ["completion"]) for name in names] + [
+            (side.name, [CAPABILITIES.get(task, task)]) for task, side in ctx.sides.items()]
         return Response({"object": "list", "data": [
-            {"id": name, "object": "model", "created": ctx.created, "owned_by": "user"}
-            for name in names
+            {"id": name, "object": "model", "created": ctx.created, "owned_by": "user",
+             "capabilities": caps} for name, caps in entries
         ]})
 
-    return [chat_completions, completions, models, *unserved_routes(UNSERVED)]
+    return [chat_completions, completions, models, *embeddings.build(ctx),
+            *unserved_routes(UNSERVED)]

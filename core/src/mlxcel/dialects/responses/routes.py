@@ -75,6 +75,7 @@ def build(ctx: AppContext) -> list[Any]:
 
     @post(paths(), status_code=200)
     async def create(request: Request) -> Any:
+        ctx.require_chat()
         body = await decode_body(request, s.CreateRequest)
         return await Create(ctx, request, stores, body).answer()
 
@@ -114,6 +115,7 @@ def build(ctx: AppContext) -> list[Any]:
 
     @post(paths("/input_tokens"), status_code=200)
     async def input_tokens(request: Request) -> dict[str, Any]:
+        ctx.require_chat()
         body = await decode_body(request, s.CreateRequest)
         tools, choice = tools_of(body.tools), tool_choice_of(body.tool_choice)
         compactor = Compactor(ctx, request, lambda messages: prompt_request(
@@ -131,6 +133,7 @@ def build(ctx: AppContext) -> list[Any]:
 
     @post(paths("/compact"), status_code=200)
     async def compact(request: Request) -> Any:
+        ctx.require_chat()
         body = await decode_body(request, s.CompactRequest)
         _refuse_for_compact(body)
         keep, limit = keep_tokens(ctx, body.keep_tokens), summary_tokens(body.max_output_tokens)

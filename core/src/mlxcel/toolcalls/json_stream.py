@@ -24,10 +24,9 @@ import json
 import re
 from typing import Any
 
-from mlxcel.builtin.toolcalls.json_bodies import ENDS_INSIDE, JsonBodies
-from mlxcel.builtin.toolcalls.json_scan import WHITESPACE, CallObject, JsonExtent
-from mlxcel.builtin.toolcalls.markup_stream import first_of
-from mlxcel.engine.stops import partial_suffix
+from mlxcel.text import first_of, partial_suffix
+from mlxcel.toolcalls.json_bodies import ENDS_INSIDE, JsonBodies
+from mlxcel.toolcalls.json_scan import WHITESPACE, CallObject, JsonExtent
 from mlxcel.types.toolcalls import (
     CallArguments,
     CallEnd,

@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
-from mlxcel.engine.stops import partial_suffix
+from mlxcel.text import first_of, partial_suffix
 from mlxcel.types.toolcalls import (
     CallArguments,
     CallEnd,
@@ -65,15 +65,10 @@ class Blocks(NamedTuple):
     bare: bool = True
 
 
-def first_of(text: str, markers: tuple[str, ...], start: int = 0) -> tuple[int, str]:
-    """The earliest of ``markers`` in ``text`` from ``start`` (the longest at a tie), as
-    (position, marker); (-1, "") when none is there."""
-    best, found = -1, ""
-    for marker in markers:
-        at = text.find(marker, start)
-        if at >= 0 and (best < 0 or at < best or (at == best and len(marker) > len(found))):
-            best, found = at, marker
-    return best, found
+def call_events(index: int, call: Decoded) -> list[ToolEvent]:
+    """A whole call's events, in the order a stream sends them: start, arguments, end."""
+    return [CallStart(index=index, name=call.name, id=call.id),
+            CallArguments(index=index, text=call.arguments), CallEnd(index=index)]
 
 
 class TextStates:
@@ -82,22 +77,31 @@ class TextStates:
     the calls sent so far, the parse of the whole answer at ``finish()``."""
 
     def __init__(self, state: str) -> None:
-        self._state, self._buf, self._scan = state, "", 0
+        self.state, self.buf, self.scan = state, "", 0
         self.calls: list[ParsedCall] = []
 
     def feed(self, text: str, token_ids: tuple[int, ...] = ()) -> list[ToolEvent]:
         """The events ``text`` settles (token ids are not needed: markers are text)."""
-        self._buf += text
+        self.buf += text
         events: list[ToolEvent] = []
-        while getattr(self, f"_{self._state}")(events):
+        while getattr(self, f"_{self.state}")(events):
             pass
         return events
 
+    def text_until(self, events: list[ToolEvent], openers: tuple[str, ...]) -> str:
+        """Send the held text up to the first of ``openers`` as answer text and drop the
+        opener: the opener, or "" when none is there yet (a possible partial opener at the
+        end stays held, so the next text settles it)."""
+        at, marker = first_of(self.buf, openers)
+        cut = len(self.buf) - partial_suffix(self.buf, openers) if at < 0 else at
+        if cut:
+            events.append(ToolText(text=self.buf[:cut]))
+        self.buf = self.buf[cut + len(marker):]
+        return marker
+
     def send(self, events: list[ToolEvent], call: Decoded) -> None:
         """A whole call's events, in the order a stream sends them."""
-        index = len(self.calls)
-        events += [CallStart(index=index, name=call.name, id=call.id),
-                   CallArguments(index=index, text=call.arguments), CallEnd(index=index)]
+        events += call_events(len(self.calls), call)
         self.calls.append(ParsedCall(name=call.name, arguments=call.arguments, id=call.id))
 
 
@@ -120,16 +124,16 @@ class BlockParser(TextStates):
         """Held text is answer text; an open call is decoded as it stands (or is a
         ``CallError``); every call of the answer."""
         events: list[ToolEvent] = []
-        buf, self._buf = self._buf, ""
-        if self._state == "text":
+        buf, self.buf = self.buf, ""
+        if self.state == "text":
             self._answer(events, buf)
-        elif self._state == "section":
+        elif self.state == "section":
             if buf.strip() or self._fresh:
                 events.append(CallError(message="a section of calls is not closed",
                                         text=self._fresh + buf))
         else:
             self._close(events, buf, "")
-        self._state = "text"
+        self.state = "text"
         return ParseResult(events=tuple(events), calls=tuple(self.calls))
 
     def _answer(self, events: list[ToolEvent], text: str) -> None:
@@ -143,32 +147,32 @@ class BlockParser(TextStates):
         self._gap, self._after_call = "", False
 
     def _text(self, events: list[ToolEvent]) -> bool:
-        at, marker = first_of(self._buf, self._openers)
+        at, marker = first_of(self.buf, self._openers)
         if at < 0:
-            keep = partial_suffix(self._buf, self._openers)
-            self._answer(events, self._buf[:len(self._buf) - keep])
-            self._buf = self._buf[len(self._buf) - keep:]
+            keep = partial_suffix(self.buf, self._openers)
+            self._answer(events, self.buf[:len(self.buf) - keep])
+            self.buf = self.buf[len(self.buf) - keep:]
             return False
-        self._answer(events, self._buf[:at])
-        self._gap, self._buf, self._scan = "", self._buf[at + len(marker):], 0
+        self._answer(events, self.buf[:at])
+        self._gap, self.buf, self.scan = "", self.buf[at + len(marker):], 0
         if marker in self._section_openers:
-            self._state, self._in_section, self._fresh = "section", True, marker
+            self.state, self._in_section, self._fresh = "section", True, marker
         else:
-            self._state, self._in_section = "unit", False
+            self.state, self._in_section = "unit", False
         return True
 
     def _section(self, events: list[ToolEvent]) -> bool:
         at, marker = self._find((self.blocks.unit[0], *self._closers))
         if at < 0:
             return False
-        junk, self._buf = self._buf[:at], self._buf[at + len(marker):]
+        junk, self.buf = self.buf[:at], self.buf[at + len(marker):]
         if junk.strip():
             events.append(CallError(message="text between calls", text=self._fresh + junk))
             self._fresh = ""
         if marker == self.blocks.unit[0]:
-            self._state, self._fresh = "unit", ""
+            self.state, self._fresh = "unit", ""
         else:
-            self._state, self._in_section, self._after_call = "text", False, True
+            self.state, self._in_section, self._after_call = "text", False, True
             self._fresh = ""
         return True
 
@@ -177,21 +181,21 @@ class BlockParser(TextStates):
         at, marker = self._find(closers)
         if at < 0:
             return False
-        body, self._buf = self._buf[:at], self._buf[at + len(marker):]
+        body, self.buf = self.buf[:at], self.buf[at + len(marker):]
         self._close(events, body, marker)
         if marker == self.blocks.unit[1] and self._in_section:
-            self._state = "section"
+            self.state = "section"
         else:
-            self._state, self._in_section, self._after_call = "text", False, True
+            self.state, self._in_section, self._after_call = "text", False, True
         return True
 
     def _find(self, markers: tuple[str, ...]) -> tuple[int, str]:
         """Search the held text from where the last search left off."""
-        at, marker = first_of(self._buf, markers, self._scan)
+        at, marker = first_of(self.buf, markers, self.scan)
         if at < 0:
-            self._scan = max(0, len(self._buf) - max(map(len, markers)) + 1)
+            self.scan = max(0, len(self.buf) - max(map(len, markers)) + 1)
         else:
-            self._scan = 0
+            self.scan = 0
         return at, marker
 
     def _close(self, events: list[ToolEvent], body: str, closer: str) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlxcel.builtin.toolcalls.json_scan import CallObject, JsonExtent, json_object
+from mlxcel.toolcalls.json_scan import CallObject, JsonExtent, json_object
 
 MORE, DONE, BROKEN, ABORT = range(4)
 ENDS_INSIDE = "the answer ends inside a tool call"

@@ -1,0 +1,61 @@
+"""Rerank requests: a query and documents (Jina/Cohere) or texts (TEI), each pair encoded
+and length-checked on the HTTP side, scored on the job lane, sorted and cut to ``top_n``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from mlxcel.engine.side import SideEngine
+from mlxcel.errors import InvalidRequest
+from mlxcel.retrieval.embed import MAX_INPUTS
+
+
+class Ranked(msgspec.Struct, frozen=True):
+    index: int
+    score: float
+    text: str
+
+
+def texts_of(value: Any, param: str) -> list[str]:
+    """Documents as strings: each a string or an object with a ``text`` string."""
+    if not isinstance(value, list) or not value:
+        raise InvalidRequest(f"'{param}' must be a non-empty list", param=param)
+    if len(value) > MAX_INPUTS:
+        raise InvalidRequest(f"'{param}' has {len(value)} documents; at most {MAX_INPUTS}",
+                             param=param)
+    out = []
+    for i, doc in enumerate(value):
+        text = doc.get("text") if isinstance(doc, dict) else doc
+        if not isinstance(text, str):
+            raise InvalidRequest(f"{param}[{i}] must be a string or an object with a 'text' "
+                                 "string", param=f"{param}[{i}]")
+        out.append(text)
+    return out
+
+
+def check_top_n(top_n: int | None) -> None:
+    if top_n is not None and top_n < 1:
+        raise InvalidRequest(f"'top_n' must be at least 1, not {top_n}", param="top_n")
+
+
+async def rank(side: SideEngine, query: str, texts: list[str], param: str,
+               top_n: int | None) -> tuple[list[Ranked], int]:
+    """The documents by score (highest first), at most ``top_n``, and the tokens read."""
+    if not isinstance(query, str) or not query:
+        raise InvalidRequest("'query' must be a non-empty string", param="query")
+    check_top_n(top_n)
+    runner = side.runner
+    pairs = []
+    for i, text in enumerate(texts):
+        pair = runner.encode_pair(query, text)
+        if len(pair) > runner.max_length:
+            raise InvalidRequest(f"{param}[{i}] with the query has {len(pair)} tokens; the "
+                                 f"reranker takes at most {runner.max_length}",
+                                 param=f"{param}[{i}]")
+        pairs.append(pair)
+    scores = await side.run(pairs, ("rerank",), runner.score)
+    ranked = sorted((Ranked(i, float(s), texts[i]) for i, s in enumerate(scores)),
+                    key=lambda r: (-r.score, r.index))
+    return ranked[:top_n] if top_n else ranked, sum(len(p) for p in pairs)

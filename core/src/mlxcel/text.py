@@ -1,0 +1,32 @@
+"""String helpers for text that arrives in pieces, shared by the engine and the layers above.
+
+A stream is cut wherever tokens end, so a marker (a stop string, a tool call's opening tag)
+may arrive split across pieces. These helpers say how much of the text seen so far must be
+held back until the next piece settles it, and where the first marker stands. They live
+below both the engine and the tool-call kit so that neither imports the other.
+"""
+
+from __future__ import annotations
+
+
+def partial_suffix(buf: str, needles: tuple[str, ...]) -> int:
+    """Length of the longest suffix of ``buf`` that is a proper prefix of one of
+    ``needles``: what must be held back until the next text says whether it completes."""
+    best = 0
+    for needle in needles:
+        for n in range(min(len(needle) - 1, len(buf)), best, -1):
+            if buf.endswith(needle[:n]):
+                best = n
+                break
+    return best
+
+
+def first_of(text: str, markers: tuple[str, ...], start: int = 0) -> tuple[int, str]:
+    """The earliest of ``markers`` in ``text`` from ``start`` (the longest at a tie), as
+    (position, marker); (-1, "") when none is there."""
+    best, found = -1, ""
+    for marker in markers:
+        at = text.find(marker, start)
+        if at >= 0 and (best < 0 or at < best or (at == best and len(marker) > len(found))):
+            best, found = at, marker
+    return best, found

@@ -1,0 +1,55 @@
+"""The tool-format kit: what a tool-call parser builds on, in core or in a plugin.
+
+A parser (``mlxcel.toolcalls.api.ToolCallParser``) is fed an answer in the pieces the
+model produced, and a piece may end in the middle of a marker. The kit holds the parts
+every format needs, so a format module only says what its markup means:
+
+- ``partial_suffix(buf, markers)``: how much of ``buf``'s end might begin a marker, to
+  hold back until the next piece settles it; ``first_of(text, markers)``: where the
+  first marker stands.
+- ``TextStates``: a parser whose states are methods ``_<state>(events)`` over the held
+  text ``buf``; ``feed`` runs them until one waits. ``text_until(events, openers)`` sends
+  the answer text before a call's opener (holding a partial one), and ``send(events,
+  Decoded(...))`` sends a whole call (start, arguments, end) and records it in ``calls``.
+- ``BlockParser`` over ``Blocks``: the whole parser for formats whose calls are blocks of
+  markup between fixed markers; the format gives only ``decode(body) -> Decoded``
+  (raising ``MarkupError`` where the body does not decode).
+- ``StreamParser``: the base of the JSON-body formats (a call object, a list of them, or
+  bare arguments, streamed as their text grows).
+- ``call_events``: the three events of one whole call, for a parser that keeps its own
+  bookkeeping.
+- The event and result types of ``mlxcel.types.toolcalls``, so one import serves.
+
+Every piece decides on the text seen so far only, never on where it was cut, so a parser
+built from them gives the same events, merged, however the stream is cut: the rule
+``mlxcel.testing.conformance.check_tool_format`` checks.
+"""
+
+from __future__ import annotations
+
+from mlxcel.text import first_of, partial_suffix
+from mlxcel.toolcalls.json_stream import NAME, StreamParser
+from mlxcel.toolcalls.markup_stream import (
+    BlockParser,
+    Blocks,
+    Decoded,
+    MarkupError,
+    TextStates,
+    call_events,
+)
+from mlxcel.types.toolcalls import (
+    CallArguments,
+    CallEnd,
+    CallError,
+    CallStart,
+    ParsedCall,
+    ParseResult,
+    ToolEvent,
+    ToolText,
+)
+
+__all__ = [
+    "NAME", "BlockParser", "Blocks", "CallArguments", "CallEnd", "CallError", "CallStart",
+    "Decoded", "MarkupError", "ParseResult", "ParsedCall", "StreamParser", "TextStates",
+    "ToolEvent", "ToolText", "call_events", "first_of", "partial_suffix",
+]
