@@ -68,7 +68,7 @@ class AppContext(msgspec.Struct, kw_only=True):
         process has no chat model, before the body is read (a body that suits no route
         here should not get a 400 about its fields)."""
         if not self.has_chat:
-            getattr(self.engine, "checkpoint")
+            self.engine.checkpoint
 
     @property
     def chat(self) -> EngineClient:

@@ -24,66 +24,43 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from mlxcel.engine.stops import partial_suffix
-from mlxcel.types.toolcalls import (
-    CallArguments,
-    CallEnd,
-    CallError,
-    CallStart,
-    ParsedCall,
-    ParseResult,
-    ToolEvent,
-    ToolText,
-)
+from mlxcel.toolcalls.kit import CallError, Decoded, ParseResult, TextStates, ToolEvent, ToolText
 
 from mlxcel_family_gemma4.decode import STR, CallSyntaxError, decode_calls, string_parameters
 
 OPEN, CLOSE = "<|tool_call>", "<tool_call|>"
 
 
-class Gemma4Parser:
-    """One per answer (the contract's ``ToolCallParser``)."""
+class Gemma4Parser(TextStates):
+    """One per answer (the contract's ``ToolCallParser``). States: ``outside`` a block,
+    in a ``block`` (``scan``: settled up to there; ``in_string``: inside ``<|"|>``)."""
 
     def __init__(self, tools: Iterable[Any]) -> None:
+        super().__init__("outside")
         self.strings = string_parameters(tools)
-        self.buf, self.inside = "", False
-        self.pos, self.in_string = 0, False  # the block's scan: settled up to pos
-        self.calls: list[ParsedCall] = []
-
-    def feed(self, text: str, token_ids: tuple[int, ...] = ()) -> list[ToolEvent]:
-        self.buf += text
-        out: list[ToolEvent] = []
-        while self._outside(out) if not self.inside else self._block(out):
-            pass
-        return out
+        self.in_string = False
 
     def finish(self) -> ParseResult:
         """The held text settled (module docstring, last rule), and every call."""
         out = self.feed("")
-        if self.inside:
+        if self.state == "block":
             out += self._decode(self.buf, closed=False)
         elif self.buf:
             out.append(ToolText(text=self.buf))
-        self.buf, self.inside = "", False
+        self.buf, self.state = "", "outside"
         return ParseResult(events=tuple(out), calls=tuple(self.calls))
 
     def _outside(self, out: list[ToolEvent]) -> bool:
-        at = self.buf.find(OPEN)
-        cut = len(self.buf) - partial_suffix(self.buf, (OPEN,)) if at < 0 else at
-        if cut:
-            out.append(ToolText(text=self.buf[:cut]))
-        if at < 0:
-            self.buf = self.buf[cut:]
+        if not self.text_until(out, (OPEN,)):
             return False
-        self.buf, self.inside = self.buf[at + len(OPEN):], True
-        self.pos, self.in_string = 0, False
+        self.state, self.scan, self.in_string = "block", 0, False
         return True
 
     def _block(self, out: list[ToolEvent]) -> bool:
         end = self._close()
         if end is None:
             return False
-        body, self.buf, self.inside = self.buf[:end], self.buf[end + len(CLOSE):], False
+        body, self.buf, self.state = self.buf[:end], self.buf[end + len(CLOSE):], "outside"
         out += self._decode(body, closed=True)
         return True
 
@@ -92,19 +69,19 @@ class Gemma4Parser:
         buf = self.buf
         while True:
             if self.in_string:
-                at = buf.find(STR, self.pos)
+                at = buf.find(STR, self.scan)
                 if at < 0:
-                    self.pos = max(self.pos, len(buf) - len(STR) + 1)
+                    self.scan = max(self.scan, len(buf) - len(STR) + 1)
                     return None
-                self.pos, self.in_string = at + len(STR), False
+                self.scan, self.in_string = at + len(STR), False
                 continue
-            quote, close = buf.find(STR, self.pos), buf.find(CLOSE, self.pos)
+            quote, close = buf.find(STR, self.scan), buf.find(CLOSE, self.scan)
             if close >= 0 and (quote < 0 or close < quote):
                 return close
             if quote < 0:
-                self.pos = max(self.pos, len(buf) - len(CLOSE) + 1)
+                self.scan = max(self.scan, len(buf) - len(CLOSE) + 1)
                 return None
-            self.pos, self.in_string = quote + len(STR), True
+            self.scan, self.in_string = quote + len(STR), True
 
     def _decode(self, body: str, closed: bool) -> list[ToolEvent]:
         try:
@@ -113,10 +90,7 @@ class Gemma4Parser:
             return [CallError(message=str(exc), text=OPEN + body + (CLOSE if closed else ""))]
         out: list[ToolEvent] = []
         for name, arguments in decoded:
-            index = len(self.calls)
-            self.calls.append(ParsedCall(name=name, arguments=arguments))
-            out += [CallStart(index=index, name=name),
-                    CallArguments(index=index, text=arguments), CallEnd(index=index)]
+            self.send(out, Decoded(name=name, arguments=arguments))
         return out
 
 
