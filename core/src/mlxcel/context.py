@@ -37,9 +37,12 @@ class NoChatModel:
     def __bool__(self) -> bool:
         return False
 
-    def __getattr__(self, name: str) -> Any:
+    def refuse(self) -> None:
         raise NoModelForRoute("this server has no chat model loaded; it serves "
                               f"{', '.join(self._served) or 'no model routes'}")
+
+    def __getattr__(self, name: str) -> Any:
+        self.refuse()
 
 
 class AppContext(msgspec.Struct, kw_only=True):
@@ -68,7 +71,7 @@ class AppContext(msgspec.Struct, kw_only=True):
         process has no chat model, before the body is read (a body that suits no route
         here should not get a 400 about its fields)."""
         if not self.has_chat:
-            self.engine.checkpoint
+            self.engine.refuse()
 
     @property
     def chat(self) -> EngineClient:
