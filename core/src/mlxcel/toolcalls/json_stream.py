@@ -27,16 +27,7 @@ from typing import Any
 from mlxcel.text import first_of, partial_suffix
 from mlxcel.toolcalls.json_bodies import ENDS_INSIDE, JsonBodies
 from mlxcel.toolcalls.json_scan import WHITESPACE, CallObject, JsonExtent
-from mlxcel.types.toolcalls import (
-    CallArguments,
-    CallEnd,
-    CallError,
-    CallStart,
-    ParsedCall,
-    ParseResult,
-    ToolEvent,
-    ToolText,
-)
+from mlxcel.types import toolcalls as ev
 
 NAME = re.compile(r"[\w.\-]+")
 
@@ -70,8 +61,8 @@ class StreamParser(JsonBodies):
         self.value: JsonExtent | None = None
         self._keys = frozenset((*self.name_keys, *self.args_keys, *self.id_keys, "type"))
         self._skip_len = 0
-        self._out: list[ToolEvent] = []
-        self._calls: list[ParsedCall] = []
+        self._out: list[ev.ToolEvent] = []
+        self._calls: list[ev.ParsedCall] = []
         self._open_call: int | None = None
         self._started = 0
         self._cur_name, self._cur_id, self._cur_args = "", None, []
@@ -99,18 +90,18 @@ class StreamParser(JsonBodies):
 
     # --- the parser protocol -----------------------------------------------------------
 
-    def feed(self, text: str, token_ids: tuple[int, ...] = ()) -> list[ToolEvent]:
+    def feed(self, text: str, token_ids: tuple[int, ...] = ()) -> list[ev.ToolEvent]:
         self.buf += text
         self._run()
         out, self._out = self._out, []
         return out
 
-    def finish(self) -> ParseResult:
+    def finish(self) -> ev.ParseResult:
         self.final = True
         self._run()
         if self.pos < len(self.buf) or self.mark >= 0:
             self.eof()
-        return ParseResult(events=tuple(self._out), calls=tuple(self._calls))
+        return ev.ParseResult(events=tuple(self._out), calls=tuple(self._calls))
 
     def _run(self) -> None:
         while self.state():
@@ -130,26 +121,26 @@ class StreamParser(JsonBodies):
                 self._held_space += s
                 return
             s, self._held_space, self._after_call = self._held_space + s, "", False
-        if self._out and type(self._out[-1]) is ToolText:
+        if self._out and type(self._out[-1]) is ev.ToolText:
             s = self._out.pop().text + s
-        self._out.append(ToolText(text=s))
+        self._out.append(ev.ToolText(text=s))
 
     def start_call(self, name: str, call_id: str | None = None) -> None:
         self._open_call, self._started = self._started, self._started + 1
         self._cur_name, self._cur_id, self._cur_args = name, call_id, []
         self.tentative = False
-        self._out.append(CallStart(index=self._open_call, name=name, id=call_id))
+        self._out.append(ev.CallStart(index=self._open_call, name=name, id=call_id))
 
     def add_args(self, s: str) -> None:
         if s:
             self._cur_args.append(s)
-            self._out.append(CallArguments(index=self._open_call, text=s))
+            self._out.append(ev.CallArguments(index=self._open_call, text=s))
 
     def end_call(self, call_id: str | None = None) -> None:
-        self._calls.append(ParsedCall(name=self._cur_name,
+        self._calls.append(ev.ParsedCall(name=self._cur_name,
                                       arguments="".join(self._cur_args),
                                       id=call_id or self._cur_id))
-        self._out.append(CallEnd(index=self._open_call))
+        self._out.append(ev.CallEnd(index=self._open_call))
         self._open_call, self._after_call, self._held_space = None, True, ""
 
     def whole_call(self, name: str, arguments: str) -> None:
@@ -159,13 +150,13 @@ class StreamParser(JsonBodies):
         self.end_call()
 
     def fail(self, message: str, raw: str) -> None:
-        """A broken call: the open one ends, and its markup comes back in a CallError
+        """A broken call: the open one ends, and its markup comes back in a ev.CallError
         that names it."""
         broken = self._open_call
         if broken is not None:
-            self._out.append(CallEnd(index=broken))
+            self._out.append(ev.CallEnd(index=broken))
             self._open_call = None
-        self._out.append(CallError(message=message, text=raw, index=broken))
+        self._out.append(ev.CallError(message=message, text=raw, index=broken))
 
     # --- reading text ----------------------------------------------------------------------
 
@@ -236,7 +227,7 @@ class StreamParser(JsonBodies):
         return self.eof() if self.final else False
 
     def eof(self) -> bool:
-        """The answer ended: a tentative call is content, any other markup a CallError."""
+        """The answer ended: a tentative call is content, any other markup a ev.CallError."""
         if self.tentative or self.mark < 0:
             self.text(self.buf[self.mark if self.tentative and self.mark >= 0 else self.pos:])
         else:

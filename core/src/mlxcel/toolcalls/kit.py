@@ -17,7 +17,7 @@ every format needs, so a format module only says what its markup means:
 - ``StreamParser``: the base of the JSON-body formats (a call object, a list of them, or
   bare arguments, streamed as their text grows).
 - ``call_events``: the three events of one whole call, for a parser that keeps its own
-  bookkeeping.
+  bookkeeping; ``calls_from(events)``: the calls a list of events announces.
 - The event and result types of ``mlxcel.types.toolcalls``, so one import serves.
 
 Every piece decides on the text seen so far only, never on where it was cut, so a parser
@@ -36,6 +36,7 @@ from mlxcel.toolcalls.markup_stream import (
     MarkupError,
     TextStates,
     call_events,
+    calls_from,
 )
 from mlxcel.types.toolcalls import (
     CallArguments,
@@ -51,5 +52,5 @@ from mlxcel.types.toolcalls import (
 __all__ = [
     "NAME", "BlockParser", "Blocks", "CallArguments", "CallEnd", "CallError", "CallStart",
     "Decoded", "MarkupError", "ParseResult", "ParsedCall", "StreamParser", "TextStates",
-    "ToolEvent", "ToolText", "call_events", "first_of", "partial_suffix",
+    "ToolEvent", "ToolText", "call_events", "calls_from", "first_of", "partial_suffix",
 ]

@@ -29,16 +29,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from mlxcel.text import first_of, partial_suffix
-from mlxcel.types.toolcalls import (
-    CallArguments,
-    CallEnd,
-    CallError,
-    CallStart,
-    ParsedCall,
-    ParseResult,
-    ToolEvent,
-    ToolText,
-)
+from mlxcel.types import toolcalls as ev
 
 
 class MarkupError(ValueError):
@@ -65,10 +56,23 @@ class Blocks(NamedTuple):
     bare: bool = True
 
 
-def call_events(index: int, call: Decoded) -> list[ToolEvent]:
+def call_events(index: int, call: Decoded) -> list[ev.ToolEvent]:
     """A whole call's events, in the order a stream sends them: start, arguments, end."""
-    return [CallStart(index=index, name=call.name, id=call.id),
-            CallArguments(index=index, text=call.arguments), CallEnd(index=index)]
+    return [ev.CallStart(index=index, name=call.name, id=call.id),
+            ev.CallArguments(index=index, text=call.arguments), ev.CallEnd(index=index)]
+
+
+def calls_from(events: list[ev.ToolEvent]) -> tuple[ev.ParsedCall, ...]:
+    """The calls that ``events`` announce, each with its arguments' fragments joined: the
+    parse of the whole answer for a parser whose ``finish()`` replays it."""
+    calls: list[list] = []
+    for event in events:
+        if isinstance(event, ev.CallStart):
+            calls.append([event.name, "", event.id])
+        elif isinstance(event, ev.CallArguments):
+            calls[event.index][1] += event.text
+    return tuple(ev.ParsedCall(name=name, arguments=arguments, id=call_id)
+                 for name, arguments, call_id in calls)
 
 
 class TextStates:
@@ -78,31 +82,31 @@ class TextStates:
 
     def __init__(self, state: str) -> None:
         self.state, self.buf, self.scan = state, "", 0
-        self.calls: list[ParsedCall] = []
+        self.calls: list[ev.ParsedCall] = []
 
-    def feed(self, text: str, token_ids: tuple[int, ...] = ()) -> list[ToolEvent]:
+    def feed(self, text: str, token_ids: tuple[int, ...] = ()) -> list[ev.ToolEvent]:
         """The events ``text`` settles (token ids are not needed: markers are text)."""
         self.buf += text
-        events: list[ToolEvent] = []
+        events: list[ev.ToolEvent] = []
         while getattr(self, f"_{self.state}")(events):
             pass
         return events
 
-    def text_until(self, events: list[ToolEvent], openers: tuple[str, ...]) -> str:
+    def text_until(self, events: list[ev.ToolEvent], openers: tuple[str, ...]) -> str:
         """Send the held text up to the first of ``openers`` as answer text and drop the
         opener: the opener, or "" when none is there yet (a possible partial opener at the
         end stays held, so the next text settles it)."""
         at, marker = first_of(self.buf, openers)
         cut = len(self.buf) - partial_suffix(self.buf, openers) if at < 0 else at
         if cut:
-            events.append(ToolText(text=self.buf[:cut]))
+            events.append(ev.ToolText(text=self.buf[:cut]))
         self.buf = self.buf[cut + len(marker):]
         return marker
 
-    def send(self, events: list[ToolEvent], call: Decoded) -> None:
+    def send(self, events: list[ev.ToolEvent], call: Decoded) -> None:
         """A whole call's events, in the order a stream sends them."""
         events += call_events(len(self.calls), call)
-        self.calls.append(ParsedCall(name=call.name, arguments=call.arguments, id=call.id))
+        self.calls.append(ev.ParsedCall(name=call.name, arguments=call.arguments, id=call.id))
 
 
 class BlockParser(TextStates):
@@ -120,33 +124,33 @@ class BlockParser(TextStates):
         self._gap = ""  # whitespace after a call: dropped if a call or the end follows
         self._after_call = False
 
-    def finish(self) -> ParseResult:
+    def finish(self) -> ev.ParseResult:
         """Held text is answer text; an open call is decoded as it stands (or is a
         ``CallError``); every call of the answer."""
-        events: list[ToolEvent] = []
+        events: list[ev.ToolEvent] = []
         buf, self.buf = self.buf, ""
         if self.state == "text":
             self._answer(events, buf)
         elif self.state == "section":
             if buf.strip() or self._fresh:
-                events.append(CallError(message="a section of calls is not closed",
+                events.append(ev.CallError(message="a section of calls is not closed",
                                         text=self._fresh + buf))
         else:
             self._close(events, buf, "")
         self.state = "text"
-        return ParseResult(events=tuple(events), calls=tuple(self.calls))
+        return ev.ParseResult(events=tuple(events), calls=tuple(self.calls))
 
-    def _answer(self, events: list[ToolEvent], text: str) -> None:
+    def _answer(self, events: list[ev.ToolEvent], text: str) -> None:
         """Answer text; after a call, whitespace waits to see what follows it."""
         if not text:
             return
         if self._after_call and not text.strip():
             self._gap += text
             return
-        events.append(ToolText(text=self._gap + text))
+        events.append(ev.ToolText(text=self._gap + text))
         self._gap, self._after_call = "", False
 
-    def _text(self, events: list[ToolEvent]) -> bool:
+    def _text(self, events: list[ev.ToolEvent]) -> bool:
         at, marker = first_of(self.buf, self._openers)
         if at < 0:
             keep = partial_suffix(self.buf, self._openers)
@@ -161,13 +165,13 @@ class BlockParser(TextStates):
             self.state, self._in_section = "unit", False
         return True
 
-    def _section(self, events: list[ToolEvent]) -> bool:
+    def _section(self, events: list[ev.ToolEvent]) -> bool:
         at, marker = self._find((self.blocks.unit[0], *self._closers))
         if at < 0:
             return False
         junk, self.buf = self.buf[:at], self.buf[at + len(marker):]
         if junk.strip():
-            events.append(CallError(message="text between calls", text=self._fresh + junk))
+            events.append(ev.CallError(message="text between calls", text=self._fresh + junk))
             self._fresh = ""
         if marker == self.blocks.unit[0]:
             self.state, self._fresh = "unit", ""
@@ -176,7 +180,7 @@ class BlockParser(TextStates):
             self._fresh = ""
         return True
 
-    def _unit(self, events: list[ToolEvent]) -> bool:
+    def _unit(self, events: list[ev.ToolEvent]) -> bool:
         closers = (self.blocks.unit[1], *(self._closers if self._in_section else ()))
         at, marker = self._find(closers)
         if at < 0:
@@ -198,7 +202,7 @@ class BlockParser(TextStates):
             self.scan = 0
         return at, marker
 
-    def _close(self, events: list[ToolEvent], body: str, closer: str) -> None:
+    def _close(self, events: list[ev.ToolEvent], body: str, closer: str) -> None:
         """Decode one call's body: its events, or a ``CallError`` with all its text. A
         body that fails and holds another opener is two: the text before that opener
         (a call whose closer was left out, or an error), then the rest."""
@@ -206,13 +210,13 @@ class BlockParser(TextStates):
         while (error := self._decode(events, body)) is not None:
             inner = body.find(opener)
             if inner < 0:
-                events.append(CallError(message=error, text=opener + body + closer))
+                events.append(ev.CallError(message=error, text=opener + body + closer))
                 return
             head, body = body[:inner], body[inner + len(opener):]
             if (error := self._decode(events, head)) is not None:
-                events.append(CallError(message=error, text=opener + head))
+                events.append(ev.CallError(message=error, text=opener + head))
 
-    def _decode(self, events: list[ToolEvent], body: str) -> str | None:
+    def _decode(self, events: list[ev.ToolEvent], body: str) -> str | None:
         """A decoded call's events, or why the body does not decode."""
         try:
             call = self.blocks.decode(body)

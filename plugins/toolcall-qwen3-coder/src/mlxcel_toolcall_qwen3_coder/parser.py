@@ -44,15 +44,17 @@ from collections.abc import Iterable
 from typing import Any
 
 import structlog
-from mlxcel.types.toolcalls import (
+from mlxcel.toolcalls.kit import (
     CallArguments,
     CallEnd,
     CallError,
     CallStart,
-    ParsedCall,
     ParseResult,
+    TextStates,
     ToolEvent,
     ToolText,
+    calls_from,
+    partial_suffix,
 )
 
 from mlxcel_toolcall_qwen3_coder.coerce import properties, schema_types, to_json
@@ -64,15 +66,6 @@ FUNCTION, FUNCTION_END = "<function=", "</function>"
 PARAMETER, PARAMETER_END = "<parameter=", "</parameter>"
 AFTER_VALUE = (PARAMETER, FUNCTION_END, CLOSE)  # what may follow a value's </parameter>
 WHITESPACE = " \t\r\n"
-
-
-def held_back(text: str, *markers: str) -> int:
-    """How many characters at the end of ``text`` could be the start of a marker."""
-    longest = max(len(m) for m in markers) - 1
-    for n in range(min(len(text), longest), 0, -1):
-        if any(m.startswith(text[-n:]) for m in markers):
-            return n
-    return 0
 
 
 def value_end(buf: str) -> tuple[int, int | None]:
@@ -89,7 +82,7 @@ def value_end(buf: str) -> tuple[int, int | None]:
         if any(m.startswith(tail) for m in AFTER_VALUE):
             return end, None  # not settled: the next text decides
         at = buf.find(PARAMETER_END, at + 1)
-    return len(buf) - held_back(buf, "\n" + PARAMETER_END, PARAMETER_END), None
+    return len(buf) - partial_suffix(buf, ("\n" + PARAMETER_END, PARAMETER_END)), None
 
 
 def tag_name(rest: str, prefix: str) -> tuple[str | None, int]:
@@ -106,15 +99,15 @@ def tag_name(rest: str, prefix: str) -> tuple[str | None, int]:
     return name.strip(), len(prefix) + close + 1
 
 
-class Scanner:
+class Scanner(TextStates):
     """The state machine over one answer. States: ``outside``, ``block`` (in
     ``<tool_call>``, between calls), ``function`` (in a call, between parameters),
     ``value`` (in a parameter's value), ``broken`` (unparsable markup, up to
     ``</tool_call>``)."""
 
     def __init__(self, schemas: dict[str, dict[str, Any]], warn: bool = True) -> None:
+        super().__init__("outside")
         self.schemas, self.warn = schemas, warn
-        self.buf, self.state = "", "outside"
         self.raw = ""  # a block's text that is not yet part of a call (a CallError's text)
         self.why = ""  # why the markup in ``raw`` is broken
         self.index, self.block_calls = 0, 0
@@ -123,13 +116,6 @@ class Scanner:
         # the open value: its key, its schema types, its text so far, and whether its
         # opening newline is settled
         self.key, self.types, self.value, self.lead = "", frozenset(), "", False
-
-    def feed(self, text: str) -> list[ToolEvent]:
-        self.buf += text
-        out: list[ToolEvent] = []
-        while getattr(self, f"_{self.state}")(out):
-            pass
-        return out
 
     def finish(self) -> list[ToolEvent]:
         """The end of the answer: what is held is settled (module docstring, last rule)."""
@@ -153,15 +139,9 @@ class Scanner:
     # Each step turns what it can of ``buf`` into events; True: run the next state's step.
 
     def _outside(self, out: list[ToolEvent]) -> bool:
-        at = self.buf.find(OPEN)
-        cut = len(self.buf) - held_back(self.buf, OPEN) if at < 0 else at
-        if cut:
-            out.append(ToolText(text=self.buf[:cut]))
-        if at < 0:
-            self.buf = self.buf[cut:]
+        if not self.text_until(out, (OPEN,)):
             return False
-        self.buf, self.raw, self.state = self.buf[at + len(OPEN):], OPEN, "block"
-        self.block_calls = 0
+        self.raw, self.state, self.block_calls = OPEN, "block", 0
         return True
 
     def _block(self, out: list[ToolEvent]) -> bool:
@@ -221,7 +201,7 @@ class Scanner:
     def _broken(self, out: list[ToolEvent]) -> bool:
         at = self.buf.find(CLOSE)
         if at < 0:
-            keep = len(self.buf) - held_back(self.buf, CLOSE)
+            keep = len(self.buf) - partial_suffix(self.buf, (CLOSE,))
             self.raw, self.buf = self.raw + self.buf[:keep], self.buf[keep:]
             return False
         end = at + len(CLOSE)
@@ -285,16 +265,10 @@ class Qwen3CoderParser:
                            calls=parse_calls("".join(self.pieces), self.schemas))
 
 
-def parse_calls(answer: str, schemas: dict[str, dict[str, Any]]) -> tuple[ParsedCall, ...]:
-    """Every call in the whole ``answer``, by the same rules as the stream."""
+def parse_calls(answer: str, schemas: dict[str, dict[str, Any]]) -> tuple:
+    """Every call in the whole ``answer`` (``ParsedCall``), by the same rules as the stream."""
     scanner = Scanner(schemas, warn=False)  # the stream has warned already
-    calls: list[list[str]] = []
-    for event in [*scanner.feed(answer), *scanner.finish()]:
-        if isinstance(event, CallStart):
-            calls.append([event.name, ""])
-        elif isinstance(event, CallArguments):
-            calls[event.index][1] += event.text
-    return tuple(ParsedCall(name=name, arguments=arguments) for name, arguments in calls)
+    return calls_from([*scanner.feed(answer), *scanner.finish()])
 
 
 def new_parser(tools: Iterable[Any]) -> Qwen3CoderParser:

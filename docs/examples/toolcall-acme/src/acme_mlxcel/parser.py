@@ -13,13 +13,15 @@ from __future__ import annotations
 import json
 import re
 
-from mlxcel.types.toolcalls import (
+from mlxcel.toolcalls.kit import (
     CallArguments,
     CallEnd,
     CallError,
     CallStart,
+    Decoded,
     ParsedCall,
     ParseResult,
+    TextStates,
     ToolEvent,
     ToolText,
 )
@@ -27,14 +29,6 @@ from mlxcel.types.toolcalls import (
 OPEN, CLOSE = "<acme_call>", "</acme_call>"
 # A call's head, up to the "{" that opens its arguments: the name streams from there on.
 HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*\{')
-
-
-def held_back(text: str, marker: str) -> int:
-    """How many characters at the end of ``text`` could be the start of ``marker``."""
-    for n in range(min(len(text), len(marker) - 1), 0, -1):
-        if marker.startswith(text[-n:]):
-            return n
-    return 0
 
 
 def close_outside_strings(text: str) -> int:
@@ -53,24 +47,17 @@ def close_outside_strings(text: str) -> int:
     return -1
 
 
-class AcmeParser:
-    """One per answer. States: outside a call, in its head (name not yet known), in its
-    arguments (``depth`` open brackets, maybe inside a JSON string), or after them."""
+class AcmeParser(TextStates):
+    """One per answer. States (``TextStates``: ``feed`` runs ``_<state>`` over the held
+    ``buf``): outside a call, in its head (name not yet known), in its arguments
+    (``depth`` open brackets, maybe inside a JSON string), or after them. ``calls``: the
+    calls read so far; the next one's index."""
 
     def __init__(self, tools: tuple) -> None:
+        super().__init__("outside")  # outside | head | arguments | tail
         self.tools = tools
-        self.buf = ""  # text seen but not yet turned into events
-        self.state = "outside"  # outside | head | arguments | tail
-        self.calls: list[ParsedCall] = []  # the calls read so far; the next one's index
         self.name, self.arguments = "", ""  # the call being read
         self.depth, self.in_string, self.escaped = 0, False, False
-
-    def feed(self, text: str, token_ids: tuple[int, ...] = ()) -> list[ToolEvent]:
-        self.buf += text
-        events: list[ToolEvent] = []
-        while getattr(self, f"_{self.state}")(events):
-            pass
-        return events
 
     def finish(self) -> ParseResult:
         """The end of the answer: held-back text is answer text, a call whose arguments
@@ -92,14 +79,9 @@ class AcmeParser:
     # Each step turns what it can of ``buf`` into events; True: call the next state's step.
 
     def _outside(self, events: list[ToolEvent]) -> bool:
-        at = self.buf.find(OPEN)
-        cut = len(self.buf) - held_back(self.buf, OPEN) if at < 0 else at
-        if cut:
-            events.append(ToolText(text=self.buf[:cut]))
-        if at < 0:
-            self.buf = self.buf[cut:]
-            return False
-        self.buf, self.state = self.buf[at + len(OPEN):], "head"
+        if not self.text_until(events, (OPEN,)):
+            return False  # a partial <acme_call> stays held
+        self.state = "head"
         return True
 
     def _head(self, events: list[ToolEvent]) -> bool:
@@ -172,10 +154,9 @@ class AcmeParser:
             return []
         if not isinstance(name, str) or not isinstance(arguments, dict):
             return []
-        self.name, self.arguments = name, json.dumps(arguments, ensure_ascii=False)
-        index = len(self.calls)
-        return [CallStart(index=index, name=name),
-                CallArguments(index=index, text=self.arguments), *self._end()]
+        events: list[ToolEvent] = []
+        self.send(events, Decoded(name, json.dumps(arguments, ensure_ascii=False)))
+        return events
 
 
 def new_parser(tools: tuple) -> AcmeParser:
