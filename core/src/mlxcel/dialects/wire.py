@@ -23,9 +23,16 @@ _PATH = re.compile(r"at `\$\.?([^`]*)`")
 _encoder = msgspec.json.Encoder()
 
 
+_MISSING = re.compile(r"missing required field `([^`]+)`")
+
+
 def _field(message: str) -> str | None:
+    """The field a validation message names: its path, else the missing field."""
     match = _PATH.search(message)
-    return match.group(1) or None if match else None
+    if match and match.group(1):
+        return match.group(1)
+    missing = _MISSING.search(message)
+    return missing.group(1) if missing else None
 
 
 def _flatten_extra_body(data: Any) -> Any:

@@ -8,7 +8,8 @@ kind supports), with the tokens of a cold run. Core's own families pass it
 (``core/tests/test_conformance.py``); a family distribution's test calls it on a tiny
 checkpoint of its types. Each check raises ``AssertionError`` naming what failed.
 
-Tool formats: ``check_tool_format`` and ``check_text_values``
+Side tasks: ``check_embedder`` and ``check_reranker`` (``mlxcel.testing.task_conformance``,
+re-exported here). Tool formats: ``check_tool_format`` and ``check_text_values``
 (``mlxcel.testing.tool_conformance``, re-exported here); forced-call grammars:
 ``forced_calls`` and ``check_grammar``.
 """
@@ -19,6 +20,7 @@ import random
 from typing import Any
 
 from mlxcel.testing.engine import engine_for, request, run, solo_tokens
+from mlxcel.testing.task_conformance import check_embedder, check_reranker  # noqa: F401
 from mlxcel.testing.tool_conformance import (  # noqa: F401 - the kit's public names
     NULL_VALUES,
     UNTYPED_VALUES,

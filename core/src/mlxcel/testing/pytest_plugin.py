@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+from typing import Any
 
 import pytest
 
@@ -28,6 +29,15 @@ def tiny_checkpoint(mlxcel_checkpoint_cache: pathlib.Path) -> pathlib.Path:
     from .checkpoint import cached_checkpoint
 
     return cached_checkpoint("qwen3", mlxcel_checkpoint_cache)
+
+
+@pytest.fixture(scope="session")
+def side_checkpoint(mlxcel_checkpoint_cache: pathlib.Path) -> Any:
+    """``side_checkpoint("embedder" | "reranker", kind=..., ...)``: a tiny embedder or
+    reranker (``mlxcel.testing.side_checkpoints``, which needs mlx-vlm), built once."""
+    from .side_checkpoints import cached_side_checkpoint
+
+    return lambda builder, **kw: cached_side_checkpoint(builder, mlxcel_checkpoint_cache, **kw)
 
 
 @pytest.fixture(scope="session")
