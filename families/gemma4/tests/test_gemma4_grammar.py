@@ -5,11 +5,14 @@ special tokens; streamed and whole, through the in-process server."""
 
 from __future__ import annotations
 
-import json
-
-import jsonschema
 import pytest
-from mlxcel.types.messages import Tool
+from mlxcel.testing.forced_routes import (
+    check_call,
+    check_forced_routes,
+    check_grammar_compiles,
+    function_tools,
+    tool,
+)
 from mlxcel_family_gemma4.grammar import EXACT, grammar, sequence
 from mlxcel_family_gemma4.parser import new_parser
 
@@ -26,25 +29,8 @@ ALARM = {"type": "object", "properties": {
              "required": ["loud"]}},
     "required": ["on", "hour", "at:zone", "opts"]}
 SCHEMAS = {"get_weather": WEATHER, "set_alarm": ALARM}
-DEFS = [{"type": "function", "function": {"name": n, "parameters": s}}
-        for n, s in SCHEMAS.items()]
-TOOLS = tuple(Tool(name=d["function"]["name"], definition=d) for d in DEFS)
+_, TOOLS = function_tools(SCHEMAS)
 MARKERS = ("<|tool_call>", "<tool_call|>", '<|"|>')
-CHAT = "/v1/chat/completions"
-# The family's loop detection stays on: a random model's "5555" inside a value must not
-# cut the call short (the engine does not stop a row for a loop inside its constraint).
-BODY = {"model": "tiny", "messages": [{"role": "user", "content": "Weather in Paris?"}],
-        "tools": DEFS, "max_tokens": 300, "temperature": 1.0}
-
-
-def tool(name: str, parameters: dict) -> Tool:
-    return Tool(name=name, definition={"type": "function", "function": {
-        "name": name, "parameters": parameters}})
-
-
-def check_call(name: str, arguments: str, allowed: set[str]) -> None:
-    assert name in allowed
-    jsonschema.validate(json.loads(arguments), SCHEMAS[name])
 
 
 @pytest.fixture(scope="module")
@@ -61,47 +47,16 @@ def test_the_engine_writes_calls_the_parser_reads_with_the_special_tokens(gemma4
     seen = set()
     for calls, _ in forced_calls(gemma4_checkpoint, grammar, new_parser, TOOLS, MARKERS):
         for call in calls:
-            check_call(call.name, call.arguments, set(SCHEMAS))
+            check_call(SCHEMAS, call.name, call.arguments, set(SCHEMAS))
             seen.add(call.name)
     assert seen == set(SCHEMAS), "six seeds call both tools"
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
-def test_required_yields_a_call_of_a_declared_function(client, seed):
-    r = client.post(CHAT, json={**BODY, "tool_choice": "required", "seed": seed})
-    assert r.status_code == 200, r.text
-    choice = r.json()["choices"][0]
-    assert choice["finish_reason"] == "tool_calls", choice
-    assert choice["message"]["content"] is None
-    assert choice["message"]["tool_calls"]
-    for call in choice["message"]["tool_calls"]:
-        assert call["type"] == "function" and call["id"].startswith("call_")
-        check_call(call["function"]["name"], call["function"]["arguments"], set(SCHEMAS))
-
-
-@pytest.mark.parametrize("name", sorted(SCHEMAS))
-def test_a_named_choice_yields_that_function(client, name):
-    named = {"type": "function", "function": {"name": name}}
-    r = client.post(CHAT, json={**BODY, "tool_choice": named, "seed": 4})
-    choice = r.json()["choices"][0]
-    assert choice["finish_reason"] == "tool_calls", choice
-    for call in choice["message"]["tool_calls"]:
-        check_call(call["function"]["name"], call["function"]["arguments"], {name})
-
-
-def test_a_streamed_forced_call_leaks_no_markup_and_arrives_whole(client):
-    named = {"type": "function", "function": {"name": "set_alarm"}}
-    r = client.post(CHAT, json={**BODY, "tool_choice": named, "seed": 5, "stream": True})
-    frames = [json.loads(line[6:]) for line in r.text.split("\n\n")
-              if line.startswith("data: {")]
-    deltas = [f["choices"][0]["delta"] for f in frames if f["choices"]]
-    assert [f["choices"][0]["finish_reason"] for f in frames if f["choices"]][-1] == \
-        "tool_calls"
-    assert not "".join(d.get("content") or "" for d in deltas)
-    first = [c for d in deltas for c in d.get("tool_calls", []) if c["index"] == 0]
-    assert first[0]["function"]["name"] == "set_alarm"
-    check_call("set_alarm", "".join(c["function"].get("arguments", "") for c in first),
-               {"set_alarm"})
+def test_forced_calls_through_the_routes(client):
+    """The family's loop detection stays on: a random model's "5555" inside a value must
+    not cut the call short (the engine does not stop a row for a loop inside its
+    constraint)."""
+    check_forced_routes(client, SCHEMAS, streamed="set_alarm")
 
 
 def test_a_tool_whose_name_the_parser_cannot_read_is_left_out():
@@ -136,19 +91,5 @@ def test_optional_items_are_separated_once_and_required_ones_kept(flags):
             assert not pattern.fullmatch(",".join(y for y, _ in items if y != x))
 
 
-@pytest.fixture(scope="module")
-def vocabulary(gemma4_checkpoint):
-    from mlxcel.engine.constraints import TokenVocabulary
-    from mlxcel.model.tokenizer import Tokenizer
-
-    return TokenVocabulary.from_tokenizer(Tokenizer.from_dir(gemma4_checkpoint))
-
-
-def test_the_grammar_passes_the_conformance_checks(tmp_path, vocabulary):
-    """Odd and 40-deep tool schemas compile; the pattern grows linearly with the tools."""
-    from mlxcel.testing.conformance import check_grammar
-
-    check_grammar(grammar, vocabulary, tmp_path, {**ALARM, "properties": {
-        **ALARM["properties"], "filters": {"type": "object"},
-        "ids": {"type": "array", "items": {"type": "array", "items": {"type": "integer"}}},
-        "mode": {"anyOf": [{"type": "integer"}, {"type": "null"}]}}})
+def test_the_grammar_passes_the_conformance_checks(tmp_path, gemma4_checkpoint):
+    check_grammar_compiles(grammar, gemma4_checkpoint, tmp_path, ALARM)
