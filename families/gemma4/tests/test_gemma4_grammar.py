@@ -6,13 +6,7 @@ special tokens; streamed and whole, through the in-process server."""
 from __future__ import annotations
 
 import pytest
-from mlxcel.testing.forced_routes import (
-    check_call,
-    check_forced_routes,
-    check_grammar_compiles,
-    function_tools,
-    tool,
-)
+from mlxcel.testing import forced_routes as forced
 from mlxcel_family_gemma4.grammar import EXACT, grammar, sequence
 from mlxcel_family_gemma4.parser import new_parser
 
@@ -29,7 +23,7 @@ ALARM = {"type": "object", "properties": {
              "required": ["loud"]}},
     "required": ["on", "hour", "at:zone", "opts"]}
 SCHEMAS = {"get_weather": WEATHER, "set_alarm": ALARM}
-_, TOOLS = function_tools(SCHEMAS)
+_, TOOLS = forced.function_tools(SCHEMAS)
 MARKERS = ("<|tool_call>", "<tool_call|>", '<|"|>')
 
 
@@ -47,7 +41,7 @@ def test_the_engine_writes_calls_the_parser_reads_with_the_special_tokens(gemma4
     seen = set()
     for calls, _ in forced_calls(gemma4_checkpoint, grammar, new_parser, TOOLS, MARKERS):
         for call in calls:
-            check_call(SCHEMAS, call.name, call.arguments, set(SCHEMAS))
+            forced.check_call(SCHEMAS, call.name, call.arguments, set(SCHEMAS))
             seen.add(call.name)
     assert seen == set(SCHEMAS), "six seeds call both tools"
 
@@ -56,11 +50,11 @@ def test_forced_calls_through_the_routes(client):
     """The family's loop detection stays on: a random model's "5555" inside a value must
     not cut the call short (the engine does not stop a row for a loop inside its
     constraint)."""
-    check_forced_routes(client, SCHEMAS, streamed="set_alarm")
+    forced.check_forced_routes(client, SCHEMAS, streamed="set_alarm")
 
 
 def test_a_tool_whose_name_the_parser_cannot_read_is_left_out():
-    bad = tool("bad{name", {"type": "object", "properties": {}})
+    bad = forced.tool("bad{name", {"type": "object", "properties": {}})
     assert grammar((bad,), "required") is None
     constraint = grammar((bad, *TOOLS), "required")
     assert "bad" not in constraint.pattern and constraint.markers == MARKERS
@@ -92,4 +86,4 @@ def test_optional_items_are_separated_once_and_required_ones_kept(flags):
 
 
 def test_the_grammar_passes_the_conformance_checks(tmp_path, gemma4_checkpoint):
-    check_grammar_compiles(grammar, gemma4_checkpoint, tmp_path, ALARM)
+    forced.check_grammar_compiles(grammar, gemma4_checkpoint, tmp_path, ALARM)

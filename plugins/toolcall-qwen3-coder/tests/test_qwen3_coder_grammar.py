@@ -6,13 +6,7 @@ tokenizer's own token; streamed and whole, through the in-process server."""
 from __future__ import annotations
 
 import pytest
-from mlxcel.testing.forced_routes import (
-    check_call,
-    check_forced_routes,
-    check_grammar_compiles,
-    function_tools,
-    tool,
-)
+from mlxcel.testing import forced_routes as forced
 from mlxcel_toolcall_qwen3_coder.grammar import grammar
 from mlxcel_toolcall_qwen3_coder.parser import new_parser
 
@@ -25,7 +19,7 @@ ALARM = {"type": "object", "properties": {
     "label": {"type": ["string", "null"], "maxLength": 6},
     "tags": {"type": "array", "items": {"enum": ["a", "b"]}}}, "required": ["on", "hour"]}
 SCHEMAS = {"get_weather": WEATHER, "set_alarm": ALARM}
-_, TOOLS = function_tools(SCHEMAS)
+_, TOOLS = forced.function_tools(SCHEMAS)
 
 
 @pytest.fixture(scope="module")
@@ -52,20 +46,20 @@ def test_the_engine_writes_calls_the_parser_reads_with_the_marker_tokens(checkpo
     for calls, text in forced_calls(checkpoint, grammar, new_parser, TOOLS, markers):
         assert text.count("<tool_call>") == len(calls)  # one block per call
         for call in calls:
-            check_call(SCHEMAS, call.name, call.arguments, set(SCHEMAS))
+            forced.check_call(SCHEMAS, call.name, call.arguments, set(SCHEMAS))
             seen.add(call.name)
     assert seen == set(SCHEMAS), "six seeds call both tools"
 
 
 def test_forced_calls_through_the_routes(client):
-    first = check_forced_routes(client, SCHEMAS, streamed="get_weather")
+    first = forced.check_forced_routes(client, SCHEMAS, streamed="get_weather")
     # the name as soon as it is written, the arguments whole when the call ends
     assert len(first) == 2, first
 
 
 def test_a_tool_that_cannot_be_written_as_tags_is_left_out():
-    bad_name = tool("bad<name", {"type": "object", "properties": {}})
-    bad_key = tool("bad_key", {"type": "object", "properties": {"a>b": {"type": "string"}},
+    bad_name = forced.tool("bad<name", {"type": "object", "properties": {}})
+    bad_key = forced.tool("bad_key", {"type": "object", "properties": {"a>b": {"type": "string"}},
                                "required": ["a>b"]})
     assert grammar((bad_name, bad_key), "required") is None
     constraint = grammar((bad_name, *TOOLS), "required")
@@ -74,4 +68,4 @@ def test_a_tool_that_cannot_be_written_as_tags_is_left_out():
 
 
 def test_the_grammar_passes_the_conformance_checks(tmp_path, checkpoint):
-    check_grammar_compiles(grammar, checkpoint, tmp_path, ALARM)
+    forced.check_grammar_compiles(grammar, checkpoint, tmp_path, ALARM)

@@ -26,17 +26,9 @@ written by ``write_call(name, {key: text})`` and run through ``check_tool_format
 from __future__ import annotations
 
 import random
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, get_args
 
-from mlxcel.types.toolcalls import (
-    CallArguments,
-    CallEnd,
-    CallError,
-    CallStart,
-    ParsedCall,
-    ParseResult,
-    ToolText,
-)
+from mlxcel.types import toolcalls as ev
 
 
 class ToolFixture(NamedTuple):
@@ -114,7 +106,7 @@ def parse_pieces(new_parser: Any, tools: tuple, pieces: list[str],
     parser = new_parser(tools)
     events = [e for piece in pieces for e in parser.feed(piece, ())]
     result = parser.finish()
-    assert isinstance(result, ParseResult), f"{where}: finish() gave {result!r}, not a " \
+    assert isinstance(result, ev.ParseResult), f"{where}: finish() gave {result!r}, not a " \
                                             "ParseResult"
     return merge_events([*events, *result.events], where), tuple(result.calls)
 
@@ -124,16 +116,16 @@ def merge_events(events: list, where: str = "parser") -> list:
     fragments of one call, merged; empty ones dropped. Each must be a ``ToolEvent``."""
     merged: list[Any] = []
     for e in events:
-        assert isinstance(e, ToolText | CallStart | CallArguments | CallEnd | CallError), \
+        assert isinstance(e, get_args(ev.ToolEvent)), \
             f"{where}: {e!r} is not a ToolEvent (mlxcel.types.toolcalls)"
-        if isinstance(e, ToolText | CallArguments) and not e.text:
+        if isinstance(e, ev.ToolText | ev.CallArguments) and not e.text:
             continue
         last = merged[-1] if merged else None
-        if isinstance(e, ToolText) and isinstance(last, ToolText):
-            merged[-1] = ToolText(text=last.text + e.text)
-        elif isinstance(e, CallArguments) and isinstance(last, CallArguments) \
+        if isinstance(e, ev.ToolText) and isinstance(last, ev.ToolText):
+            merged[-1] = ev.ToolText(text=last.text + e.text)
+        elif isinstance(e, ev.CallArguments) and isinstance(last, ev.CallArguments) \
                 and e.index == last.index:
-            merged[-1] = CallArguments(index=e.index, text=last.text + e.text)
+            merged[-1] = ev.CallArguments(index=e.index, text=last.text + e.text)
         else:
             merged.append(e)
     return merged
@@ -153,7 +145,7 @@ def _difference(where: str, pieces: list[str], split: list, whole: list) -> str:
 
 def _check_answer(events: list, calls: tuple, fixture: ToolFixture, where: str) -> None:
     """The whole text's events and calls against the fixture and against each other."""
-    errors = [e for e in events if isinstance(e, CallError)]
+    errors = [e for e in events if isinstance(e, ev.CallError)]
     assert not errors or fixture.errors, f"{where}: unexpected {errors[0]!r}"
     assert errors or not fixture.errors, \
         f"{where}: the fixture's broken markup gave no CallError"
@@ -164,7 +156,7 @@ def _check_answer(events: list, calls: tuple, fixture: ToolFixture, where: str) 
         if len(got) == len(want) else got
     assert seen == want, f"{where}: calls {seen} != expected {want}"
     if fixture.content is not None:
-        content = "".join(e.text for e in events if isinstance(e, ToolText | CallError))
+        content = "".join(e.text for e in events if isinstance(e, ev.ToolText | ev.CallError))
         assert content == fixture.content, \
             f"{where}: content {content!r} != expected {fixture.content!r}"
     for n, (name, cid, arguments) in enumerate(streamed_calls(events, where)):
@@ -187,7 +179,7 @@ def _calls(calls: tuple, where: str) -> list[dict[str, Any]]:
 
     out = []
     for n, call in enumerate(calls):
-        assert isinstance(call, ParsedCall), f"{where}: finish().calls[{n}] is {call!r}"
+        assert isinstance(call, ev.ParsedCall), f"{where}: finish().calls[{n}] is {call!r}"
         try:
             arguments = json.loads(call.arguments, object_pairs_hook=_unique_keys)
         except _RepeatedKey as exc:
@@ -220,18 +212,18 @@ def streamed_calls(events: list, where: str = "parser") -> list[tuple[str, str |
     calls: list[list[Any]] = []
     open_ = None
     for e in events:
-        if isinstance(e, CallStart):
+        if isinstance(e, ev.CallStart):
             assert open_ is None, f"{where}: call {e.index} starts inside call {open_}"
             assert e.index == len(calls), \
                 f"{where}: call index {e.index}, expected {len(calls)}"
             assert e.name, f"{where}: call {e.index} starts without a name"
             calls.append([e.name, e.id, ""])
             open_ = e.index
-        elif isinstance(e, CallArguments | CallEnd):
+        elif isinstance(e, ev.CallArguments | ev.CallEnd):
             kind = type(e).__name__
             assert open_ == e.index, f"{where}: {kind} for call {e.index} while " \
                                      f"{open_} is open"
-            if isinstance(e, CallEnd):
+            if isinstance(e, ev.CallEnd):
                 open_ = None
             else:
                 calls[e.index][2] += e.text

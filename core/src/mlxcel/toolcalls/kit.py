@@ -38,16 +38,12 @@ from mlxcel.toolcalls.markup_stream import (
     call_events,
     calls_from,
 )
-from mlxcel.types.toolcalls import (
-    CallArguments,
-    CallEnd,
-    CallError,
-    CallStart,
-    ParsedCall,
-    ParseResult,
-    ToolEvent,
-    ToolText,
-)
+from mlxcel.types import toolcalls as _events
+
+# the event and result types, re-exported so that a parser's imports come from one place
+CallArguments, CallEnd, CallError = _events.CallArguments, _events.CallEnd, _events.CallError
+CallStart, ParsedCall, ParseResult = _events.CallStart, _events.ParsedCall, _events.ParseResult
+ToolEvent, ToolText = _events.ToolEvent, _events.ToolText
 
 __all__ = [
     "NAME", "BlockParser", "Blocks", "CallArguments", "CallEnd", "CallError", "CallStart",
