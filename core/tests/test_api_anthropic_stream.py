@@ -8,20 +8,12 @@ import pytest
 from anthropic_helpers import USER, accumulate, events
 from apphelpers import make_client, wait_ready
 from mlxcel import errors as e
+from mlxcel import types as mt
 from mlxcel.dialects.anthropic.errors import error_body
 from mlxcel.dialects.anthropic.stream import MessageEncoder, stop_reason
-from mlxcel.types import (
-    ContentDelta,
-    Finish,
-    ReasoningDelta,
-    ToolCallArguments,
-    ToolCallEnd,
-    ToolCallStart,
-    Usage,
-)
 from mlxcel.types.toolcalls import ParsedCall
 
-USAGE = Usage(prompt_tokens=10, completion_tokens=5, cached_tokens=4)
+USAGE = mt.Usage(prompt_tokens=10, completion_tokens=5, cached_tokens=4)
 
 
 def run(deltas):
@@ -36,11 +28,11 @@ def run(deltas):
 
 def test_blocks_keep_the_order_the_model_wrote():
     evs, whole = run([
-        ReasoningDelta(text="\n"), ReasoningDelta(text="think"), ContentDelta(text="\n\n"),
-        ContentDelta(text="Hi"), ToolCallStart(index=0, id="c1", name="f"),
-        ToolCallArguments(index=0, text='{"a":'), ToolCallArguments(index=0, text=" 1}"),
-        ToolCallEnd(index=0), ContentDelta(text=" after"),
-        Finish(reason="tool_calls", usage=USAGE,
+        mt.ReasoningDelta(text="\n"), mt.ReasoningDelta(text="think"), mt.ContentDelta(text="\n\n"),
+        mt.ContentDelta(text="Hi"), mt.ToolCallStart(index=0, id="c1", name="f"),
+        mt.ToolCallArguments(index=0, text='{"a":'), mt.ToolCallArguments(index=0, text=" 1}"),
+        mt.ToolCallEnd(index=0), mt.ContentDelta(text=" after"),
+        mt.Finish(reason="tool_calls", usage=USAGE,
                calls=(ParsedCall(name="f", arguments='{"a": 1}', id="c1"),))])
     assert [(b["type"], b.get("text", b.get("thinking"))) for b in whole.content] == [
         ("thinking", "\nthink"), ("text", "\n\nHi"), ("tool_use", None), ("text", " after")]
@@ -52,21 +44,21 @@ def test_blocks_keep_the_order_the_model_wrote():
 
 
 def test_whitespace_alone_opens_no_block_and_an_empty_answer_gets_one():
-    _, whole = run([ContentDelta(text=" \n"), ToolCallStart(index=0, id="c1", name="f"),
-                    ToolCallEnd(index=0), Finish(reason="tool_calls", usage=USAGE)])
+    _, whole = run([mt.ContentDelta(text=" \n"), mt.ToolCallStart(index=0, id="c1", name="f"),
+                    mt.ToolCallEnd(index=0), mt.Finish(reason="tool_calls", usage=USAGE)])
     assert [b["type"] for b in whole.content] == ["tool_use"]
     assert whole.content[0]["input"] == {}
-    evs, whole = run([ContentDelta(text="\n"), Finish(reason="stop", usage=USAGE)])
+    evs, whole = run([mt.ContentDelta(text="\n"), mt.Finish(reason="stop", usage=USAGE)])
     assert whole.content == [{"type": "text", "text": "\n"}]
     assert accumulate(evs)["content"] == whole.content
-    _, whole = run([Finish(reason="length", usage=USAGE)])
+    _, whole = run([mt.Finish(reason="length", usage=USAGE)])
     assert whole.content == [{"type": "text", "text": ""}]
 
 
 def test_the_whole_answers_calls_are_authoritative():
     evs, whole = run([
-        ToolCallStart(index=0, id="c1", name="f"), ToolCallArguments(index=0, text='{"a": 1}'),
-        Finish(reason="tool_calls", usage=USAGE, calls=(
+        mt.ToolCallStart(index=0, id="c1", name="f"), mt.ToolCallArguments(index=0, text='{"a": 1}'),
+        mt.Finish(reason="tool_calls", usage=USAGE, calls=(
             ParsedCall(name="f", arguments='{"a": 2}', id="c1"),
             ParsedCall(name="g", arguments='{"b": 3}', id="c2")))])
     assert [(b["name"], b["input"]) for b in whole.content] == [("f", {"a": 2}), ("g", {"b": 3})]
@@ -76,10 +68,10 @@ def test_the_whole_answers_calls_are_authoritative():
 
 
 @pytest.mark.parametrize("finish,reason", [
-    (Finish(reason="stop"), "end_turn"),
-    (Finish(reason="stop", stop_sequence="END"), "stop_sequence"),
-    (Finish(reason="length"), "max_tokens"),
-    (Finish(reason="tool_calls"), "tool_use"),
+    (mt.Finish(reason="stop"), "end_turn"),
+    (mt.Finish(reason="stop", stop_sequence="END"), "stop_sequence"),
+    (mt.Finish(reason="length"), "max_tokens"),
+    (mt.Finish(reason="tool_calls"), "tool_use"),
 ])
 def test_stop_reasons(finish, reason):
     assert stop_reason(finish) == reason

@@ -4,20 +4,12 @@ empty answer, length and failure, and a whole answer built like a streamed one."
 from __future__ import annotations
 
 import msgspec
+from mlxcel import types as mt
 from mlxcel.chat.answer import Answer, Call
 from mlxcel.dialects.responses import schemas as s
 from mlxcel.dialects.responses.stream import ResponseBuilder
-from mlxcel.types import (
-    ContentDelta,
-    Finish,
-    ReasoningDelta,
-    ToolCallArguments,
-    ToolCallEnd,
-    ToolCallStart,
-    Usage,
-)
 
-USAGE = Usage(prompt_tokens=10, completion_tokens=6, cached_tokens=4)
+USAGE = mt.Usage(prompt_tokens=10, completion_tokens=6, cached_tokens=4)
 
 
 def builder() -> ResponseBuilder:
@@ -42,9 +34,9 @@ def shape(response: s.Response) -> list[tuple]:
 
 
 def test_items_follow_the_deltas_and_whitespace_goes_to_its_own_kind():
-    b, events = run([ReasoningDelta(text="\n"), ReasoningDelta(text="think hard"),
-                     ContentDelta(text="\n\n"), ContentDelta(text="Hi"),
-                     Finish(reason="stop", usage=USAGE)])
+    b, events = run([mt.ReasoningDelta(text="\n"), mt.ReasoningDelta(text="think hard"),
+                     mt.ContentDelta(text="\n\n"), mt.ContentDelta(text="Hi"),
+                     mt.Finish(reason="stop", usage=USAGE)])
     assert shape(b.final) == [("reasoning", "completed", "\nthink hard"),
                               ("message", "completed", "\n\nHi")]
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
@@ -56,19 +48,19 @@ def test_items_follow_the_deltas_and_whitespace_goes_to_its_own_kind():
 
 
 def test_whitespace_before_a_call_opens_no_message():
-    b, events = run([ContentDelta(text="\n"), ToolCallStart(index=0, id="call_1", name="f"),
-                     ToolCallArguments(index=0, text="{\"a\""),
-                     ToolCallArguments(index=0, text=": 1}"), ToolCallEnd(index=0),
-                     ContentDelta(text="\n"), Finish(reason="tool_calls", usage=USAGE)])
+    b, events = run([mt.ContentDelta(text="\n"), mt.ToolCallStart(index=0, id="call_1", name="f"),
+                     mt.ToolCallArguments(index=0, text="{\"a\""),
+                     mt.ToolCallArguments(index=0, text=": 1}"), mt.ToolCallEnd(index=0),
+                     mt.ContentDelta(text="\n"), mt.Finish(reason="tool_calls", usage=USAGE)])
     assert shape(b.final) == [("function_call", "completed", "{\"a\": 1}")]
     (done,) = [e for e in events if e["type"] == "response.function_call_arguments.done"]
     assert done["arguments"] == "{\"a\": 1}" and b.final.status == "completed"
 
 
 def test_an_answer_without_items_is_one_message():
-    assert shape(run([Finish(reason="stop", usage=USAGE)])[0].final) == [
+    assert shape(run([mt.Finish(reason="stop", usage=USAGE)])[0].final) == [
         ("message", "completed", "")]
-    b, events = run([ContentDelta(text=" "), Finish(reason="stop", usage=USAGE)])
+    b, events = run([mt.ContentDelta(text=" "), mt.Finish(reason="stop", usage=USAGE)])
     assert shape(b.final) == [("message", "completed", " ")]
     assert [e["type"] for e in events][2:] == [
         "response.output_item.added", "response.content_part.added",
@@ -77,15 +69,15 @@ def test_an_answer_without_items_is_one_message():
 
 
 def test_a_length_stop_leaves_the_open_item_incomplete():
-    b, events = run([ReasoningDelta(text="a"), ContentDelta(text="b"),
-                     Finish(reason="length", usage=USAGE)])
+    b, events = run([mt.ReasoningDelta(text="a"), mt.ContentDelta(text="b"),
+                     mt.Finish(reason="length", usage=USAGE)])
     assert shape(b.final) == [("reasoning", "completed", "a"), ("message", "incomplete", "b")]
     assert b.final.status == "incomplete" and events[-1]["type"] == "response.incomplete"
     assert b.final.incomplete_details == {"reason": "max_output_tokens"}
 
 
 def test_a_failed_answer_is_response_failed():
-    b, events = run([ContentDelta(text="x"), Finish(reason="error", error="engine died")])
+    b, events = run([mt.ContentDelta(text="x"), mt.Finish(reason="error", error="engine died")])
     assert b.final is None and events[-1]["type"] == "response.failed"
     response = events[-1]["response"]
     assert response.status == "failed"
@@ -93,10 +85,10 @@ def test_a_failed_answer_is_response_failed():
 
 
 def test_a_whole_answer_has_the_streamed_items():
-    deltas = [ReasoningDelta(text="r"), ContentDelta(text="Sure."),
-              ToolCallStart(index=0, id="call_9", name="f"),
-              ToolCallArguments(index=0, text="{}"), ToolCallEnd(index=0),
-              Finish(reason="tool_calls", usage=USAGE)]
+    deltas = [mt.ReasoningDelta(text="r"), mt.ContentDelta(text="Sure."),
+              mt.ToolCallStart(index=0, id="call_9", name="f"),
+              mt.ToolCallArguments(index=0, text="{}"), mt.ToolCallEnd(index=0),
+              mt.Finish(reason="tool_calls", usage=USAGE)]
     streamed, _ = run(deltas)
     answer = Answer(content="Sure.", reasoning="r", calls=[Call("call_9", "f", "{}")],
                     finish=deltas[-1])
