@@ -8,9 +8,10 @@ from __future__ import annotations
 from typing import Any
 
 from mlxcel import errors as e
+from mlxcel.dialects.kit import ErrorTable, error_typer
 
 # most specific first: the first class an error is an instance of names its type
-TYPES: tuple[tuple[type[e.MlxcelError], str], ...] = (
+TYPES: ErrorTable = (
     (e.MemoryBudgetExceeded, "overloaded_error"),
     (e.Overloaded, "overloaded_error"),
     (e.RequestTimedOut, "timeout_error"),
@@ -23,8 +24,7 @@ TYPES: tuple[tuple[type[e.MlxcelError], str], ...] = (
 )
 
 
-def error_type(exc: e.MlxcelError) -> str:
-    return next((name for cls, name in TYPES if isinstance(exc, cls)), "api_error")
+error_type = error_typer(TYPES, "api_error")
 
 
 def error_body(exc: e.MlxcelError) -> dict[str, Any]:

@@ -1,17 +1,11 @@
 """Builtin plugin: llama-server's native routes (completion, infill, apply-template,
 tokenize, detokenize, health, props, slots)."""
 
-from __future__ import annotations
+from mlxcel.dialects.kit import Dialect, register
 
-from mlxcel import hookimpl
-from mlxcel.dialects.api import Dialect
-
-
-@hookimpl
-def mlxcel_register_dialects(registry) -> None:
-    registry.add(Dialect(
-        name="llamacpp", routes="mlxcel.dialects.llamacpp.routes:build",
-        description="llama-server native routes",
-        errors="mlxcel.dialects.openai.errors:error_body",  # llama-server's own shape
-        prefixes=("/completion", "/infill", "/apply-template", "/tokenize", "/detokenize",
-                  "/props", "/slots", "/health", "/live", "/v1/cache", "/embedding", "/rerank")))
+mlxcel_register_dialects = register(Dialect(
+    name="llamacpp", routes="mlxcel.dialects.llamacpp.routes:build",
+    description="llama-server native routes",
+    errors="mlxcel.dialects.openai.errors:error_body",  # llama-server's own shape
+    prefixes=("/completion", "/infill", "/apply-template", "/tokenize", "/detokenize",
+              "/props", "/slots", "/health", "/live", "/v1/cache", "/embedding", "/rerank")))

@@ -7,9 +7,10 @@ from __future__ import annotations
 from typing import Any
 
 from mlxcel import errors as e
+from mlxcel.dialects.kit import ErrorTable, error_typer
 
 # most specific first: the first class an error is an instance of names its type
-TYPES: tuple[tuple[type[e.MlxcelError], str], ...] = (
+TYPES: ErrorTable = (
     (e.MemoryBudgetExceeded, "request_memory_budget_exceeded"),
     (e.Overloaded, "server_busy"),
     (e.RequestTimedOut, "timeout_error"),
@@ -23,8 +24,7 @@ TYPES: tuple[tuple[type[e.MlxcelError], str], ...] = (
 )
 
 
-def error_type(exc: e.MlxcelError) -> str:
-    return next((name for cls, name in TYPES if isinstance(exc, cls)), "server_error")
+error_type = error_typer(TYPES, "server_error")
 
 
 def error_body(exc: e.MlxcelError) -> dict[str, Any]:

@@ -1,16 +1,10 @@
 """Builtin plugin: the OpenAI Responses dialect (/v1/responses and its aliases)."""
 
-from __future__ import annotations
+from mlxcel.dialects.kit import Dialect, register
 
-from mlxcel import hookimpl
-from mlxcel.dialects.api import Dialect
-
-
-@hookimpl
-def mlxcel_register_dialects(registry) -> None:
-    registry.add(Dialect(
-        name="responses", routes="mlxcel.dialects.responses.routes:build",
-        description="OpenAI Responses (create, retrieve, delete, cancel, input_tokens, "
-                    "compact) and conversations (create, retrieve, delete)",
-        errors="mlxcel.dialects.openai.errors:error_body",
-        prefixes=("/v1/responses", "/responses", "/v1/conversations", "/conversations")))
+mlxcel_register_dialects = register(Dialect(
+    name="responses", routes="mlxcel.dialects.responses.routes:build",
+    description="OpenAI Responses (create, retrieve, delete, cancel, input_tokens, "
+                "compact) and conversations (create, retrieve, delete)",
+    errors="mlxcel.dialects.openai.errors:error_body",
+    prefixes=("/v1/responses", "/responses", "/v1/conversations", "/conversations")))
