@@ -19,6 +19,9 @@ every format needs, so a format module only says what its markup means:
 - ``call_events``: the three events of one whole call, for a parser that keeps its own
   bookkeeping; ``calls_from(events)``: the calls a list of events announces.
 - The event and result types of ``mlxcel.types.toolcalls``, so one import serves.
+- ``register(*formats)``: the ``mlxcel_register_tool_formats`` hook implementation that
+  adds ``ToolFormat``s; a plugin module binds it to that name
+  (``mlxcel_register_tool_formats = register(ToolFormat(...))``).
 
 Every piece decides on the text seen so far only, never on where it was cut, so a parser
 built from them gives the same events, merged, however the stream is cut: the rule
@@ -27,7 +30,12 @@ built from them gives the same events, merged, however the stream is cut: the ru
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
+from mlxcel import hookimpl
 from mlxcel.text import first_of, partial_suffix
+from mlxcel.toolcalls.api import ToolFormat
 from mlxcel.toolcalls.json_stream import NAME, StreamParser
 from mlxcel.toolcalls.markup_stream import (
     BlockParser,
@@ -48,5 +56,16 @@ ToolEvent, ToolText = _events.ToolEvent, _events.ToolText
 __all__ = [
     "NAME", "BlockParser", "Blocks", "CallArguments", "CallEnd", "CallError", "CallStart",
     "Decoded", "MarkupError", "ParseResult", "ParsedCall", "StreamParser", "TextStates",
-    "ToolEvent", "ToolText", "call_events", "calls_from", "first_of", "partial_suffix",
+    "ToolEvent", "ToolFormat", "ToolText", "call_events", "calls_from", "first_of", "partial_suffix", "register",
 ]
+
+
+def register(*formats: ToolFormat) -> Callable[[Any], None]:
+    """A ``mlxcel_register_tool_formats`` hook implementation that adds ``formats``."""
+
+    @hookimpl
+    def mlxcel_register_tool_formats(registry: Any) -> None:
+        for tool_format in formats:
+            registry.add(tool_format)
+
+    return mlxcel_register_tool_formats

@@ -4,8 +4,7 @@ mlxcel imports this module at every start-up, so it imports only mlxcel's contra
 parser and the forced-call grammar are ``"module:attr"`` strings, imported on first use.
 """
 
-from mlxcel import hookimpl
-from mlxcel.toolcalls.api import ToolFormat
+from mlxcel.toolcalls.kit import ToolFormat, register
 
 NAME = "qwen3_coder"
 MARKERS = ("<tool_call>", "<function=", "<parameter=")
@@ -19,12 +18,6 @@ def detect(template: str) -> bool:
     return all(marker in template for marker in MARKERS)
 
 
-@hookimpl
-def mlxcel_register_tool_formats(registry):
-    registry.add(ToolFormat(
-        name=NAME,
-        detect=detect,
-        parser="mlxcel_toolcall_qwen3_coder.parser:new_parser",
-        specificity=SPECIFICITY,
-        grammar="mlxcel_toolcall_qwen3_coder.grammar:grammar",
-    ))
+mlxcel_register_tool_formats = register(ToolFormat(
+    name=NAME, detect=detect, parser="mlxcel_toolcall_qwen3_coder.parser:new_parser",
+    specificity=SPECIFICITY, grammar="mlxcel_toolcall_qwen3_coder.grammar:grammar"))

@@ -4,8 +4,7 @@ mlxcel imports this module at every start-up, so it imports only mlxcel's contra
 parser is a ``"module:attr"`` string, imported the first time a request needs it.
 """
 
-from mlxcel import hookimpl
-from mlxcel.toolcalls.api import ToolFormat
+from mlxcel.toolcalls.kit import ToolFormat, register
 
 OPEN = "<{{tool_format}}>"
 
@@ -15,11 +14,6 @@ def detect(template: str) -> bool:
     return OPEN in template
 
 
-@hookimpl
-def mlxcel_register_tool_formats(registry):
-    registry.add(ToolFormat(
-        name="{{tool_format}}",
-        detect=detect,
-        parser="{{package}}.parser:new_parser",
-        specificity=20,  # a marker of its own (see the hooks reference for the scale)
-    ))
+mlxcel_register_tool_formats = register(ToolFormat(
+    name="{{tool_format}}", detect=detect, parser="{{package}}.parser:new_parser",
+    specificity=20))  # a marker of its own (see the hooks reference for the scale)

@@ -7,7 +7,7 @@ imported the first time a request or a checkpoint needs them.
 
 from mlxcel import hookimpl
 from mlxcel.families.api import Family
-from mlxcel.toolcalls.api import ToolFormat
+from mlxcel.toolcalls.kit import ToolFormat, register
 
 OPEN = "<acme_call>"
 
@@ -17,14 +17,8 @@ def detect(template: str) -> bool:
     return OPEN in template
 
 
-@hookimpl
-def mlxcel_register_tool_formats(registry):
-    registry.add(ToolFormat(
-        name="acme-xml",
-        detect=detect,
-        parser="acme_mlxcel.parser:new_parser",
-        specificity=20,
-    ))
+mlxcel_register_tool_formats = register(ToolFormat(
+    name="acme-xml", detect=detect, parser="acme_mlxcel.parser:new_parser", specificity=20))
 
 
 @hookimpl
