@@ -8,21 +8,8 @@ import time
 import httpx
 import openai
 import pytest
-from mlxcel.testing.servers import MlxcelServer as Server
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def server(tiny_checkpoint):
-    srv = Server(["--model", str(tiny_checkpoint), "--parallel", "2", "--api-key", "k-e2e"])
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture(scope="module")
-def sdk(server):
-    return openai.OpenAI(base_url=server.base_url + "/v1", api_key="k-e2e", max_retries=0)
 
 
 MESSAGES = [{"role": "system", "content": "You are terse."},

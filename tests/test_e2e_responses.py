@@ -10,7 +10,6 @@ import json
 import jsonschema
 import openai
 import pytest
-from mlxcel.testing.servers import MlxcelServer as Server
 
 pytestmark = pytest.mark.slow
 
@@ -20,18 +19,6 @@ WEATHER = {"type": "object", "properties": {
 TOOL = {"type": "function", "name": "get_weather", "description": "Weather in a city",
         "parameters": WEATHER, "strict": True}
 EXTRA = {"ignore_eos": True}
-
-
-@pytest.fixture(scope="module")
-def server(tiny_checkpoint):
-    srv = Server(["--model", str(tiny_checkpoint), "--parallel", "2", "--api-key", "k-e2e"])
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture(scope="module")
-def sdk(server):
-    return openai.OpenAI(base_url=server.base_url + "/v1", api_key="k-e2e", max_retries=0)
 
 
 def test_create_plain(sdk):

@@ -12,16 +12,9 @@ import subprocess
 import sys
 import textwrap
 
-HEAVY = ("mlx", "mlx_lm", "mlx_vlm", "PIL")
-BUILTINS = {
-    "family-text": "mlxcel.builtin.text_family",
-    "dialect-openai": "mlxcel.dialects.openai.plugin",
-    "dialect-llamacpp": "mlxcel.dialects.llamacpp.plugin",
-    "dialect-anthropic": "mlxcel.dialects.anthropic.plugin",
-    "dialect-responses": "mlxcel.dialects.responses.plugin",
-    "toolcall-builtin": "mlxcel.builtin.toolcalls.plugin",
-}
+from mlxcel.testing.builtin_plugins import BUILTINS
 
+HEAVY = ("mlx", "mlx_lm", "mlx_vlm", "PIL")
 # Prints one JSON line: what was loaded and which heavy modules (or submodules) got imported.
 _PRELUDE = textwrap.dedent(
     """

@@ -15,17 +15,9 @@ from mlxcel.families.api import Family
 from mlxcel.families.registry import FamilyRegistry
 from mlxcel.plugins import load_plugins
 from mlxcel.registry import Registry
+from mlxcel.testing.builtin_plugins import BUILTINS
 from mlxcel.toolcalls.api import ToolFormat
 from mlxcel.toolcalls.registry import ToolFormatRegistry
-
-BUILTINS = {
-    "family-text": "mlxcel.builtin.text_family",
-    "dialect-openai": "mlxcel.dialects.openai.plugin",
-    "dialect-llamacpp": "mlxcel.dialects.llamacpp.plugin",
-    "dialect-anthropic": "mlxcel.dialects.anthropic.plugin",
-    "dialect-responses": "mlxcel.dialects.responses.plugin",
-    "toolcall-builtin": "mlxcel.builtin.toolcalls.plugin",
-}
 
 
 @pytest.fixture(autouse=True)
