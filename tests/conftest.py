@@ -19,6 +19,16 @@ def server(tiny_checkpoint):
 
 
 @pytest.fixture(scope="module")
+def http(server, request):
+    """An httpx client of ``server``, sending the test module's ``KEY`` headers if any."""
+    import httpx
+
+    headers = getattr(request.module, "KEY", None)
+    with httpx.Client(base_url=server.base_url, headers=headers, timeout=30) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
 def sdk(server):
     import openai
 

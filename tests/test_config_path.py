@@ -18,6 +18,7 @@ import pytest
 from mlxcel.engine.config import EngineConfig
 from mlxcel.options import OPTIONS, build_parser
 from mlxcel.settings import Settings
+from mlxcel.testing.e2e import replace_between
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "core" / "src" / "mlxcel"
@@ -107,9 +108,7 @@ def twin_table() -> str:
 
 
 def _rewrite(text: str) -> str:
-    head, rest = text.split(_BEGIN, 1)
-    _, tail = rest.split(_END, 1)
-    return f"{head}{_BEGIN}\n{twin_table()}\n{_END}{tail}"
+    return replace_between(text, _BEGIN, _END, twin_table())
 
 
 def test_env_md_lists_every_twin_of_the_options_table():

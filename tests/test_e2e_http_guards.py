@@ -28,12 +28,6 @@ def server(tiny_checkpoint):
     srv.stop()
 
 
-@pytest.fixture(scope="module")
-def http(server):
-    with httpx.Client(base_url=server.base_url, headers=KEY, timeout=30) as c:
-        yield c
-
-
 def raw_socket(server, rcvbuf: int | None = None) -> socket.socket:
     sock = socket.socket()
     if rcvbuf:

@@ -7,6 +7,7 @@ import json
 
 import httpx
 import pytest
+from mlxcel.testing.e2e import server_client
 from mlxcel.testing.servers import MlxcelServer as Server
 
 pytestmark = pytest.mark.slow
@@ -31,10 +32,8 @@ def http(fim_checkpoint):
 
 @pytest.fixture(scope="module")
 def plain_http(tiny_checkpoint):
-    srv = Server(["--model", str(tiny_checkpoint), "--parallel", "1"])
-    with httpx.Client(base_url=srv.base_url, timeout=60) as client:
+    with server_client(["--model", str(tiny_checkpoint), "--parallel", "1"]) as client:
         yield client
-    srv.stop()
 
 
 REQ = {"prompt": "Building a website can be done in", "n_predict": 8, "temperature": 0,

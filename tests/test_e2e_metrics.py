@@ -27,12 +27,6 @@ def server(tiny_checkpoint):
     srv.stop()
 
 
-@pytest.fixture(scope="module")
-def http(server):
-    with httpx.Client(base_url=server.base_url, headers=KEY, timeout=30) as c:
-        yield c
-
-
 def scrape(text: str) -> dict[str, float]:
     return {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
             if line and not line.startswith("#")}

@@ -19,6 +19,7 @@ import pytest
 from mlxcel.engine.config import EngineConfig
 from mlxcel.options import IGNORED, OPTIONS, build_parser, canonical, ignored_notes
 from mlxcel.settings import Settings
+from mlxcel.testing.e2e import replace_between
 from mlxcel.testing.servers import MlxcelServer, server_exe
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -312,9 +313,7 @@ def ignored_table() -> str:
 
 
 def _rewrite(text: str) -> str:
-    head, rest = text.split(_BEGIN, 1)
-    _, tail = rest.split(_END, 1)
-    return f"{head}{_BEGIN}\n{ignored_table()}\n{_END}{tail}"
+    return replace_between(text, _BEGIN, _END, ignored_table())
 
 
 def test_flags_md_lists_every_ignored_flag_and_why():

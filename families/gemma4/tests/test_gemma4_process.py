@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import json
 
-import httpx
 import pytest
 from gemma4_fixtures import TOOLS
-from mlxcel.testing.servers import MlxcelServer
+from mlxcel.testing.e2e import server_client
 
 pytestmark = pytest.mark.slow
 CHAT = "/v1/chat/completions"
@@ -19,10 +18,9 @@ ASK = [{"role": "user", "content": "Weather in Paris?"}]
 
 @pytest.fixture(scope="module")
 def http(gemma4_checkpoint):
-    server = MlxcelServer(["--model", str(gemma4_checkpoint), "--parallel", "2"])
-    with httpx.Client(base_url=server.base_url, timeout=120) as client:
+    with server_client(["--model", str(gemma4_checkpoint), "--parallel", "2"],
+                       timeout=120) as client:
         yield client
-    server.stop()
 
 
 def test_the_family_and_its_format_are_selected(http):
