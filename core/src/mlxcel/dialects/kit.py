@@ -15,9 +15,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from mlxcel import hookimpl
 from mlxcel.dialects.api import Dialect
 from mlxcel.errors import MlxcelError
+from mlxcel.plugin_kit import adding
 
 ErrorTable = tuple[tuple[type[MlxcelError], str], ...]
 
@@ -26,13 +26,7 @@ __all__ = ["Dialect", "ErrorTable", "error_typer", "register"]
 
 def register(*dialects: Dialect) -> Callable[[Any], None]:
     """A ``mlxcel_register_dialects`` hook implementation that adds ``dialects``."""
-
-    @hookimpl
-    def mlxcel_register_dialects(registry: Any) -> None:
-        for dialect in dialects:
-            registry.add(dialect)
-
-    return mlxcel_register_dialects
+    return adding("mlxcel_register_dialects", *dialects)
 
 
 def error_typer(table: ErrorTable, default: str) -> Callable[[MlxcelError], str]:

@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from mlxcel import hookimpl
+from mlxcel.plugin_kit import adding
 from mlxcel.text import first_of, partial_suffix
 from mlxcel.toolcalls.api import ToolFormat
 from mlxcel.toolcalls.json_stream import NAME, StreamParser
@@ -62,10 +62,4 @@ __all__ = [
 
 def register(*formats: ToolFormat) -> Callable[[Any], None]:
     """A ``mlxcel_register_tool_formats`` hook implementation that adds ``formats``."""
-
-    @hookimpl
-    def mlxcel_register_tool_formats(registry: Any) -> None:
-        for tool_format in formats:
-            registry.add(tool_format)
-
-    return mlxcel_register_tool_formats
+    return adding("mlxcel_register_tool_formats", *formats)
