@@ -11,14 +11,11 @@ from mlxcel.testing.conformance import check_family, check_tool_format
 from mlxcel.testing.templates import template_text
 
 
-def test_gemma4_tool_format_conforms():
+def test_gemma4_tool_format_conforms_on_good_and_broken_calls():
     """Selected by the test kit's Gemma 4 template among every installed format."""
-    check_tool_format("gemma4", FIXTURES, tools=TOOLS, template=template_text("gemma4"),
+    template = template_text("gemma4")
+    check_tool_format("gemma4", [*FIXTURES, *BROKEN], tools=TOOLS, template=template,
                       chunkings=48)
-
-
-def test_broken_calls_conform():
-    check_tool_format("gemma4", BROKEN, tools=TOOLS, chunkings=48)
 
 
 def test_without_tools_a_value_is_read_by_its_spelling():

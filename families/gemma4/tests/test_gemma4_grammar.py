@@ -10,10 +10,7 @@ from mlxcel.testing import forced_routes as forced
 from mlxcel_family_gemma4.grammar import EXACT, grammar, sequence
 from mlxcel_family_gemma4.parser import new_parser
 
-WEATHER = {"type": "object", "properties": {
-    "city": {"type": "string", "maxLength": 10},
-    "unit": {"enum": ["celsius", "fahrenheit"]},
-    "days": {"type": "integer"}}, "required": ["unit", "city"]}
+WEATHER = {**forced.WEATHER, "required": ["unit", "city"]}  # not in the properties' order
 ALARM = {"type": "object", "properties": {
     "hour": {"type": "integer"}, "on": {"type": "boolean"},
     "at:zone": {"enum": ["UTC", "CET"]},

@@ -9,14 +9,11 @@ from mlxcel.testing.templates import template_text
 from qwen3_coder_fixtures import BROKEN, FIXTURES, TOOLS
 
 
-def test_qwen3_coder_conforms():
+def test_qwen3_coder_conforms_on_good_and_broken_calls():
     """Selected by the test kit's Qwen3-Coder template among every installed format."""
-    check_tool_format("qwen3_coder", FIXTURES, tools=TOOLS, template=template_text("qwen3_coder"),
-                      chunkings=48)
-
-
-def test_broken_calls_conform():
-    check_tool_format("qwen3_coder", BROKEN, tools=TOOLS, chunkings=48)
+    fixtures = [*FIXTURES, *BROKEN]
+    check_tool_format("qwen3_coder", fixtures, template=template_text("qwen3_coder"),
+                      tools=TOOLS, chunkings=48)
 
 
 def test_without_tools_values_are_read_by_the_untyped_rule():

@@ -10,10 +10,7 @@ from mlxcel.testing import forced_routes as forced
 from mlxcel_toolcall_qwen3_coder.grammar import grammar
 from mlxcel_toolcall_qwen3_coder.parser import new_parser
 
-WEATHER = {"type": "object", "properties": {
-    "city": {"type": "string", "maxLength": 10},
-    "unit": {"enum": ["celsius", "fahrenheit"]},
-    "days": {"type": "integer"}}, "required": ["city", "unit"]}
+WEATHER = forced.WEATHER
 ALARM = {"type": "object", "properties": {
     "hour": {"type": "integer"}, "on": {"type": "boolean"},
     "label": {"type": ["string", "null"], "maxLength": 6},

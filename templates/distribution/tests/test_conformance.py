@@ -10,20 +10,15 @@ from mlxcel.testing.conformance import ToolFixture, check_tool_format
 
 TEMPLATE = '{%- if tools %}Call a tool as <{{tool_format}}>{"name": ..., "arguments": ...}{%- endif %}'
 
+CALL = '<{{tool_format}}>{"name": "get_weather", "arguments": {"city": "Paris"}}</{{tool_format}}>'
+NOT_A_CALL = "<{{tool_format}}>not a call</{{tool_format}}> then"
+
+# each: the model's text, the calls in it, the text a client sees around them
 FIXTURES = [
-    ToolFixture(
-        text='Sure. <{{tool_format}}>{"name": "get_weather", "arguments": {"city": "Paris"}}'
-             "</{{tool_format}}>",
-        calls=[{"name": "get_weather", "arguments": {"city": "Paris"}}],
-        content="Sure. ",
-    ),
-    ToolFixture(
-        text="<{{tool_format}}>not a call</{{tool_format}}> then",
-        calls=[],
-        content="<{{tool_format}}>not a call</{{tool_format}}> then",
-        errors=True,
-    ),
-    ToolFixture(text="no call here", calls=[], content="no call here"),
+    ToolFixture("Sure. " + CALL, [{"name": "get_weather", "arguments": {"city": "Paris"}}],
+                "Sure. "),
+    ToolFixture(NOT_A_CALL, [], NOT_A_CALL, errors=True),
+    ToolFixture("no call here", [], "no call here"),
 ]
 
 

@@ -19,6 +19,12 @@ from mlxcel.types.messages import Tool
 
 CHAT = "/v1/chat/completions"
 
+# a function's parameters that every forced-call test can use: a bounded string, an enum
+WEATHER = {"type": "object", "properties": {
+    "city": {"type": "string", "maxLength": 10},
+    "unit": {"enum": ["celsius", "fahrenheit"]},
+    "days": {"type": "integer"}}, "required": ["city", "unit"]}
+
 # properties a client may add that stress a grammar: a free object, nested arrays, a union
 DEEP_PROPERTIES = {
     "filters": {"type": "object"},
