@@ -557,23 +557,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--label", default=None)
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--turns", type=int, default=10)
-    ap.add_argument(
-        "--target-tokens", type=int, default=3900, help="approximate prompt tokens of the last turn"
-    )
+    ap.add_argument("--target-tokens", type=int, default=3900,
+                    help="approximate prompt tokens of the last turn")
     ap.add_argument("--max-tokens", type=int, default=16)
-    ap.add_argument(
-        "--repeats",
-        type=int,
-        default=1,
-        help="measured conversations per server (different content each)",
-    )
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="measured conversations per server (different content each)")
     ap.add_argument("--warmup-turns", type=int, default=2)
-    ap.add_argument(
-        "--warmup-tokens",
-        type=int,
-        default=800,
-        help="approximate prompt tokens of the warm-up's last turn",
-    )
+    ap.add_argument("--warmup-tokens", type=int, default=800,
+                    help="approximate prompt tokens of the warm-up's last turn")
     ap.add_argument("--parallel", type=int, default=4, help="mlxcel --parallel (its default)")
     ap.add_argument("--mlxcel-args", default="")
     ap.add_argument("--mlx-lm-args", default="")

@@ -578,38 +578,22 @@ def parse_ints(s: str) -> list[int]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument(
-        "--checkpoint",
-        default="tiny,30m",
-        help=f"comma-separated named checkpoints ({', '.join(CHECKPOINTS)})",
-    )
-    ap.add_argument(
-        "--model", default=None, help="serve this checkpoint directory instead of named ones"
-    )
+    ap.add_argument("--checkpoint", default="tiny,30m",
+                    help=f"comma-separated named checkpoints ({', '.join(CHECKPOINTS)})")
+    ap.add_argument("--model", default=None,
+                    help="serve this checkpoint directory instead of named ones")
     ap.add_argument("--label", default=None, help="label for --model (default: folder name)")
     ap.add_argument("--modes", default="defaults,same-dtype")
     ap.add_argument("--servers", default="mlxcel,mlx_lm")
     ap.add_argument("--concurrency", type=parse_ints, default=[1, 4, 16])
-    ap.add_argument(
-        "--requests",
-        type=int,
-        default=0,
-        help="requests per level (default: max(4, factor x concurrency))",
-    )
+    ap.add_argument("--requests", type=int, default=0,
+                    help="requests per level (default: max(4, factor x concurrency))")
     ap.add_argument("--requests-factor", type=int, default=2)
-    ap.add_argument(
-        "--requests-cap",
-        type=int,
-        default=0,
-        help="at most this many requests per level (0: no cap)",
-    )
+    ap.add_argument("--requests-cap", type=int, default=0,
+                    help="at most this many requests per level (0: no cap)")
     ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument(
-        "--parallel",
-        type=int,
-        default=0,
-        help="mlxcel --parallel (default: the highest concurrency)",
-    )
+    ap.add_argument("--parallel", type=int, default=0,
+                    help="mlxcel --parallel (default: the highest concurrency)")
     ap.add_argument("--mlxcel-args", default="", help="extra mlxcel-server arguments")
     ap.add_argument(
         "--distributed",
@@ -625,25 +609,14 @@ def main(argv: list[str] | None = None) -> int:
         help="start mlxcel's Granian worker with the 'spawn' start method "
         "(workaround for CUDA initialised before Granian forks)",
     )
-    ap.add_argument(
-        "--client-procs",
-        type=int,
-        default=0,
-        help="client processes per level (default: ceil(C / 16))",
-    )
+    ap.add_argument("--client-procs", type=int, default=0,
+                    help="client processes per level (default: ceil(C / 16))")
     ap.add_argument("--connect-timeout", type=float, default=10.0)
     ap.add_argument("--read-timeout", type=float, default=120.0)
-    ap.add_argument(
-        "--level-deadline",
-        type=float,
-        default=600.0,
-        help="seconds after which a level's unfinished requests count as failed",
-    )
-    ap.add_argument(
-        "--raw-json",
-        default=None,
-        help="raw forward-loop results (bench/gpu/raw_loop.py) to compare with",
-    )
+    ap.add_argument("--level-deadline", type=float, default=600.0,
+                    help="seconds after which a level's unfinished requests count as failed")
+    ap.add_argument("--raw-json", default=None,
+                    help="raw forward-loop results (bench/gpu/raw_loop.py) to compare with")
     ap.add_argument(
         "--targets",
         choices=sorted(TARGETS),
