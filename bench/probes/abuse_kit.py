@@ -8,13 +8,13 @@ import asyncio
 import contextlib
 import json
 import os
-import pathlib
 import signal
 import threading
 import time
 from typing import Any
 
 import httpx
+from mlxcel.testing.procs import rss_bytes
 from mlxcel.testing.servers import Server
 
 MIB = 1 << 20
@@ -84,33 +84,6 @@ async def stream(client: httpx.AsyncClient, name: str, prompt: str, max_tokens: 
 def summary(samples: list[float]) -> dict[str, Any]:
     return {"n": len(samples), "p50_ms": pct(samples, 0.5), "p99_ms": pct(samples, 0.99),
             "max_ms": max(samples) if samples else None}
-
-
-def tree_pids(root: int) -> list[int]:
-    """``root`` and its descendants (/proc; Granian's worker and compile workers)."""
-    pids, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        pids.append(pid)
-        for task in pathlib.Path(f"/proc/{pid}/task").glob("*"):
-            try:
-                todo += [int(c) for c in (task / "children").read_text().split()]
-            except OSError:
-                pass
-    return pids
-
-
-def rss_bytes(srv: Server) -> int:
-    """Summed VmRSS of the server's process tree (0 once it is gone)."""
-    total = 0
-    for pid in tree_pids(srv.proc.pid) if srv.alive() else []:
-        try:
-            for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1]) * 1024
-        except OSError:
-            pass
-    return total
 
 
 class RssWatch:

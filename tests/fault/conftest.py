@@ -8,10 +8,10 @@ in ``/metrics`` agree, and the worker's RSS grew by less than a bound.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import httpx
 import pytest
+from mlxcel.testing.procs import rss_bytes, tree_pids  # noqa: F401 - the scenarios import it
 from mlxcel.testing.servers import MlxcelServer as Server
 
 RSS_GROWTH_LIMIT = 512 << 20  # bytes the worker may grow by over one scenario
@@ -25,29 +25,7 @@ def pytest_collection_modifyitems(items):
 
 def worker_pids(server: Server) -> list[int]:
     """The server's process and its descendants (Granian's worker runs the engine)."""
-    pids, todo = [], [server.proc.pid]
-    while todo:
-        pid = todo.pop()
-        pids.append(pid)
-        for task in Path(f"/proc/{pid}/task").glob("*"):
-            try:
-                todo += [int(c) for c in (task / "children").read_text().split()]
-            except OSError:
-                pass
-    return pids
-
-
-def rss_bytes(server: Server) -> int:
-    """Summed resident memory of the server's processes (Linux /proc)."""
-    total = 0
-    for pid in worker_pids(server):
-        try:
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1]) * 1024
-        except OSError:
-            pass
-    return total
+    return tree_pids(server.proc.pid)
 
 
 def metric(text: str, name: str) -> float:
