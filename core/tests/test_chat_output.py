@@ -7,50 +7,40 @@ import json
 import random
 
 import pytest
+from mlxcel import types as mt
 from mlxcel.chat.output import OutputMachine, merge, pieces
 from mlxcel.families.api import ReasoningSpec
-from mlxcel.types import (
-    ContentDelta,
-    Finish,
-    GenerationEvent,
-    ReasoningDelta,
-    TokenLogprob,
-    ToolCallArguments,
-    ToolCallEnd,
-    ToolCallStart,
-    Usage,
-)
 from mlxcel.types.toolcalls import CallArguments, CallStart, ParsedCall, ParseResult, ToolText
 
-USAGE = Usage(prompt_tokens=3, completion_tokens=9)
+USAGE = mt.Usage(prompt_tokens=3, completion_tokens=9)
 THINK = ReasoningSpec(open="<think>", close="</think>")
 
 
 def events(parts: list[tuple[str, bool]], rng: random.Random | None,
-           finish: str = "stop") -> list[GenerationEvent]:
+           finish: str = "stop") -> list[mt.GenerationEvent]:
     """Engine-like events of ``parts`` (``(text, special)``): ordinary text cut at random
     points (every character when ``rng`` is None), each special token's text at the end of
     an event, as the detokenizer emits it; the last event finishes."""
-    out: list[GenerationEvent] = []
+    out: list[mt.GenerationEvent] = []
     pending = ""
     for text, special in parts:
         if special:
-            out.append(GenerationEvent(text=pending + text, token_ids=(1,),
+            out.append(mt.GenerationEvent(text=pending + text, token_ids=(1,),
                                        specials=((len(pending), len(pending) + len(text)),)))
             pending = ""
             continue
         for ch in text:
             pending += ch
             if rng is None or rng.random() < 0.4:
-                out.append(GenerationEvent(text=pending, token_ids=(1,)))
+                out.append(mt.GenerationEvent(text=pending, token_ids=(1,)))
                 pending = ""
-    last = out.pop() if out and not pending else GenerationEvent(text=pending)
-    out.append(GenerationEvent(text=last.text, token_ids=last.token_ids, specials=last.specials,
+    last = out.pop() if out and not pending else mt.GenerationEvent(text=pending)
+    out.append(mt.GenerationEvent(text=last.text, token_ids=last.token_ids, specials=last.specials,
                                finish_reason=finish, usage=USAGE))
     return out
 
 
-def run(machine: OutputMachine, evs: list[GenerationEvent]) -> list:
+def run(machine: OutputMachine, evs: list[mt.GenerationEvent]) -> list:
     out = []
     for e in evs:
         out += machine.feed(e)
@@ -62,9 +52,9 @@ def texts(deltas, kind) -> str:
 
 
 def test_pieces_cut_an_event_at_its_special_spans():
-    e = GenerationEvent(text="ab<|x|>cd<|y|>", specials=((2, 7), (9, 14)))
+    e = mt.GenerationEvent(text="ab<|x|>cd<|y|>", specials=((2, 7), (9, 14)))
     assert pieces(e) == [("ab", False), ("<|x|>", True), ("cd", False), ("<|y|>", True)]
-    assert pieces(GenerationEvent(text="")) == []
+    assert pieces(mt.GenerationEvent(text="")) == []
 
 
 PARTS = [("<think>", False), ("plan the answer", False), ("</think>", False),
@@ -79,74 +69,74 @@ def test_same_deltas_for_any_split(seed):
 
     whole = answer(None)
     assert whole == answer(random.Random(seed))
-    assert texts(whole, ReasoningDelta) == "plan the answer"
-    assert texts(whole, ContentDelta) == "Hello world "
-    assert isinstance(whole[-1], Finish) and whole[-1].reason == "stop"
+    assert texts(whole, mt.ReasoningDelta) == "plan the answer"
+    assert texts(whole, mt.ContentDelta) == "Hello world "
+    assert isinstance(whole[-1], mt.Finish) and whole[-1].reason == "stop"
 
 
 def test_special_token_text_never_reaches_content():
     parts = [("a", False), ("<|python_tag|>", True), ("b", False), ("<|eom|>", True)]
     deltas = run(OutputMachine(), events(parts, random.Random(1)))
-    assert texts(deltas, ContentDelta) == "ab"
+    assert texts(deltas, mt.ContentDelta) == "ab"
 
 
 def test_a_special_token_ends_a_partial_stop_match():
     # "EN" could begin "END"; the special token between releases it
     parts = [("xEN", False), ("<|s|>", True), ("D tail", False)]
     deltas = run(OutputMachine(stops=("END",)), events(parts, None))
-    assert texts(deltas, ContentDelta) == "xEND tail"
+    assert texts(deltas, mt.ContentDelta) == "xEND tail"
 
 
 def test_stop_cuts_and_drops_the_rest_also_in_the_finishing_event():
-    evs = [GenerationEvent(text="one two", token_ids=(1,)),
-           GenerationEvent(text=" STOP three", token_ids=(2,), finish_reason="stop",
+    evs = [mt.GenerationEvent(text="one two", token_ids=(1,)),
+           mt.GenerationEvent(text=" STOP three", token_ids=(2,), finish_reason="stop",
                            usage=USAGE)]
     deltas = run(OutputMachine(stops=("STOP",)), evs)
-    assert texts(deltas, ContentDelta) == "one two "
-    assert deltas[-1] == Finish(reason="stop", usage=USAGE, stop_sequence="STOP")
+    assert texts(deltas, mt.ContentDelta) == "one two "
+    assert deltas[-1] == mt.Finish(reason="stop", usage=USAGE, stop_sequence="STOP")
 
 
 def test_held_text_is_released_at_the_end():
-    evs = [GenerationEvent(text="almost ST", token_ids=(1,)),
-           GenerationEvent(text="", finish_reason="length", usage=USAGE)]
+    evs = [mt.GenerationEvent(text="almost ST", token_ids=(1,)),
+           mt.GenerationEvent(text="", finish_reason="length", usage=USAGE)]
     deltas = run(OutputMachine(stops=("STOP",)), evs)
-    assert [type(d) for d in deltas] == [ContentDelta, ContentDelta, Finish]
+    assert [type(d) for d in deltas] == [mt.ContentDelta, mt.ContentDelta, mt.Finish]
     assert deltas[-1].stop_sequence is None
-    assert texts(deltas, ContentDelta) == "almost ST"
+    assert texts(deltas, mt.ContentDelta) == "almost ST"
 
 
 def test_a_prompt_that_opens_reasoning_starts_inside_it():
     parts = [("still thinking</think>", False), ("done", False)]
     deltas = run(OutputMachine(reasoning=THINK, reasoning_open=True), events(parts, None))
-    assert texts(deltas, ReasoningDelta) == "still thinking"
-    assert texts(deltas, ContentDelta) == "done"
+    assert texts(deltas, mt.ReasoningDelta) == "still thinking"
+    assert texts(deltas, mt.ContentDelta) == "done"
 
 
 def test_a_special_reasoning_marker_switches_too():
     parts = [("<think>", True), ("hmm", False), ("</think>", True), ("ok", False)]
     deltas = merge(run(OutputMachine(reasoning=THINK), events(parts, random.Random(2))))
-    assert texts(deltas, ReasoningDelta) == "hmm" and texts(deltas, ContentDelta) == "ok"
+    assert texts(deltas, mt.ReasoningDelta) == "hmm" and texts(deltas, mt.ContentDelta) == "ok"
 
 
 def test_logprobs_of_every_token_reach_a_delta_once():
-    lps = [TokenLogprob(i, -0.5) for i in range(6)]
-    evs = [GenerationEvent(text=t, token_ids=(i,), logprobs=(lps[i],))
+    lps = [mt.TokenLogprob(i, -0.5) for i in range(6)]
+    evs = [mt.GenerationEvent(text=t, token_ids=(i,), logprobs=(lps[i],))
            for i, t in enumerate(["a", "b", "S", "T", "c"])]
-    evs.append(GenerationEvent(text="d", token_ids=(5,), logprobs=(lps[5],),
+    evs.append(mt.GenerationEvent(text="d", token_ids=(5,), logprobs=(lps[5],),
                                finish_reason="length", usage=USAGE))
     deltas = run(OutputMachine(stops=("STOP",)), evs)
-    got = [lp for d in deltas if isinstance(d, ContentDelta) for lp in d.logprobs]
+    got = [lp for d in deltas if isinstance(d, mt.ContentDelta) for lp in d.logprobs]
     assert got == lps
     # the tokens behind held text ("S", "T") still get a frame of their own
-    assert [d.text for d in deltas if isinstance(d, ContentDelta)] == \
+    assert [d.text for d in deltas if isinstance(d, mt.ContentDelta)] == \
         ["a", "b", "", "", "STc", "d"]
 
 
 def test_failure_finish_carries_the_engine_message():
-    evs = [GenerationEvent(text="x", token_ids=(1,)),
-           GenerationEvent(finish_reason="error", error="boom", usage=USAGE)]
+    evs = [mt.GenerationEvent(text="x", token_ids=(1,)),
+           mt.GenerationEvent(finish_reason="error", error="boom", usage=USAGE)]
     deltas = run(OutputMachine(), evs)
-    assert deltas[-1] == Finish(reason="error", usage=USAGE, error="boom")
+    assert deltas[-1] == mt.Finish(reason="error", usage=USAGE, error="boom")
     assert not deltas[-1].ok
 
 
@@ -183,11 +173,11 @@ CALL_PARTS = [("Sure", False), ("<|pad|>", True), (".", False), ("<|call|>", Tru
 def test_tool_parser_sees_special_tokens_and_its_content_loses_them():
     m = OutputMachine(tool_parser=_WrapperParser(), special_texts=("<|pad|>", "<|call|>"))
     deltas = merge(run(m, events(CALL_PARTS, random.Random(3))))
-    assert texts(deltas, ContentDelta) == "Sure."
-    start = next(d for d in deltas if isinstance(d, ToolCallStart))
+    assert texts(deltas, mt.ContentDelta) == "Sure."
+    start = next(d for d in deltas if isinstance(d, mt.ToolCallStart))
     assert start.name == "f" and start.id.startswith("call_")
-    assert texts(deltas, ToolCallArguments) == '{"x": 1}'
-    assert any(isinstance(d, ToolCallEnd) for d in deltas)
+    assert texts(deltas, mt.ToolCallArguments) == '{"x": 1}'
+    assert any(isinstance(d, mt.ToolCallEnd) for d in deltas)
     assert deltas[-1].reason == "tool_calls"
     assert deltas[-1].calls == (ParsedCall(name="f", arguments='{"x": 1}', id=start.id),)
 
@@ -195,9 +185,9 @@ def test_tool_parser_sees_special_tokens_and_its_content_loses_them():
 def test_a_streamed_call_keeps_its_id_and_gets_the_rest_of_its_arguments():
     m = OutputMachine(tool_parser=_WrapperParser(stream=True), special_texts=("<|call|>",))
     deltas = merge(run(m, events(CALL_PARTS, random.Random(4))))
-    starts = [d for d in deltas if isinstance(d, ToolCallStart)]
+    starts = [d for d in deltas if isinstance(d, mt.ToolCallStart)]
     assert [s.id for s in starts] == ["call_streamed"]
-    assert texts(deltas, ToolCallArguments) == '{"x": 1}'
+    assert texts(deltas, mt.ToolCallArguments) == '{"x": 1}'
     assert deltas[-1].calls[0].id == "call_streamed"
 
 
@@ -234,7 +224,7 @@ def test_engine_events_keep_special_tokens_and_content_drops_them(tiny_checkpoin
     assert tagged and set(tagged) <= specials
     for sink in sinks:
         deltas = run(OutputMachine(), sink.events)
-        content = texts(deltas, ContentDelta)
+        content = texts(deltas, mt.ContentDelta)
         assert content == tok.decode(sink.tokens, skip_special=True)
         assert not any(marker in content for marker in specials)
 
@@ -272,6 +262,6 @@ def test_server_made_call_ids_take_the_templates_form():
     m = OutputMachine(tool_parser=_WrapperParser(), special_texts=("<|pad|>", "<|call|>"),
                       call_ids="alnum9")
     deltas = merge(run(m, events(CALL_PARTS, random.Random(5))))
-    start = next(d for d in deltas if isinstance(d, ToolCallStart))
+    start = next(d for d in deltas if isinstance(d, mt.ToolCallStart))
     assert len(start.id) == 9 and start.id.isalnum()
     assert deltas[-1].calls[0].id == start.id

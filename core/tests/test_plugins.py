@@ -281,19 +281,11 @@ def test_failed_plugin_named_in_allow_list_is_a_startup_error(install_plugin) ->
 
 
 def test_plugin_duplicating_a_builtin_key_names_both(install_plugin) -> None:
-    install_plugin(
-        "unit-dialect",
-        "dialect-unitdup",
-        "unit_dup_pkg",
-        """
-        from mlxcel.dialects.api import Dialect
-        from mlxcel import hookimpl
+    install_plugin("unit-dialect", "dialect-unitdup", "unit_dup_pkg", """
+        from mlxcel.dialects.kit import Dialect, register
 
-        @hookimpl
-        def mlxcel_register_dialects(registry):
-            registry.add(Dialect(name="openai", routes="x:y"))
-    """,
-    )
+        mlxcel_register_dialects = register(Dialect(name="openai", routes="x:y"))
+    """)
     with pytest.raises(PluginError) as err:
         load_plugins()
     assert "dialect-openai" in str(err.value) and "dialect-unitdup" in str(err.value)
@@ -303,18 +295,13 @@ def test_plugin_duplicating_a_builtin_key_names_both(install_plugin) -> None:
 
 
 def test_hook_raising_is_a_plugin_error_naming_plugin_and_hook(install_plugin) -> None:
-    install_plugin(
-        "unit-raiser",
-        "family-unitraiser",
-        "unit_raiser_pkg",
-        """
+    install_plugin("unit-raiser", "family-unitraiser", "unit_raiser_pkg", """
         from mlxcel import hookimpl
 
         @hookimpl
         def mlxcel_register_families(registry):
             raise RuntimeError("boom")
-    """,
-    )
+    """)
     with pytest.raises(PluginError) as err:
         load_plugins()
     msg = str(err.value)
@@ -322,11 +309,7 @@ def test_hook_raising_is_a_plugin_error_naming_plugin_and_hook(install_plugin) -
 
 
 def test_registrations_are_recorded_per_plugin(install_plugin) -> None:
-    install_plugin(
-        "unit-multi",
-        "family-unitmulti",
-        "unit_multi_pkg",
-        """
+    install_plugin("unit-multi", "family-unitmulti", "unit_multi_pkg", """
         from mlxcel.families.api import Family
         from mlxcel import hookimpl
         from mlxcel.media.api import MediaDecoder
@@ -347,8 +330,7 @@ def test_registrations_are_recorded_per_plugin(install_plugin) -> None:
         def mlxcel_register_tool_formats(registry):
             registry.add(ToolFormat(name="unit-fmt", detect=lambda t: False,
                                                      parser="unit_multi_pkg.heavy:new_parser"))
-    """,
-    )
+    """)
     plugins = load_plugins()
     info = _by_name(plugins)["family-unitmulti"]
     assert info.registers == {"families": ["unit-fam"], "tool formats": ["unit-fmt"],
@@ -359,18 +341,13 @@ def test_registrations_are_recorded_per_plugin(install_plugin) -> None:
 
 
 def test_misspelled_hook_is_reported_as_a_plugin_problem(install_plugin) -> None:
-    install_plugin(
-        "unit-typo",
-        "family-unittypo",
-        "unit_typo_pkg",
-        """
+    install_plugin("unit-typo", "family-unittypo", "unit_typo_pkg", """
         from mlxcel import hookimpl
 
         @hookimpl
         def mlxcel_register_familes(registry):
             pass
-    """,
-    )
+    """)
     try:
         plugins = load_plugins()
     except (PluginError, StartupError) as exc:
