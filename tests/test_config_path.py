@@ -23,7 +23,7 @@ from mlxcel.testing.e2e import replace_between
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "core" / "src" / "mlxcel"
 ENV_MD = ROOT / "docs" / "reference" / "env.md"
-TWINS = {row.env: row.flags for row in OPTIONS if row.env}
+TWINS = {env: row.flags for row in OPTIONS for env in (row.env, row.env_also) if env}
 # variables of mlxcel's that are plumbing or test kit, not settings (docs/reference/env.md)
 INTERNAL = {
     "MLXCEL_SETTINGS_JSON": "the CLI hands its Settings to the Granian worker",
@@ -36,7 +36,8 @@ ENV_READERS: dict[str, set[str] | None] = {
     "options.py": {"_env_default"},  # the env twins of the table
     # CLI -> worker plumbing, and library_env: LD_PRELOAD, OpenBLAS's threads (other
     # programs' own variables)
-    "settings.py": {"from_env", "failure_file", "hand_to_worker", "library_env"},
+    "settings.py": {"from_env", "failure_file", "hand_to_worker"},
+    "backend.py": {"library_env"},  # LD_PRELOAD, OpenBLAS's threads: other programs' own
     "testing/pytest_plugin.py": None,
     "testing/checkpoint.py": None,
     "testing/servers.py": None,  # the benchmarks' startup timeout (bench/gpu/run.sh sets it)
@@ -102,8 +103,8 @@ def test_every_allowed_reader_still_reads_the_environment():
 
 
 def twin_table() -> str:
-    rows = [f"| `{row.env}` | {', '.join(f'`{f}`' for f in row.flags)} |"
-            for row in OPTIONS if row.env]
+    rows = [f"| `{env}` | {', '.join(f'`{f}`' for f in row.flags)} |"
+            for row in OPTIONS for env in (row.env, row.env_also) if env]
     return "\n".join(["| variable | flag |", "|---|---|", *rows])
 
 

@@ -76,7 +76,7 @@ CASES = [
     (["-s", "3"], "seed", 3), (["--seed", "3"], "seed", 3),
     (["--embedding"], "embeddings", True), (["--embeddings"], "embeddings", True),
     (["--rerank"], "reranking", True), (["--reranking"], "reranking", True),
-    (["--pooling", "mean"], "pooling", "mean"),
+    (["--pooling", "mean"], "pooling", "mean"), (["--embd-normalize", "1"], "embd_normalize", 1),
 ]
 SAMPLE = {"text": "1", "maybe_text": "on", "cache_type": "q8_0"}  # a value for ignored rows
 
@@ -152,10 +152,9 @@ def test_ignored_twins_are_named_and_a_bad_value_still_refuses(monkeypatch):
         build_parser().parse_args(["-ctv", "q9_9"])
 
 
-def test_pending_features_are_named_in_the_same_line():
+def test_side_model_flags_are_kept_not_named_as_ignored():
     notes = ignored_notes(settings(["--embeddings", "--pooling", "cls", "-ngl", "1"]))
-    assert [n.split(":")[0] for n in notes] == ["--embeddings", "--pooling", "-ngl 1"]
-    assert all("embeddings work" in n for n in notes[:2])
+    assert [n.split(":")[0] for n in notes] == ["-ngl 1"]
 
 
 @pytest.mark.parametrize("argv", [["--no-such-flag"], ["--mirostat", "2"], ["--ctx", "64"],
@@ -267,14 +266,14 @@ def test_a_llama_server_command_line_serves_and_logs_one_ignored_line(tiny_check
                         "-ngl", "99", "-fa", "on", "-t", "4", "--mlock", "--no-mmap",
                         "-ctk", "q8_0", "-ctv", "q8_0", "-nocb", "--jinja",
                         "--chat-template", "chatml", "-ub", "64", "-b", "256",
-                        "--threads-http", "2", "--embeddings", "--log-format", "json"],
+                        "--threads-http", "2", "--log-format", "json"],
                        env={"LLAMA_ARG_THREADS_BATCH": "4"})
     try:
         records = [json.loads(ln) for ln in srv.log().splitlines() if ln.startswith("{")]
         ignored = [r for r in records if r.get("event") == "flags_ignored"]
         assert len(ignored) == 1
         shown = [note.split(": ")[0] for note in ignored[0]["flags"]]
-        assert shown == ["--embeddings", "-ngl 99", "-t 4", "LLAMA_ARG_THREADS_BATCH=4", "--mlock",
+        assert shown == ["-ngl 99", "-t 4", "LLAMA_ARG_THREADS_BATCH=4", "--mlock",
                          "--no-mmap", "-fa on", "-ctk q8_0", "-ctv q8_0", "-nocb"]
         loaded = next(r for r in records if r.get("event") == "model_loaded")
         assert loaded["chat_template"] == "--chat-template chatml"

@@ -127,21 +127,21 @@ def _prepare_model(settings: Settings) -> Settings:
 def _check_main_model(settings: Settings, plugins: Any) -> Any:
     """``-m``'s directory, checked for the task it will serve: a chat checkpoint with its
     template and tool format, or a side model (an embedder) for its family."""
-    from mlxcel.engines import MODES
     from mlxcel.model.loader import (
         check_checkpoint,
         check_task_model,
         resolve_model_path,
         served_task,
     )
+    from mlxcel.settings import MODES
 
     path = resolve_model_path(settings.model)
     modes = [task for task, toggle in MODES.items() if getattr(settings, toggle)]
-    task = modes[0] if modes else served_task(str(path), plugins.families)
-    if task != "generate":
-        check_task_model(str(path), plugins.families, task)
-        return path
     try:
+        task = modes[0] if modes else served_task(str(path), plugins.families)
+        if task != "generate":
+            check_task_model(str(path), plugins.families, task)
+            return path
         check_checkpoint(path, plugins.families, settings.chat_template_file,
                          tool_formats=plugins.tool_formats,
                          tool_call_format=settings.tool_call_format,

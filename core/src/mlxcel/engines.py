@@ -15,10 +15,8 @@ from mlxcel.engine.prompt_cache import PromptCache
 from mlxcel.engine.side import SideEngine
 from mlxcel.families.tasks import TaskOptions
 from mlxcel.plugins import Plugins
-from mlxcel.settings import Settings
+from mlxcel.settings import MODES, Settings
 
-SIDE_FLAGS = {"embed": "--embedding-model", "rerank": "--reranker-model"}
-MODES = {"embed": "embeddings", "rerank": "reranking"}  # the Settings toggles restricting
 
 
 def prompt_cache_from(settings: Settings) -> PromptCache:

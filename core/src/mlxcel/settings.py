@@ -17,6 +17,8 @@ import msgspec
 
 from mlxcel.types import LoopPolicy
 
+# side task -> the Settings toggle that restricts the process to it (--embeddings, ...)
+MODES = {"embed": "embeddings", "rerank": "reranking"}
 SETTINGS_ENV = "MLXCEL_SETTINGS_JSON"  # how the CLI hands settings to the Granian worker
 FAILURE_ENV = "MLXCEL_FAILURE_FILE"  # where the worker leaves a fatal error for the CLI
 

@@ -69,3 +69,21 @@ def test_the_cli_refuses_a_chat_checkpoint_as_an_embedder(tiny_checkpoint, capsy
     err = capsys.readouterr().err
     assert code != 0 and "embed" in err and "chat model" in err and "\n" == err[-1]
     assert err.count("\n") == 1
+
+
+def test_the_pre_fork_checks_import_no_mlx(tiny_checkpoint, bert):
+    """The CLI checks -m and the side models before Granian forks: MLX must not be
+    imported then (a device initialised before the fork is unusable on CUDA)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from mlxcel.cli import _prepare_model; "
+            "from mlxcel.settings import Settings; "
+            f"s = _prepare_model(Settings(model={str(tiny_checkpoint)!r}, "
+            f"embedding_model={str(bert)!r})); "
+            f"_prepare_model(Settings(model={str(bert)!r})); "
+            "print(s.embedding_model, [m for m in ('mlx', 'mlx_lm', 'mlx_vlm') "
+            "if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.strip().splitlines()[-1]
+    assert out == f"{bert} []"
