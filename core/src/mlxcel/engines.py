@@ -18,7 +18,6 @@ from mlxcel.plugins import Plugins
 from mlxcel.settings import MODES, Settings
 
 
-
 def prompt_cache_from(settings: Settings) -> PromptCache:
     capacity = settings.prompt_cache_capacity_bytes or settings.cache_ram * (1 << 20)
     return PromptCache(capacity, settings.prompt_cache_max_entries, settings.prompt_cache_ttl,
