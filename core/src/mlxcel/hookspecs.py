@@ -31,13 +31,21 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 def mlxcel_register_families(registry: FamilyRegistry) -> None:
     """Register model families: ``registry.add(Family(...))``.
 
-    A ``Family`` (``mlxcel.families.api``) names the ``model_type``s it loads and its
-    loader as ``"module:attr"``, and may give its models' defaults: a tool format, a
-    ``ReasoningSpec`` (how answers mark reasoning: ``<think>`` blocks, a labelled channel,
-    harmony messages; without one the chat layer detects it from the template), a loop
-    policy and a batch cache. ``mlxcel.testing.conformance.check_family`` is what a family
-    must pass. Its loader gets ``LoadOptions``; ``lazy`` (``--distributed``) asks for the
-    parameters unevaluated, so the engine can shard the model before its weights are read.
+    A ``Family`` (``mlxcel.families.api``) declares its **tasks** (``generate``, ``embed``,
+    ``rerank``, later ``transcribe``, ``speak``, ``generate_image``, ``realtime``), each a
+    ``"module:attr"`` core calls: for ``generate`` the model the continuous batch drives,
+    for a side task a runner factory (``mlxcel.families.tasks``: ``Embedder``,
+    ``Reranker``), whose jobs run on the engine's job lane. ``check(path, config)`` decides
+    cheaply (no MLX, no weights) whether it owns a checkpoint, ``tasks_of`` which tasks a
+    checkpoint serves, and ``load(path, LoadOptions) -> Loaded`` returns the model with
+    what it brings (tokenizer, template, processor; None takes core's text default).
+    ``LoadOptions.lazy`` (``--distributed``) asks for the parameters unevaluated, so the
+    engine can shard the model before its weights are read. A generating family may give
+    its models' defaults: a tool format, a ``ReasoningSpec`` (how answers mark reasoning:
+    ``<think>`` blocks, a labelled channel, harmony messages; without one the chat layer
+    detects it from the template), a loop policy and a batch cache. What a family must
+    pass: ``mlxcel.testing.conformance.check_family`` (``generate``), ``check_embedder``
+    and ``check_reranker`` (the side tasks' runners).
     """
 
 
