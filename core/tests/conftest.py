@@ -15,6 +15,21 @@ def path(mlxcel_checkpoint_cache):
 
 
 @pytest.fixture(scope="module")
+def tokenizer(path):
+    """The tokenizer of ``path`` (the constraint tests compile against its vocabulary)."""
+    from mlxcel.model.tokenizer import Tokenizer
+
+    return Tokenizer.from_dir(path)
+
+
+@pytest.fixture(scope="module")
+def vocabulary(tokenizer):
+    from mlxcel.engine.constraints import TokenVocabulary
+
+    return TokenVocabulary.from_tokenizer(tokenizer)
+
+
+@pytest.fixture(scope="module")
 def client(tiny_checkpoint):
     with make_client(tiny_checkpoint, parallel=2) as c:
         wait_ready(c)

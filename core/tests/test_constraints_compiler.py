@@ -18,8 +18,7 @@ from mlxcel.engine.constraints import (
     mask_words,
 )
 from mlxcel.errors import ConstraintTooComplex, Overloaded
-from mlxcel.model.tokenizer import Tokenizer
-from mlxcel.types.constraints import JsonSchemaConstraint
+from mlxcel.types.constraints import JsonSchemaConstraint, RegexConstraint
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
                                            "n": {"type": "integer"}},
@@ -29,11 +28,6 @@ def checkpoint(mlxcel_checkpoint_cache):
     from mlxcel.testing.checkpoint import cached_checkpoint
 
     return cached_checkpoint("qwen3", cache_dir=mlxcel_checkpoint_cache, dtype="float32")
-
-
-@pytest.fixture(scope="module")
-def vocabulary(checkpoint):
-    return TokenVocabulary.from_tokenizer(Tokenizer.from_dir(checkpoint))
 
 
 def _allowed(matcher, size: int) -> list[int]:
@@ -86,9 +80,11 @@ def test_a_fresh_process_loads_the_index_from_disk_without_compiling(tmp_path, c
     assert seen["mask"] == row.tolist() and any(seen["mask"])
 
 
+@pytest.mark.parametrize("kind", ["schema", "regex"])
 def test_a_fresh_compiler_object_reads_the_disk_and_the_same_one_reads_memory(tmp_path,
-                                                                             vocabulary):
-    constraint = JsonSchemaConstraint.from_schema(SCHEMA)
+                                                                             vocabulary, kind):
+    constraint = JsonSchemaConstraint.from_schema(SCHEMA) if kind == "schema" \
+        else RegexConstraint(pattern="(?:get|set)_[a-z]{1,6}:[0-9]{1,3}")
     ConstraintCompiler(vocabulary, cache_dir=tmp_path).compile(constraint)
     again = ConstraintCompiler(vocabulary, cache_dir=tmp_path)
     first = again.compile(constraint)

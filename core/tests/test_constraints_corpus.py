@@ -19,7 +19,6 @@ import jsonschema
 import numpy as np
 import pytest
 from mlxcel.engine.constraints import ConstraintCompiler, TokenVocabulary, mask_words
-from mlxcel.model.tokenizer import Tokenizer
 from mlxcel.types.constraints import JsonSchemaConstraint
 
 CORPUS = json.loads((pathlib.Path(__file__).parent / "data" / "constraint_schemas.json")
@@ -47,14 +46,6 @@ def _date_time(value: str) -> bool:
     if head[4:] == "-02-29":
         value = "2024" + value[4:]
     return datetime.datetime.fromisoformat(value).tzinfo is not None
-
-
-@pytest.fixture(scope="module")
-def tokenizer(mlxcel_checkpoint_cache):
-    from mlxcel.testing.checkpoint import cached_checkpoint
-
-    path = cached_checkpoint("qwen3", cache_dir=mlxcel_checkpoint_cache, dtype="float32")
-    return Tokenizer.from_dir(path)
 
 
 @pytest.fixture(scope="module")

@@ -14,31 +14,13 @@ from mlxcel.engine.constraints import (
     MAX_SCHEMA_BYTES,
     ConstraintCompiler,
     OutlinesBackend,
-    TokenVocabulary,
 )
 from mlxcel.errors import ConstraintTooComplex, InvalidRequest, UnsupportedSchema
-from mlxcel.model.tokenizer import Tokenizer
 from mlxcel.types.constraints import JsonSchemaConstraint
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 EXPLANATION = ROOT / "docs" / "explanation" / "structured-output.md"
 MARKER = "zq_private_field_7731"  # must never show in an error message
-
-
-@pytest.fixture(scope="module")
-def vocabulary(mlxcel_checkpoint_cache):
-    from mlxcel.testing.checkpoint import cached_checkpoint
-
-    path = cached_checkpoint("qwen3", cache_dir=mlxcel_checkpoint_cache, dtype="float32")
-    return TokenVocabulary.from_tokenizer(Tokenizer.from_dir(path))
-
-
-@pytest.fixture(scope="module")
-def tokenizer(mlxcel_checkpoint_cache):
-    from mlxcel.testing.checkpoint import cached_checkpoint
-
-    path = cached_checkpoint("qwen3", cache_dir=mlxcel_checkpoint_cache, dtype="float32")
-    return Tokenizer.from_dir(path)
 
 
 def _nested(depth: int) -> dict:

@@ -9,7 +9,6 @@ import pytest
 from mlxcel.engine.constraints import CacheBudget, ConstraintCompiler, TokenVocabulary, mask_words
 from mlxcel.engine.constraints.limits import MAX_PATTERN_BYTES, MAX_REPEAT
 from mlxcel.errors import ConstraintTooComplex, UnsupportedSchema
-from mlxcel.model.tokenizer import Tokenizer
 from mlxcel.types.constraints import (
     MARKS,
     MAX_MARKERS,
@@ -24,19 +23,6 @@ SECRET = "zq_private_rule_5521"  # must never show in an error message
 # <tool_call> is an added token of the test tokenizer, [CALL] is not
 CALL = RegexConstraint(pattern=f"{mark(0)}(?:get|set)_[a-z]{{1,6}}:[0-9]{{1,3}}{mark(1)}",
                        markers=("<tool_call>", "</tool_call>"))
-
-
-@pytest.fixture(scope="module")
-def tokenizer(mlxcel_checkpoint_cache):
-    from mlxcel.testing.checkpoint import cached_checkpoint
-
-    path = cached_checkpoint("qwen3", cache_dir=mlxcel_checkpoint_cache, dtype="float32")
-    return Tokenizer.from_dir(path)
-
-
-@pytest.fixture(scope="module")
-def vocabulary(tokenizer):
-    return TokenVocabulary.from_tokenizer(tokenizer)
 
 
 def allowed(matcher, size: int) -> set[int]:
@@ -119,14 +105,6 @@ def test_a_wrapped_schema_writes_its_markers_as_their_tokens(tmp_path, tokenizer
     assert allowed(compiler.compile(wrapped).matcher(), vocabulary.size) == {open_id}
     assert open_id not in allowed(compiler.compile(plain).matcher(), vocabulary.size)
     assert wrapped.cache_text != plain.cache_text
-
-
-def test_the_disk_and_memory_caches_serve_a_regex(tmp_path, vocabulary):
-    ConstraintCompiler(vocabulary, cache_dir=tmp_path).compile(CALL)
-    again = ConstraintCompiler(vocabulary, cache_dir=tmp_path)
-    first = again.compile(CALL)
-    assert again.compile(CALL) is first
-    assert (again.stats.compiled, again.stats.disk_hits, again.stats.memory_hits) == (0, 1, 1)
 
 
 def test_markers_and_kinds_are_part_of_the_key(tmp_path, vocabulary):

@@ -24,14 +24,6 @@ CORPUS = ["the quick brown fox jumps over the lazy dog", "hello world, hello the
           "a schema is a description of the shape of data", "the end of the line"] * 4
 
 
-@pytest.fixture(scope="module")
-def tokenizer(mlxcel_checkpoint_cache):
-    from mlxcel.testing.checkpoint import cached_checkpoint
-
-    return Tokenizer.from_dir(cached_checkpoint("qwen3", cache_dir=mlxcel_checkpoint_cache,
-                                                dtype="float32"))
-
-
 def _lossy(raw: bytes) -> str:
     return raw.decode("utf-8", errors="replace")
 
