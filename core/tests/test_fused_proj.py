@@ -12,19 +12,7 @@ from mlxcel.engine.accel import fused_proj
 from mlxcel.engine.config import EngineConfig
 from mlxcel.errors import StartupError
 from mlxcel.options import build_parser
-
-SHAPE = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=96, num_attention_heads=4,
-             num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=300, rope_theta=10000.0,
-             tie_word_embeddings=False)
-
-
-def pair(module, args):
-    mx.random.seed(3)
-    a = module.Model(module.ModelArgs(**args))
-    b = module.Model(module.ModelArgs(**args))
-    b.update(a.parameters())
-    mx.eval(a.parameters(), b.parameters())
-    return a, b
+from twin_models import SHAPE, twin_models
 
 
 def size(model) -> int:
@@ -33,7 +21,7 @@ def size(model) -> int:
 
 @pytest.mark.parametrize("module,model_type", [(llama, "llama"), (qwen2, "qwen2")])
 def test_fused_model_gives_the_same_logits(module, model_type):
-    plain, fused = pair(module, {**SHAPE, "model_type": model_type})
+    plain, fused = twin_models(module, {**SHAPE, "model_type": model_type})
     before = size(fused)
     assert fused_proj.fuse(fused) == 2 * SHAPE["num_hidden_layers"]
     assert size(fused) == before  # the stacked weights replace the separate ones
@@ -46,7 +34,7 @@ def test_fused_model_gives_the_same_logits(module, model_type):
 
 
 def test_quantized_projections_fuse_too():
-    plain, fused = pair(llama, {**SHAPE, "model_type": "llama"})
+    plain, fused = twin_models(llama, {**SHAPE, "model_type": "llama"})
     for m in (plain, fused):
         nn.quantize(m, group_size=32, bits=4)
     assert fused_proj.fuse(fused) == 4

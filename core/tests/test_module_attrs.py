@@ -7,19 +7,14 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import llama
 from mlxcel.engine.accel import fused_proj, module_attrs
+from twin_models import SHAPE as TINY
+from twin_models import twin_models
 
-SHAPE = dict(model_type="llama", hidden_size=64, num_hidden_layers=2, intermediate_size=96,
-             num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=300,
-             rope_theta=10000.0, tie_word_embeddings=False)
+SHAPE = {**TINY, "model_type": "llama"}
 
 
 def pair():
-    mx.random.seed(3)
-    a = llama.Model(llama.ModelArgs(**SHAPE))
-    b = llama.Model(llama.ModelArgs(**SHAPE))
-    b.update(a.parameters())
-    mx.eval(a.parameters(), b.parameters())
-    return a, b
+    return twin_models(llama, SHAPE)
 
 
 def lookups(model, x, monkeypatch) -> int:
