@@ -20,21 +20,11 @@ from mlxcel.chat.prompt import pick_template_kwargs
 from mlxcel.chat.request import MAX_STOP_STRINGS, stop_strings
 from mlxcel.dialects.turn import TurnOptions
 from mlxcel.errors import InvalidRequest
-from mlxcel.types.messages import (
-    FunctionChoice,
-    ImagePart,
-    Message,
-    Part,
-    PromptRequest,
-    TextPart,
-    Tool,
-    ToolCall,
-    ToolChoice,
-)
+from mlxcel.types import messages as mt
 
 from .schemas import CountTokensRequest, InputMessage, MessagesRequest
 
-Recall = Callable[[Message], "str | None"]  # an assistant turn -> its remembered reasoning
+Recall = Callable[[mt.Message], "str | None"]  # an assistant turn -> its remembered reasoning
 THINKING_ON = ("enabled", "adaptive", "between_tools")
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed")
 
@@ -50,77 +40,77 @@ def _string(block: dict[str, Any], key: str, where: str) -> str:
     return value
 
 
-def _image(block: dict[str, Any], where: str) -> ImagePart:
+def _image(block: dict[str, Any], where: str) -> mt.ImagePart:
     """A ``base64`` or ``url`` image source as the client gave it (the chat layer decides
     whether the model takes images)."""
     source = block.get("source")
     kind = source.get("type") if isinstance(source, dict) else None
     if kind == "base64":
-        return ImagePart(data=_string(source, "data", f"{where}.source"),
-                         format=_string(source, "media_type", f"{where}.source"),
-                         wire_type="image")
+        return mt.ImagePart(data=_string(source, "data", f"{where}.source"),
+                            format=_string(source, "media_type", f"{where}.source"),
+                            wire_type="image")
     if kind == "url":
-        return ImagePart(url=_string(source, "url", f"{where}.source"), wire_type="image")
+        return mt.ImagePart(url=_string(source, "url", f"{where}.source"), wire_type="image")
     raise _bad(f"{where}.source must be a \"base64\" or \"url\" image source",
                f"{where}.source")
 
 
-def _part(block: Any, where: str, allowed: tuple[str, ...]) -> Part:
+def _part(block: Any, where: str, allowed: tuple[str, ...]) -> mt.Part:
     kind = block.get("type") if isinstance(block, dict) else None
     if kind not in allowed:
         kinds = " or ".join(f'"{kind}"' for kind in allowed)
         raise _bad(f"{where}.type must be {kinds}", f"{where}.type")
     if kind == "text":
-        return TextPart(text=_string(block, "text", where))
+        return mt.TextPart(text=_string(block, "text", where))
     return _image(block, where)
 
 
-def _tool_result(block: dict[str, Any], where: str) -> Message:
+def _tool_result(block: dict[str, Any], where: str) -> mt.Message:
     content = block.get("content", "")
     if isinstance(content, str):
-        parts: tuple[Part, ...] = (TextPart(text=content),)
+        parts: tuple[mt.Part, ...] = (mt.TextPart(text=content),)
     elif isinstance(content, list):
         parts = tuple(_part(b, f"{where}.content[{k}]", ("text", "image"))
                       for k, b in enumerate(content))
     else:
         raise _bad(f"{where}.content must be a string or a list of blocks", f"{where}.content")
-    return Message(role="tool", content=parts,
-                   tool_call_id=_string(block, "tool_use_id", where))
+    return mt.Message(role="tool", content=parts,
+                      tool_call_id=_string(block, "tool_use_id", where))
 
 
-def _user_turns(blocks: list[dict[str, Any]], where: str) -> list[Message]:
+def _user_turns(blocks: list[dict[str, Any]], where: str) -> list[mt.Message]:
     """A user turn's blocks in order: its text and images, split around each
     ``tool_result`` (a ``tool`` message of its own)."""
-    out: list[Message] = []
-    parts: list[Part] = []
+    out: list[mt.Message] = []
+    parts: list[mt.Part] = []
     for j, block in enumerate(blocks):
         at = f"{where}[{j}]"
         if isinstance(block, dict) and block.get("type") == "tool_result":
             if parts:
-                out.append(Message(role="user", content=tuple(parts)))
+                out.append(mt.Message(role="user", content=tuple(parts)))
                 parts = []
             out.append(_tool_result(block, at))
         else:
             parts.append(_part(block, at, ("text", "image", "tool_result")))
     if parts or not out:
-        out.append(Message(role="user", content=tuple(parts)))
+        out.append(mt.Message(role="user", content=tuple(parts)))
     return out
 
 
-def _tool_use(block: dict[str, Any], where: str) -> ToolCall:
+def _tool_use(block: dict[str, Any], where: str) -> mt.ToolCall:
     arguments = block.get("input", {})
     if not isinstance(arguments, dict):
         raise _bad(f"{where}.input must be an object", f"{where}.input")
     call_id = block.get("id")
-    return ToolCall(id=call_id if isinstance(call_id, str) else None,
-                    name=_string(block, "name", where), arguments=arguments)
+    return mt.ToolCall(id=call_id if isinstance(call_id, str) else None,
+                       name=_string(block, "name", where), arguments=arguments)
 
 
-def _assistant(blocks: list[dict[str, Any]], where: str) -> tuple[Message, bool]:
+def _assistant(blocks: list[dict[str, Any]], where: str) -> tuple[mt.Message, bool]:
     """The assistant turn, and whether it carried thinking (a ``thinking`` or an opaque
     ``redacted_thinking`` block, which is accepted and not rendered)."""
-    parts: list[Part] = []
-    calls: list[ToolCall] = []
+    parts: list[mt.Part] = []
+    calls: list[mt.ToolCall] = []
     reasoning: list[str] = []
     thought = False
     for j, block in enumerate(blocks):
@@ -135,8 +125,8 @@ def _assistant(blocks: list[dict[str, Any]], where: str) -> tuple[Message, bool]
         else:
             parts.append(_part(block, at, ("text", "tool_use", "thinking")))
     content = tuple(parts) if parts or not calls else None
-    return Message(role="assistant", content=content, tool_calls=tuple(calls) or None,
-                   reasoning="".join(reasoning) or None), thought
+    return mt.Message(role="assistant", content=content, tool_calls=tuple(calls) or None,
+                      reasoning="".join(reasoning) or None), thought
 
 
 def _system_text(value: str | list[dict[str, Any]], where: str) -> str:
@@ -146,16 +136,16 @@ def _system_text(value: str | list[dict[str, Any]], where: str) -> str:
                    for j, b in enumerate(value))
 
 
-def _joined(message: Message, text: str, before: bool) -> Message:
-    extra = TextPart(text=text + "\n\n" if before else "\n\n" + text)
+def _joined(message: mt.Message, text: str, before: bool) -> mt.Message:
+    extra = mt.TextPart(text=text + "\n\n" if before else "\n\n" + text)
     parts = (extra, *(message.content or ())) if before else (*(message.content or ()), extra)
     return msgspec.structs.replace(message, content=parts)
 
 
-def _fold_system(turns: list[Message | str]) -> list[Message]:
+def _fold_system(turns: list[mt.Message | str]) -> list[mt.Message]:
     """System text (``str`` items) joins the next user turn; without one before the next
     assistant turn, the user turn right before it (else it becomes a user turn)."""
-    out: list[Message] = []
+    out: list[mt.Message] = []
     pending: list[str] = []
 
     def attach() -> None:
@@ -163,7 +153,7 @@ def _fold_system(turns: list[Message | str]) -> list[Message]:
         if out and out[-1].role == "user":
             out[-1] = _joined(out[-1], text, before=False)
         else:
-            out.append(Message(role="user", content=(TextPart(text=text),)))
+            out.append(mt.Message(role="user", content=(mt.TextPart(text=text),)))
         pending.clear()
 
     for turn in turns:
@@ -181,8 +171,8 @@ def _fold_system(turns: list[Message | str]) -> list[Message]:
     return out
 
 
-def _turns(messages: list[InputMessage], recall: Recall | None) -> list[Message]:
-    turns: list[Message | str] = []
+def _turns(messages: list[InputMessage], recall: Recall | None) -> list[mt.Message]:
+    turns: list[mt.Message | str] = []
     for i, msg in enumerate(messages):
         where = f"messages[{i}].content"
         blocks = [{"type": "text", "text": msg.content}] if isinstance(msg.content, str) \
@@ -199,12 +189,12 @@ def _turns(messages: list[InputMessage], recall: Recall | None) -> list[Message]
     return _fold_system(turns)
 
 
-def _tools(tools: list[dict[str, Any]] | None) -> tuple[Tool, ...]:
+def _tools(tools: list[dict[str, Any]] | None) -> tuple[mt.Tool, ...]:
     """Client tools in the function shape templates read, keys in the order OpenAI's
     shape has them (name, description, parameters), so the same tools render the same
     prompt from every dialect; server tools (no ``input_schema``: hosted web search,
     code execution, ...) are dropped, since nothing here runs them."""
-    out: list[Tool] = []
+    out: list[mt.Tool] = []
     for i, tool in enumerate(tools or ()):
         where = f"tools[{i}]"
         if not isinstance(tool, dict):
@@ -219,11 +209,11 @@ def _tools(tools: list[dict[str, Any]] | None) -> tuple[Tool, ...]:
         if isinstance(tool.get("description"), str):
             fn["description"] = tool["description"]
         fn["parameters"] = schema
-        out.append(Tool(name=name, definition={"type": "function", "function": fn}))
+        out.append(mt.Tool(name=name, definition={"type": "function", "function": fn}))
     return tuple(out)
 
 
-def _tool_choice(value: dict[str, Any] | None) -> ToolChoice:
+def _tool_choice(value: dict[str, Any] | None) -> mt.ToolChoice:
     """``auto``, ``any`` (a call is required), ``tool`` (that one), ``none``;
     ``disable_parallel_tool_use`` is accepted."""
     kind = None if value is None else value.get("type")
@@ -234,7 +224,7 @@ def _tool_choice(value: dict[str, Any] | None) -> ToolChoice:
     if kind == "none":
         return "none"
     if kind == "tool":
-        return FunctionChoice(name=_string(value, "name", "tool_choice"))
+        return mt.FunctionChoice(name=_string(value, "name", "tool_choice"))
     raise _bad("tool_choice.type must be \"auto\", \"any\", \"tool\" or \"none\"",
                "tool_choice.type")
 
@@ -271,7 +261,7 @@ def _template_kwargs(body: CountTokensRequest) -> dict[str, Any]:
     return kwargs
 
 
-def prompt_request(body: CountTokensRequest, recall: Recall | None = None) -> PromptRequest:
+def prompt_request(body: CountTokensRequest, recall: Recall | None = None) -> mt.PromptRequest:
     """The typed request; ``recall`` gives back the reasoning of an assistant turn that
     was resent without its thinking block (the thinking memory)."""
     thinking_budget(body)  # refuse a bad ``thinking`` before rendering
@@ -280,15 +270,15 @@ def prompt_request(body: CountTokensRequest, recall: Recall | None = None) -> Pr
     messages = list(_turns(body.messages, recall))
     if body.system is not None:
         system = _system_text(body.system, "system")
-        messages.insert(0, Message(role="system", content=(TextPart(text=system),)))
+        messages.insert(0, mt.Message(role="system", content=(mt.TextPart(text=system),)))
     prefill = bool(messages) and messages[-1].role == "assistant"
     tools, choice = _tools(body.tools), _tool_choice(body.tool_choice)
     if choice == "required" and not tools:
         raise _bad("tool_choice \"any\" needs at least one tool with an input_schema in "
                    "'tools'", "tool_choice")
-    return PromptRequest(messages=tuple(messages), tools=tools, tool_choice=choice,
-                         template_kwargs=_template_kwargs(body),
-                         continue_final_message=prefill)
+    return mt.PromptRequest(messages=tuple(messages), tools=tools, tool_choice=choice,
+                            template_kwargs=_template_kwargs(body),
+                            continue_final_message=prefill)
 
 
 def turn_options(body: MessagesRequest) -> TurnOptions:
