@@ -6,6 +6,9 @@ path prefixes it owns. The kit holds what every dialect writes the same way:
 - ``register(dialect)``: the ``mlxcel_register_dialects`` hook implementation that adds
   it; a plugin module binds it to that name (``mlxcel_register_dialects =
   register(Dialect(...))``), so pluggy finds it like a hand-written hook.
+- ``GenerationFields``: the request fields the OpenAI-style and llama-server bodies share
+  under the same names (sampling, loop detection, reasoning budgets, structured output);
+  a dialect's request struct extends it, so the chat path reads them one way.
 - ``error_typer(table, default)``: an error's wire type from a table of core error
   classes, most specific first, so a dialect's error body names types by one rule.
 """
@@ -15,13 +18,46 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
+
 from mlxcel.dialects.api import Dialect
 from mlxcel.errors import MlxcelError
 from mlxcel.plugin_kit import adding
 
 ErrorTable = tuple[tuple[type[MlxcelError], str], ...]
 
-__all__ = ["Dialect", "ErrorTable", "error_typer", "register"]
+__all__ = ["Dialect", "ErrorTable", "GenerationFields", "error_typer", "register"]
+
+
+class GenerationFields(msgspec.Struct, kw_only=True):
+    """Generation fields that more than one wire shape spells the same (None: absent)."""
+
+    stream: bool = False
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    ignore_eos: bool = False
+    p_less: bool | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    dry_multiplier: float | None = None
+    dry_base: float | None = None
+    dry_allowed_length: int | None = None
+    dry_penalty_last_n: int | None = None
+    xtc_probability: float | None = None
+    xtc_threshold: float | None = None
+    max_pattern_size: int | None = None
+    min_pattern_size: int | None = None
+    min_count: int | None = None
+    cache_prompt: bool | None = None  # honoured by the prompt cache
+    thinking_budget_tokens: int | None = None  # chat.request.REASONING_BUDGET_ALIASES
+    reasoning_budget_tokens: int | None = None
+    thinking_budget: int | None = None
+    response_format: dict[str, Any] | None = None  # structured output (chat.structured)
 
 
 def register(*dialects: Dialect) -> Callable[[Any], None]:

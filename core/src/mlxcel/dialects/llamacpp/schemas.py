@@ -6,6 +6,8 @@ from typing import Any
 
 import msgspec
 
+from mlxcel.dialects.kit import GenerationFields
+
 
 class TokenizeRequest(msgspec.Struct, kw_only=True):
     content: str
@@ -16,46 +18,22 @@ class DetokenizeRequest(msgspec.Struct, kw_only=True):
     tokens: list[int]  # msgspec reads JSON integers as 64-bit
 
 
-class NativeFields(msgspec.Struct, kw_only=True):
+class NativeFields(GenerationFields, kw_only=True):
     """The generation fields ``/completion`` and ``/infill`` share, in llama-server's
     names. Fields llama-server has and this server ignores (``typical_p``, ``mirostat``,
     ``samplers``, ``n_keep``, ``id_slot``, ...) are tolerated like any unknown field; those
-    whose absence would change what the client gets are refused (``completion``)."""
+    whose absence would change what the client gets are refused (``completion``).
+    ``max_tokens`` (``GenerationFields``) is read when ``n_predict`` is absent, as
+    llama-server does; its ``response_format`` is refused unless it asks for nothing."""
 
     n_predict: int | None = None
-    max_tokens: int | None = None  # read when n_predict is absent, as llama-server does
-    stream: bool = False
-    temperature: float | None = None
-    top_k: int | None = None
-    top_p: float | None = None
-    min_p: float | None = None
-    p_less: bool | None = None
     repeat_penalty: float | None = None
     repeat_last_n: int | None = None
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
-    dry_multiplier: float | None = None
-    dry_base: float | None = None
-    dry_allowed_length: int | None = None
-    dry_penalty_last_n: int | None = None
     dry_sequence_breakers: list[str | int] | None = None
-    xtc_probability: float | None = None
-    xtc_threshold: float | None = None
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    ignore_eos: bool = False
     n_probs: int = 0
-    cache_prompt: bool | None = None
     return_tokens: bool = False
     timings_per_token: bool = False
-    max_pattern_size: int | None = None
-    min_pattern_size: int | None = None
-    min_count: int | None = None
-    thinking_budget_tokens: int | None = None
-    reasoning_budget_tokens: int | None = None
-    thinking_budget: int | None = None
     # refused unless they ask for nothing (see ``completion.refuse_unsupported``)
-    response_format: dict[str, Any] | None = None
     post_sampling_probs: bool = False
     grammar: str | None = None
     json_schema: Any = None

@@ -7,6 +7,8 @@ from typing import Any, Literal
 import msgspec
 from msgspec import UNSET, UnsetType
 
+from mlxcel.dialects.kit import GenerationFields
+
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 
 
@@ -23,41 +25,15 @@ class StreamOptions(msgspec.Struct, kw_only=True):
     include_usage: bool = False
 
 
-class SamplingFields(msgspec.Struct, kw_only=True):
+class SamplingFields(GenerationFields, kw_only=True):
     """Fields shared by chat completions and completions."""
 
     model: str | None = None
-    stream: bool = False
     stream_options: StreamOptions | None = None
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    seed: int | None = None
-    stop: str | list[str] | None = None
     n: int = 1
-    ignore_eos: bool = False
-    p_less: bool | None = None
     repetition_penalty: float | None = None
     repetition_context_size: int | None = None
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
-    dry_multiplier: float | None = None
-    dry_base: float | None = None
-    dry_allowed_length: int | None = None
-    dry_penalty_last_n: int | None = None
     dry_sequence_breakers: list[int] | None = None
-    xtc_probability: float | None = None
-    xtc_threshold: float | None = None
-    max_pattern_size: int | None = None
-    min_pattern_size: int | None = None
-    min_count: int | None = None
-    cache_prompt: bool | None = None  # honoured by the prompt cache
-    thinking_budget_tokens: int | None = None  # chat.request.REASONING_BUDGET_ALIASES
-    reasoning_budget_tokens: int | None = None
-    thinking_budget: int | None = None
-    response_format: dict[str, Any] | None = None  # structured output (chat.structured)
 
 
 class ChatCompletionRequest(SamplingFields, kw_only=True):
