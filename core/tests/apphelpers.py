@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 from litestar.testing import TestClient
 from mlxcel.app import create_app
 from mlxcel.settings import Settings
@@ -11,6 +13,14 @@ from mlxcel.testing.engine import wait_ready  # noqa: F401 (the tests import it 
 def make_client(checkpoint, **settings):
     app = create_app(Settings(model=str(checkpoint), alias="tiny", **settings))
     return TestClient(app, raise_server_exceptions=False)
+
+
+@contextmanager
+def ready_client(checkpoint, **settings):
+    """``make_client``, entered, once its engine is ready (a module fixture yields it)."""
+    with make_client(checkpoint, **settings) as client:
+        wait_ready(client)
+        yield client
 
 
 

@@ -6,7 +6,7 @@ entries and refuse a conversation past its budget."""
 from __future__ import annotations
 
 import pytest
-from apphelpers import make_client, wait_ready
+from apphelpers import make_client, ready_client, wait_ready
 from mlxcel.dialects.responses.routes import STORES
 from mlxcel.dialects.responses.store import TTLStore, size_of
 
@@ -99,9 +99,8 @@ def test_byte_budgets_drop_the_least_recently_used():
 
 @pytest.fixture(scope="module")
 def tight(tiny_checkpoint):
-    with make_client(tiny_checkpoint, parallel=1, conversation_store_max_bytes=4000,
-                     responses_store_max_bytes=3000) as c:
-        wait_ready(c)
+    with ready_client(tiny_checkpoint, parallel=1, conversation_store_max_bytes=4000,
+                      responses_store_max_bytes=3000) as c:
         yield c
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from apphelpers import make_client, wait_ready
+from apphelpers import make_client, ready_client, wait_ready
 from mlxcel.dialects.responses.routes import STORES
 from mlxcel.dialects.responses.store import TTLStore
 
@@ -132,9 +132,8 @@ def test_an_unknown_previous_response_is_400(client):
 
 @pytest.fixture(scope="module")
 def storeless(tiny_checkpoint):
-    with make_client(tiny_checkpoint, parallel=1, responses_store_max_entries=0,
-                     conversation_store_max_entries=0) as c:
-        wait_ready(c)
+    with ready_client(tiny_checkpoint, parallel=1, responses_store_max_entries=0,
+                      conversation_store_max_entries=0) as c:
         yield c
 
 
