@@ -18,7 +18,7 @@ import pytest
 from mlxcel.engine.config import EngineConfig
 from mlxcel.options import OPTIONS, build_parser
 from mlxcel.settings import Settings
-from mlxcel.testing.e2e import replace_between
+from mlxcel.testing.e2e import GeneratedBlock
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "core" / "src" / "mlxcel"
@@ -108,13 +108,11 @@ def twin_table() -> str:
     return "\n".join(["| variable | flag |", "|---|---|", *rows])
 
 
-def _rewrite(text: str) -> str:
-    return replace_between(text, _BEGIN, _END, twin_table())
+TWIN_TABLE = GeneratedBlock(ENV_MD, _BEGIN, _END, twin_table, "tests/test_config_path.py")
 
 
 def test_env_md_lists_every_twin_of_the_options_table():
-    text = ENV_MD.read_text(encoding="utf-8")
-    assert text == _rewrite(text), "run `python tests/test_config_path.py` to regenerate"
+    text = TWIN_TABLE.check()
     for name in (*TWINS, *INTERNAL):
         assert f"`{name}`" in text, name
 
@@ -202,7 +200,7 @@ def test_the_cli_refuses_a_bad_knob_without_importing_the_engine():
 
 
 if __name__ == "__main__":
-    ENV_MD.write_text(_rewrite(ENV_MD.read_text(encoding="utf-8")), encoding="utf-8")
+    TWIN_TABLE.write()
 
 
 def test_step_order_resolves_into_the_engine_policy(monkeypatch):

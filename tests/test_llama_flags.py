@@ -19,7 +19,7 @@ import pytest
 from mlxcel.engine.config import EngineConfig
 from mlxcel.options import IGNORED, OPTIONS, build_parser, canonical, ignored_notes
 from mlxcel.settings import Settings
-from mlxcel.testing.e2e import replace_between
+from mlxcel.testing.e2e import GeneratedBlock
 from mlxcel.testing.servers import MlxcelServer, server_exe
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -311,13 +311,12 @@ def ignored_table() -> str:
     return "\n".join(["| flag | env twin | why it changes nothing here |", "|---|---|---|", *rows])
 
 
-def _rewrite(text: str) -> str:
-    return replace_between(text, _BEGIN, _END, ignored_table())
+IGNORED_TABLE = GeneratedBlock(FLAGS_MD, _BEGIN, _END, ignored_table,
+                               "tests/test_llama_flags.py")
 
 
 def test_flags_md_lists_every_ignored_flag_and_why():
-    text = FLAGS_MD.read_text(encoding="utf-8")
-    assert text == _rewrite(text), "run `python tests/test_llama_flags.py` to regenerate"
+    IGNORED_TABLE.check()
 
 
 def test_flags_md_says_what_each_llama_server_flag_does_here():
@@ -333,4 +332,4 @@ def test_flags_md_says_what_each_llama_server_flag_does_here():
 
 
 if __name__ == "__main__":
-    FLAGS_MD.write_text(_rewrite(FLAGS_MD.read_text(encoding="utf-8")), encoding="utf-8")
+    IGNORED_TABLE.write()

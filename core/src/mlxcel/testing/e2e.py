@@ -4,14 +4,16 @@
 client of it, stopped when the ``with`` ends, for a fixture that only talks HTTP.
 ``replace_between(text, begin, end, body)``: ``text`` with what stands between two marker
 lines replaced, for a test that checks a generated table in a doc is current (and
-rewrites it when run as a script).
+rewrites it when run as a script); ``GeneratedBlock`` is that check and rewrite for one
+file.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from pathlib import Path
+from typing import Any, NamedTuple
 
 from mlxcel.testing.servers import MlxcelServer
 
@@ -34,3 +36,26 @@ def replace_between(text: str, begin: str, end: str, body: str) -> str:
     head, rest = text.split(begin, 1)
     _, tail = rest.split(end, 1)
     return f"{head}{begin}\n{body}\n{end}{tail}"
+
+
+class GeneratedBlock(NamedTuple):
+    """A block of ``path`` between ``begin`` and ``end`` that ``build()`` generates (a doc
+    table from a code table); ``script`` regenerates it when run."""
+
+    path: Path
+    begin: str
+    end: str
+    build: Callable[[], str]
+    script: str
+
+    def check(self) -> str:
+        """The file's text, after asserting that its block is what ``build()`` gives."""
+        text = self.path.read_text(encoding="utf-8")
+        assert text == replace_between(text, self.begin, self.end, self.build()), \
+            f"run `python {self.script}` to regenerate {self.path.name}"
+        return text
+
+    def write(self) -> None:
+        text = self.path.read_text(encoding="utf-8")
+        self.path.write_text(replace_between(text, self.begin, self.end, self.build()),
+                             encoding="utf-8")
