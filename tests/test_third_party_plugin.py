@@ -250,12 +250,15 @@ def test_duplicate_model_type_fails_naming_both_owners(sites) -> None:
     assert infos["family-text"]["status"] == "loaded"
 
 
+def _flag_and_env(site: Path, flag: str, env: str, value: str) -> list[dict[str, dict]]:
+    """The plugin listing with ``value`` given once as ``flag`` and once as ``env``."""
+    return [_infos(_cli([site], "--json", flag, value)),
+            _infos(_cli([site], "--json", **{env: value}))]
+
+
 def test_disable_plugins_flag_and_env(sites) -> None:
-    for proc in (
-        _cli([sites["acme"]], "--json", "--disable-plugins", "toolcall-acme"),
-        _cli([sites["acme"]], "--json", MLXCEL_DISABLE_PLUGINS="toolcall-acme"),
-    ):
-        infos = _infos(proc)
+    for infos in _flag_and_env(sites["acme"], "--disable-plugins", "MLXCEL_DISABLE_PLUGINS",
+                               "toolcall-acme"):
         assert infos["toolcall-acme"]["status"] == "disabled"
         assert infos["toolcall-acme"]["registers"] == {}
         for name in BUILTINS:
@@ -263,11 +266,7 @@ def test_disable_plugins_flag_and_env(sites) -> None:
 
 
 def test_allow_list_loads_only_the_named_plugin(sites) -> None:
-    for proc in (
-        _cli([sites["acme"]], "--json", "--plugins", "dialect-openai"),
-        _cli([sites["acme"]], "--json", MLXCEL_PLUGINS="dialect-openai"),
-    ):
-        infos = _infos(proc)
+    for infos in _flag_and_env(sites["acme"], "--plugins", "MLXCEL_PLUGINS", "dialect-openai"):
         assert infos["dialect-openai"]["status"] == "loaded"
         assert infos["dialect-openai"]["registers"] == {"dialects": ["openai"]}
         others = {n: i["status"] for n, i in infos.items() if n != "dialect-openai"}
