@@ -3,7 +3,6 @@ answer's calls), stop reasons, the error table, and a failing engine's error eve
 
 from __future__ import annotations
 
-import mlx.core as mx
 import pytest
 from anthropic_helpers import USER, accumulate, events
 from apphelpers import make_client, wait_ready
@@ -11,6 +10,7 @@ from mlxcel import errors as e
 from mlxcel import types as mt
 from mlxcel.dialects.anthropic.errors import error_body
 from mlxcel.dialects.anthropic.stream import MessageEncoder, stop_reason
+from mlxcel.testing.faults import raise_on_marker
 from mlxcel.types.toolcalls import ParsedCall
 
 USAGE = mt.Usage(prompt_tokens=10, completion_tokens=5, cached_tokens=4)
@@ -109,16 +109,8 @@ def failing(tiny_checkpoint):
     """An app whose model raises on a prefill that holds the marker token."""
     with make_client(tiny_checkpoint, parallel=1) as c:
         wait_ready(c)
-        ckpt = c.app.state["ctx"].engine.checkpoint
-        marker = ckpt.tokenizer.hf.token_to_id(MARKER)
-        base = type(ckpt.model)
-
-        def call(self, inputs, *args, **kwargs):
-            if inputs.ndim == 2 and inputs.shape[1] > 1 and mx.any(inputs == marker).item():
-                raise RuntimeError("marker reached the model")
-            return base.__call__(self, inputs, *args, **kwargs)
-
-        ckpt.model.__class__ = type("Failing" + base.__name__, (base,), {"__call__": call})
+        raise_on_marker(c.app.state["ctx"].engine.checkpoint, MARKER,
+                        lambda: RuntimeError("marker reached the model"))
         yield c
 
 

@@ -51,8 +51,8 @@ def test_killing_the_engine_mid_stream_ends_streams_and_the_server(start_server)
 
 DEATH = '''
 """Test-only: the served model kills the engine thread on a prefill holding the marker."""
-import mlx.core as mx
 import mlxcel.model.loader as loader
+from mlxcel.testing.faults import raise_on_marker
 
 _load = loader.load_checkpoint
 
@@ -63,15 +63,7 @@ class EngineDeath(BaseException):
 
 def load_checkpoint(*args, **kwargs):
     ckpt = _load(*args, **kwargs)
-    marker = ckpt.tokenizer.hf.token_to_id("<tool_call>")
-    base = type(ckpt.model)
-
-    def __call__(self, inputs, *a, **k):
-        if inputs.ndim == 2 and inputs.shape[1] > 1 and mx.any(inputs == marker).item():
-            raise EngineDeath("the engine thread was killed")
-        return base.__call__(self, inputs, *a, **k)
-
-    ckpt.model.__class__ = type("Dying" + base.__name__, (base,), {"__call__": __call__})
+    raise_on_marker(ckpt, "<tool_call>", lambda: EngineDeath("the engine thread was killed"))
     return ckpt
 
 
