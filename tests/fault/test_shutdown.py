@@ -51,12 +51,20 @@ def exit_seconds(proc: subprocess.Popen, since: float, limit: float) -> tuple[in
     return code, time.time() - since
 
 
-def test_sigterm_waits_at_most_the_shutdown_timeout(start_server):
-    server = start_server("--shutdown-timeout", "2", "--n-predict", str(LONG))
-    stream = Stream(server.base_url, LONG)
-    stream.wait_tokens(20)
+def terminated_while_streaming(start_server, grace: str, max_tokens: int = LONG,
+                               tokens: int = 20) -> tuple:
+    """A server with ``--shutdown-timeout grace`` streaming ``max_tokens``, sent SIGTERM
+    once ``tokens`` have arrived: the server, the stream and when the signal went."""
+    server = start_server("--shutdown-timeout", grace, "--n-predict", str(max_tokens))
+    stream = Stream(server.base_url, max_tokens)
+    stream.wait_tokens(tokens)
     sent = time.time()
     server.proc.send_signal(signal.SIGTERM)
+    return server, stream, sent
+
+
+def test_sigterm_waits_at_most_the_shutdown_timeout(start_server):
+    server, stream, sent = terminated_while_streaming(start_server, "2")
     code, seconds = exit_seconds(server.proc, sent, 2 + 5)
     print(f"exited {code} {seconds:.2f}s after SIGTERM")
     assert code == 0 and seconds >= 0.9  # the stream ran on until just before the limit
@@ -71,11 +79,7 @@ def test_sigterm_waits_at_most_the_shutdown_timeout(start_server):
 
 
 def test_a_second_signal_exits_at_once(start_server):
-    server = start_server("--shutdown-timeout", "60", "--n-predict", str(LONG))
-    stream = Stream(server.base_url, LONG)
-    stream.wait_tokens(20)
-    sent = time.time()
-    server.proc.send_signal(signal.SIGTERM)
+    server, stream, sent = terminated_while_streaming(start_server, "60")
     time.sleep(0.5)
     server.proc.send_signal(signal.SIGTERM)
     code, seconds = exit_seconds(server.proc, sent, 3)
@@ -84,11 +88,7 @@ def test_a_second_signal_exits_at_once(start_server):
 
 
 def test_a_running_request_finishes_during_the_drain(start_server):
-    server = start_server("--shutdown-timeout", "60")
-    stream = Stream(server.base_url, 1500)
-    stream.wait_tokens(5)
-    sent = time.time()
-    server.proc.send_signal(signal.SIGTERM)
+    server, stream, sent = terminated_while_streaming(start_server, "60", 1500, tokens=5)
     code, seconds = exit_seconds(server.proc, sent, 30)
     print(f"exited {code} {seconds:.2f}s after SIGTERM")
     stream.join(10)
