@@ -211,16 +211,25 @@ def _drive(app, scope, receive, send, limit: float) -> list[str]:
     return asyncio.run(run())
 
 
-def test_body_timeout_answers_408():
-    app = guarded(body_timeout=0.3)
-    sent: list[dict] = []
-    calls = iter([{"type": "http.request", "body": b"{", "more_body": True}])
+def _then_hang(*messages: dict):
+    """An ASGI ``receive`` that gives ``messages`` and then never returns: a client that
+    sends no more and does not disconnect."""
+    calls = iter(messages)
 
     async def receive():
         try:
             return next(calls)
         except StopIteration:
-            await asyncio.sleep(3600)  # the rest of the body never comes
+            await asyncio.sleep(3600)
+
+    return receive
+
+
+def test_body_timeout_answers_408():
+    app = guarded(body_timeout=0.3)
+    sent: list[dict] = []
+    # the rest of the body never comes
+    receive = _then_hang({"type": "http.request", "body": b"{", "more_body": True})
 
     async def send(message):
         sent.append(message)
@@ -254,13 +263,8 @@ def test_write_timeout_ends_stream_and_closes_generator(capsys):
     closed.clear()
     sent: list[dict] = []
 
-    calls = iter([{"type": "http.request", "body": b"", "more_body": False}])
-
-    async def receive():
-        try:
-            return next(calls)
-        except StopIteration:
-            await asyncio.sleep(3600)  # the client neither reads nor disconnects
+    # the client neither reads nor disconnects
+    receive = _then_hang({"type": "http.request", "body": b"", "more_body": False})
 
     async def send(message):
         sent.append(message)
