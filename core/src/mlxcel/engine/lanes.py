@@ -4,8 +4,10 @@ or an image) run on an engine thread between decode steps.
 Each task has its own bounded queue (``LaneLimits.depth`` jobs, else ``Overloaded``: 503)
 and timeout (``RequestTimedOut``: 504). Jobs of one task with equal ``key`` are batched
 together, up to ``batch_items`` items per run, so requests that arrive together share one
-forward; tasks take turns, and the decode loop runs one batch per step, so a flood of side
-jobs never holds running streams for more than one batch.
+forward; tasks take turns. While streams decode, side jobs get at most ``SIDE_SHARE`` of the
+engine thread's time (``run_due``): after a batch that took t seconds the next waits
+t * (1 - share) / share, so a flood of embeddings stretches decoding by a bounded factor,
+and runs back to back once nothing decodes.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import structlog
 from mlxcel.errors import GenerationFailed, MlxcelError, Overloaded, RequestTimedOut
 
 log = structlog.get_logger("mlxcel.engine.lanes")
+SIDE_SHARE = 0.1  # of the engine thread's time while streams decode
 
 
 class LaneLimits(msgspec.Struct, frozen=True, kw_only=True):
@@ -83,6 +86,8 @@ class JobLane:
         self._limits: dict[str, LaneLimits] = {}
         self.batches_run = 0
         self.closed: str | None = None  # why the lane takes no more jobs
+        self.share = SIDE_SHARE
+        self._next_turn = 0.0  # while decoding, no batch before this (perf_counter)
 
     def pending(self) -> bool:
         return any(self._queues.values())
@@ -158,6 +163,17 @@ class JobLane:
         for job in jobs:
             self._open[job.task] -= 1
             job._settle(None, RequestTimedOut(f"the {job.task} request timed out"))
+
+    def run_due(self, decoding: bool) -> bool:
+        """``run_one`` when side jobs are due: always when nothing decodes, else once their
+        share of the time since the last batch allows; True when one ran."""
+        if not self.pending() or (decoding and time.perf_counter() < self._next_turn):
+            return False
+        started = time.perf_counter()
+        ran = self.run_one()
+        spent = time.perf_counter() - started
+        self._next_turn = started + spent / self.share if decoding else 0.0
+        return ran
 
     def run_one(self) -> bool:
         """Run one batch, if any is queued; True when one ran. An exception from ``fn``

@@ -225,15 +225,15 @@ class EngineWorker(EngineSetup, Admission, threading.Thread):
 
     def step(self) -> None:
         """One loop of the engine thread: take what arrived (waiting for it when idle),
-        plan, execute, then run at most one batch of side jobs, so a flood of them delays
-        running streams by one batch per step at most."""
+        plan, execute, then at most one batch of side jobs, within their share of the
+        time while streams decode (``JobLane.run_due``)."""
         busy = bool(self.batch or self.prefilling or self.prefilled or self.waiting
                     or self.lane.pending())
         arrived = self._drain(block=not busy)
         self.trace.begin()
         self.trace.note(arrived=arrived, waiting=len(self.waiting))
         self.execute(self._plan())
-        if self.lane.run_one():
+        if self.lane.run_due(decoding=bool(self.batch or self.prefilling or self.prefilled)):
             self.buffers.dirty = True
 
     def execute(self, plan: Plan) -> None:
