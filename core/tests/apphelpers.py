@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
+import pytest
 from litestar.testing import TestClient
 from mlxcel.app import create_app
 from mlxcel.settings import Settings
@@ -13,6 +14,17 @@ from mlxcel.testing.engine import wait_ready  # noqa: F401 (the tests import it 
 def make_client(checkpoint, **settings):
     app = create_app(Settings(model=str(checkpoint), alias="tiny", **settings))
     return TestClient(app, raise_server_exceptions=False)
+
+
+def client_fixture(**settings):
+    """A module-scoped fixture: an app on the tiny checkpoint with ``settings``, ready."""
+
+    @pytest.fixture(scope="module")
+    def fixture(tiny_checkpoint):
+        with ready_client(tiny_checkpoint, **settings) as client:
+            yield client
+
+    return fixture
 
 
 @contextmanager

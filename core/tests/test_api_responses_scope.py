@@ -6,7 +6,7 @@ entries and refuse a conversation past its budget."""
 from __future__ import annotations
 
 import pytest
-from apphelpers import make_client, ready_client, wait_ready
+from apphelpers import client_fixture, make_client, wait_ready
 from mlxcel.dialects.responses.routes import STORES
 from mlxcel.dialects.responses.store import TTLStore, size_of
 
@@ -97,11 +97,8 @@ def test_byte_budgets_drop_the_least_recently_used():
     assert store.delete("b") and store.bytes == 12
 
 
-@pytest.fixture(scope="module")
-def tight(tiny_checkpoint):
-    with ready_client(tiny_checkpoint, parallel=1, conversation_store_max_bytes=4000,
-                      responses_store_max_bytes=3000) as c:
-        yield c
+tight = client_fixture(parallel=1, conversation_store_max_bytes=4000,
+                       responses_store_max_bytes=3000)
 
 
 def test_a_conversation_past_its_budget_is_400(tight):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from apphelpers import make_client, ready_client, wait_ready
+from apphelpers import client_fixture, make_client, wait_ready
 from mlxcel.dialects.responses.routes import STORES
 from mlxcel.dialects.responses.store import TTLStore
 
@@ -130,11 +130,8 @@ def test_an_unknown_previous_response_is_400(client):
     assert error["code"] == "previous_response_not_found"
 
 
-@pytest.fixture(scope="module")
-def storeless(tiny_checkpoint):
-    with ready_client(tiny_checkpoint, parallel=1, responses_store_max_entries=0,
-                      conversation_store_max_entries=0) as c:
-        yield c
+storeless = client_fixture(parallel=1, responses_store_max_entries=0,
+                           conversation_store_max_entries=0)
 
 
 def test_size_0_turns_storing_off_and_its_routes_are_400(storeless):
