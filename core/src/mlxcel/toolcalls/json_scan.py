@@ -11,6 +11,8 @@ spelling kept), which the spec asks of every JSON body.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from typing import Any
 
 import msgspec
 
@@ -78,6 +80,18 @@ class JsonExtent:
         return n
 
 
+def _after_space(step: Callable[..., int | None]) -> Callable[..., int | None]:
+    """A ``CallObject`` step that begins at the next character that is not whitespace;
+    None (wait for more text) while there is none."""
+
+    def run(self: Any, text: str, i: int) -> int | None:
+        while i < len(text) and text[i] in WHITESPACE:
+            i += 1
+        return step(self, text, i) if i < len(text) else None
+
+    return run
+
+
 class CallObject:
     """One call object, ``{"name": "f", "arguments": {...}}``, read as it grows.
 
@@ -126,21 +140,14 @@ class CallObject:
         self.error = message
         return i
 
-    def _skip(self, text: str, i: int) -> int | None:
-        while i < len(text) and text[i] in WHITESPACE:
-            i += 1
-        return i if i < len(text) else None
-
     def _open(self, text: str, i: int) -> int | None:
         if text[i] != "{":
             return self._fail("a call is not a JSON object", i)
         self._step = self._key_start
         return i + 1
 
+    @_after_space
     def _key_start(self, text: str, i: int) -> int | None:
-        i = self._skip(text, i)
-        if i is None:
-            return None
         if text[i] == "}":
             return self._close(text, i + 1)
         if text[i] != '"':
@@ -162,19 +169,15 @@ class CallObject:
         self._step = self._colon
         return self._value.end
 
+    @_after_space
     def _colon(self, text: str, i: int) -> int | None:
-        i = self._skip(text, i)
-        if i is None:
-            return None
         if text[i] != ":":
             return self._fail("a key of the call object has no value", i)
         self._step = self._value_start
         return i + 1
 
+    @_after_space
     def _value_start(self, text: str, i: int) -> int | None:
-        i = self._skip(text, i)
-        if i is None:
-            return None
         self._vstart = self._sent = i
         self._value, self._step = JsonExtent(text[i]), self._value_body
         if self._key in self.keys[1]:
@@ -218,10 +221,8 @@ class CallObject:
                 return self._fail("the call's arguments are not an object", i)
         return i
 
+    @_after_space
     def _next(self, text: str, i: int) -> int | None:
-        i = self._skip(text, i)
-        if i is None:
-            return None
         if text[i] == ",":
             self._step = self._key_start
             return i + 1
