@@ -32,32 +32,40 @@ __all__ = ["Dialect", "ErrorTable", "GenerationFields", "error_typer", "register
 class GenerationFields(msgspec.Struct, kw_only=True):
     """Generation fields that more than one wire shape spells the same (None: absent)."""
 
+    # length and stopping
     stream: bool = False
     max_tokens: int | None = None
+    stop: str | list[str] | None = None
+    ignore_eos: bool = False
+    # sampling
     temperature: float | None = None
     top_k: int | None = None
     top_p: float | None = None
     min_p: float | None = None
     seed: int | None = None
-    stop: str | list[str] | None = None
-    ignore_eos: bool = False
-    p_less: bool | None = None
+    # penalties on what the answer already holds
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
+    # DRY: penalise extending a sequence that repeats
     dry_multiplier: float | None = None
     dry_base: float | None = None
     dry_allowed_length: int | None = None
     dry_penalty_last_n: int | None = None
+    # candidates left out: P-less decoding, XTC (exclude top choices)
+    p_less: bool | None = None
     xtc_probability: float | None = None
     xtc_threshold: float | None = None
+    # loop detection
     max_pattern_size: int | None = None
     min_pattern_size: int | None = None
     min_count: int | None = None
-    cache_prompt: bool | None = None  # honoured by the prompt cache
-    thinking_budget_tokens: int | None = None  # chat.request.REASONING_BUDGET_ALIASES
+    # the prompt cache, reasoning budgets (chat.request.REASONING_BUDGET_ALIASES), and
+    # structured output (chat.structured)
+    cache_prompt: bool | None = None
+    thinking_budget_tokens: int | None = None
     reasoning_budget_tokens: int | None = None
     thinking_budget: int | None = None
-    response_format: dict[str, Any] | None = None  # structured output (chat.structured)
+    response_format: dict[str, Any] | None = None
 
 
 def register(*dialects: Dialect) -> Callable[[Any], None]:
