@@ -24,15 +24,7 @@ from typing import Any
 
 import msgspec
 
-from mlxcel.types import (
-    ContentDelta,
-    Delta,
-    Finish,
-    ReasoningDelta,
-    ToolCallArguments,
-    ToolCallEnd,
-    ToolCallStart,
-)
+from mlxcel import types as mt
 from mlxcel.types.toolcalls import ParsedCall
 
 Event = dict[str, Any]
@@ -71,19 +63,19 @@ class Blocks:
         self._calls: dict[int, int] = {}  # call index -> block index
         self._args: dict[int, str] = {}  # block index -> the call's argument text
 
-    def add(self, delta: Delta) -> list[Event]:
+    def add(self, delta: mt.Delta) -> list[Event]:
         """The events one delta makes (a ``Finish`` closes the answer's blocks)."""
-        if isinstance(delta, ContentDelta):
+        if isinstance(delta, mt.ContentDelta):
             return self._text("text", delta.text)
-        if isinstance(delta, ReasoningDelta):
+        if isinstance(delta, mt.ReasoningDelta):
             return self._text("thinking", delta.text)
-        if isinstance(delta, ToolCallStart):
+        if isinstance(delta, mt.ToolCallStart):
             return self._start_call(delta.id, delta.name, delta.index)
-        if isinstance(delta, ToolCallArguments):
+        if isinstance(delta, mt.ToolCallArguments):
             return self._arguments(delta.index, delta.text)
-        if isinstance(delta, ToolCallEnd):
+        if isinstance(delta, mt.ToolCallEnd):
             return self._close() if self._calls.get(delta.index) == self._open else []
-        if isinstance(delta, Finish):
+        if isinstance(delta, mt.Finish):
             return self._finish(delta)
         return []
 
@@ -149,7 +141,7 @@ class Blocks:
             return []
         return [self._delta(index, text)]
 
-    def _finish(self, finish: Finish) -> list[Event]:
+    def _finish(self, finish: mt.Finish) -> list[Event]:
         events = self._close()
         if finish.ok:
             events += self._authoritative(finish.calls)

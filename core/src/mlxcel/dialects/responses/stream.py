@@ -22,17 +22,8 @@ from typing import Any
 
 import msgspec
 
+from mlxcel import types as mt
 from mlxcel.chat.answer import Answer, failure
-from mlxcel.types import (
-    ContentDelta,
-    Delta,
-    Finish,
-    ReasoningDelta,
-    ToolCallArguments,
-    ToolCallEnd,
-    ToolCallStart,
-    Usage,
-)
 
 from . import schemas as s
 
@@ -46,7 +37,7 @@ def frame(event: Event) -> bytes:
     return b"event: " + event["type"].encode() + b"\ndata: " + _encoder.encode(event) + b"\n\n"
 
 
-def wire_usage(u: Usage, reasoning_tokens: int = 0) -> s.Usage:
+def wire_usage(u: mt.Usage, reasoning_tokens: int = 0) -> s.Usage:
     """Usage in the Responses shape; ``reasoning_tokens`` are the reasoning text's tokens
     (re-encoded: the engine counts the answer's tokens, not where each one went)."""
     return s.Usage(input_tokens=u.prompt_tokens, output_tokens=u.completion_tokens,
@@ -63,7 +54,7 @@ def item_id(kind: str) -> str:
 class _Open:
     """The item being streamed."""
 
-    def __init__(self, kind: str, index: int, call: ToolCallStart | None = None) -> None:
+    def __init__(self, kind: str, index: int, call: mt.ToolCallStart | None = None) -> None:
         self.kind, self.index, self.call = kind, index, call
         self.id, self.text = item_id(kind), ""
 
@@ -120,19 +111,19 @@ class ResponseBuilder:
                 self.event("response.output_item.done", output_index=index, item=item)]
 
     # -- deltas --------------------------------------------------------------------------
-    def feed(self, delta: Delta) -> list[Event]:
-        if isinstance(delta, ContentDelta):
+    def feed(self, delta: mt.Delta) -> list[Event]:
+        if isinstance(delta, mt.ContentDelta):
             return self._text("message", delta.text)
-        if isinstance(delta, ReasoningDelta):
+        if isinstance(delta, mt.ReasoningDelta):
             self._reasoning += delta.text
             return self._text("reasoning", delta.text)
-        if isinstance(delta, ToolCallStart):
+        if isinstance(delta, mt.ToolCallStart):
             self._held = ("", "")
             return [*self._close("completed"), *self._begin("function_call", delta)]
-        if isinstance(delta, ToolCallArguments):
+        if isinstance(delta, mt.ToolCallArguments):
             is_open = self._open is not None and self._open.kind == "function_call"
             return self._append(delta.text) if is_open else []
-        if isinstance(delta, ToolCallEnd):
+        if isinstance(delta, mt.ToolCallEnd):
             return self._close("completed")
         return self.finish(delta)
 
@@ -147,7 +138,7 @@ class ResponseBuilder:
         self._held = ("", "")
         return [*self._close("completed"), *self._begin(kind), *self._append(text)]
 
-    def _begin(self, kind: str, call: ToolCallStart | None = None) -> list[Event]:
+    def _begin(self, kind: str, call: mt.ToolCallStart | None = None) -> list[Event]:
         self._open = opened = _Open(kind, len(self.output), call)
         self._answer_items += 1
         self.output.append(opened.item("in_progress"))
@@ -194,7 +185,7 @@ class ResponseBuilder:
         return out
 
     # -- the end -------------------------------------------------------------------------
-    def finish(self, finish: Finish) -> list[Event]:
+    def finish(self, finish: mt.Finish) -> list[Event]:
         if not finish.ok:
             error = {"code": "server_error", "message": failure(finish)}
             return [self.event("response.failed", response=self.snapshot("failed",
@@ -211,7 +202,7 @@ class ResponseBuilder:
             else {"completed_at": int(time.time())}))
         return out + [self.event(f"response.{status}", response=self.final)]
 
-    def _usage(self, finish: Finish) -> s.Usage:
+    def _usage(self, finish: mt.Finish) -> s.Usage:
         assert finish.usage is not None
         reasoning = self.reasoning_tokens(self._reasoning) if self._reasoning else 0
         return wire_usage(finish.usage, reasoning)
@@ -220,11 +211,12 @@ class ResponseBuilder:
         """The response of a whole answer (its deltas in the order reasoning, content,
         calls)."""
         assert answer.finish is not None
-        deltas: list[Delta] = [ReasoningDelta(text=answer.reasoning),
-                               ContentDelta(text=answer.content)]
+        deltas: list[mt.Delta] = [mt.ReasoningDelta(text=answer.reasoning),
+                                  mt.ContentDelta(text=answer.content)]
         for i, call in enumerate(answer.calls):
-            deltas += [ToolCallStart(index=i, id=call.id, name=call.name),
-                       ToolCallArguments(index=i, text=call.arguments), ToolCallEnd(index=i)]
+            deltas += [mt.ToolCallStart(index=i, id=call.id, name=call.name),
+                       mt.ToolCallArguments(index=i, text=call.arguments),
+                       mt.ToolCallEnd(index=i)]
         for delta in [*deltas, answer.finish]:
             self.feed(delta)
         assert self.final is not None
@@ -242,7 +234,7 @@ class SSEEncoder:
     def first(self) -> bytes | None:
         return None if self.started else b"".join(frame(e) for e in self.builder.start())
 
-    def encode(self, deltas: list[Delta]) -> list[bytes]:
+    def encode(self, deltas: list[mt.Delta]) -> list[bytes]:
         out = [frame(e) for d in deltas for e in self.builder.feed(d)]
         if self.builder.final is not None and self.on_done is not None:
             self.on_done(self.builder.final)
