@@ -150,7 +150,7 @@ class StreamParser(JsonBodies):
         self.end_call()
 
     def fail(self, message: str, raw: str) -> None:
-        """A broken call: the open one ends, and its markup comes back in a ev.CallError
+        """A broken call: the open one ends, and its markup comes back in a ``CallError``
         that names it."""
         broken = self._open_call
         if broken is not None:
@@ -227,7 +227,7 @@ class StreamParser(JsonBodies):
         return self.eof() if self.final else False
 
     def eof(self) -> bool:
-        """The answer ended: a tentative call is content, any other markup a ev.CallError."""
+        """The answer ended: a tentative call is content, any other markup a ``CallError``."""
         if self.tentative or self.mark < 0:
             self.text(self.buf[self.mark if self.tentative and self.mark >= 0 else self.pos:])
         else:
