@@ -8,12 +8,24 @@ that follows the body. The text, the position and the events are the parser's ow
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from mlxcel.toolcalls.json_scan import CallObject, JsonExtent, json_object
 
 MORE, DONE, BROKEN, ABORT = range(4)
 ENDS_INSIDE = "the answer ends inside a tool call"
+
+
+def next_char(state: Callable[[Any, str], bool]) -> Callable[[Any], bool]:
+    """A ``StreamParser`` state that decides on the next character after whitespace
+    (``state(self, c)``); it waits (``wait()``) while the text has none yet."""
+
+    def run(self: Any) -> bool:
+        c = self.peek()
+        return self.wait() if c is None else state(self, c)
+
+    return run
 
 
 class JsonBodies:
@@ -91,10 +103,8 @@ class JsonBodies:
             return True
         return self.abort() if r == ABORT else self.broken(self.why)
 
-    def _list_item(self) -> bool:
-        c = self.peek()
-        if c is None:
-            return self.wait()
+    @next_char
+    def _list_item(self, c: str) -> bool:
         if c == "{":
             self._begin(self.tentative and self._first)
             self.state = self._list_object

@@ -15,7 +15,8 @@ every format needs, so a format module only says what its markup means:
   markup between fixed markers; the format gives only ``decode(body) -> Decoded``
   (raising ``MarkupError`` where the body does not decode).
 - ``StreamParser``: the base of the JSON-body formats (a call object, a list of them, or
-  bare arguments, streamed as their text grows).
+  bare arguments, streamed as their text grows); ``@next_char`` makes a state of one
+  that decides on the next character after whitespace, waiting while there is none.
 - ``call_events``: the three events of one whole call, for a parser that keeps its own
   bookkeeping; ``calls_from(events)``: the calls a list of events announces.
 - The event and result types of ``mlxcel.types.toolcalls``, so one import serves.
@@ -36,6 +37,7 @@ from typing import Any
 from mlxcel.plugin_kit import adding
 from mlxcel.text import first_of, partial_suffix
 from mlxcel.toolcalls.api import ToolFormat
+from mlxcel.toolcalls.json_bodies import next_char
 from mlxcel.toolcalls.json_stream import NAME, StreamParser
 from mlxcel.toolcalls.markup_stream import (
     BlockParser,
@@ -56,7 +58,7 @@ ToolEvent, ToolText = _events.ToolEvent, _events.ToolText
 __all__ = [
     "NAME", "BlockParser", "Blocks", "CallArguments", "CallEnd", "CallError", "CallStart",
     "Decoded", "MarkupError", "ParseResult", "ParsedCall", "StreamParser", "TextStates",
-    "ToolEvent", "ToolFormat", "ToolText", "call_events", "calls_from", "first_of", "partial_suffix", "register",
+    "ToolEvent", "ToolFormat", "ToolText", "call_events", "calls_from", "first_of", "next_char", "partial_suffix", "register",
 ]
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlxcel.toolcalls.kit import StreamParser
+from mlxcel.toolcalls.kit import StreamParser, next_char
 
 ACTION, END, PLAIN, FENCE = "<|START_ACTION|>", "<|END_ACTION|>", "Action:", "```"
 RESPONSE = ("<|START_RESPONSE|>", "<|END_RESPONSE|>")
@@ -34,10 +34,8 @@ class CommandRParser(StreamParser):
         self.closer = END if marker == ACTION else ""
         return self._body if marker == ACTION else self._fence
 
-    def _fence(self) -> bool:
-        c = self.peek()
-        if c is None:
-            return self.wait()
+    @next_char
+    def _fence(self, c: str) -> bool:
         if c == "`":
             found = self.match(FENCE + "json")
             found = found if found is not False else self.match(FENCE)

@@ -22,7 +22,7 @@ import re
 from typing import Any
 
 from mlxcel.builtin.toolcalls.py_calls import PyExtent, builtin_call
-from mlxcel.toolcalls.kit import StreamParser
+from mlxcel.toolcalls.kit import StreamParser, next_char
 
 TAG = "<|python_tag|>"
 _BUILTIN = re.compile(r"([A-Za-z_]\w*)\.call\(")
@@ -55,10 +55,8 @@ class Llama3Parser(StreamParser):
     def opens(self, marker: str) -> Any:
         return self._tagged
 
-    def _tagged(self) -> bool:
-        c = self.peek()
-        if c is None:
-            return self.wait()
+    @next_char
+    def _tagged(self, c: str) -> bool:
         if c == "{":
             return self.objects(then=self._after)
         if m := _BUILTIN.match(self.buf, self.pos):

@@ -15,7 +15,7 @@ import re
 from typing import Any
 
 from mlxcel.builtin.toolcalls.py_calls import PyExtent, call_list
-from mlxcel.toolcalls.kit import StreamParser
+from mlxcel.toolcalls.kit import StreamParser, next_char
 
 START, END = "<|tool_call_start|>", "<|tool_call_end|>"
 _HEAD = re.compile(r"\[\s*[A-Za-z_][\w.]*\s*\(")
@@ -30,10 +30,8 @@ class PythonicParser(StreamParser):
     def start(self) -> bool:
         return self.guess(self._lead)
 
-    def _lead(self) -> bool:
-        c = self.peek()
-        if c is None:
-            return self.wait()
+    @next_char
+    def _lead(self, c: str) -> bool:
         if c == "[" and _HEAD.match(self.buf, self.pos):
             return self._list()
         if c == "[" and _HEAD_PREFIX.fullmatch(self.buf, self.pos) and not self.final:
@@ -43,10 +41,8 @@ class PythonicParser(StreamParser):
     def opens(self, marker: str) -> Any:
         return self._open
 
-    def _open(self) -> bool:
-        c = self.peek()
-        if c is None:
-            return self.wait()
+    @next_char
+    def _open(self, c: str) -> bool:
         return self._list() if c == "[" else self.broken(f"{START} is not followed by [")
 
     def _list(self) -> bool:
