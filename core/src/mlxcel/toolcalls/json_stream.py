@@ -125,6 +125,22 @@ class StreamParser(JsonBodies):
             s = self._out.pop().text + s
         self._out.append(ev.ToolText(text=s))
 
+    def go(self, found: Any, why: str, then: Any) -> bool:
+        """A step's answer settles the state: ``found`` None (not yet) waits, False (not
+        there) makes the markup broken (``why``), anything else moves on to ``then``."""
+        if found is None:
+            return self.wait()
+        if found is False:
+            return self.broken(why)
+        self.state = then
+        return True
+
+    def begin_call(self, name: str | bool | None, why: str, then: Any) -> bool:
+        """``go`` on a call's name (``head_name``'s answer): a name starts the call."""
+        if isinstance(name, str):
+            self.start_call(name)
+        return self.go(name, why, then)
+
     def start_call(self, name: str, call_id: str | None = None) -> None:
         self._open_call, self._started = self._started, self._started + 1
         self._cur_name, self._cur_id, self._cur_args = name, call_id, []

@@ -78,14 +78,8 @@ class DeepSeekParser(StreamParser):
         return None if (not head or NAME.fullmatch(head)) and len(head) < 256 else False
 
     def _head(self) -> bool:
-        name = self.head_name(SEP)
-        if name is None:
-            return self.wait()
-        if name is False:
-            return self.broken(f"a call's name is not followed by {SEP}")
-        self.start_call(name)
-        self.state = self._args
-        return True
+        return self.begin_call(self.head_name(SEP), f"a call's name is not followed by {SEP}",
+                               self._args)
 
     def _args(self) -> bool:
         return self.arguments(self._closed, f"{SEP} is not followed by a JSON object")
@@ -112,33 +106,17 @@ class DeepSeekParser(StreamParser):
 class R1Parser(DeepSeekParser):
     def _head(self) -> bool:
         """``function<｜tool▁sep｜>``: the call's type, any word."""
-        kind = self.head_name(SEP)
-        if kind is None:
-            return self.wait()
-        if kind is False:
-            return self.broken(f"a call's type is not followed by {SEP}")
-        self.state = self._name
-        return True
+        return self.go(self.head_name(SEP), f"a call's type is not followed by {SEP}",
+                       self._name)
 
     def _name(self) -> bool:
-        name = self.head_name("\n")
-        if name is None:
-            return self.wait()
-        if name is False:
-            return self.broken("a call's name is not followed by a new line")
-        self.start_call(name)
-        self.state = self._fence
-        return True
+        return self.begin_call(self.head_name("\n"),
+                               "a call's name is not followed by a new line", self._fence)
 
     def _fence(self) -> bool:
         found = self.match(FENCE + "json", skip_space=True)
         found = found if found is not False else self.match(FENCE, skip_space=True)
-        if found is None:
-            return self.wait()
-        if not found:
-            return self.broken(f"a call's name is not followed by {FENCE}json")
-        self.state = self._args
-        return True
+        return self.go(found, f"a call's name is not followed by {FENCE}json", self._args)
 
     def _args(self) -> bool:
         return self.arguments(self._closed, f"{FENCE}json is not followed by a JSON object")
