@@ -26,14 +26,9 @@ class FunctionaryV31Parser(StreamParser):
 
     def _name(self) -> bool:
         name = self.name_before(">")
-        if name is None:
-            return False
-        if name is False:
-            return self.broken(f"{OPEN} is not followed by a name and '>'")
-        self.pos += 1
-        self.start_call(name)
-        self.state = self._args
-        return True
+        if isinstance(name, str):
+            self.pos += 1  # past the ">"
+        return self.begin_call(name, f"{OPEN} is not followed by a name and '>'", self._args)
 
     def _args(self) -> bool:
         return self.arguments(self.close_body, f"{OPEN}...> is not followed by a JSON object")

@@ -37,13 +37,9 @@ class MistralParser(StreamParser):
         return read
 
     def _name(self) -> bool:
-        name = self.name_before("[")
-        if name is None:
-            return False
-        if name is False:
-            return self.broken(f"{OPEN} is followed by neither JSON nor NAME{ARGS}")
-        self._call, self._call_id, self.state = name, None, self._marker
-        return True
+        if isinstance(name := self.name_before("["), str):
+            self._call, self._call_id = name, None
+        return self.go(name, f"{OPEN} is followed by neither JSON nor NAME{ARGS}", self._marker)
 
     def _marker(self) -> bool:
         if self._call_id is None and (found := self.match(CALL_ID)) is not False:
