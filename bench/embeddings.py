@@ -37,11 +37,12 @@ import httpx
 from mlxcel.testing.servers import Server, loadavg, machine, server_argv, stream_chat, versions
 
 # name -> (kind, dims): the shapes the issue names; random weights, real configs
+POSITIONS = {"max_position_embeddings": 512}
 SHAPES: dict[str, tuple[str, dict[str, int]]] = {
-    "tiny": ("bert", {}),
-    "30m": ("bert", {"hidden_size": 512, "num_hidden_layers": 6, "intermediate_size": 2048,
+    "tiny": ("bert", POSITIONS),
+    "30m": ("bert", {**POSITIONS, "hidden_size": 512, "num_hidden_layers": 6, "intermediate_size": 2048,
                      "num_attention_heads": 8}),
-    "bert-base": ("bert", {"hidden_size": 768, "num_hidden_layers": 12,
+    "bert-base": ("bert", {**POSITIONS, "hidden_size": 768, "num_hidden_layers": 12,
                            "intermediate_size": 3072, "num_attention_heads": 12}),
     "qwen3-emb-0.6b": ("qwen3", {"hidden_size": 1024, "num_hidden_layers": 28,
                                  "intermediate_size": 3072, "num_attention_heads": 16,
@@ -51,8 +52,9 @@ WORDS = ("river stone quiet lantern orbit meadow signal copper harbor thread vel
          "summit ember glacier pixel canyon willow beacon marble prism").split()
 
 
-def text(tag: str, i: int, words: int = 100) -> str:
-    """~100 tokens of text unique to (tag, i), the unique part first."""
+def text(tag: str, i: int, words: int = 18) -> str:
+    """~100 tokens of text unique to (tag, i), the unique part first (the bench
+    tokenizers split these words into about five pieces each)."""
     body = " ".join(WORDS[(i * 7 + k * 3) % len(WORDS)] for k in range(words))
     return f"{tag} {i} {body}"
 
@@ -94,16 +96,34 @@ print(json.dumps(out))
 """
 
 
+def same_blas_env() -> dict[str, str] | None:
+    """The environment mlxcel gives itself on a Linux CPU (OpenBLAS preloaded,
+    ``mlxcel.backend``), for the raw loop and mlx_vlm.server, so that all three compute
+    on the same BLAS; None where mlxcel preloads nothing."""
+    import os
+
+    from mlxcel import backend
+
+    blas = backend.find_fast_blas()
+    go, _ = backend.preload_decision(
+        platform=sys.platform, device=backend.mlx_device(), no_fast_blas=False,
+        env=os.environ, blas_path=blas,
+        mlx_links_blas=backend.links_blas(backend.elf_needed(backend.mlx_library()))
+        if backend.mlx_library() else False)
+    return backend.preload_env(os.environ, blas) if go and blas else None
+
+
 def raw_loop(path: pathlib.Path, batches: list[int], rounds: int) -> dict[str, float]:
     proc = subprocess.run([sys.executable, "-c", RAW, str(path), json.dumps(batches),
-                           str(rounds), text("raw", 0)], capture_output=True, text=True)
+                           str(rounds), text("raw", 0)], capture_output=True, text=True,
+                          env=same_blas_env())
     if proc.returncode != 0:
         raise RuntimeError(proc.stderr[-2000:])
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 async def level(base: str, concurrency: int, per_request: int, requests: int,
-                tag: str) -> dict[str, Any]:
+                tag: str, model: str) -> dict[str, Any]:
     """A closed loop of ``requests`` embeddings requests over ``concurrency`` clients."""
     counter = iter(range(requests))
     failures: list[str] = []
@@ -111,7 +131,7 @@ async def level(base: str, concurrency: int, per_request: int, requests: int,
 
     async def client_loop(client: httpx.AsyncClient) -> None:
         for i in counter:
-            body = {"model": "m", "input": [text(tag, i * per_request + k)
+            body = {"model": model, "input": [text(tag, i * per_request + k)
                                             for k in range(per_request)]}
             t0 = time.perf_counter()
             r = await client.post(base + "/v1/embeddings", json=body, timeout=600)
@@ -130,16 +150,19 @@ async def level(base: str, concurrency: int, per_request: int, requests: int,
 
 
 def serve(name: str, argv: list[str], logdir: pathlib.Path, tag: str,
-          ready: str) -> Server:
-    server = Server(name, argv, ready, logdir, tag)
+          ready: str, env: dict[str, str] | None = None) -> Server:
+    server = Server(name, argv, ready, logdir, tag, env=env)
     server.start()
     server.wait_ready()
     return server
 
 
-def server_levels(base: str, levels: list[tuple[int, int]], tag: str) -> list[dict]:
-    asyncio.run(level(base, 2, 2, 4, f"warm-{tag}"))
-    return [asyncio.run(level(base, c, n, max(8, 4 * c), f"{tag}-{c}-{n}"))
+def server_levels(base: str, levels: list[tuple[int, int]], tag: str,
+                  model: str) -> list[dict]:
+    """Each (C, N) level after a warm-up; ``model`` is the checkpoint's path, which
+    mlx_vlm.server needs in every request (it keys its model cache by it)."""
+    asyncio.run(level(base, 2, 2, 4, f"warm-{tag}", model))
+    return [asyncio.run(level(base, c, n, max(8, 4 * c), f"{tag}-{c}-{n}", model))
             for c, n in levels]
 
 
@@ -150,17 +173,18 @@ def throughput(label: str, path: pathlib.Path, args: argparse.Namespace,
                                                               args.raw_rounds)}
     mlxcel = [sys.executable, "-m", "mlxcel.cli", "--model", str(path),
               "--embedding-batch-size", str(max(args.per_request)),
+              "--embedding-queue-depth", str(2 * max(args.concurrency)),
               "--dtype", args.dtype]
     srv = serve("mlxcel", mlxcel, logdir, label, "/health")
     try:
-        result["mlxcel"] = server_levels(srv.base, levels, f"{label}-x")
+        result["mlxcel"] = server_levels(srv.base, levels, f"{label}-x", str(path))
     finally:
         srv.stop()
     if "mlx_vlm" in args.servers:
         vlm = [sys.executable, "-m", "mlx_vlm.server", "--embedding-model", str(path)]
-        srv = serve("mlx_vlm", vlm, logdir, label, "/health")
+        srv = serve("mlx_vlm", vlm, logdir, label, "/health", same_blas_env())
         try:
-            result["mlx_vlm"] = server_levels(srv.base, levels, f"{label}-v")
+            result["mlx_vlm"] = server_levels(srv.base, levels, f"{label}-v", str(path))
         finally:
             srv.stop()
     return result
@@ -201,11 +225,12 @@ async def itl_with_flood(base: str, streams: int, max_tokens: int) -> float:
 
 def itl(label: str, path: pathlib.Path, args: argparse.Namespace,
         logdir: pathlib.Path) -> dict[str, Any]:
-    from mlxcel.testing.bench_checkpoints import bench_checkpoint
+    from mlxcel.testing.bench_checkpoints import named_checkpoint
 
-    chat = bench_checkpoint(args.chat_checkpoint)
+    chat = named_checkpoint(args.chat_checkpoint)
     argv, ready = server_argv("mlxcel", chat, parallel=8, extra=[
-        "--embedding-model", str(path), "--embedding-batch-size", "16"])
+        "--embedding-model", str(path), "--embedding-batch-size", "16",
+        "--embedding-queue-depth", "64"])
     srv = serve("mlxcel", argv, logdir, f"{label}-itl", ready)
     try:
         asyncio.run(chat_itl(srv.base, 2, 8, "warm"))
@@ -218,6 +243,31 @@ def itl(label: str, path: pathlib.Path, args: argparse.Namespace,
     a, f = statistics.median(alone), statistics.median(flooded)
     return {"label": label, "streams": args.streams, "itl_alone_ms": a * 1000,
             "itl_flooded_ms": f * 1000, "ratio": f / a}
+
+
+def render(report: dict[str, Any]) -> str:
+    """The markdown table of a report: inputs/s per level, and the ratios to the raw loop
+    (at the same inputs per forward) and to mlx_vlm.server."""
+    lines = ["| model | C | inputs/request | mlxcel inputs/s | mlx_vlm inputs/s | raw inputs/s "
+             "(batch) | mlxcel / raw | mlxcel / mlx_vlm |", "|---|---|---|---|---|---|---|---|"]
+    for run in report["runs"]:
+        vlm = {(r["concurrency"], r["per_request"]): r for r in run.get("mlx_vlm", [])}
+        for r in run["mlxcel"]:
+            c, n = r["concurrency"], r["per_request"]
+            batch = min(c * n, max(int(k) for k in run["raw"]))
+            raw = run["raw"].get(str(batch)) or run["raw"][str(n)]
+            other = vlm.get((c, n))
+            ratio = f"{r['inputs_per_s'] / other['inputs_per_s']:.2f}" if other else "—"
+            lines.append(
+                f"| {run['label']} | {c} | {n} | {r['inputs_per_s']:.0f} | "
+                f"{other['inputs_per_s'] if other else 0:.0f} | {raw:.0f} ({batch}) | "
+                f"{r['inputs_per_s'] / raw:.2f} | {ratio} |"
+                + (f" {len(r['failures'])} failed" if r["failures"] else ""))
+    lines += ["", "| model | chat streams | ITL p50 alone (ms) | ITL p50 under an embedding "
+              "flood (ms) | ratio |", "|---|---|---|---|---|"]
+    lines += [f"| {i['label']} | {i['streams']} | {i['itl_alone_ms']:.2f} | "
+              f"{i['itl_flooded_ms']:.2f} | {i['ratio']:.2f} |" for i in report["itl"]]
+    return "\n".join(lines) + "\n"
 
 
 def main() -> int:
@@ -250,6 +300,7 @@ def main() -> int:
     out = pathlib.Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1))
+    out.with_name(out.stem + "_table.md").write_text(render(report))
     print(f"wrote {out}; logs in {logdir}")
     return 0
 

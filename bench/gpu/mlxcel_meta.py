@@ -5,7 +5,10 @@ installed distribution metadata. On the GPU machine the source runs from the wor
 (``PYTHONPATH=core/src``) and there is no build backend to install it with, so this writes
 the metadata from core/pyproject.toml; put DIR on PYTHONPATH as well.
 
-    python bench/gpu/mlxcel_meta.py /tmp/mlxcel-meta
+    python bench/gpu/mlxcel_meta.py /tmp/mlxcel-meta [families/embeddings ...]
+
+Each further argument is another distribution of the repository (its folder) whose
+metadata is written too, so its plugin's entry point is found the same way.
 """
 
 from __future__ import annotations
@@ -20,7 +23,13 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
 
 def main() -> int:
     out = pathlib.Path(sys.argv[1])
-    project = tomllib.loads((ROOT / "core" / "pyproject.toml").read_text())["project"]
+    for folder in ["core", *sys.argv[2:]]:
+        write(out, ROOT / folder)
+    return 0
+
+
+def write(out: pathlib.Path, folder: pathlib.Path) -> None:
+    project = tomllib.loads((folder / "pyproject.toml").read_text())["project"]
     info = out / f"{project['name']}-{project['version']}.dist-info"
     info.mkdir(parents=True, exist_ok=True)
     (info / "METADATA").write_text(
@@ -33,7 +42,6 @@ def main() -> int:
     )
     (info / "entry_points.txt").write_text(text)
     print(info)
-    return 0
 
 
 if __name__ == "__main__":

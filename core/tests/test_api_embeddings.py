@@ -236,3 +236,17 @@ def test_side_routes_without_their_model_are_501_naming_the_flag(path, flag):
     assert r.status_code == 501
     message = r.json()["error"]["message"]
     assert flag in message and "mlxcel-family-embeddings" in message
+
+
+def test_a_non_finite_vector_is_a_500_not_a_broken_json():
+    class NanEmbedder(NumpyEmbedder):
+        def embed(self, inputs, pooling):
+            return [np.full(DIM, np.nan, dtype=np.float32) for _ in inputs]
+
+    with side_app(NanEmbedder()) as c:
+        r = c.post("/v1/embeddings", json={"input": "river"})
+        native = c.post("/embedding", json={"content": "river"})
+    for resp in (r, native):
+        assert resp.status_code == 500
+        assert resp.json()["error"]["type"] == "server_error"
+        assert "non-finite" in resp.json()["error"]["message"]

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The embeddings benchmark ON the lent H200 (bench/embeddings.py): a BERT-base-shaped and a
+# Qwen3-Embedding-0.6B-shaped bf16 embedder, mlxcel vs mlx_vlm.server vs a raw mlx-vlm
+# loop, and chat ITL beside an embedding flood. Wheels: ../shared/tools/gpu/fetch-wheels.sh
+# with mlx-lm, mlx-vlm (and their runtime imports), installed by install-on-device.sh into
+# /tmp/site. Results in $OUT.
+#   OUT=/tmp/emb-gpu bash bench/gpu/embeddings.sh
+#   CHECKPOINTS=tiny DTYPE=float32 CHAT=tiny PY=.venv/bin/python OUT=/tmp/e bash bench/gpu/embeddings.sh  # CPU dry run
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/emb-gpu}
+PY=${PY:-python3}
+CHECKPOINTS=${CHECKPOINTS:-bert-base,qwen3-emb-0.6b}
+DTYPE=${DTYPE:-bfloat16}
+CHAT=${CHAT:-30m}
+mkdir -p "$OUT"
+META=$(mktemp -d)
+"$PY" bench/gpu/mlxcel_meta.py "$META" families/embeddings >/dev/null || exit 1
+export PYTHONPATH="$PWD/core/src:$PWD/families/embeddings/src:$META${PYTHONPATH:+:$PYTHONPATH}"
+export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+"$PY" bench/embeddings.py --checkpoint "$CHECKPOINTS" --dtype "$DTYPE" \
+    --chat-checkpoint "$CHAT" --out "$OUT/embeddings_gpu.json" 2>&1 | tee "$OUT/run.log"
+tar czf "$OUT/logs.tgz" -C /tmp $(cd /tmp && ls -d mlxcel-bench-emb-* 2>/dev/null) 2>/dev/null
+exit 0
