@@ -5,9 +5,9 @@ from __future__ import annotations
 import random
 
 import pytest
-from mlxcel.engine.stops import StopMatcher
 from mlxcel.model.detokenizer import IncrementalDetokenizer
 from mlxcel.model.tokenizer import Tokenizer
+from mlxcel.text import StopMatcher
 
 MULTIBYTE = "naïve café 日本語のテキスト 한국어 😀🎉 ok ∑∫ end"
 

@@ -9,7 +9,7 @@ and never the user-visible content.
 
 The stages, in order, for each piece of an event's text:
 
-1. stop strings, on ordinary text (``engine.stops.StopMatcher``, the engine's own rule for
+1. stop strings, on ordinary text (``mlxcel.text.StopMatcher``, the engine's own rule for
    where generation ends): text after a stop is dropped, a special token ends a partial
    match;
 2. the reasoning split at the model's reasoning markers, when it has them
@@ -30,9 +30,9 @@ import structlog
 
 from mlxcel.chat.call_ids import new_call_id
 from mlxcel.chat.reasoning import splitter
-from mlxcel.engine.stops import StopMatcher
 from mlxcel.families.api import ReasoningSpec
 from mlxcel.lazy import resolve
+from mlxcel.text import StopMatcher
 from mlxcel.toolcalls.api import ToolCallParser
 from mlxcel.types import (
     ContentDelta,

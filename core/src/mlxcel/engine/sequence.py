@@ -11,9 +11,9 @@ import structlog
 
 from mlxcel.engine.budget import ReasoningBudget
 from mlxcel.engine.sampling import RowRandom
-from mlxcel.engine.stops import StopMatcher
 from mlxcel.model.detokenizer import IncrementalDetokenizer
 from mlxcel.model.tokenizer import Tokenizer
+from mlxcel.text import StopMatcher
 from mlxcel.types import FinishReason, GenerationEvent, GenerationRequest, TokenLogprob, Usage
 
 log = structlog.get_logger("mlxcel.engine")
