@@ -66,7 +66,12 @@ def list_plugins(argv: Sequence[str]) -> int:
 
 def _tool_format_lines(plugins: Any, args: argparse.Namespace) -> list[str]:
     """The installed tool formats, most specific first; with ``--model``, its pick."""
-    from mlxcel.model.loader import check_checkpoint, resolve_model_path
+    from mlxcel.model.loader import (
+        check_checkpoint,
+        check_task_model,
+        resolve_model_path,
+        served_task,
+    )
 
     formats = sorted((fmt for _, fmt in plugins.tool_formats.items()),
                      key=lambda f: (-f.specificity, f.name))
@@ -75,6 +80,12 @@ def _tool_format_lines(plugins: Any, args: argparse.Namespace) -> list[str]:
     lines = ["tool formats, most specific first:", *lines] if lines \
         else ["tool formats: none installed"]
     if args.model:
+        task = served_task(str(resolve_model_path(args.model)), plugins.families)
+        if task != "generate":  # a side model: no template, no tool format
+            family, _ = check_task_model(str(resolve_model_path(args.model)),
+                                         plugins.families, task)
+            lines.append(f"{args.model}: task {task} (family {family.name})")
+            return lines
         family, picked, why, template = check_checkpoint(
             resolve_model_path(args.model), plugins.families, args.chat_template_file,
             tool_formats=plugins.tool_formats, tool_call_format=args.tool_call_format,

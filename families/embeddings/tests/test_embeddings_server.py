@@ -87,3 +87,8 @@ def test_the_pre_fork_checks_import_no_mlx(tiny_checkpoint, bert):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.strip().splitlines()[-1]
     assert out == f"{bert} []"
+
+
+def test_plugins_model_names_an_embedder_s_task_and_family(bert, capsys):
+    assert cli_main(["plugins", "--model", str(bert)]) == 0
+    assert f"{bert}: task embed (family embeddings)" in capsys.readouterr().out
