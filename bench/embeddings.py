@@ -300,7 +300,7 @@ def main() -> int:
     out = pathlib.Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1))
-    out.with_suffix(".table.md").write_text(render(report))
+    print(render(report))
     print(f"wrote {out}; logs in {logdir}")
     return 0
 
