@@ -1,4 +1,4 @@
-"""bench/ keeps its layout: three harnesses, indexed probes, no sys.path imports.
+"""bench/ keeps its layout: four harnesses, indexed probes, no sys.path imports.
 
 A harness or probe that is not where bench/README.md and bench/probes/README.md say it is
 gets lost or duplicated, so the layout is checked rather than remembered.
@@ -17,6 +17,7 @@ TOP = {
     "serving.py",
     "prompt_cache.py",
     "engine_profile.py",
+    "embeddings.py",
     "gpu",
     "probes",
     "results",
@@ -34,7 +35,7 @@ def _tracked(folder: Path) -> list[Path]:
     return [ROOT / line for line in out.stdout.splitlines() if (ROOT / line).exists()]
 
 
-def test_bench_top_level_holds_the_three_harnesses_and_four_entries():
+def test_bench_top_level_holds_the_four_harnesses_and_four_entries():
     names = {p.relative_to(BENCH).parts[0] for p in _tracked(BENCH)}
     assert names == TOP
 

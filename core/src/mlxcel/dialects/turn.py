@@ -70,7 +70,7 @@ def generation_request(ctx: AppContext, prompt: list[int], request_id: str,
     policy, and the output limit fitted to the context."""
     if options.n != 1:
         raise InvalidRequest("only 'n': 1 is supported", param="n")
-    ckpt = ctx.engine.checkpoint
+    ckpt = ctx.checkpoint
     sampling = sampling_params(options.sampling, server_sampling_defaults(ckpt, ctx.settings),
                                logprobs=options.logprobs, top_logprobs=options.top_logprobs)
     server_loop = server_loop_policy(ckpt.family.loop_detection, ctx.settings.loop_detection)
@@ -122,7 +122,7 @@ async def render(ctx: AppContext, request: Request, prompt: PromptRequest) -> Pr
     """The rendered, tokenized prompt (off the event loop for a large body)."""
     return await prepare_for(request, lambda: prompt_input(
         prompt, ctx.engine, server_kwargs=ctx.settings.chat_template_kwargs,
-        reasoning=ctx.engine.checkpoint.reasoning))
+        reasoning=ctx.checkpoint.reasoning))
 
 
 async def start_turn(ctx: AppContext, request: Request, prompt: PromptRequest,
@@ -131,7 +131,7 @@ async def start_turn(ctx: AppContext, request: Request, prompt: PromptRequest,
     """Render ``prompt`` (unless ``rendered`` already is), constrain a forced tool choice
     or the response's shape (the constraint starts after a reasoning block the prompt
     opened), and submit. Every refusal is raised before the request is queued."""
-    ckpt = ctx.engine.checkpoint
+    ckpt = ctx.checkpoint
     budget = budget_of(ctx, options)
     if rendered is None:
         kwargs = without_thinking(prompt.template_kwargs, budget)

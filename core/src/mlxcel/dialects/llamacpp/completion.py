@@ -233,7 +233,7 @@ def native_plan(ctx: AppContext, body: NativeFields, prompt: list[int], request_
                 priority: int) -> Plan:
     """Validate the request's generation fields and build what the engine runs."""
     engine = ctx.engine
-    ckpt = engine.checkpoint
+    ckpt = ctx.checkpoint
     defaults = server_sampling_defaults(ckpt, ctx.settings)
     n_probs = _n_probs(body.n_probs)
     sampling = sampling_params(_fields(engine, body), defaults, logprobs=n_probs > 0,

@@ -52,7 +52,7 @@ def health_payload(ctx: AppContext) -> tuple[int, dict[str, Any]]:
                                             or "engine failed"))
         return status, {**payload, **world}
     try:
-        ckpt = engine.checkpoint
+        ckpt = ctx.checkpoint
     except MlxcelError as exc:
         return _engine_error(exc.message)
     parallel, active, queued = engine.parallel, engine.active_count, engine.queue_depth
@@ -121,7 +121,7 @@ def generation_routes(ctx: AppContext) -> list[Any]:
     @post("/infill", status_code=200)
     async def infill(request: Request) -> Any:
         ctx.require_chat()
-        fim = fim_markers(engine.checkpoint.tokenizer)  # 501 before the body is read
+        fim = fim_markers(ctx.checkpoint.tokenizer)  # 501 before the body is read
         body = await decode_body(request, InfillRequest)
         refuse_unsupported(body)
         reserve = answer_reserve(engine.context_size, n_predict_of(body, ctx.settings))
@@ -136,7 +136,7 @@ def generation_routes(ctx: AppContext) -> list[Any]:
         ctx.require_chat()
         body = await decode_body(request, ChatCompletionRequest)
         text = await prepare_for(request, lambda: render_chat(
-            prompt_request(body), engine.checkpoint.template,
+            prompt_request(body), ctx.checkpoint.template,
             ctx.settings.chat_template_kwargs))
         return {"prompt": text}
 
@@ -164,7 +164,7 @@ def build(ctx: AppContext) -> list[Any]:
         check_fits(engine, body.content, "content")
         limit = max(engine.context_size, TOKENIZE_MAX_TOKENS)
         try:
-            return engine.checkpoint.tokenizer.encode(body.content, body.add_special,
+            return ctx.checkpoint.tokenizer.encode(body.content, body.add_special,
                                                       max_tokens=limit)
         except TooManyTokens as exc:
             raise InvalidRequest(f"'content' has {exc.count} tokens; /tokenize returns at "
@@ -180,7 +180,7 @@ def build(ctx: AppContext) -> list[Any]:
     async def detokenize(request: Request) -> dict[str, Any]:
         ctx.require_chat()
         body = await decode_body(request, DetokenizeRequest)
-        tok = engine.checkpoint.tokenizer
+        tok = ctx.checkpoint.tokenizer
         check_token_ids(tok, body.tokens, "tokens")
         content = await prepare_for(request, lambda: tok.decode(body.tokens, skip_special=False))
         return {"content": content}
@@ -191,7 +191,7 @@ def build(ctx: AppContext) -> list[Any]:
             return {"model_alias": ctx.model_name, "total_slots": 0,
                     "capabilities": ctx.capabilities(),
                     **{f"{task}_model": side.name for task, side in ctx.sides.items()}}
-        ckpt = engine.checkpoint
+        ckpt = ctx.checkpoint
         d = server_sampling_defaults(ckpt, ctx.settings)
         return {
             "default_generation_settings": {

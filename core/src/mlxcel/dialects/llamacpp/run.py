@@ -36,7 +36,7 @@ class _Run:
         self.watch = Watch(ctx.engine.submit(plan.request))
         self.machine = OutputMachine(stops=plan.request.stop)
         self.encoder = NativeEncoder(
-            plan, self.watch, ctx.engine.checkpoint.tokenizer, index=index,
+            plan, self.watch, ctx.checkpoint.tokenizer, index=index,
             settings=generation_settings(ctx, plan, body.stream),
             context_size=ctx.engine.context_size, return_tokens=body.return_tokens,
             timings_per_token=body.timings_per_token, truncated=truncated)

@@ -49,7 +49,7 @@ UNSERVED = (
 
 def _head(ctx: AppContext, body: s.SamplingFields, rid: str) -> tuple[Any, ...]:
     """What every response frame repeats: id, created, model, tokenizer."""
-    return (rid, int(time.time()), body.model or ctx.model_name, ctx.engine.checkpoint.tokenizer)
+    return (rid, int(time.time()), body.model or ctx.model_name, ctx.checkpoint.tokenizer)
 
 
 def _include_usage(body: s.SamplingFields) -> bool:

@@ -166,7 +166,7 @@ def prompt_request(body: ChatCompletionRequest) -> PromptRequest:
 def completion_prompt(ctx: AppContext, body: CompletionRequest) -> list[int]:
     """A string, a one-string list, or a list of token ids (blocking work: run it through
     ``prepare``)."""
-    tok = ctx.engine.checkpoint.tokenizer
+    tok = ctx.checkpoint.tokenizer
     prompt = body.prompt
     if isinstance(prompt, list) and prompt and all(type(p) is int for p in prompt):
         check_token_ids(tok, prompt, "prompt")  # type: ignore[arg-type]
@@ -210,7 +210,7 @@ def echo_text(ctx: AppContext, body: CompletionRequest, prompt: list[int]) -> st
         return body.prompt
     if body.prompt and isinstance(body.prompt[0], str):
         return body.prompt[0]
-    return ctx.engine.checkpoint.tokenizer.decode(list(prompt), skip_special=False)
+    return ctx.checkpoint.tokenizer.decode(list(prompt), skip_special=False)
 
 
 def turn_options(body: SamplingFields, limit: int | None, limit_field: str, *,

@@ -85,7 +85,7 @@ class Compactor:
 
     def plan(self, items: list[Item], keep: int) -> Plan:
         """The split of ``items`` (replayed), items counted by their text's tokens."""
-        tok = self.ctx.engine.checkpoint.tokenizer
+        tok = self.ctx.checkpoint.tokenizer
         return plan(replay(items), keep, lambda item: len(tok.encode(item_text(item))))
 
     async def run(self, items: list[Item], keep: int, limit: int, *,
@@ -158,7 +158,7 @@ class Compactor:
         """A message or tool output as its newest ``tokens`` tokens of text (None: none)."""
         if tokens <= 0 or item["type"] not in ("message", "function_call_output"):
             return None
-        tok = self.ctx.engine.checkpoint.tokenizer
+        tok = self.ctx.checkpoint.tokenizer
         text = tok.decode(tok.encode(item_text(item))[-tokens:])
         if item["type"] == "function_call_output":
             return {**item, "output": text}

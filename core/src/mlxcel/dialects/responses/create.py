@@ -72,7 +72,7 @@ class Create:
         self.tools, self.choice = tools_of(body.tools), tool_choice_of(body.tool_choice)
         self.options = turn_options(body, response_of(body.text))
         self.rid = f"resp_{uuid.uuid4().hex}"
-        tok = ctx.engine.checkpoint.tokenizer
+        tok = ctx.checkpoint.tokenizer
         self.builder = ResponseBuilder(template(ctx, body, self.rid, stores.responses.enabled),
                                        lambda text: len(tok.encode(text)))
         self.compactor = Compactor(ctx, request, self.prompt, self.options)
