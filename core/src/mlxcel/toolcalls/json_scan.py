@@ -23,61 +23,82 @@ _SCALAR_END = re.compile(r"[,}\]\s;)]")
 _decode = msgspec.json.decode
 
 
-class JsonExtent:
-    """The extent of one JSON value that starts with ``first`` (its first character).
+class BracketExtent:
+    """Where a bracketed expression ends as its text grows: strings in one of ``QUOTES``
+    (backslash escapes inside) are skipped, ``OPENERS`` and the other brackets counted.
+    ``end`` is the index just past it once whole (-1 before); a string that closes outside
+    any bracket is whole too. Brackets are counted, not matched: the caller parses the
+    finished text, which catches a mismatch."""
 
-    ``advance(text, i)`` scans on from ``i`` and returns how far it got; ``end`` is the index
-    just past the value once it is whole (-1 before). A bare number or literal ends where a
-    delimiter follows it, since ``1`` may still become ``10``. Brackets are counted, not
-    matched: the caller decodes the finished text, which catches a mismatch.
-    """
+    __slots__ = ("depth", "end", "escape", "quote")
+    QUOTES = '"'
+    OPENERS = "{["
+    OUTSIDE = _OUTSIDE  # a quote or a bracket
+    INSIDE = {'"': _INSIDE}  # per quote: the quote or a backslash
 
-    __slots__ = ("depth", "end", "escape", "in_string", "scalar")
-
-    def __init__(self, first: str) -> None:
-        self.depth = 0
-        self.in_string = False
-        self.escape = False
-        self.scalar = first not in '{["'
-        self.end = -1
+    def __init__(self) -> None:
+        self.depth, self.quote, self.escape, self.end = 0, "", False, -1
 
     def advance(self, text: str, i: int) -> int:
+        """Scan on from ``i``; how far the scan got."""
         n = len(text)
-        if self.scalar:
-            m = _SCALAR_END.search(text, i)
-            if m is None:
-                return n
-            self.end = m.start()
-            return self.end
         while i < n:
             if self.escape:
                 self.escape, i = False, i + 1
-                continue
-            if self.in_string:
-                m = _INSIDE.search(text, i)
+            elif self.quote:
+                m = self.INSIDE[self.quote].search(text, i)
                 if m is None:
                     return n
                 i = m.start() + 1
                 if text[i - 1] == "\\":
                     self.escape = True
                     continue
-                self.in_string = False
+                self.quote = ""
                 if self.depth == 0:
                     self.end = i
                     return i
-                continue
-            m = _OUTSIDE.search(text, i)
-            if m is None:
-                return n
-            c, i = m.group(), m.start() + 1
-            if c == '"':
-                self.in_string = True
-                continue
-            self.depth += 1 if c in "{[" else -1
-            if self.depth <= 0:
-                self.end = i
-                return i
+            else:
+                m = self.OUTSIDE.search(text, i)
+                if m is None:
+                    return n
+                c, i = m.group(), m.start() + 1
+                if c in self.QUOTES:
+                    self.quote = c
+                    continue
+                self.depth += 1 if c in self.OPENERS else -1
+                if self.depth <= 0:
+                    self.end = i
+                    return i
         return n
+
+
+class JsonExtent(BracketExtent):
+    """The extent of one JSON value that starts with ``first`` (its first character): a
+    ``BracketExtent``, except that a bare number or literal ends where a delimiter follows
+    it, since ``1`` may still become ``10``."""
+
+    __slots__ = ("scalar",)
+
+    def __init__(self, first: str) -> None:
+        super().__init__()
+        self.scalar = first not in '{["'
+
+    @property
+    def in_string(self) -> bool:
+        return bool(self.quote)
+
+    @in_string.setter
+    def in_string(self, inside: bool) -> None:
+        self.quote = '"' if inside else ""
+
+    def advance(self, text: str, i: int) -> int:
+        if not self.scalar:
+            return super().advance(text, i)
+        m = _SCALAR_END.search(text, i)
+        if m is None:
+            return len(text)
+        self.end = m.start()
+        return self.end
 
 
 def _after_space(step: Callable[..., int | None]) -> Callable[..., int | None]:

@@ -15,47 +15,20 @@ import ast
 import json
 import re
 
-_OUTSIDE = re.compile(r"""[\[\](){}'"]""")
-_INSIDE = {"'": re.compile(r"['\\]"), '"': re.compile(r'["\\]')}
+from mlxcel.toolcalls.json_scan import BracketExtent
+
 _JSON_NAMES = {"true": True, "false": False, "null": None}
 
 
-class PyExtent:
-    """The extent of one bracketed Python expression: ``end`` is the index past its
-    closing bracket once the text holds it (-1 before)."""
+class PyExtent(BracketExtent):
+    """The extent of one bracketed Python expression: strings in either quote, and all
+    three kinds of bracket (``end``: the index past its closing bracket, -1 before)."""
 
-    __slots__ = ("depth", "end", "escape", "quote")
-
-    def __init__(self) -> None:
-        self.depth, self.quote, self.escape, self.end = 0, "", False, -1
-
-    def advance(self, text: str, i: int) -> int:
-        n = len(text)
-        while i < n:
-            if self.escape:
-                self.escape, i = False, i + 1
-            elif self.quote:
-                m = _INSIDE[self.quote].search(text, i)
-                if m is None:
-                    return n
-                i = m.start() + 1
-                if text[i - 1] == "\\":
-                    self.escape = True
-                else:
-                    self.quote = ""
-            else:
-                m = _OUTSIDE.search(text, i)
-                if m is None:
-                    return n
-                c, i = m.group(), m.start() + 1
-                if c in "'\"":
-                    self.quote = c
-                    continue
-                self.depth += 1 if c in "([{" else -1
-                if self.depth <= 0:
-                    self.end = i
-                    return i
-        return n
+    __slots__ = ()
+    QUOTES = "'\""
+    OPENERS = "([{"
+    OUTSIDE = re.compile(r"""[\[\](){}'"]""")
+    INSIDE = {"'": re.compile(r"['\\]"), '"': re.compile(r'["\\]')}
 
 
 class _JsonNames(ast.NodeTransformer):
