@@ -216,13 +216,20 @@ def cached_checkpoint(
 ) -> pathlib.Path:
     """Build (once) and return a checkpoint under ``cache_dir``; safe across processes."""
     root = pathlib.Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    final = root / f"{shape}-{_cache_key(shape, kw)}"
+    return build_once(root / f"{shape}-{_cache_key(shape, kw)}",
+                      lambda tmp: build_checkpoint(tmp, shape, **kw))
+
+
+def build_once(final: pathlib.Path, build: Any) -> pathlib.Path:
+    """``build(tmp)`` into a fresh folder beside ``final``, then renamed to it, unless
+    ``final`` is there already: processes building the same checkpoint never see a half
+    one, and the first to finish wins."""
     if (final / "config.json").is_file():
         return final
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
     try:
-        build_checkpoint(tmp, shape, **kw)
+        build(tmp)
         tmp.chmod(0o755)  # mkdtemp makes it private; the cache may be shared
         os.replace(tmp, final)
     except OSError:

@@ -10,11 +10,10 @@ distribution that has it (``mlxcel-family-embeddings``) calls them.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pathlib
-import shutil
-import tempfile
 from typing import Any
 
 from . import checkpoint as _ckpt
@@ -186,21 +185,6 @@ def cached_side_checkpoint(builder: str, cache_dir: str | os.PathLike | None = N
     processes."""
     build = {"embedder": build_embedder, "reranker": build_reranker}[builder]
     key = json.dumps({"builder": builder, "v": _ckpt.BUILDER_VERSION, **kw}, sort_keys=True)
-    import hashlib
-
     root = pathlib.Path(cache_dir) if cache_dir is not None else _ckpt.default_cache_dir()
     final = root / f"{builder}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
-    if (final / "config.json").is_file():
-        return final
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
-    try:
-        build(tmp, **kw)
-        tmp.chmod(0o755)
-        os.replace(tmp, final)
-    except OSError:
-        if not (final / "config.json").is_file():
-            raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
+    return _ckpt.build_once(final, lambda tmp: build(tmp, **kw))
