@@ -1,7 +1,8 @@
 """Serving modes around the side models: the flags and their env twins, ``--embeddings`` /
 ``--reranking`` dropping the chat model, every generation route a 501 in its dialect's shape
 in a side-only process, ``/health`` while a side model loads or after it failed, and a chat
-model with an embedder beside it listed with each model's capabilities."""
+model with an embedder beside it listed with each model's capabilities, and requests
+refused by their fields before the model runs."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from mlxcel.options import build_parser
 from mlxcel.plugins import load_plugins
 from mlxcel.settings import Settings
 from mlxcel.testing.engine import wait_ready
-from test_api_embeddings import NumpyEmbedder, NumpyReranker, side_app
+from test_api_embeddings import DIM, NumpyEmbedder, NumpyReranker, side_app
 
 ANTHROPIC = ("/v1/messages", "/messages", "/v1/messages/count_tokens", "/messages/count_tokens")
 SIDE_PATHS = {p for task in ("embed", "rerank") for p in TASK_ROUTES[task]}
@@ -197,3 +198,16 @@ def test_a_chat_model_and_an_embedder_side_by_side_each_with_its_capabilities(
     assert chat.status_code == 200, chat.text
     assert rerank.status_code == 501 and "--reranker-model" in rerank.json()["error"]["message"]
     assert "/v1/chat/completions" in rerank.json()["error"]["message"]
+
+
+def test_requests_refused_by_their_fields_never_reach_the_model():
+    runner = NumpyEmbedder()
+    with side_app(runner) as c:
+        big = c.post("/v1/embeddings", json={"input": "x", "dimensions": DIM + 1})
+        small = c.post("/v1/embeddings", json={"input": "x", "dimensions": 0})
+        native = c.post("/embedding", json={})
+        long = c.post("/embeddings", json={"content": ["a", "w " * 17]})
+    assert [r.json()["error"]["param"] for r in (big, small, native, long)] == [
+        "dimensions", "dimensions", "content", "content[1]"]
+    assert all(r.status_code == 400 for r in (big, small, native, long))
+    assert runner.batches == []

@@ -28,14 +28,20 @@ def normalize(vector: np.ndarray, code: int) -> np.ndarray:
     return (v / np.where(norm > 0, norm, 1)).astype(np.float32)
 
 
+def check_dimensions(dimensions: int | None, full: int) -> None:
+    """``dimensions`` is a size the model's ``full`` vector can be cut to (OpenAI's rule: a
+    larger or non-positive size is the client's error); checked before the model runs."""
+    if dimensions is not None and not 1 <= dimensions <= full:
+        raise InvalidRequest(f"'dimensions' must be between 1 and the model's {full}, "
+                             f"not {dimensions}", param="dimensions")
+
+
 def truncate(vector: np.ndarray, dimensions: int | None, full: int) -> np.ndarray:
     """The first ``dimensions`` values (Matryoshka), checked against the model's ``full``
     size; normalization comes after, so a truncated vector is re-normalized."""
     if dimensions is None:
         return vector
-    if not 1 <= dimensions <= full:
-        raise InvalidRequest(f"'dimensions' must be between 1 and the model's {full}, "
-                             f"not {dimensions}", param="dimensions")
+    check_dimensions(dimensions, full)
     return vector[..., :dimensions]
 
 

@@ -44,6 +44,8 @@ def build(ctx: AppContext) -> list[Any]:
     async def embedding(request: Request) -> Response:
         side = side_model(ctx, "embed", request.url.path)
         body = await decode_body(request, EmbeddingRequest)
+        if body.content is None and body.input is None:
+            raise InvalidRequest("'content' (or 'input') is required", param="content")
         param = "content" if body.content is not None else "input"
         items = emb.inputs_of(body.content if body.content is not None else body.input, param)
         runner = side.runner

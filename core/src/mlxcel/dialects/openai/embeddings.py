@@ -15,7 +15,7 @@ from mlxcel.dialects.wire import decode_body
 from mlxcel.errors import InvalidRequest
 from mlxcel.retrieval import embed as emb
 from mlxcel.retrieval import side_model
-from mlxcel.retrieval.vectors import normalize, to_base64, truncate
+from mlxcel.retrieval.vectors import check_dimensions, normalize, to_base64, truncate
 
 FORMATS = ("float", "base64")
 
@@ -41,6 +41,7 @@ def build(ctx: AppContext) -> list[Any]:
             raise InvalidRequest("--pooling none gives one vector per token, which the "
                                  "OpenAI shape has no room for; use POST /embeddings",
                                  param="input")
+        check_dimensions(body.dimensions, runner.dimensions)
         items = emb.inputs_of(body.input)
         encoded = await prepare_for(request, lambda: emb.encode(runner, items))
         vectors = await emb.embed(side, encoded, runner.pooling)
