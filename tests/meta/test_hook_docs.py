@@ -56,4 +56,6 @@ def test_every_hook_is_implemented_by_a_plugin_some_test_registers():
     sources = [p.read_text() for d in ("core/tests", "tests", "core/src/mlxcel")
                for p in (ROOT / d).rglob("*.py") if "hookspecs" not in p.name]
     for hook in _hooks():
-        assert any(f"def {hook}(" in s for s in sources), f"no plugin implements {hook}"
+        # a plugin defines the hook, or binds a kit's implementation to its name
+        assert any(f"def {hook}(" in s or f"\n{hook} = " in s for s in sources), \
+            f"no plugin implements {hook}"

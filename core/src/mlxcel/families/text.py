@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-LOAD = "mlxcel.builtin.text_loader:load"
+LOAD = "mlxcel.families.text:load"
 DECODER = "mlxcel.families.text:decoder"
 CHECK = "mlxcel.families.text:check"
 TASKS = {"generate": DECODER}
