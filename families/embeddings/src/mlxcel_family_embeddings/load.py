@@ -46,6 +46,7 @@ class EmbeddingModel:
     eos_id: int | None
     max_length: int
     dense: list[Dense] = field(default_factory=list)
+    append_eos: bool = False
 
 
 def _dense(folder: Path) -> Dense:
@@ -85,6 +86,25 @@ def _kind(path: Path, config: dict) -> str:
     return "encoder" if config.get("model_type") in detect.ENCODERS else "decoder"
 
 
+def max_positions(config: dict) -> int:
+    """The most tokens one input may have: XLM-R's positions start past its pad id, so
+    its ``max_position_embeddings`` counts ``pad_token_id + 1`` slots no token can use."""
+    positions = int(config.get("max_position_embeddings") or 512)
+    if config.get("model_type") in ("xlm-roberta", "xlm_roberta"):
+        return positions - int(config.get("pad_token_id", 1)) - 1
+    return positions
+
+
+def _appends_eos(path: Path, config: dict, kind: str) -> bool:
+    """Whether a decoder embedder reads its vector at an EOS the tokenizer file does not
+    add: Qwen3-Embedding always, others when ``tokenizer_config.json`` says
+    ``add_eos_token`` (transformers applies it; ``tokenizers`` alone does not)."""
+    if kind != "decoder":
+        return False
+    tok_config = detect._json(path / "tokenizer_config.json") or {}
+    return config.get("model_type") == "qwen3" or bool(tok_config.get("add_eos_token"))
+
+
 def load(path: Path, options: LoadOptions) -> Loaded:
     """The checkpoint ready for its task (``options.task``, else its own)."""
     path = Path(path)
@@ -102,7 +122,8 @@ def load(path: Path, options: LoadOptions) -> Loaded:
         pooling=detect.pooling_of(path, "last" if kind == "decoder" else "mean"),
         pad_id=int(config.get("pad_token_id") or 0),
         eos_id=eos[0] if isinstance(eos, list) else eos,
-        max_length=int(config.get("max_position_embeddings") or 512),
-        dense=[_dense(folder) for folder in detect.dense_dirs(path)])
+        max_length=max_positions(config),
+        dense=[_dense(folder) for folder in detect.dense_dirs(path)],
+        append_eos=_appends_eos(path, config, kind))
     return Loaded(model=model, tasks=detect.tasks_of(path, config), config=config,
                   tokenizer=tokenizer)

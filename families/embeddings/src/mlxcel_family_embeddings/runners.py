@@ -77,7 +77,7 @@ class Embedder:
     def tokenize(self, text: str) -> Encoded:
         enc = self.tokenizer.encode(text)
         ids = list(enc.ids)
-        if self.model.kind == "decoder" and self.model.eos_id is not None \
+        if self.model.append_eos and self.model.eos_id is not None \
                 and (not ids or ids[-1] != self.model.eos_id):
             ids.append(self.model.eos_id)  # the embedding is read at this token
         types = list(enc.type_ids) if self.model.kind == "encoder" else None
