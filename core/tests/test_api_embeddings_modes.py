@@ -2,7 +2,7 @@
 ``--reranking`` dropping the chat model, every generation route a 501 in its dialect's shape
 in a side-only process, ``/health`` while a side model loads or after it failed, and a chat
 model with an embedder beside it listed with each model's capabilities, and requests
-refused by their fields before the model runs."""
+refused by their fields before the model runs; a non-finite rerank score is a 500."""
 
 from __future__ import annotations
 
@@ -211,3 +211,16 @@ def test_requests_refused_by_their_fields_never_reach_the_model():
         "dimensions", "dimensions", "content", "content[1]"]
     assert all(r.status_code == 400 for r in (big, small, native, long))
     assert runner.batches == []
+
+
+def test_a_non_finite_rerank_score_is_a_500():
+    class NanReranker(NumpyReranker):
+        def score(self, pairs):
+            return [float("nan")] * len(pairs)
+
+    with side_app(reranker=NanReranker()) as c:
+        jina = c.post("/v1/rerank", json={"query": "q", "documents": ["a", "b"]})
+        tei = c.post("/rerank", json={"query": "q", "texts": ["a"]})
+    for r in (jina, tei):
+        assert r.status_code == 500 and r.json()["error"]["type"] == "server_error"
+        assert "non-finite" in r.json()["error"]["message"]

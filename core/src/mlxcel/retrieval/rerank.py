@@ -3,12 +3,13 @@ and length-checked on the HTTP side, scored on the job lane, sorted and cut to `
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import msgspec
 
 from mlxcel.engine.side import SideEngine
-from mlxcel.errors import InvalidRequest
+from mlxcel.errors import InvalidRequest, ServerError
 from mlxcel.retrieval.embed import MAX_INPUTS
 
 
@@ -56,6 +57,8 @@ async def rank(side: SideEngine, query: str, texts: list[str], param: str,
                                  param=f"{param}[{i}]")
         pairs.append(pair)
     scores = await side.run(pairs, ("rerank",), runner.score)
+    if not all(math.isfinite(s) for s in scores):  # the model's failure, never the client's
+        raise ServerError("the reranking model produced a non-finite score")
     ranked = sorted((Ranked(i, float(s), texts[i]) for i, s in enumerate(scores)),
                     key=lambda r: (-r.score, r.index))
     return ranked[:top_n] if top_n else ranked, sum(len(p) for p in pairs)
