@@ -10,6 +10,7 @@ import msgspec
 
 from mlxcel.engine.side import SideEngine
 from mlxcel.errors import InvalidRequest, ServerError
+from mlxcel.families.tasks import Encoded
 from mlxcel.retrieval.embed import MAX_INPUTS
 
 
@@ -41,13 +42,15 @@ def check_top_n(top_n: int | None) -> None:
         raise InvalidRequest(f"'top_n' must be at least 1, not {top_n}", param="top_n")
 
 
-async def rank(side: SideEngine, query: str, texts: list[str], param: str,
-               top_n: int | None) -> tuple[list[Ranked], int]:
-    """The documents by score (highest first), at most ``top_n``, and the tokens read."""
+def check_query(query: Any) -> str:
     if not isinstance(query, str) or not query:
         raise InvalidRequest("'query' must be a non-empty string", param="query")
-    check_top_n(top_n)
-    runner = side.runner
+    return query
+
+
+def encode_pairs(runner: Any, query: str, texts: list[str], param: str) -> list[Encoded]:
+    """Each (query, document) pair as the reranker reads it; a pair longer than the model
+    takes is a 400 naming its document. HTTP side, off the event loop."""
     pairs = []
     for i, text in enumerate(texts):
         pair = runner.encode_pair(query, text)
@@ -56,7 +59,13 @@ async def rank(side: SideEngine, query: str, texts: list[str], param: str,
                                  f"reranker takes at most {runner.max_length}",
                                  param=f"{param}[{i}]")
         pairs.append(pair)
-    scores = await side.run(pairs, ("rerank",), runner.score)
+    return pairs
+
+
+async def rank(side: SideEngine, pairs: list[Encoded], texts: list[str],
+               top_n: int | None) -> tuple[list[Ranked], int]:
+    """The documents by score (highest first), at most ``top_n``, and the tokens read."""
+    scores = await side.run(pairs, ("rerank",), side.runner.score)
     if not all(math.isfinite(s) for s in scores):  # the model's failure, never the client's
         raise ServerError("the reranking model produced a non-finite score")
     ranked = sorted((Ranked(i, float(s), texts[i]) for i, s in enumerate(scores)),

@@ -67,8 +67,11 @@ def build(ctx: AppContext) -> list[Any]:
                                  param="documents")
         param = "texts" if tei else "documents"
         texts = rr.texts_of(body.texts if tei else body.documents, param)
+        query = rr.check_query(body.query)
         rr.check_top_n(body.top_n)
-        ranked, tokens = await rr.rank(side, body.query, texts, param, body.top_n)
+        runner = side.runner
+        pairs = await prepare_for(request, lambda: rr.encode_pairs(runner, query, texts, param))
+        ranked, tokens = await rr.rank(side, pairs, texts, body.top_n)
         if tei:
             return Response([{"index": r.index, "score": r.score,
                               **({"text": r.text} if body.return_text else {})}
