@@ -47,6 +47,7 @@ class EmbeddingModel:
     max_length: int
     dense: list[Dense] = field(default_factory=list)
     append_eos: bool = False
+    token_types: bool = False
 
 
 def _dense(folder: Path) -> Dense:
@@ -124,6 +125,8 @@ def load(path: Path, options: LoadOptions) -> Loaded:
         eos_id=eos[0] if isinstance(eos, list) else eos,
         max_length=max_positions(config),
         dense=[_dense(folder) for folder in detect.dense_dirs(path)],
-        append_eos=_appends_eos(path, config, kind))
+        append_eos=_appends_eos(path, config, kind),
+        # XLM-R has one token type: a tokenizer's pair type 1 would index past its table
+        token_types=int(config.get("type_vocab_size") or 0) > 1)
     return Loaded(model=model, tasks=detect.tasks_of(path, config), config=config,
                   tokenizer=tokenizer)

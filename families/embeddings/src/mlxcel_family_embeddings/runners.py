@@ -80,7 +80,7 @@ class Embedder:
         if self.model.append_eos and self.model.eos_id is not None \
                 and (not ids or ids[-1] != self.model.eos_id):
             ids.append(self.model.eos_id)  # the embedding is read at this token
-        types = list(enc.type_ids) if self.model.kind == "encoder" else None
+        types = list(enc.type_ids) if self.model.token_types else None
         return Encoded(ids, types[:len(ids)] if types is not None else None)
 
     def embed(self, inputs: Sequence[Encoded], pooling: str) -> list[np.ndarray]:
@@ -117,7 +117,8 @@ class Reranker:
     def encode_pair(self, query: str, document: str) -> Encoded:
         if self.model.kind == "cross":
             enc = self.tokenizer.encode(query, document)
-            return Encoded(list(enc.ids), list(enc.type_ids))
+            return Encoded(list(enc.ids),
+                           list(enc.type_ids) if self.model.token_types else None)
         text = (f"{RERANK_PREFIX}<Instruct>: {RERANK_INSTRUCTION}\n<Query>: {query}\n"
                 f"<Document>: {document}{RERANK_SUFFIX}")
         return Encoded(list(self.tokenizer.encode(text, add_special_tokens=False).ids))
