@@ -18,6 +18,7 @@ from mlxcel.families.api import Family
 from mlxcel.families.registry import FamilyRegistry
 from mlxcel.model.loader import check_checkpoint, select_family
 from mlxcel.plugins import load_plugins
+from mlxcel.testing.builtin_plugins import BUILTINS
 from mlxcel.testing.checkpoint import SHAPES, cached_checkpoint
 
 # the cache kinds each served type's make_cache() must show (checked against the model)
@@ -46,7 +47,9 @@ PROMPT = "Tell me a long story about a quick brown fox that jumps over the lazy 
 
 @pytest.fixture(scope="module")
 def families():
-    return load_plugins().families
+    """Core's own families only: an installed distribution listing one of these types
+    (mlxcel-family-gemma4 lists gemma4_text) takes it, as the precedence test shows."""
+    return load_plugins(allow=list(BUILTINS)).families
 
 
 def _cache_kinds(model) -> set[str]:
@@ -199,7 +202,7 @@ def test_each_model_type_serves_a_request(model_type, mlxcel_checkpoint_cache):
     path = cached_checkpoint(model_type, cache_dir=mlxcel_checkpoint_cache, dtype="float32")
     model, _ = load_model(path)
     assert _cache_kinds(model) == KINDS[model_type]
-    with make_client(path, parallel=2) as client:
+    with make_client(path, parallel=2, plugins=",".join(BUILTINS)) as client:
         wait_ready(client)
         r = client.post("/v1/chat/completions", json={
             "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 24,
