@@ -63,6 +63,7 @@ def test_side_model_flags_parse_into_settings_and_lane_limits():
             settings.embedding_max_length) == ("e", "r", True, False, "none", 3, 64)
     assert lane_limits(settings, "embed") == LaneLimits(depth=2, timeout_s=9.0, batch_items=5)
     assert lane_limits(settings, "rerank") == LaneLimits(depth=2, timeout_s=9.0, batch_items=7)
+    assert build_parser().parse_args(["--embd-normalize", "-1"]).embd_normalize == -1
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--pooling", "max"])
 
