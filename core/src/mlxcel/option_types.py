@@ -12,6 +12,9 @@ from typing import Any
 
 from mlxcel.types import LoopPolicy
 
+# the llama column of the options table: what a llama-server flag does here
+KEPT, MAPPED, PENDING, IGNORED = "kept", "mapped", "pending", "ignored"
+
 
 def boolean(raw: str) -> bool:
     """A switch's env twin: 1/true/yes/on/enabled or 0/false/no/off/disabled (llama-server

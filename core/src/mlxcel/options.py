@@ -12,7 +12,8 @@ command line carries over (docs/reference/flags.md shows it): ``kept`` (same mea
 ``mapped`` (llama.cpp's meaning translated onto this engine, the help says how),
 ``pending`` (stored in Settings; its feature is not served yet), ``ignored`` (no meaning
 on MLX: accepted with its value, named in one startup log line with the help's reason),
-or None for mlxcel's own flags. A flag in neither is unknown and refuses to start.
+or None for mlxcel's own flags. A flag in neither is unknown and refuses to start. The
+side models' rows are ``mlxcel.options_side``'s, the ignored ones ``mlxcel.options_ignored``'s.
 """
 
 from __future__ import annotations
@@ -24,7 +25,11 @@ from typing import Any, NamedTuple
 from mlxcel import __version__
 from mlxcel.errors import StartupError
 from mlxcel.model.chat_templates import chat_template_value
-from mlxcel.option_types import (  # noqa: F401 (re-exported: the table's types)
+from mlxcel.option_types import (  # noqa: F401 (re-exported: the table's types)  # noqa: F401 (the kinds)
+    IGNORED,
+    KEPT,
+    MAPPED,
+    PENDING,
     RESERVED_TEMPLATE_KEYS,
     HelpFormatter,
     IgnoredAction,
@@ -47,8 +52,8 @@ from mlxcel.option_types import (  # noqa: F401 (re-exported: the table's types)
     text,
 )
 from mlxcel.options_ignored import IGNORED_ROWS
+from mlxcel.options_side import SIDE_ROWS
 
-KEPT, MAPPED, PENDING, IGNORED = "kept", "mapped", "pending", "ignored"
 IGNORED_DEST = "ignored_flags"  # where every ignored row's value goes: {flag: value}
 
 
@@ -301,41 +306,7 @@ _ROWS: list[tuple[Any, ...]] = [
      "MLXCEL_DISTRIBUTED_TIMEOUT",
      "seconds a distributed step may go without progress before the server fails (a rank "
      "hangs); a rank that dies fails it at once"),
-    # side models: embeddings and reranking (mlxcel-family-embeddings)
-    (("--embedding-model",), "embedding_model", str, None, "LLAMA_ARG_EMBEDDING_MODEL",
-     "an embedding model served beside the chat model (/v1/embeddings, /embedding); "
-     "needs mlxcel-family-embeddings", None, "MLXCEL_EMBEDDING_MODEL"),
-    (("--reranker-model",), "reranker_model", str, None, "LLAMA_ARG_RERANKER_MODEL",
-     "a reranker served beside the chat model (/v1/rerank, /rerank); a generative "
-     "reranker (Qwen3-Reranker) needs this flag", None, "MLXCEL_RERANKER_MODEL"),
-    (("--embedding", "--embeddings"), "embeddings", Toggle(), False, "LLAMA_ARG_EMBEDDINGS",
-     "serve embeddings only: -m (or --embedding-model) is the embedder, and the "
-     "generation routes answer 501", KEPT),
-    (("--rerank", "--reranking"), "reranking", Toggle(), False, "LLAMA_ARG_RERANKING",
-     "serve reranking only: -m (or --reranker-model) is the reranker, and the generation "
-     "routes answer 501", KEPT),
-    (("--pooling",), "pooling", choice("pooling", "none", "mean", "cls", "last", "rank"),
-     None, "LLAMA_ARG_POOLING", "the embedder's pooling (default: the checkpoint's "
-     "sentence-transformers 1_Pooling config); none gives one vector per token", KEPT,
-     "MLXCEL_EMBEDDING_POOLING"),
-    (("--embd-normalize",), "embd_normalize", int, 2, "MLXCEL_EMBD_NORMALIZE",
-     "embedding normalization: -1 none, 0 max-abs to int16, 1 taxicab, 2 euclidean, "
-     ">2 p-norm", KEPT),
-    (("--embedding-batch-size",), "embedding_batch_size", int, 16,
-     "MLXCEL_EMBEDDING_BATCH_SIZE",
-     "most inputs one embedding forward takes, across the requests queued together"),
-    (("--embedding-max-length",), "embedding_max_length", int, 0,
-     "MLXCEL_EMBEDDING_MAX_LENGTH",
-     "most tokens one embedding input may have (0: the model's, at most 8192); longer is "
-     "a 400"),
-    (("--embedding-queue-depth",), "embedding_queue_depth", int, 8,
-     "MLXCEL_EMBEDDING_QUEUE_DEPTH",
-     "embedding (and rerank) requests queued at once; more get 503"),
-    (("--embedding-request-timeout-secs",), "embedding_request_timeout_secs", float, 120.0,
-     "MLXCEL_EMBEDDING_REQUEST_TIMEOUT_SECS",
-     "seconds an embedding (or rerank) request may wait and run; then 504"),
-    (("--rerank-batch-size",), "rerank_batch_size", int, 8, "MLXCEL_RERANK_BATCH_SIZE",
-     "most (query, document) pairs one rerank forward takes"),
+    *SIDE_ROWS,
     # llama-server flags with no meaning on MLX: accepted, and named in one log line
     *((flags, IGNORED_DEST, type_, None, env, why, IGNORED)
       for flags, type_, env, why in IGNORED_ROWS),
