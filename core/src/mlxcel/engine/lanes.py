@@ -84,7 +84,6 @@ class JobLane:
         self._open: dict[str, int] = {}  # admitted, unfinished jobs per task
         self._turn: deque[str] = deque()  # tasks in the order they get the next batch
         self._limits: dict[str, LaneLimits] = {}
-        self.batches_run = 0
         self.closed: str | None = None  # why the lane takes no more jobs
         self.share = SIDE_SHARE
         self._next_turn = 0.0  # while decoding, no batch before this (perf_counter)
@@ -181,7 +180,6 @@ class JobLane:
         picked, fn = self._take()
         if not picked:
             return False
-        self.batches_run += 1
         jobs = list(dict.fromkeys(job for job, _ in picked))
         try:
             results = fn([job.items[i] for job, i in picked])

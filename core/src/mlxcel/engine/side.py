@@ -47,11 +47,6 @@ class SideEngine:
             raise GenerationFailed(f"the {self.task} model failed to load: {self.error}")
         return self._runner
 
-    @property
-    def batch_items(self) -> int:
-        """The most items one run of ``fn`` takes (``--embedding-batch-size``, ...)."""
-        return self.limits.batch_items
-
     async def run(self, items: list[Any], key: Hashable,
                   fn: Callable[[list[Any]], list[Any]]) -> list[Any]:
         """``fn(batch)`` on the engine thread over ``items`` (maybe beside other requests'
