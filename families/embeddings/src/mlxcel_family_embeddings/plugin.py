@@ -24,5 +24,4 @@ def mlxcel_register_families(registry):
         load="mlxcel_family_embeddings.load:load",
         check="mlxcel_family_embeddings.detect:check",
         tasks_of="mlxcel_family_embeddings.detect:tasks_of",
-        supports_batching=False,
     ))
