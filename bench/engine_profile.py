@@ -182,7 +182,7 @@ def raw_loop(worker, batch: int, steps: int, prompt_len: int = 48,
     policy's patches) and cache kind (shared-position ``BatchCache`` or the mixed path's
     merged mlx-lm caches), or with ``own_cache`` the model's own ``make_cache()``."""
     import mlx.core as mx
-    from mlxcel.engine.kvcache import BatchCache
+    from mlxcel.engine.cache.kvcache import BatchCache
 
     model = worker.checkpoint.model
     if own_cache:

@@ -29,7 +29,7 @@ import time
 
 def make_cache(model, cache_kind: str, pads: list[int]) -> list:
     """``KVCache`` | ``BatchKVCache`` (mlx-lm) | ``mlxcel-absolute`` | ``mlxcel-shared``
-    (mlxcel's engine cache, ``mlxcel.engine.kvcache``, one per layer: models without
+    (mlxcel's engine cache, ``mlxcel.engine.cache.kvcache``, one per layer: models without
     KV-shared layers only; shared = one scalar RoPE position)."""
     from mlx_lm.models.cache import make_prompt_cache
 
@@ -42,7 +42,7 @@ def make_cache(model, cache_kind: str, pads: list[int]) -> list:
             for c in merged:
                 c.prepare(left_padding=pads)
         return merged
-    from mlxcel.engine.kvcache import BatchCache, shared_position_rope
+    from mlxcel.engine.cache.kvcache import BatchCache, shared_position_rope
 
     rope = shared_position_rope(model, True) if cache_kind == "mlxcel-shared" else None
     if cache_kind == "mlxcel-shared" and rope is None:

@@ -32,7 +32,7 @@ def main() -> int:
     args = ap.parse_args()
     import mlx.core as mx
     import mlx.nn as nn
-    from mlxcel.engine.kvcache import BatchCache, stored_rows
+    from mlxcel.engine.cache.kvcache import BatchCache, stored_rows
 
     rope = nn.RoPE(128, base=500000.0)
     layers, b, n = 32, args.batch, args.length
@@ -75,7 +75,7 @@ def main() -> int:
         def per_row(caches=caches, lengths=lengths) -> list:
             # the store before stored_rows: per layer a gather and rotation, per row and
             # layer a slice, per row one concatenation of all layers
-            from mlxcel.engine.kvcache import rotate
+            from mlxcel.engine.cache.kvcache import rotate
 
             take = mx.array(idx)
             out = []
@@ -99,7 +99,7 @@ def main() -> int:
         def hits_per_layer(hits=hits, start=start, pads=pads) -> list:
             # the prefill of a group of prompt-cache hits before the stacked from_prefixes:
             # per layer and row a slice and a pad, per layer a concatenation and a rotation
-            from mlxcel.engine.kvcache import rotate
+            from mlxcel.engine.cache.kvcache import rotate
 
             out = []
             for layer in range(layers):

@@ -12,11 +12,11 @@ from types import SimpleNamespace
 import mlx.core as mx
 import pytest
 from mlxcel import cli
+from mlxcel.engine.cache.kvcache import KVRows
+from mlxcel.engine.cache.prompt_cache import BLOCK_SIZE, PromptCache
 from mlxcel.engine.distributed import launcher, messages, sharding
 from mlxcel.engine.distributed.follower import Follower
 from mlxcel.engine.distributed.leader import Leader
-from mlxcel.engine.kvcache import KVRows
-from mlxcel.engine.prompt_cache import BLOCK_SIZE, PromptCache
 from mlxcel.errors import StartupError
 from mlxcel.testing.engine import run_until_done, submit, worker_for
 

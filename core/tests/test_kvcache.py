@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from mlx_lm.models import llama, phi3, qwen3
 from mlx_lm.models.cache import make_prompt_cache
-from mlxcel.engine import kvcache
-from mlxcel.engine.kvcache import BatchCache, rotate, shared_position_rope
+from mlxcel.engine.cache import kvcache
+from mlxcel.engine.cache.kvcache import BatchCache, rotate, shared_position_rope
 
 VOCAB = 97
 

@@ -8,8 +8,8 @@ import mlx.nn as nn
 import pytest
 from mlx_lm.models import gemma3_text, llama, qwen2, qwen3
 from mlxcel.engine.accel import fused_proj, lean_decode, module_attrs
+from mlxcel.engine.cache.kvcache import BatchCache, shared_position_rope
 from mlxcel.engine.config import EngineConfig
-from mlxcel.engine.kvcache import BatchCache, shared_position_rope
 from mlxcel.errors import StartupError
 from mlxcel.options import build_parser
 

@@ -14,8 +14,8 @@ import time
 
 import pytest
 from apphelpers import make_client, wait_ready
+from mlxcel.engine.cache.prompt_cache import PromptCache
 from mlxcel.engine.client import EngineClient
-from mlxcel.engine.prompt_cache import PromptCache
 from mlxcel.model.loader import load_checkpoint
 from mlxcel.plugins import load_plugins
 from mlxcel.testing.checkpoint import cached_checkpoint
@@ -201,7 +201,7 @@ def test_plain_kv_reuses_any_block_prefix(mlxcel_checkpoint_cache):
 
 
 def test_window_rule_in_numbers():
-    from mlxcel.engine.cache_kinds import Reuse
+    from mlxcel.engine.cache.kinds import Reuse
 
     window = Reuse("window", 64)
     assert window.covers(64, 16) and not window.covers(65, 16) and window.covers(65, 65)
@@ -211,7 +211,7 @@ def test_window_rule_in_numbers():
 
 def test_reuse_rule_per_cache_kind():
     from mlx_lm.models.cache import ArraysCache, CacheList, KVCache, RotatingKVCache
-    from mlxcel.engine.cache_kinds import reuse_rule
+    from mlxcel.engine.cache.kinds import reuse_rule
 
     assert reuse_rule([KVCache(), KVCache()]).mode == "prefix"
     rule = reuse_rule([KVCache(), RotatingKVCache(512), RotatingKVCache(128)])

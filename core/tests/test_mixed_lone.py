@@ -12,7 +12,7 @@ import random
 import mlx.core as mx
 from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
-from mlxcel.engine.cache_kinds import arrays, is_lone, lone_kinds, private
+from mlxcel.engine.cache.kinds import arrays, is_lone, lone_kinds, private
 from mlxcel.model.loader import load_checkpoint
 from mlxcel.plugins import load_plugins
 from mlxcel.testing.checkpoint import cached_checkpoint

@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 
 import mlx.core as mx
-from mlxcel.engine.kvcache import KVRows
-from mlxcel.engine.prompt_cache import BLOCK_SIZE, PromptCache, block_hashes
+from mlxcel.engine.cache.kvcache import KVRows
+from mlxcel.engine.cache.prompt_cache import BLOCK_SIZE, PromptCache, block_hashes
 
 LAYERS = 2
 

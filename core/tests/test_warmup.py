@@ -5,7 +5,7 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 from mlxcel.engine.accel.warmup import prefill_shapes, warm_up
-from mlxcel.engine.kvcache import BatchCache, shared_position_rope
+from mlxcel.engine.cache.kvcache import BatchCache, shared_position_rope
 
 
 def test_prefill_shapes_cover_every_chunk_the_engine_can_cut():

@@ -7,11 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from mlxcel.engine.cache.prompt_cache import PromptCache
 from mlxcel.engine.client import EngineClient
 from mlxcel.engine.config import EngineConfig
 from mlxcel.engine.lane_worker import LaneWorker
 from mlxcel.engine.lanes import LaneClient, LaneLimits
-from mlxcel.engine.prompt_cache import PromptCache
 from mlxcel.engine.side import SideEngine
 from mlxcel.families.tasks import TaskOptions
 from mlxcel.plugins import Plugins

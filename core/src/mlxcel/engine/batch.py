@@ -3,7 +3,7 @@
 Every sequence first prefills all but its last prompt token (padded with the others
 admitted with it, chunk by chunk), then joins the decode batch with that last token as its
 next input, so the first generated token comes out of an ordinary batched decode step.
-Models on plain KV caches run on ``mlxcel.engine.kvcache.BatchCache`` (``PrefillJob``,
+Models on plain KV caches run on ``mlxcel.engine.cache.kvcache.BatchCache`` (``PrefillJob``,
 ``SharedOps``; ``rope``, from ``shared_position_rope``, selects its shared-position mode);
 every other cache mix on mlx-lm's batch caches (``mlxcel.engine.mixed_batch``).
 """
@@ -20,7 +20,7 @@ from mlxcel.backend import on_cuda
 from mlxcel.engine import penalties as pen
 from mlxcel.engine import sampling as samp
 from mlxcel.engine.accel import lean_decode
-from mlxcel.engine.kvcache import BatchCache, KVRows, stored_rows
+from mlxcel.engine.cache.kvcache import BatchCache, KVRows, stored_rows
 from mlxcel.engine.masks import apply_masks, guided_rows
 from mlxcel.engine.penalties import Penalties
 from mlxcel.engine.sampling import BatchSampler, logprob_arrays

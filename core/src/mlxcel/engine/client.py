@@ -10,10 +10,10 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from mlxcel.engine.cache.prompt_cache import PromptCache
 from mlxcel.engine.config import EngineConfig
 from mlxcel.engine.lanes import Job, LaneClient, LaneLimits
 from mlxcel.engine.memory import estimate_request_bytes
-from mlxcel.engine.prompt_cache import PromptCache
 from mlxcel.engine.worker import EngineWorker
 from mlxcel.errors import (
     ContextLengthExceeded,

@@ -5,7 +5,7 @@ hold: sliding-window (rotating) layers, KV-shared layers, recurrent or conv stat
 (``ArraysCache``), ``CacheList`` layers, and mixtures of them in one model.
 
 Each row starts from its own per-layer caches: the model's ``make_cache()``, or a
-prompt-cache entry cut to what the row reuses (``mlxcel.engine.cache_kinds``). A prefill
+prompt-cache entry cut to what the row reuses (``mlxcel.engine.cache.kinds``). A prefill
 group merges them into batch caches (each layer cache's ``merge``: ``BatchKVCache``,
 ``BatchRotatingKVCache``, ``ArraysCache``, ``CacheList``; or the family's ``batch_cache``
 factory), then computes every row's own uncached tail, right-padded to the longest
@@ -14,7 +14,7 @@ each row's padding to its left). The group joins the decode batch with ``extend`
 leave with ``filter``, and a finished row is copied out for the prompt cache with
 ``extract``.
 
-A lone row decodes on its own plain caches (``cache_kinds.lone_kinds``: the model's
+A lone row decodes on its own plain caches (``cache.kinds.lone_kinds``: the model's
 ``KVCache`` / ``RotatingKVCache``) with no mask and scalar offsets, the step of mlx-lm's
 own generate loop: a group of one prefills on them, a second row joining merges them into
 batch caches (``merge``), and a batch filtered down to one row goes back to plain ones
@@ -33,7 +33,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache, BatchRotatingKVCache
 
 from mlxcel.engine.batch import Prefill, is_batchable
-from mlxcel.engine.cache_kinds import (
+from mlxcel.engine.cache.kinds import (
     RowCaches,
     arrays,
     is_lone,

@@ -16,8 +16,8 @@ import structlog
 from mlxcel.engine import distributed, mixed_batch
 from mlxcel.engine.accel import attention, cpu_blas, fused_proj, lean_decode, module_attrs
 from mlxcel.engine.accel.warmup import warm_mixed, warm_up
-from mlxcel.engine.cache_kinds import reuse_rule
-from mlxcel.engine.kvcache import BatchCache, shared_position_rope
+from mlxcel.engine.cache.kinds import reuse_rule
+from mlxcel.engine.cache.kvcache import BatchCache, shared_position_rope
 from mlxcel.engine.memory import compute_dtype_bytes, request_budget
 from mlxcel.engine.policy import resolve_policy
 from mlxcel.engine.side import load_sides

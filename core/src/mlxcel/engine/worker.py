@@ -16,11 +16,11 @@ import structlog
 from mlxcel.engine import distributed, mixed_batch
 from mlxcel.engine.admission import Admission
 from mlxcel.engine.batch import DecodeBatch, PrefillJob, read_back
+from mlxcel.engine.cache.prompt_cache import PromptCache
 from mlxcel.engine.config import EngineConfig
 from mlxcel.engine.lanes import JobLane
 from mlxcel.engine.parts import BufferRelease, Inbox
 from mlxcel.engine.policy import EnginePolicy
-from mlxcel.engine.prompt_cache import PromptCache
 from mlxcel.engine.scheduler import Plan
 from mlxcel.engine.sequence import Sequence, Sink, end_all
 from mlxcel.engine.setup import EngineSetup
@@ -84,7 +84,7 @@ class EngineWorker(EngineSetup, Admission, threading.Thread):
         self.state = "loading"
         self.error: str | None = None
         self.checkpoint: Any = None
-        self.rope: Any = None  # shared-position RoPE (mlxcel.engine.kvcache)
+        self.rope: Any = None  # shared-position RoPE (mlxcel.engine.cache.kvcache)
         self.path = "shared"  # which caches rows decode on (_choose_path)
         self.batchable = self.grouped = True
         self.merge: Any = None  # mixed path: rows' caches -> batch caches

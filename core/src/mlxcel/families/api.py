@@ -75,7 +75,7 @@ class Family(msgspec.Struct, frozen=True, kw_only=True):
 
     ``relative_positions``: the family's models read ``cache.offset`` only as the RoPE
     offset, so the engine may give every row of a batch one shared (shifted) position and
-    pass a scalar offset (faster on CUDA; see ``mlxcel.engine.kvcache``). The engine still
+    pass a scalar offset (faster on CUDA; see ``mlxcel.engine.cache.kvcache``). The engine still
     checks that every rotary module is a pure rotation before it does.
 
     ``supports_batching``: False runs the family's models one request at a time, with no

@@ -18,10 +18,10 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from mlxcel.engine.cache.prompt_cache import PromptCache
 from mlxcel.engine.client import EngineClient
 from mlxcel.engine.config import EngineConfig
 from mlxcel.engine.policy import EnginePolicy, resolve_policy
-from mlxcel.engine.prompt_cache import PromptCache
 from mlxcel.engine.worker import EngineWorker
 from mlxcel.model.loader import load_checkpoint
 from mlxcel.plugins import load_plugins

@@ -37,7 +37,7 @@ from mlx_lm.models.cache import BatchKVCache, BatchRotatingKVCache
 
 from mlxcel.backend import mlx_device, on_cuda
 from mlxcel.engine.accel import cpu_attention, varlen_attention
-from mlxcel.engine.kvcache import BatchCache
+from mlxcel.engine.cache.kvcache import BatchCache
 
 
 def grouped_decode_attention(queries: mx.array, keys: mx.array, values: mx.array,

@@ -37,8 +37,8 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from mlxcel.engine.accel import lean_decode
 from mlxcel.engine.batch import DecodeBatch, PrefillJob
-from mlxcel.engine.cache_kinds import arrays, lone_kinds
-from mlxcel.engine.kvcache import BatchCache, stored_rows
+from mlxcel.engine.cache.kinds import arrays, lone_kinds
+from mlxcel.engine.cache.kvcache import BatchCache, stored_rows
 from mlxcel.engine.sampling import RowRandom
 from mlxcel.types import SamplingParams
 

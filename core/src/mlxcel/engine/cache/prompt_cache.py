@@ -7,7 +7,7 @@ full block hash of them, plus the tokens past its last full block (``tail``), so
 prompt finds it by any block-aligned prefix and, exactly, by its whole length.
 
 What a hit may reuse depends on the model's caches (``reuse``, a
-``mlxcel.engine.cache_kinds.Reuse``): with plain KV any block-aligned prefix, and entries
+``mlxcel.engine.cache.kinds.Reuse``): with plain KV any block-aligned prefix, and entries
 are cut to whole blocks; with sliding-window or recurrent layers an entry keeps its full
 length, and a prompt that extends it exactly reuses all of it, while a shorter prefix is
 reused only where ``Reuse.covers`` allows. Capacity is in bytes and entries; eviction is
@@ -26,7 +26,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from mlxcel.engine.cache_kinds import Reuse
+from mlxcel.engine.cache.kinds import Reuse
 
 BLOCK_SIZE = 16
 INSERT_WAIT_S = 10.0  # stats/reset wait at most this long for the engine's inserts
