@@ -169,3 +169,38 @@ class RowCaches:
 
     def prefix(self, n: int) -> RowCaches:
         return RowCaches(cut(self.caches, n))
+
+    def at(self, checkpoint: Checkpoint) -> RowCaches:
+        """The row's state at ``checkpoint.position`` (at most our length): the
+        checkpoint's own layers, and ours cut back where it holds None."""
+        n = checkpoint.position
+        return RowCaches([_cut(mine, n) if theirs is None else theirs
+                          for mine, theirs in zip(self.caches, checkpoint.caches, strict=True)])
+
+
+def cuttable(cache: Any) -> bool:
+    """Whether a row's layer ``cache`` (as ``extract`` gives it) can be cut back to any
+    shorter length later (``cut``): plain KV, and CacheLists of plain KV only."""
+    from mlx_lm.models.cache import CacheList, KVCache
+
+    if type(cache) is CacheList:
+        return all(cuttable(c) for c in cache.caches)
+    return type(cache) is KVCache
+
+
+class Checkpoint:
+    """One row's state after its first ``position`` tokens, for the layers that cannot be
+    cut back to it later (``cuttable``: recurrent and conv state, rotating windows, a
+    family's own kinds); ``caches`` has None for the others, which the entry that holds the
+    checkpoint gives, cut (``RowCaches.at``). ``kind`` names the boundary it was taken at
+    (``mlxcel.types.CACHE_MARKS``)."""
+
+    def __init__(self, position: int, kind: str, caches: list[Any | None]) -> None:
+        self.position, self.kind, self.caches = position, kind, caches
+        self.nbytes = nbytes([c for c in caches if c is not None])
+
+    @classmethod
+    def of(cls, position: int, kind: str, caches: list[Any]) -> Checkpoint:
+        """From a row's whole caches at ``position`` (owned copies): cuttable layers
+        dropped."""
+        return cls(position, kind, [None if cuttable(c) else c for c in caches])
