@@ -1,0 +1,345 @@
+"""Entry files of the prompt cache's disk tier: per entry a safetensors data file and a JSON
+header (``FileHeader``), both named by ``entry_key``.
+
+* The data file holds the entry's arrays, named by where they sit (``p.3.1``: payload layer
+  3, state item 1; ``c.0.3.1``: checkpoint 0, layer 3, item 1), and under ``META_KEY`` a
+  JSON tree that rebuilds the cache objects around them (class name + ``state`` ->
+  ``from_state``, as mlx-lm's ``save_prompt_cache``). Only cache classes defined in
+  ``mlx_lm.models.cache`` are written or rebuilt: a file never makes us import or
+  instantiate anything else.
+* Each file is written under a temporary name, fsynced and renamed, the header last: a data
+  file without a valid header (a crash between the two) is garbage that ``scan`` deletes.
+* A header binds its data by size and sha256, its tokens by its key, the model by its
+  fingerprint (``model_fingerprint``): a cache read for other weights or from a torn file
+  decodes to plausible garbage rather than failing, so all are checked before parsing.
+
+No locking: the caller runs ``scan`` and ``clear`` while no write to the directory runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+import secrets
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import msgspec
+from mlx_lm.models import cache as lm_cache
+
+# the module, not its names: prompt_cache may import this module while it loads
+from mlxcel.engine.cache import prompt_cache
+from mlxcel.engine.cache.kinds import Checkpoint, RowCaches
+from mlxcel.engine.cache.kvcache import KVRows
+
+FORMAT = 1  # version of the metadata tree; another one is refused
+META_KEY = "mlxcel.entry"
+KINDS = ("rows", "kv")
+_KEY = r"[0-9a-f]{64}"
+_ENTRY = re.compile(rf"({_KEY})\.(safetensors|json)")
+_TMP = re.compile(rf"({_KEY})\.(\d+)\.[0-9a-f]+\.tmp\.(safetensors|json)")
+SAMPLES, SAMPLE_BYTES = 16, 64 * 1024  # model_fingerprint's reads of each weights file
+MAX_HEADER = 100 << 20  # safetensors' own limit on its JSON header
+CHUNK = 1 << 20
+
+
+class FileRefused(ValueError):
+    """An entry file that is not what we wrote for this model (``reason`` says how), or a
+    payload that this format cannot store (a family's own cache class)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class FileHeader(msgspec.Struct, frozen=True):
+    key: str  # file stem: entry_key(tokens)
+    tokens: tuple[int, ...]
+    kind: str  # "rows" (a RowCaches payload) or "kv" (a KVRows payload)
+    checkpoints: tuple[tuple[int, str], ...]  # (position, kind) of each Checkpoint, in order
+    nbytes: int  # size of the data file
+    checksum: str  # sha256 hex of the data file's bytes
+    fingerprint: str  # model_fingerprint of the model it was written for
+    created: float  # time.time() at write
+
+
+def entry_key(tokens: Sequence[int]) -> str:
+    """sha256 hex of the last full block's hash, the length and the tokens past the last full
+    block: one name per token sequence, and as cheap as the block hashes a lookup needs."""
+    hashes = prompt_cache.block_hashes(tokens)
+    tail = tokens[len(hashes) * prompt_cache.BLOCK_SIZE:]
+    data = (hashes[-1] if hashes else b"") + len(tokens).to_bytes(8, "little") \
+        + b"".join(int(t).to_bytes(4, "little") for t in tail)
+    return hashlib.sha256(data).hexdigest()
+
+
+# -- payload <-> arrays + JSON ------------------------------------------------------------
+def _cache_class(name: Any) -> type | None:
+    """The public cache class ``name`` of ``mlx_lm.models.cache``, else None."""
+    if not isinstance(name, str) or name.startswith("_"):
+        return None
+    cls = getattr(lm_cache, name, None)
+    ok = isinstance(cls, type) and issubclass(cls, lm_cache._BaseCache) \
+        and cls.__module__ == lm_cache.__name__
+    return cls if ok else None
+
+
+def _encode(item: Any, name: str, arrays: dict[str, mx.array]) -> Any:
+    """A state item as JSON: arrays become ``{"a": name}`` (stored in ``arrays``), lists
+    and tuples lists, scalars and None themselves."""
+    if isinstance(item, mx.array):
+        arrays[name] = item
+        return {"a": name}
+    if item is None or isinstance(item, (bool, int, float, str)):
+        return item
+    if isinstance(item, (list, tuple)):
+        return [_encode(x, f"{name}.{i}", arrays) for i, x in enumerate(item)]
+    raise FileRefused(f"cannot store a {type(item).__name__} of a cache's state")
+
+
+def _encode_cache(cache: Any, name: str, arrays: dict[str, mx.array]) -> Any:
+    if cache is None:  # a checkpoint's layer that its entry gives
+        return None
+    cls = type(cache)
+    if _cache_class(cls.__name__) is not cls:
+        raise FileRefused(f"cannot store cache class {cls.__module__}.{cls.__qualname__}")
+    if cls is lm_cache.CacheList:
+        return {"cls": "CacheList", "caches": [_encode_cache(c, f"{name}.{i}", arrays)
+                                               for i, c in enumerate(cache.caches)]}
+    state = cache.state
+    if cls is lm_cache.KVCache and cache.keys is not None and cache.keys.shape[2] > cache.offset:
+        n = cache.offset  # a lone row's buffer has room past its tokens: not worth a write
+        state = (cache.keys[..., :n, :], cache.values[..., :n, :], n)
+    return {"cls": cls.__name__, "state": _encode(state, name, arrays)}
+
+
+def _decode(item: Any, arrays: dict[str, mx.array]) -> Any:
+    if isinstance(item, dict):
+        return arrays[item["a"]]
+    if isinstance(item, list):
+        return [_decode(x, arrays) for x in item]
+    return item
+
+
+def _decode_cache(spec: Any, arrays: dict[str, mx.array]) -> Any:
+    if spec is None:
+        return None
+    cls = _cache_class(spec["cls"])
+    if cls is None:
+        raise FileRefused(f"unknown cache class {str(spec['cls'])[:80]!r}")
+    if cls is lm_cache.CacheList:
+        return lm_cache.CacheList(*(_decode_cache(c, arrays) for c in spec["caches"]))
+    return cls.from_state(_decode(spec["state"], arrays))
+
+
+def _flatten(payload: Any, checkpoints: list[Checkpoint]) -> tuple[str, dict, str]:
+    """(kind, arrays, metadata JSON) of an entry."""
+    arrays: dict[str, mx.array] = {}
+    if isinstance(payload, KVRows):
+        kind, layers = "kv", _encode([payload.keys, payload.values], "p", arrays)
+    elif isinstance(payload, RowCaches):
+        kind = "rows"
+        layers = [_encode_cache(c, f"p.{i}", arrays) for i, c in enumerate(payload.caches)]
+    else:
+        raise FileRefused(f"cannot store a {type(payload).__name__} payload")
+    points = [[_encode_cache(c, f"c.{j}.{i}", arrays) for i, c in enumerate(cp.caches)]
+              for j, cp in enumerate(checkpoints)]
+    meta = {"format": FORMAT, "kind": kind, "payload": layers, "checkpoints": points}
+    return kind, arrays, msgspec.json.encode(meta).decode()
+
+
+def _rebuild(header: FileHeader, arrays: dict[str, mx.array],
+             meta: dict[str, Any]) -> tuple[Any, list[Checkpoint]]:
+    if meta.get("format") != FORMAT or meta.get("kind") != header.kind \
+            or len(meta["checkpoints"]) != len(header.checkpoints):
+        raise FileRefused("metadata does not match the header")
+    mx.eval(list(arrays.values()))
+    payload = KVRows(*_decode(meta["payload"], arrays)) if header.kind == "kv" \
+        else RowCaches([_decode_cache(s, arrays) for s in meta["payload"]])
+    points = []
+    for (position, kind), specs in zip(header.checkpoints, meta["checkpoints"], strict=True):
+        if header.kind == "rows" and len(specs) != len(payload.caches):
+            raise FileRefused("a checkpoint's layers differ from the entry's")
+        points.append(Checkpoint(position, kind, [_decode_cache(s, arrays) for s in specs]))
+    return payload, points
+
+
+# -- files ----------------------------------------------------------------------------------
+def _paths(directory: Path, key: str) -> tuple[Path, Path]:
+    return directory / f"{key}.safetensors", directory / f"{key}.json"
+
+
+def _hash(path: Path) -> tuple[int, str]:
+    """Size and sha256 hex of ``path``."""
+    digest, size = hashlib.sha256(), 0
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+    return size, digest.hexdigest()
+
+
+def _install(directory: Path, key: str, suffix: str, write: Any) -> tuple[int, str]:
+    """``write(tmp)`` to ``<key>.<pid>.<random>.tmp.<suffix>``, fsync it, rename it to
+    ``<key>.<suffix>``; the written file's size and sha256 hex."""
+    tmp = directory / f"{key}.{os.getpid()}.{secrets.token_hex(4)}.tmp.{suffix}"
+    try:
+        write(tmp)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        done = _hash(tmp)
+        os.replace(tmp, directory / f"{key}.{suffix}")
+    finally:
+        tmp.unlink(missing_ok=True)
+    return done
+
+
+def _remove(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        path.unlink()
+
+
+def write_entry(directory: Path, tokens: Sequence[int], payload: RowCaches | KVRows,
+                checkpoints: list[Checkpoint], fingerprint: str) -> FileHeader:
+    """Write an entry (module docstring: atomic, header last) and return its header; an entry
+    of the same tokens is replaced. ``FileRefused`` before anything is written when the
+    payload holds what the format cannot store; any ``OSError`` propagates."""
+    key = entry_key(tokens)
+    kind, arrays, meta = _flatten(payload, checkpoints)
+    directory.mkdir(parents=True, exist_ok=True)
+    _paths(directory, key)[1].unlink(missing_ok=True)  # an old header must not bind new data
+    nbytes, checksum = _install(directory, key, "safetensors", lambda tmp: mx.save_safetensors(
+        str(tmp), arrays, {META_KEY: meta}))
+    header = FileHeader(key, tuple(int(t) for t in tokens), kind,
+                        tuple((int(c.position), str(c.kind)) for c in checkpoints),
+                        nbytes, checksum, fingerprint, time.time())
+    _install(directory, key, "json", lambda tmp: tmp.write_bytes(msgspec.json.encode(header)))
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return header
+
+
+def _valid_header(directory: Path, key: str, fingerprint: str) -> FileHeader | None:
+    data_path, header_path = _paths(directory, key)
+    try:
+        header = msgspec.json.decode(header_path.read_bytes(), type=FileHeader)
+        ok = header.key == key and header.kind in KINDS and header.fingerprint == fingerprint \
+            and header.nbytes == data_path.stat().st_size and entry_key(header.tokens) == key
+    except (OSError, ValueError, ArithmeticError, msgspec.MsgspecError):
+        return None  # unreadable, not a header, or tokens that are not token ids
+    return header if ok else None
+
+
+def scan(directory: Path, fingerprint: str) -> list[FileHeader]:
+    """Every valid header in ``directory``, oldest first. Deletes what cannot be used:
+    headers that do not parse, name other tokens, or were written for another model, with
+    their data; headers whose data file is missing or of another size; data files without
+    a header; temporary files of other processes (a crashed write; ours may be in flight).
+    Never raises for a bad file; an unreadable directory raises ``OSError``."""
+    with os.scandir(directory) as it:
+        names = {e.name for e in it}
+    pid, found = str(os.getpid()), []
+    for name in sorted(names):
+        tmp, entry = _TMP.fullmatch(name), _ENTRY.fullmatch(name)
+        if tmp is not None and tmp.group(2) != pid:
+            _remove(directory / name)
+        elif entry is None:
+            continue
+        elif entry.group(2) == "safetensors":
+            if f"{entry.group(1)}.json" not in names:
+                _remove(directory / name)
+        elif (header := _valid_header(directory, entry.group(1), fingerprint)) is not None:
+            found.append(header)
+        else:
+            for path in _paths(directory, entry.group(1)):
+                _remove(path)
+    return sorted(found, key=lambda h: h.created)
+
+
+def read_entry(directory: Path, header: FileHeader,
+               fingerprint: str) -> tuple[RowCaches | KVRows, list[Checkpoint]]:
+    """The entry's payload and checkpoints, their arrays computed. The data file's size and
+    sha256, the header's key and the fingerprint are checked before the file is parsed; on
+    any mismatch or load error both files are deleted and ``FileRefused`` raised. Another
+    ``OSError`` reading the file propagates."""
+    data_path = directory / f"{header.key}.safetensors"
+    try:
+        if header.fingerprint != fingerprint or header.kind not in KINDS \
+                or entry_key(header.tokens) != header.key:
+            raise FileRefused("header of another model or of other tokens")
+        try:
+            nbytes, checksum = _hash(data_path)
+        except FileNotFoundError:
+            raise FileRefused("data file missing") from None
+        if nbytes != header.nbytes or checksum != header.checksum:
+            raise FileRefused("data file differs from its header")
+        try:
+            arrays, metadata = mx.load(str(data_path), return_metadata=True)
+            return _rebuild(header, arrays, msgspec.json.decode(metadata[META_KEY]))
+        except FileRefused:
+            raise
+        except Exception as e:  # the checksum held: a file we did not write this way
+            raise FileRefused(f"cannot load: {type(e).__name__}") from e
+    except FileRefused:
+        delete(directory, header)
+        raise
+
+
+def delete(directory: Path, header: FileHeader) -> None:
+    """Remove an entry's files (the header first: the entry vanishes at once); missing files
+    are fine."""
+    data_path, header_path = _paths(directory, header.key)
+    header_path.unlink(missing_ok=True)
+    data_path.unlink(missing_ok=True)
+
+
+def clear(directory: Path) -> tuple[int, int]:
+    """Remove every file of this module's naming in ``directory`` (headers, data, temporary
+    files; nothing else) and return (files removed, bytes freed); no directory: (0, 0)."""
+    try:
+        with os.scandir(directory) as it:
+            entries = [e for e in it if _ENTRY.fullmatch(e.name) or _TMP.fullmatch(e.name)]
+    except FileNotFoundError:
+        return 0, 0
+    removed = freed = 0
+    for e in entries:
+        with contextlib.suppress(FileNotFoundError):  # gone meanwhile: not ours to count
+            size = e.stat(follow_symlinks=False).st_size
+            os.unlink(e.path)
+            removed, freed = removed + 1, freed + size
+    return removed, freed
+
+
+def _field(data: bytes) -> bytes:
+    """``data`` prefixed by its length, so that fields hashed in a row cannot run together."""
+    return len(data).to_bytes(8, "little") + data
+
+
+def model_fingerprint(model_dir: Path, parts: dict[str, str]) -> str:
+    """sha256 hex over config.json, each top-level ``*.safetensors`` file (by name: its name,
+    size, safetensors header and ``SAMPLES`` evenly spaced chunks of ``SAMPLE_BYTES``) and
+    the sorted ``parts``. The samples tell apart two checkpoints of the same shapes (a
+    fine-tune, other random weights) without reading gigabytes at every start."""
+    digest = hashlib.sha256(_field((model_dir / "config.json").read_bytes()))
+    for path in sorted(model_dir.glob("*.safetensors"), key=lambda p: p.name):
+        size = path.stat().st_size
+        digest.update(_field(path.name.encode()) + size.to_bytes(8, "little"))
+        with open(path, "rb") as f:
+            head = f.read(8)
+            length = int.from_bytes(head, "little") if len(head) == 8 else 0
+            digest.update(_field(head + f.read(min(length, MAX_HEADER))))
+            last = max(size - SAMPLE_BYTES, 0)
+            for offset in sorted({last * i // (SAMPLES - 1) for i in range(SAMPLES)}):
+                f.seek(offset)
+                digest.update(f.read(SAMPLE_BYTES))
+    for name, value in sorted(parts.items()):
+        digest.update(_field(name.encode()) + _field(value.encode()))
+    return digest.hexdigest()
