@@ -30,12 +30,13 @@ def test_longest_prefix_hit_leaves_one_token_to_compute():
     cache = PromptCache(capacity_bytes=1 << 20)
     tokens = list(range(50))
     assert cache.insert(tokens, kv(50))
-    entry, n = cache.lookup(tokens + [1, 2, 3])
+    hit = cache.lookup(tokens + [1, 2, 3])
+    entry, n = hit.entry, hit.n
     assert n == 48 and entry.length == 48
     keys, values = entry.payload.keys, entry.payload.values  # PrefillJob slices the part a row reuses
     assert keys[0].shape == (1, 2, 48, 4) and values[1].shape == (1, 2, 48, 4)
-    assert cache.lookup(tokens[:48])[1] == 32  # 48 tokens: at most 47 may come from cache
-    assert cache.lookup(tokens[:20] + [999] * 30)[1] == 16
+    assert cache.lookup(tokens[:48]).n == 32  # 48 tokens: at most 47 may come from cache
+    assert cache.lookup(tokens[:20] + [999] * 30).n == 16
     assert cache.lookup([5] * 60) is None
     s = cache.stats()
     assert (s["lookups"], s["hits"], s["hit_rate"]) == (4, 3, 0.75)
@@ -80,7 +81,8 @@ def test_stats_keys_reset_and_disabled():
                       "capacity_bytes", "max_entries", "hits", "lookups", "hit_rate", "inserts",
                       "evictions_lru", "evictions_ttl", "rejections_oversized",
                       "total_blocks_stored", "unique_block_hashes", "apc_active_entries",
-                          "reuse", "reuse_window"}
+                      "reuse", "reuse_window", "checkpoints", "checkpoint_bytes",
+                      "checkpoint_kinds", "hits_by_kind", "shrinks"}
     assert (s["total_blocks_stored"], s["unique_block_hashes"], s["block_size"]) == (
         4, 4, BLOCK_SIZE)
     freed = cache.reset()
@@ -98,7 +100,7 @@ def test_evicting_one_entry_keeps_the_shared_prefix_of_another():
     cache.insert(shared + [2] * 16, kv(48))
     cache.insert([9] * 32, kv(32))  # evicts the least recently used (the first)
     found = cache.lookup(shared + [3] * 16)
-    assert found is not None and found[1] == 32
+    assert found is not None and found.n == 32
     assert cache.stats()["unique_block_hashes"] == 3 + 2  # shared x2, [2]-block, [9] x2
 
 
@@ -110,7 +112,7 @@ def test_an_entry_extending_an_older_one_replaces_it():
     s = cache.stats()
     assert s["entries"] == 1 and s["total_blocks_stored"] == s["unique_block_hashes"] == 5
     assert s["evictions_lru"] == 0
-    assert cache.lookup(turn1 + [7])[1] == 32
+    assert cache.lookup(turn1 + [7]).n == 32
 
 
 def test_stats_and_reset_wait_for_an_announced_insert():

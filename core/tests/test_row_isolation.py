@@ -7,7 +7,10 @@ the tiny checkpoint, so the test is deterministic.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
+from mlxcel.engine.cache.entries import Hit
 from mlxcel.testing.engine import ListSink, worker_for
 from mlxcel.types import GenerationRequest, SamplingParams
 
@@ -92,7 +95,8 @@ def test_a_group_that_cannot_be_set_up_fails_only_its_bad_row(worker):
     bad = submit(worker, [1, 2, 3])
     worker._drain(block=False)
     bad_seq = next(s for s in worker.waiting if s.sink is bad)
-    bad_seq.cache_hit = ("not an entry", 2)  # a prefix PrefillJob cannot read
+    bad_seq.cache_hit = Hit(SimpleNamespace(payload="not an entry", length=2), 2)  # a
+    # prefix PrefillJob cannot read
     run_until_done(worker, [*sinks, bad])
     assert bad.last.finish_reason == "error"
     assert [s.tokens for s in sinks] == expected

@@ -201,6 +201,9 @@ def check_limits(settings: Settings) -> None:
                            f"{settings.metrics_port}")
     if settings.batch_size is not None and settings.batch_size <= 0:
         raise StartupError("--batch-size must be > 0")
+    for name in ("cache_checkpoint_interval", "ctx_checkpoints"):
+        if getattr(settings, name) < 0:
+            raise StartupError(f"--{name.replace('_', '-')} must be >= 0")
     if settings.threads_http == 0 or settings.threads_http < -1:
         raise StartupError("--threads-http must be > 0, or -1 for one thread")
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from mlxcel.engine.cache.disk import DiskTier
 from mlxcel.engine.cache.prompt_cache import PromptCache
 from mlxcel.engine.client import EngineClient
 from mlxcel.engine.config import EngineConfig
@@ -20,8 +21,12 @@ from mlxcel.settings import MODES, Settings
 
 def prompt_cache_from(settings: Settings) -> PromptCache:
     capacity = settings.prompt_cache_capacity_bytes or settings.cache_ram * (1 << 20)
-    return PromptCache(capacity, settings.prompt_cache_max_entries, settings.prompt_cache_ttl,
-                       enabled=not settings.no_cache_prompt)
+    cache = PromptCache(capacity, settings.prompt_cache_max_entries, settings.prompt_cache_ttl,
+                        enabled=not settings.no_cache_prompt,
+                        max_checkpoints=settings.ctx_checkpoints)
+    if settings.cache_disk_dir:
+        cache.disk = DiskTier(settings.cache_disk_dir, settings.cache_disk_bytes)
+    return cache
 
 
 def display_name(model: str) -> str:

@@ -232,6 +232,21 @@ _ROWS: list[tuple[Any, ...]] = [
      "MLXCEL_PROMPT_CACHE_MAX_ENTRIES", "most entries the prompt cache keeps"),
     (("--prompt-cache-ttl",), "prompt_cache_ttl", float, 3600.0, "MLXCEL_PROMPT_CACHE_TTL",
      "seconds a prompt cache entry lives"),
+    (("--cache-checkpoint-interval",), "cache_checkpoint_interval", int, 256,
+     "MLXCEL_CACHE_CHECKPOINT_INTERVAL",
+     "models with recurrent or sliding-window layers: also checkpoint a long prompt every "
+     "N blocks of 16 tokens (0 = only at message boundaries and the prompt's end)"),
+    (("--ctx-checkpoints", "--swa-checkpoints"), "ctx_checkpoints", int, 8,
+     "LLAMA_ARG_CTX_CHECKPOINTS",
+     "most checkpoints one prompt cache entry keeps (the least valuable dropped first)",
+     MAPPED),
+    (("--cache-disk-dir",), "cache_disk_dir", path, None, "MLXCEL_CACHE_DISK_DIR",
+     "directory where prompt cache entries evicted from memory persist, across restarts "
+     "(unset: no disk tier)"),
+    (("--cache-disk-bytes",), "cache_disk_bytes", byte_size, 16 << 30,
+     "MLXCEL_CACHE_DISK_BYTES",
+     "bytes the prompt cache may keep in --cache-disk-dir, the least recently used "
+     "deleted first (e.g. 16G)"),
     # sampling defaults (unset: the checkpoint's generation_config.json, then built-ins)
     (("--temp", "--temperature"), "temp", float, None, "LLAMA_ARG_TEMP",
      "default temperature (0 = greedy)", KEPT),

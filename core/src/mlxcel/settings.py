@@ -79,6 +79,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     prompt_cache_capacity_bytes: int = 0
     prompt_cache_max_entries: int = 1024
     prompt_cache_ttl: float = 3600.0
+    cache_checkpoint_interval: int = 256  # blocks; mlxcel.engine.cache.capture
+    ctx_checkpoints: int = 8  # per prompt cache entry
+    cache_disk_dir: str | None = None  # None: no disk tier
+    cache_disk_bytes: int = 16 << 30
     # sampling defaults from flags (None: not given)
     temp: float | None = None
     top_k: int | None = None

@@ -13,9 +13,10 @@ from typing import Any
 import msgspec
 
 from mlxcel.chat.adapt import adapt_messages, adapt_tools, call_example
+from mlxcel.chat.cache_marks import boundaries, token_positions
 from mlxcel.chat.reasoning import prompt_opens
 from mlxcel.chat.thinking import drop_earlier_reasoning, knows_reasoning
-from mlxcel.chat.tokens import encode_prompt
+from mlxcel.chat.tokens import encode_prompt, encode_prompt_spans
 from mlxcel.chat.tool_choice import apply_tool_choice
 from mlxcel.errors import CapabilityNotSupported, InvalidRequest
 from mlxcel.families.api import ReasoningSpec
@@ -152,8 +153,10 @@ def render_chat(request: PromptRequest, template: Any,
     return _render(request, template, server_kwargs)[0]
 
 
-def _render(request: PromptRequest, template: Any,
-            server_kwargs: dict[str, Any] | None) -> tuple[str, tuple[Tool, ...]]:
+def _render(request: PromptRequest, template: Any, server_kwargs: dict[str, Any] | None,
+            marks: bool = False) -> tuple[str, tuple[Tool, ...], list[tuple[int, str]]]:
+    """The prompt text, its tools, and (``marks``) its message boundaries
+    (``chat.cache_marks``)."""
     kwargs = template_kwargs(request.template_kwargs, server_kwargs)
     if not request.messages:
         raise InvalidRequest("'messages' must contain at least one message", param="messages")
@@ -168,11 +171,13 @@ def _render(request: PromptRequest, template: Any,
     example = call_example(template) if definitions and not caps.tools else ""
     adapted = adapt_messages([template_message(m) for m in messages], definitions, caps,
                              example)
-    text = template.render(adapted, tools=adapt_tools(definitions, caps),
-                           add_generation_prompt=add_generation, **kwargs)
+    shown = adapt_tools(definitions, caps)
+    text = template.render(adapted, tools=shown, add_generation_prompt=add_generation,
+                           **kwargs)
     if request.continue_final_message:
-        text = continue_cut(text, messages[-1])
-    return text, tuple(tools)
+        return continue_cut(text, messages[-1]), tuple(tools), []
+    found = boundaries(template, adapted, shown, kwargs, text) if marks else []
+    return text, tuple(tools), found
 
 
 def prompt_input(request: PromptRequest, engine: Any, *,
@@ -181,9 +186,14 @@ def prompt_input(request: PromptRequest, engine: Any, *,
     """Render with the loaded checkpoint's template and tokenize within ``engine``'s
     context window (blocking work: a dialect runs it through ``dialects.prepare``).
     ``reasoning`` is the checkpoint's reasoning spec, when it has one."""
-    text, tools = _render(request, engine.checkpoint.template, server_kwargs)
-    ids = encode_prompt(engine, text, "messages", add_special=False)
+    marks = bool(getattr(engine, "cache_marks", False))
+    text, tools, chars = _render(request, engine.checkpoint.template, server_kwargs, marks)
+    if marks:
+        ids, spans = encode_prompt_spans(engine, text, "messages", add_special=False)
+        cache_marks = token_positions(spans, chars)
+    else:
+        ids, cache_marks = encode_prompt(engine, text, "messages", add_special=False), ()
     forced = request.tool_choice == "required" or isinstance(request.tool_choice,
                                                              FunctionChoice)
     return PromptInput(token_ids=tuple(ids), tools=tools, forced=forced and bool(tools),
-                       reasoning_open=prompt_opens(text, reasoning))
+                       reasoning_open=prompt_opens(text, reasoning), cache_marks=cache_marks)

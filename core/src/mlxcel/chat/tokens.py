@@ -34,10 +34,22 @@ def encode_prompt(engine: Any, text: str, param: str, add_special: bool) -> list
     """Tokenize a prompt that must leave room for one generated token in the context; the
     byte bound is checked first, and a prompt over the limit is refused before its ids
     become a Python list."""
+    return _encode(engine, text, param, lambda tok, limit: tok.encode(text, add_special,
+                                                                      max_tokens=limit))
+
+
+def encode_prompt_spans(engine: Any, text: str, param: str, add_special: bool
+                        ) -> tuple[list[int], list[tuple[int, int]]]:
+    """``encode_prompt`` with each token's character span (``Tokenizer.encode_spans``)."""
+    return _encode(engine, text, param, lambda tok, limit: tok.encode_spans(
+        text, add_special, max_tokens=limit))
+
+
+def _encode(engine: Any, text: str, param: str, encode: Any) -> Any:
     check_fits(engine, text, param)
     ctx = engine.context_size
     try:
-        return engine.checkpoint.tokenizer.encode(text, add_special, max_tokens=ctx - 1)
+        return encode(engine.checkpoint.tokenizer, ctx - 1)
     except TooManyTokens as exc:
         raise ContextLengthExceeded(
             f"the prompt has {exc.count} tokens, more than the context window of {ctx} "

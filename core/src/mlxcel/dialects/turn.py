@@ -65,7 +65,8 @@ class TurnOptions(msgspec.Struct, kw_only=True):
 def generation_request(ctx: AppContext, prompt: list[int], request_id: str,
                        options: TurnOptions, *, priority: int = 1, guide: Any = None,
                        guide_after: str | None = None,
-                       reasoning_limit: ReasoningLimit | None = None) -> GenerationRequest:
+                       reasoning_limit: ReasoningLimit | None = None,
+                       cache_marks: tuple[tuple[int, str], ...] = ()) -> GenerationRequest:
     """The engine's request: sampling over the server's defaults (validated), the loop
     policy, and the output limit fitted to the context."""
     if options.n != 1:
@@ -81,7 +82,7 @@ def generation_request(ctx: AppContext, prompt: list[int], request_id: str,
                              stop=options.stop, ignore_eos=options.ignore_eos,
                              priority=priority, loop=loop, cache_prompt=options.cache_prompt,
                              guide=guide, guide_after=guide_after,
-                             reasoning_limit=reasoning_limit)
+                             reasoning_limit=reasoning_limit, cache_marks=cache_marks)
 
 
 class Turn:
@@ -146,5 +147,5 @@ async def start_turn(ctx: AppContext, request: Request, prompt: PromptRequest,
     limit = budget_limit(spec, budget, ckpt.tokenizer, rendered.reasoning_open)
     req = generation_request(ctx, list(rendered.token_ids), request_id, options,
                              priority=priority, guide=guide, guide_after=after,
-                             reasoning_limit=limit)
+                             reasoning_limit=limit, cache_marks=rendered.cache_marks)
     return Turn(ctx, rendered, req, answer_machine(ckpt, req, rendered))

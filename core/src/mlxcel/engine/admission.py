@@ -16,6 +16,7 @@ import structlog
 
 from mlxcel.engine import scheduler
 from mlxcel.engine.batch import PrefillJob
+from mlxcel.engine.cache.capture import marks_for
 from mlxcel.engine.mixed_batch import MixedPrefill
 from mlxcel.engine.scheduler import Limits, Plan, View
 from mlxcel.engine.sequence import Sequence, Sink, error_event, fail_alone
@@ -100,7 +101,8 @@ class Admission:
         if seq.cache_hit is None:
             found = None
             try:
-                found = self.prompt_cache.lookup(seq.req.prompt_tokens) \
+                found = self.prompt_cache.lookup(seq.req.prompt_tokens,
+                                                 dict(seq.req.media_digests)) \
                     if seq.req.cache_prompt else None
             except Exception:  # the cache's problem, not the request's: a miss
                 log.exception("prompt_cache_lookup_failed", request_id=seq.req.request_id)
@@ -110,7 +112,7 @@ class Admission:
     def _tail(self, seq: Sequence) -> int:
         """Prompt tokens ``seq`` must compute (past its prompt-cache hit, if any)."""
         hit = self._lookup(seq)
-        seq.cached = hit[1] if hit else 0
+        seq.cached = hit.n if hit else 0
         return len(seq.req.prompt_tokens) - 1 - seq.cached
 
     def _free(self) -> int:
@@ -154,14 +156,29 @@ class Admission:
         return job
 
     def _new_job(self, group: list[Sequence]) -> PrefillJob | MixedPrefill:
-        hits = [s.cache_hit[0].payload if s.cache_hit else None for s in group]
+        hits = [s.cache_hit or None for s in group]
         if self.path == "mixed":
-            starts = [hit.prefix(s.cached).caches if hit is not None and s.cached else None
+            starts = [hit.state().caches if hit is not None and s.cached else None
                       for s, hit in zip(group, hits, strict=True)]
-            return MixedPrefill(self.checkpoint.model, group, starts, self.merge, self.align)
-        prefixes = [(hit.keys, hit.values) if hit is not None else None for hit in hits]
+            marks = [self._marks(s) for s in group]
+            return MixedPrefill(self.checkpoint.model, group, starts, self.merge, self.align,
+                                marks)
+        prefixes = [(hit.payload.keys, hit.payload.values) if hit is not None else None
+                    for hit in hits]
         return PrefillJob(self.checkpoint.model, group, self.batchable, prefixes, self.rope,
                           self.align)
+
+    def _marks(self, seq: Sequence) -> list[tuple[int, str]]:
+        """The checkpoints ``seq`` takes while it prefills (``cache.capture.marks_for``):
+        none where nothing may keep them (the prompt cache is off for it, its model's
+        caches can all be cut back, or the ranks of a distributed engine would have to
+        agree on them)."""
+        cache = self.prompt_cache
+        if not (seq.req.cache_prompt and cache.enabled and cache.reuse.mode != "prefix") \
+                or self.dist.active:
+            return []
+        return marks_for(len(seq.req.prompt_tokens), seq.cached, seq.req.cache_marks,
+                         self.checkpoint_interval)
 
     def _prefill_step(self, plan: Plan) -> None:
         if self.prefilling is None:

@@ -250,6 +250,14 @@ class EngineClient:
         return self.worker.state
 
     @property
+    def cache_marks(self) -> bool:
+        """Whether requests should carry their prompts' message boundaries
+        (``GenerationRequest.cache_marks``): the engine keeps checkpoints at them where
+        its model's caches cannot be cut back to any prefix."""
+        cache = self.prompt_cache
+        return cache.enabled and cache.reuse.mode != "prefix" and not self.worker.dist.active
+
+    @property
     def checkpoint(self) -> Any:
         if self.worker.state == "loading":
             raise ModelLoading("Loading model")

@@ -23,6 +23,7 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     batch_size: int | None = None  # -b: caps a step's prefill tokens (the burst budget)
     distributed: str = "off"  # --distributed: off, tensor or pipeline
     distributed_timeout: float = 60.0  # seconds without a distributed step (watchdog)
+    cache_checkpoint_interval: int = 256  # blocks of 16 tokens between prompt checkpoints
 
     @classmethod
     def from_settings(cls, settings: Any) -> EngineConfig:

@@ -33,6 +33,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache, BatchRotatingKVCache
 
 from mlxcel.engine.batch import Prefill, is_batchable
+from mlxcel.engine.cache.capture import checkpoint
 from mlxcel.engine.cache.kinds import (
     RowCaches,
     arrays,
@@ -129,12 +130,26 @@ class MixedPrefill(Prefill):
     (a rotating layer whose window the padded prompt does not fill)."""
 
     def __init__(self, model: Any, seqs: list[Sequence], starts: list[list[Any] | None],
-                 merge: Merge, align: int = 1) -> None:
+                 merge: Merge, align: int = 1,
+                 marks: list[list[tuple[int, str]]] | None = None) -> None:
         self.model = model
         self.seqs = seqs
         self.align = max(1, align)
         rows = [start if start is not None else model.make_cache() for start in starts]
         lone = len(rows) == 1 and merge is merge_rows and lone_kinds(rows[0])
+        self.lone = lone
+        # checkpoints to take (``cache.capture``): per prefill column, the rows and marks
+        # met there; the prompts' ends once they are in
+        self.marks: dict[int, list[tuple[int, int, str]]] = {}
+        self.ends: list[tuple[int, int, str]] = []
+        for r, (seq, row_marks) in enumerate(zip(seqs, marks or [[]] * len(seqs),
+                                                 strict=True)):
+            for position, kind in row_marks:
+                if position == len(seq.req.prompt_tokens) - 1:
+                    self.ends.append((r, position, kind))
+                else:
+                    self.marks.setdefault(position - seq.cached, []).append(
+                        (r, position, kind))
         if lone:
             self.cache = private(rows[0]) if starts[0] is not None else rows[0]
         else:
@@ -166,10 +181,12 @@ class MixedPrefill(Prefill):
         the prompts are in the cache."""
         if self.done_cols < self.width:
             cols = max(self.align, self.per_row(chunk, max_cols) // self.align * self.align)
-            end = min(self.width, self.done_cols + cols)
+            end = min([self.width, self.done_cols + cols,
+                       *(c for c in self.marks if c > self.done_cols)])
             self.model(self.tokens[:, self.done_cols:end], self.cache)
             self.last_cols, self.done_cols = end - self.done_cols, end
             if end < self.width:
+                self._take(self.marks.pop(end, ()))
                 mx.eval(arrays(self.cache))
             else:
                 self._finish()
@@ -184,7 +201,14 @@ class MixedPrefill(Prefill):
             for c in self.cache:
                 c.trim(self.trim)
             self.trim = 0
+        self._take([*self.marks.pop(self.width, ()), *self.ends])
         mx.eval(arrays(self.cache))
+
+    def _take(self, marks: Any) -> None:
+        """Copy out the checkpoints of ``marks`` (row, position, kind) into their rows."""
+        for r, position, kind in marks:
+            self.seqs[r].checkpoints.append(
+                checkpoint(self.cache, r, self.lone, position, kind))
 
 
 def _trimmable_after(caches: list[Any], cols: int) -> bool:

@@ -47,7 +47,8 @@ class Sequence:
         self.generated = 0
         self.cached = 0  # prompt tokens taken from the prompt cache
         self.fed_from = 0  # its batch's ``DecodeBatch.fed`` = this + the batch's steps
-        self.cache_hit: tuple | None = None  # (entry, tokens) found at admission
+        self.cache_hit: Any = None  # the prompt cache's Hit at admission, () for none
+        self.checkpoints: list[Any] = []  # taken while prefilling (``cache.capture``)
         self.finished = False
         self.solo = False  # admitted alone (its group could not be set up with it)
         self.defer_finish = False  # hold the finish event until release_finish()

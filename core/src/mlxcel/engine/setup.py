@@ -41,6 +41,7 @@ class EngineSetup:
             self.policy = self.policy or resolve_policy(cfg)
             self._choose_path(model, family)
             self.dist.agree(self)  # every rank takes rank 0's plan-shaping policy
+            self._open_disk(model, family)
             self._prepare(model, family)
             self.memory_budget = request_budget(cfg.request_memory_budget)
             self.dtype_bytes = compute_dtype_bytes(self.checkpoint.model.model)
@@ -101,6 +102,36 @@ class EngineSetup:
             return cache, mx.array([11, 12], dtype=mx.uint32)
 
         return [shared]
+
+    def _open_disk(self, model: Any, family: Any) -> None:
+        """Open the prompt cache's disk tier (``--cache-disk-dir``) for this model: its
+        files are bound to the weights, dtype, family, cache layout and the versions of the
+        code that computed them (``cache.files.model_fingerprint``). Not where entries are
+        not kept, nor on a distributed engine, whose ranks would each need their shard."""
+        disk = self.prompt_cache.disk
+        if disk is None:
+            return
+        if not self.prompt_cache.enabled or self.dist.active:
+            disk.enabled, disk.disabled_reason = False, (
+                "the prompt cache is off" if not self.prompt_cache.enabled
+                else "not with --distributed")
+            return
+        from importlib.metadata import PackageNotFoundError, version
+
+        from mlxcel.engine.cache.files import model_fingerprint
+
+        def of(dist: str) -> str:
+            try:
+                return version(dist)
+            except PackageNotFoundError:  # run from a source tree
+                return "source"
+
+        layout = ",".join(f"{type(c).__name__}:{getattr(c, 'max_size', '')}"
+                          for c in model.make_cache())
+        parts = {"dtype": self.checkpoint.dtype, "family": family.name, "path": self.path,
+                 "caches": layout, "rope": str(self.rope is not None),
+                 "mlx": mx.__version__, "mlx-lm": of("mlx-lm"), "mlxcel": of("mlxcel")}
+        disk.open(model_fingerprint(self.checkpoint.path, parts))
 
     def _choose_path(self, model: Any, family: Any) -> None:
         """Which caches the rows decode on (``mixed_batch.cache_path``); one slot and no

@@ -16,7 +16,7 @@ import structlog
 from mlxcel.engine import distributed, mixed_batch
 from mlxcel.engine.admission import Admission
 from mlxcel.engine.batch import DecodeBatch, PrefillJob, read_back
-from mlxcel.engine.cache.prompt_cache import PromptCache
+from mlxcel.engine.cache.prompt_cache import BLOCK_SIZE, PromptCache
 from mlxcel.engine.config import EngineConfig
 from mlxcel.engine.lanes import JobLane
 from mlxcel.engine.parts import BufferRelease, Inbox
@@ -29,6 +29,7 @@ from mlxcel.engine.trace import NullTrace
 from mlxcel.types import GenerationRequest
 
 log = structlog.get_logger("mlxcel.engine")
+PERSIST_S = 8.0  # at shutdown, what the prompt cache may take to write its disk tier
 
 
 
@@ -91,6 +92,7 @@ class EngineWorker(EngineSetup, Admission, threading.Thread):
         self.forward: Any = None  # a decode step's forward (setup: lean_decode.forward_for)
         self.align = 1  # prefill column multiple: the policy's where rows may be padded
         self.budget = self.prefill_chunk  # tokens per step of the group prefilling now
+        self.checkpoint_interval = BLOCK_SIZE * max(0, self.config.cache_checkpoint_interval)
         self._order = itertools.count()
         self._stopping = threading.Event()
         self.ready = threading.Event()
@@ -145,6 +147,7 @@ class EngineWorker(EngineSetup, Admission, threading.Thread):
             sys.setswitchinterval(self.policy.switch_interval)
         try:
             self._serve()
+            self.prompt_cache.persist(PERSIST_S)
             self.dist.stop()
         except BaseException as exc:  # the thread is ending: tell every client, then end
             self.error = f"{type(exc).__name__}: {exc}"
@@ -279,8 +282,10 @@ class EngineWorker(EngineSetup, Admission, threading.Thread):
 
     def _store(self, keep: list[Sequence]) -> None:
         try:
-            for tokens, stored in self.batch.snapshots(keep):
-                self.prompt_cache.insert(tokens, stored)
+            for seq, (tokens, stored) in zip(keep, self.batch.snapshots(keep), strict=True):
+                self.prompt_cache.insert(tokens, stored, seq.checkpoints,
+                                         dict(seq.req.media_digests))
+                seq.checkpoints = []
         except Exception:
             log.exception("prompt_cache_insert_failed",
                           request_ids=[s.req.request_id for s in keep])

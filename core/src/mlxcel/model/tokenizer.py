@@ -77,13 +77,22 @@ class Tokenizer:
         keep running while the Rust side works. Past ``max_tokens`` it raises
         ``TooManyTokens`` before building the Python list, whose creation and release hold
         the GIL for as long as the list is long."""
+        return self._encoding(text, add_special, max_tokens).ids
+
+    def encode_spans(self, text: str, add_special: bool = False,
+                     max_tokens: int | None = None) -> tuple[list[int], list[tuple[int, int]]]:
+        """``encode``, with each token's ``(start, end)`` character span in ``text``."""
+        encoding = self._encoding(text, add_special, max_tokens)
+        return encoding.ids, encoding.offsets
+
+    def _encoding(self, text: str, add_special: bool, max_tokens: int | None) -> Any:
         if len(text) >= GIL_FREE_CHARS:
             encoding = self.hf.encode_batch([text], add_special_tokens=add_special)[0]
         else:
             encoding = self.hf.encode(text, add_special_tokens=add_special)
         if max_tokens is not None and len(encoding) > max_tokens:
             raise TooManyTokens(len(encoding), max_tokens)
-        return encoding.ids
+        return encoding
 
     @cached_property
     def max_token_bytes(self) -> int | None:

@@ -71,7 +71,10 @@ def _load(checkpoint: Any):
     return lambda: load_checkpoint(str(checkpoint), families)
 
 
-def _cache(cache: bool | int) -> PromptCache | None:
+def _cache(cache: bool | int | PromptCache) -> PromptCache | None:
+    """``cache``: a prompt cache, True (1 GiB), a capacity in bytes, or False (none)."""
+    if isinstance(cache, PromptCache):
+        return cache
     if cache is True:
         return PromptCache(1 << 30)
     return PromptCache(cache) if cache else None
@@ -130,7 +133,8 @@ def solo_outputs(checkpoint: Any, prompts: Sequence[Sequence[int]],
     return out
 
 
-def engine_for(checkpoint: Any, parallel: int, cache: bool | int = False, chunk: int = 512,
+def engine_for(checkpoint: Any, parallel: int, cache: bool | int | PromptCache = False,
+               chunk: int = 512,
                policy: EnginePolicy | None = None, **kw: Any) -> EngineClient:
     """A started, ready engine on ``checkpoint`` (shut it down when done)."""
     engine = EngineClient(_load(checkpoint), parallel=parallel, prefill_chunk=chunk,

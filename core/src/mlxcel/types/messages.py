@@ -116,3 +116,5 @@ class PromptInput(msgspec.Struct, frozen=True, kw_only=True):
     tools: tuple[Tool, ...] = ()
     forced: bool = False  # tool_choice requires a call (``required`` or a named function)
     reasoning_open: bool = False
+    # (token count, kind) of the message boundaries later prompts share (chat.cache_marks)
+    cache_marks: tuple[tuple[int, str], ...] = ()

@@ -65,6 +65,12 @@ class ReasoningLimit(msgspec.Struct, frozen=True, kw_only=True):
     inside: bool = False
 
 
+# Prompt boundaries the chat layer marks (GenerationRequest.cache_marks): the end of the
+# system + tools prefix, and the message boundaries of the last turn. The engine adds
+# "prompt" (the prompt's end) and "interval" (every --cache-checkpoint-interval blocks).
+CACHE_MARKS = ("system", "turn")
+
+
 class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
     """One generation: token ids in, events out.
 
@@ -84,6 +90,12 @@ class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
     priority: int = 1  # 0 high, 1 normal, 2 low
     loop: LoopPolicy | None = None
     cache_prompt: bool = True  # False: prefill cold and leave nothing in the prompt cache
+    # (position, kind): prompt boundaries later prompts share (CACHE_MARKS), where a model
+    # whose caches cannot be cut back keeps a checkpoint (mlxcel.engine.cache.capture)
+    cache_marks: tuple[tuple[int, str], ...] = ()
+    # (position, digest): non-token inputs' content digests, hashed with the prompt's blocks
+    # (mlxcel.engine.cache.entries.block_hashes)
+    media_digests: tuple[tuple[int, bytes], ...] = ()
     guide: Any = None
     guide_after: str | None = None
     reasoning_limit: ReasoningLimit | None = None

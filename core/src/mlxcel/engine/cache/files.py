@@ -32,8 +32,7 @@ import mlx.core as mx
 import msgspec
 from mlx_lm.models import cache as lm_cache
 
-# the module, not its names: prompt_cache may import this module while it loads
-from mlxcel.engine.cache import prompt_cache
+from mlxcel.engine.cache.entries import BLOCK_SIZE, block_hashes
 from mlxcel.engine.cache.kinds import Checkpoint, RowCaches
 from mlxcel.engine.cache.kvcache import KVRows
 
@@ -71,8 +70,8 @@ class FileHeader(msgspec.Struct, frozen=True):
 def entry_key(tokens: Sequence[int]) -> str:
     """sha256 hex of the last full block's hash, the length and the tokens past the last full
     block: one name per token sequence, and as cheap as the block hashes a lookup needs."""
-    hashes = prompt_cache.block_hashes(tokens)
-    tail = tokens[len(hashes) * prompt_cache.BLOCK_SIZE:]
+    hashes = block_hashes(tokens)
+    tail = tokens[len(hashes) * BLOCK_SIZE:]
     data = (hashes[-1] if hashes else b"") + len(tokens).to_bytes(8, "little") \
         + b"".join(int(t).to_bytes(4, "little") for t in tail)
     return hashlib.sha256(data).hexdigest()

@@ -155,6 +155,16 @@ def arrays(caches: list[Any]) -> list[Any]:
     return [a for _, a in tree_flatten([c.state for c in caches]) if isinstance(a, mx.array)]
 
 
+def stored_arrays(payload: Any, checkpoints: Any = ()) -> list[Any]:
+    """Every array of a prompt-cache entry: its payload (``RowCaches`` or the shared
+    path's ``KVRows``) and its checkpoints."""
+    caches = getattr(payload, "caches", None)
+    out = arrays(caches) if caches is not None else [payload.keys, payload.values]
+    for c in checkpoints:
+        out += arrays([layer for layer in c.caches if layer is not None])
+    return out
+
+
 def nbytes(caches: list[Any]) -> int:
     return sum(int(a.nbytes) for a in arrays(caches))
 
@@ -169,6 +179,15 @@ class RowCaches:
 
     def prefix(self, n: int) -> RowCaches:
         return RowCaches(cut(self.caches, n))
+
+    def detached(self) -> RowCaches:
+        """These caches on arrays of their own, computed: a shrunk entry then holds none of
+        the longer one's buffers."""
+        import mlx.core as mx
+
+        caches = [owned(c) for c in self.caches]
+        mx.eval(arrays(caches))
+        return RowCaches(caches)
 
     def at(self, checkpoint: Checkpoint) -> RowCaches:
         """The row's state at ``checkpoint.position`` (at most our length): the

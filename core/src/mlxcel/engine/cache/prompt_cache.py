@@ -1,90 +1,60 @@
-"""Prefix cache: reuse the KV state of the longest cached prefix of a new prompt.
+"""Prefix cache: reuse the cached state of the longest cached prefix of a new prompt.
 
-Prompts are cut into blocks of 16 tokens; block ``i``'s hash is
-``sha256(hash[i-1] + tokens of block i)``, so one hash names a whole prefix. An entry holds
-one sequence's cached state (a ``Stored``) for its first ``length`` tokens and indexes every
-full block hash of them, plus the tokens past its last full block (``tail``), so a later
-prompt finds it by any block-aligned prefix and, exactly, by its whole length.
+Entries, block hashes and checkpoints are ``mlxcel.engine.cache.entries``. What a hit may
+reuse depends on the model's caches (``reuse``, a ``mlxcel.engine.cache.kinds.Reuse``):
+with plain KV any block-aligned prefix, and entries are cut to whole blocks; with
+sliding-window or recurrent layers an entry keeps its full length, and a prompt reuses all
+of it when it extends it exactly, or else the latest of the entry's checkpoints it shares
+(the engine takes them at the boundaries the chat layer marks), or a shorter prefix where
+``Reuse.covers`` allows.
 
-What a hit may reuse depends on the model's caches (``reuse``, a
-``mlxcel.engine.cache.kinds.Reuse``): with plain KV any block-aligned prefix, and entries
-are cut to whole blocks; with sliding-window or recurrent layers an entry keeps its full
-length, and a prompt that extends it exactly reuses all of it, while a shorter prefix is
-reused only where ``Reuse.covers`` allows. Capacity is in bytes and entries; eviction is
-LRU, plus TTL; an entry larger than the capacity is refused.
+Capacity is in bytes (checkpoints included) and entries; eviction is LRU by value: an
+entry with a checkpoint first shrinks to its most valuable one (``CHECKPOINT_VALUE``),
+which then starts over as the most recently used, so the system + tools prefix outlives a
+one-off prompt's tail; plus TTL. An entry larger than the capacity is refused.
 Thread-safe: the engine thread looks up and inserts, HTTP handlers read stats and reset
 (after any store the engine has announced, see ``begin_inserts``).
 """
 
 from __future__ import annotations
 
-import hashlib
+import contextlib
 import itertools
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
-from mlxcel.engine.cache.kinds import Reuse
+from mlxcel.engine.cache.disk import DiskTier
+from mlxcel.engine.cache.entries import (
+    BLOCK_SIZE,
+    CHECKPOINT_VALUE,
+    NO_DIGESTS,
+    CacheEntry,
+    Digests,
+    Hit,
+    Stored,
+    best_in,
+    block_hashes,
+)
+from mlxcel.engine.cache.kinds import Checkpoint, Reuse
 
-BLOCK_SIZE = 16
+__all__ = ["BLOCK_SIZE", "CacheEntry", "Hit", "PromptCache", "Stored", "block_hashes"]
 INSERT_WAIT_S = 10.0  # stats/reset wait at most this long for the engine's inserts
-
-
-def block_hashes(tokens: Sequence[int], limit: int | None = None) -> list[bytes]:
-    """Chained sha256 of each full 16-token block (of the first ``limit`` tokens)."""
-    n = len(tokens) if limit is None else min(limit, len(tokens))
-    out, prev = [], b""
-    for start in range(0, n - n % BLOCK_SIZE, BLOCK_SIZE):
-        block = b"".join(int(t).to_bytes(4, "little", signed=False)
-                         for t in tokens[start:start + BLOCK_SIZE])
-        prev = hashlib.sha256(prev + block).digest()
-        out.append(prev)
-    return out
-
-
-class Stored(Protocol):
-    """One sequence's cached state for some tokens, in the form its engine path reuses."""
-
-    nbytes: int
-
-    def prefix(self, n: int) -> Stored:
-        """The state of the first ``n`` tokens (only asked where the entry's rule allows)."""
-        ...
-
-
-class CacheEntry:
-    """``payload`` for the first ``length`` tokens: ``hashes`` of its full blocks and the
-    ``tail`` tokens after them."""
-
-    def __init__(self, entry_id: int, tokens: Sequence[int], hashes: list[bytes],
-                 payload: Stored) -> None:
-        self.id = entry_id
-        self.hashes = hashes
-        self.length = len(tokens)
-        self.tail = tuple(tokens[len(hashes) * BLOCK_SIZE:])
-        self.payload = payload
-        self.nbytes = int(payload.nbytes)
-        self.created = time.monotonic()
-
-    def extended_by(self, tokens: Sequence[int], depth: int) -> bool:
-        """Whether ``tokens``, whose first ``depth`` blocks hash like ours, start with
-        all of our tokens."""
-        start = depth * BLOCK_SIZE
-        return depth == len(self.hashes) and len(tokens) >= self.length \
-            and tuple(tokens[start:self.length]) == self.tail
 
 
 class PromptCache:
     def __init__(self, capacity_bytes: int, max_entries: int = 1024, ttl_s: float = 3600.0,
-                 enabled: bool = True) -> None:
+                 enabled: bool = True, max_checkpoints: int = 8) -> None:
         self.enabled = enabled
         self.reuse = Reuse()  # what the model's caches allow (set by the engine)
         self.disabled_reason: str | None = None if enabled else "disabled (--no-cache-prompt)"
         self.capacity_bytes = capacity_bytes
         self.max_entries = max_entries
         self.ttl_s = ttl_s
+        self.max_checkpoints = max_checkpoints  # per entry (--ctx-checkpoints)
+        self.disk: DiskTier | None = None  # --cache-disk-dir (opened by the engine)
         self._entries: OrderedDict[int, CacheEntry] = OrderedDict()  # LRU order
         self._holders: dict[bytes, list[int]] = {}  # block hash -> live entries holding it
         self._ids = itertools.count()
@@ -94,80 +64,128 @@ class PromptCache:
         self._settled = threading.Condition(self._lock)
         self.bytes = 0
         self.counters = dict.fromkeys(("hits", "lookups", "inserts", "evictions_lru",
-                                       "evictions_ttl", "rejections_oversized"), 0)
+                                       "evictions_ttl", "rejections_oversized", "shrinks"), 0)
+        self.hits_by_kind: dict[str, int] = {}
         # --distributed rank 0: what changed, for the other ranks (``drain_journal``)
         self.journal: list[tuple[int, ...]] | None = None
         self._calls = 0  # insert() calls since the journal was last drained
 
     # -- engine thread ----------------------------------------------------------------------
-    def lookup(self, tokens: Sequence[int]) -> tuple[CacheEntry, int] | None:
-        """The entry and the number of prompt tokens it covers (always leaving at least one
-        prompt token to compute), or None: the deepest block-aligned prefix some entry holds
-        that ``reuse`` lets it be cut back to, or an entry that ``tokens`` extend exactly
-        if that covers more."""
+    def lookup(self, tokens: Sequence[int], digests: Digests = NO_DIGESTS) -> Hit | None:
+        """The most of ``tokens`` (always leaving at least one prompt token to compute) that
+        some entry gives (``entries.best_in``): the longest wins, the newest among equals."""
         if not self.enabled:
             return None
         limit = len(tokens) - 1
-        hashes = block_hashes(tokens, limit)
+        hashes = block_hashes(tokens, limit, digests)
         with self._lock:
             self._expire()
             self.counters["lookups"] += 1
+            best = self._best(tokens, hashes, limit, digests, self.disk)
+            if best is not None and best.entry.payload is None:  # on disk: load it back
+                best = self._from_disk(best) or self._best(tokens, hashes, limit, digests,
+                                                           None)
+            if best is not None:
+                self._entries.move_to_end(best.entry.id)
+                self.counters["hits"] += 1
+                self.hits_by_kind[best.kind] = self.hits_by_kind.get(best.kind, 0) + 1
+            return best
+
+    def _best(self, tokens: Sequence[int], hashes: list[bytes], limit: int,
+              digests: Digests, disk: DiskTier | None) -> Hit | None:
+        """(lock held) Entries (in memory, then on ``disk``) are met at the deepest block
+        they share with ``tokens``; one met at depth d shares fewer than (d + 1) blocks, so
+        the walk stops there. Memory wins a tie."""
+        best: Hit | None = None
+        seen: set[Any] = set()
+        with disk.lock if disk is not None and disk.enabled else contextlib.nullcontext():
+            on_disk = disk is not None and disk.enabled
             for depth in range(len(hashes), 0, -1):
-                found = self._best(tokens[:limit], depth, hashes[depth - 1])
-                if found is not None:
-                    self._entries.move_to_end(found[0].id)
-                    self.counters["hits"] += 1
-                    return found
-        return None
+                if best is not None and (depth + 1) * BLOCK_SIZE <= best.n:
+                    break
+                block = hashes[depth - 1]
+                found = [self._entries[i] for i in reversed(self._holders.get(block, ()))]
+                if on_disk:
+                    found += [disk.stub(k) for k in reversed(disk.holders.get(block, ()))]
+                for entry in found:
+                    key = entry.id if entry.payload is not None else entry.disk.key
+                    if key in seen:
+                        continue
+                    seen.add(key)
+                    hit = best_in(entry, entry.shared(tokens, depth, digests), limit,
+                                  self.reuse.covers)
+                    if hit is not None and (best is None or hit.n > best.n):
+                        best = hit
+        return best
 
-    def _best(self, tokens: Sequence[int], depth: int,
-              block: bytes) -> tuple[CacheEntry, int] | None:
-        """(lock held) Among the entries holding ``block`` (hash of ``depth`` blocks), the
-        newest that ``tokens`` extend exactly, else the newest that may be cut back to
-        ``depth`` blocks."""
-        found = None
-        holders = self._holders.get(block, ())
-        for entry in (self._entries[i] for i in reversed(holders)):
-            if entry.extended_by(tokens, depth):
-                return entry, entry.length
-            if found is None and self.reuse.covers(entry.length, depth * BLOCK_SIZE):
-                found = entry, depth * BLOCK_SIZE
-        return found
+    def _from_disk(self, hit: Hit) -> Hit | None:
+        """(lock held) ``hit`` on a disk entry, made a memory entry's (None: the file
+        failed its checks and is gone)."""
+        stub = hit.entry
+        loaded = self.disk.load(stub) if self.disk is not None else None
+        if loaded is None:
+            return None
+        payload, checkpoints = loaded
+        entry = CacheEntry(next(self._ids), stub.tokens, stub.hashes, payload, checkpoints)
+        entry.disk = stub.disk
+        same = self._same(entry)
+        if same is not None:
+            entry = same
+        else:
+            self._make_room(entry.nbytes)
+            self._add(entry)
+        self.disk.counters["hits"] += 1
+        taken = next((c for c in entry.checkpoints if hit.checkpoint is not None
+                      and c.position == hit.checkpoint.position), None)
+        return Hit(entry, hit.n, taken, hit.kind) if hit.checkpoint is None or taken \
+            else None
 
-    def insert(self, tokens: Sequence[int], payload: Stored) -> bool:
+    def insert(self, tokens: Sequence[int], payload: Stored, checkpoints: Sequence[Any] = (),
+               digests: Digests = NO_DIGESTS) -> bool:
         """Store ``payload``, the state of ``tokens`` (cut to whole blocks where any prefix
-        may be reused); False when refused."""
+        may be reused), with its ``checkpoints``; False when refused."""
         call, self._calls = self._calls, self._calls + 1
         if not self.enabled:
             return False
-        hashes = block_hashes(tokens)
+        hashes = block_hashes(tokens, None, digests)
         if not hashes:
             return False
-        if self.reuse.mode == "prefix" and len(tokens) % BLOCK_SIZE:
-            tokens = tokens[:len(hashes) * BLOCK_SIZE]
-            payload = payload.prefix(len(tokens))
+        if self.reuse.mode == "prefix":
+            checkpoints = ()
+            if len(tokens) % BLOCK_SIZE:
+                tokens = tokens[:len(hashes) * BLOCK_SIZE]
+                payload = payload.prefix(len(tokens))
+        entry = CacheEntry(next(self._ids), tokens, hashes, payload,
+                           [c for c in checkpoints if c.position < len(tokens)], digests)
         with self._lock:
-            for holder in self._holders.get(hashes[-1], ()):
-                if self._entries[holder].length == len(tokens) \
-                        and self._entries[holder].extended_by(tokens, len(hashes)):
-                    self._entries.move_to_end(holder)  # already cached
-                    return True
-            entry = CacheEntry(next(self._ids), tokens, hashes, payload)
+            same = self._same(entry)
+            if same is not None:
+                same.take_checkpoints(entry.checkpoints)
+                same.keep_checkpoints(self.max_checkpoints)
+                self._resize(same)
+                self._entries.move_to_end(same.id)  # already cached
+                return True
             if entry.nbytes > self.capacity_bytes:
                 self.counters["rejections_oversized"] += 1
                 return False
             self._expire()
-            self._drop_prefixes_of(tokens, hashes)
-            while self._entries and (self.bytes + entry.nbytes > self.capacity_bytes
-                                     or len(self._entries) >= self.max_entries):
-                self._drop(next(iter(self._entries)), "evictions_lru")
-            self._entries[entry.id] = entry
-            self._note(0, entry.id, call, len(tokens))
-            self.bytes += entry.nbytes
-            for h in hashes:
-                self._holders.setdefault(h, []).append(entry.id)
+            self._drop_prefixes_of(entry)
+            entry.keep_checkpoints(self.max_checkpoints)
+            self._make_room(entry.nbytes)
+            self._add(entry)
+            self._note(0, entry.id, call, entry.length)
             self.counters["inserts"] += 1
             return True
+
+    def _same(self, entry: CacheEntry) -> CacheEntry | None:
+        """(lock held) A live entry of exactly ``entry``'s tokens."""
+        for holder in self._holders.get(entry.hashes[-1], ()):
+            other = self._entries[holder]
+            if other.length == entry.length \
+                    and other.shared(entry.tokens, len(entry.hashes), entry.digests) \
+                    == entry.length:
+                return other
+        return None
 
     def begin_inserts(self) -> None:
         """The engine is about to store sequences whose finish events go out first:
@@ -185,6 +203,18 @@ class PromptCache:
     def _wait_inserts(self) -> None:
         """(lock held) until no announced store is running (at most ``INSERT_WAIT_S``)."""
         self._settled.wait_for(lambda: not self._inserting, timeout=INSERT_WAIT_S)
+
+    def persist(self, timeout: float) -> None:
+        """Write every entry to the disk tier, if there is one, waiting at most
+        ``timeout`` s (a shutdown: the next start finds them)."""
+        if self.disk is None or not self.disk.enabled:
+            return
+        with self._lock:
+            entries = list(self._entries.values())
+        deadline = time.monotonic() + timeout
+        for entry in reversed(entries):  # the most recently used first
+            self.disk.put(entry, wait=max(0.0, deadline - time.monotonic()))
+        self.disk.flush(max(0.0, deadline - time.monotonic()))
 
     def disable(self, reason: str) -> None:
         self.enabled, self.disabled_reason = False, reason
@@ -209,13 +239,19 @@ class PromptCache:
                 "total_blocks_stored": sum(len(e.hashes) for e in self._entries.values()),
                 "unique_block_hashes": len(self._holders), "apc_active_entries": 0,
                 "reuse": self.reuse.mode, "reuse_window": self.reuse.window,
+                "checkpoints": sum(len(e.checkpoints) for e in self._entries.values()),
+                "checkpoint_bytes": sum(e.checkpoint_bytes for e in self._entries.values()),
+                "checkpoint_kinds": self._checkpoint_kinds(),
+                "hits_by_kind": dict(self.hits_by_kind), "shrinks": self.counters["shrinks"],
+                "disk": self.disk.stats() if self.disk is not None else {"enabled": False},
                 **({"disabled_reason": self.disabled_reason}
                    if not self.enabled and self.disabled_reason else {}),
             }
 
     def reset(self) -> dict[str, Any]:
-        """Drop every entry, then ask the engine (``on_reset``) to free the buffers they
-        held: MLX's buffer cache is cleared on the engine thread only."""
+        """Drop every entry, in memory and on disk, then ask the engine (``on_reset``) to
+        free the buffers they held: MLX's buffer cache is cleared on the engine thread
+        only."""
         with self._lock:
             self._wait_inserts()
             freed_bytes, freed_entries = self.bytes, len(self._entries)
@@ -223,9 +259,11 @@ class PromptCache:
             self._holders.clear()
             self.bytes = 0
             self._note(2)
+            files_removed, disk_bytes = self.disk.clear() if self.disk is not None else (0, 0)
         if self.on_reset is not None:
             self.on_reset()
-        return {"cleared": True, "freed_bytes": freed_bytes, "freed_entries": freed_entries}
+        return {"cleared": True, "freed_bytes": freed_bytes, "freed_entries": freed_entries,
+                "freed_disk_bytes": disk_bytes, "freed_disk_files": files_removed}
 
     def drain_journal(self) -> list[tuple[int, ...]]:
         """The changes since the last drain, oldest first: ``(0, id, call, length)`` the
@@ -249,18 +287,80 @@ class PromptCache:
         for entry_id in [i for i, e in self._entries.items() if e.created < cutoff]:
             self._drop(entry_id, "evictions_ttl")
 
-    def _drop_prefixes_of(self, tokens: Sequence[int], hashes: list[bytes]) -> None:
-        """An entry whose tokens are a prefix of the new one adds nothing: drop it (a
-        conversation then keeps one entry, not one copy of its history per turn)."""
-        for depth, h in enumerate(hashes, start=1):
+    def _checkpoint_kinds(self) -> dict[str, int]:
+        kinds: dict[str, int] = {}
+        for entry in self._entries.values():
+            for c in entry.checkpoints:
+                kinds[c.kind] = kinds.get(c.kind, 0) + 1
+        return kinds
+
+    def _drop_prefixes_of(self, entry: CacheEntry) -> None:
+        """An entry whose tokens are a prefix of the new one adds nothing but its
+        checkpoints, which the new one adopts: drop it (a conversation then keeps one
+        entry, not one copy of its history per turn). A shrunk one's own end is a
+        checkpoint the new one may lack (it was prefilled from there): adopted as one."""
+        for depth, h in enumerate(entry.hashes, start=1):
             for holder in list(self._holders.get(h, ())):
-                if self._entries[holder].extended_by(tokens, depth):
+                older = self._entries[holder]
+                if len(older.hashes) == depth \
+                        and entry.shared(older.tokens, depth, older.digests) >= older.length:
+                    ends = [Checkpoint.of(older.length, older.kind, older.payload.caches)] \
+                        if older.shrunk and older.payload is not None else []
+                    entry.take_checkpoints([*older.checkpoints, *ends])
                     self._drop(holder, None)
+
+    def _add(self, entry: CacheEntry) -> None:
+        self._entries[entry.id] = entry
+        entry.counted = entry.nbytes
+        self.bytes += entry.counted
+        for h in entry.hashes:
+            self._holders.setdefault(h, []).append(entry.id)
+
+    def _resize(self, entry: CacheEntry) -> None:
+        """``entry`` adopted checkpoints: count their bytes, and make room for them."""
+        self.bytes += entry.nbytes - entry.counted
+        entry.counted = entry.nbytes
+        self._make_room(0)
+
+    def _make_room(self, need: int) -> None:
+        """Evict (LRU by value, see the module docstring) until ``need`` more bytes and one
+        more entry fit."""
+        while self._entries and (self.bytes + need > self.capacity_bytes
+                                 or len(self._entries) >= self.max_entries):
+            victim = next(iter(self._entries.values()))
+            bytes_bound = len(self._entries) < self.max_entries
+            if not (bytes_bound and self._shrink(victim)):
+                if self.disk is not None:
+                    self.disk.put(victim)
+                self._drop(victim.id, "evictions_lru")
+
+    def _shrink(self, victim: CacheEntry) -> bool:
+        """Replace ``victim`` by its state at its most valuable checkpoint, as the most
+        recently used entry; False where it has none (or was shrunk already)."""
+        if victim.shrunk or victim.payload is None or not victim.checkpoints:
+            return False
+        best = max(victim.checkpoints,
+                   key=lambda c: (CHECKPOINT_VALUE.get(c.kind, 0), c.position))
+        n = best.position
+        if n < BLOCK_SIZE:
+            return False
+        tokens = victim.tokens[:n]
+        small = CacheEntry(next(self._ids), tokens, victim.hashes[:n // BLOCK_SIZE],
+                           victim.payload.at(best).detached(),
+                           [c for c in victim.checkpoints if c.position < n], victim.digests)
+        small.shrunk, small.kind = True, best.kind
+        if self.disk is not None:
+            self.disk.put(victim)
+        self._drop(victim.id, None)
+        self.counters["shrinks"] += 1
+        if self._same(small) is None:
+            self._add(small)
+        return True
 
     def _drop(self, entry_id: int, reason: str | None) -> None:
         entry = self._entries.pop(entry_id)
         self._note(1, entry_id)
-        self.bytes -= entry.nbytes
+        self.bytes -= entry.counted
         for h in entry.hashes:
             holders = self._holders[h]
             holders.remove(entry_id)

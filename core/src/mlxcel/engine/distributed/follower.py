@@ -18,6 +18,7 @@ import mlx.core as mx
 import msgspec
 import structlog
 
+from mlxcel.engine.cache.entries import Hit
 from mlxcel.engine.distributed import liveness
 from mlxcel.engine.distributed import messages as m
 from mlxcel.engine.distributed.group import World
@@ -38,10 +39,12 @@ class NullSink:
     def emit(self, event: Any) -> None: ...
 
 
-class Hit(msgspec.Struct):
-    """A follower's stand-in for rank 0's ``CacheEntry``: this rank's shard of it."""
+class Shard(msgspec.Struct):
+    """A follower's stand-in for rank 0's ``CacheEntry``: this rank's shard of it (rank 0
+    takes no checkpoints in a distributed engine: a hit is an entry or a cut of one)."""
 
     payload: Any
+    length: int = -1  # not known here: a hit cuts it (a cut to its own length is a no-op)
 
 
 class Follower(Alone):
@@ -132,7 +135,7 @@ class Follower(Alone):
         w = self.worker
         seq = Sequence(req, NullSink(), w.checkpoint.tokenizer, set(), row.order)
         if row.entry >= 0:
-            seq.cache_hit = (Hit(self.entries[row.entry]), row.hit)
+            seq.cache_hit = Hit(Shard(self.entries[row.entry]), row.hit)
             seq.cached = row.hit
         else:
             seq.cache_hit = ()

@@ -64,7 +64,7 @@ class Leader(Alone):
         for s in group:
             hit = s.cache_hit or None
             rows.append(m.Row(s.order, tuple(s.req.prompt_tokens),
-                              hit[0].id if hit else -1, hit[1] if hit else 0))
+                              hit.entry.id if hit else -1, hit.n if hit else 0))
         self._record(m.Admit(tuple(rows)))
 
     def prefill(self, budget: int, chunk: int) -> None:

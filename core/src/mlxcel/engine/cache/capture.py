@@ -1,0 +1,58 @@
+"""Where a prefilling row takes checkpoints, and how one is copied out of its caches.
+
+A row whose model has layers that cannot be cut back (``kinds.cuttable``) keeps a copy of
+those layers' state at the prompt positions later prompts will share: the boundaries the
+chat layer marks (``GenerationRequest.cache_marks``: the end of the system + tools prefix,
+the message boundaries of the last turn), every ``interval`` tokens of a long prompt, and
+the end of its prompt before generation (the next turn of a conversation re-sends it, with
+the answer as text). A prefill chunk ends at each mark inside the prompt; the prompt's end
+is taken once the whole prompt is in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from mlxcel.engine.cache.kinds import Checkpoint, arrays, cuttable, owned, row_copy
+
+PROMPT_END = "prompt"
+
+
+def marks_for(prompt_len: int, cached: int, marks: Sequence[tuple[int, str]],
+              interval: int) -> list[tuple[int, str]]:
+    """The checkpoints a row whose first ``cached`` tokens came from the cache takes, as
+    sorted ``(position, kind)``: a position is a token count, past ``cached`` and at most
+    ``prompt_len - 1`` (the last prompt token is fed with the first decode step). Where
+    kinds share a position the first given wins; the prompt's end is always there."""
+    end = prompt_len - 1
+    found: dict[int, str] = {}
+    for position, kind in marks:
+        if cached < position < end:
+            found.setdefault(position, kind)
+    if interval > 0:
+        for position in range(interval, end, interval):
+            if position > cached:
+                found.setdefault(position, "interval")
+    if end > cached:
+        found[end] = PROMPT_END
+    return sorted(found.items())
+
+
+def checkpoint(caches: list[Any], row: int, lone: bool, position: int,
+               kind: str) -> Checkpoint:
+    """Row ``row``'s state now (``position`` tokens in) of the layers that cannot be cut
+    back, copied and queued: ``caches`` are a prefill's batch caches, or one row's plain
+    ones (``lone``). Extracting a cuttable layer builds a graph that is never run."""
+    layers: list[Any | None] = []
+    for cache in caches:
+        if lone:
+            layers.append(None if cuttable(cache) else row_copy(cache))
+            continue
+        one = cache.extract(row)
+        layers.append(None if cuttable(one) else owned(one))
+    out = Checkpoint(position, kind, layers)
+    import mlx.core as mx
+
+    mx.async_eval(arrays([c for c in layers if c is not None]))
+    return out

@@ -1,0 +1,217 @@
+"""Prompt-cache checkpoints on every cache kind: a later prompt that shares a boundary of an
+earlier one (the system + tools prefix, a message boundary, the prompt's end, an interval)
+reuses the state there, gives the logits a cold prefill gives, alone and in a batch, and
+misses where the prompts differ.
+
+Float32 checkpoints: a hit's and a cold run's log-probabilities agree to 1e-4
+(docs/explanation/batching.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+from mlxcel.engine.config import EngineConfig
+from mlxcel.testing.checkpoint import cached_checkpoint
+from mlxcel.testing.engine import engine_for, request
+from mlxcel.types import SamplingParams
+
+KINDS = {  # cache kind -> model_type, all on mlx-lm's batch caches but plain
+    "plain": "qwen3",
+    "rotating": "gemma3_text",
+    "kv-shared": "gemma4_text",
+    "recurrent": "qwen3_next",
+    "cachelist": "falcon_h1",
+}
+LOGPROBS = SamplingParams(temperature=0.0, logprobs=True, top_logprobs=4)
+rng = random.Random(11)
+
+
+def tokens(n: int) -> list[int]:
+    return [rng.randrange(5, 400) for _ in range(n)]
+
+
+# an agent conversation: system + tools, an earlier exchange, the final user message, the
+# generation prompt; its boundaries as the chat layer marks them
+SYSTEM, EARLIER, USER, GEN = tokens(40), tokens(30), tokens(20), tokens(3)
+PROMPT = SYSTEM + EARLIER + USER + GEN
+MARKS = ((40, "system"), (70, "turn"), (90, "turn"))
+# later prompts, each sharing one boundary of PROMPT: (prompt, reused tokens, hit kind)
+LATER = {
+    "prompt": (PROMPT + tokens(12) + tokens(9), len(PROMPT) - 1, "prompt"),
+    "turn-end": (PROMPT[:90] + tokens(25), 90, "turn"),
+    "turn-before-user": (PROMPT[:70] + tokens(30), 70, "turn"),
+    "system": (SYSTEM + tokens(35), 40, "system"),
+}
+
+
+def checkpoint(kind, cache_dir):
+    return cached_checkpoint(KINDS[kind], cache_dir=cache_dir, dtype="float32")
+
+
+def engine(path, interval=0, cache_bytes=1 << 28, parallel=2):
+    return engine_for(path, parallel, cache=cache_bytes, chunk=32,
+                      config=EngineConfig(cache_checkpoint_interval=interval))
+
+
+async def _collect(eng, req):
+    ids, tops, last = [], [], None
+    async for event in eng.submit(req):
+        ids.extend(event.token_ids)
+        tops.extend([(t.token, t.logprob, *t.top) for t in event.logprobs])
+        last = event
+    return ids, last.usage.cached_tokens, tops
+
+
+def generate(eng, *prompts, marks=MARKS, max_tokens=3):
+    """Each prompt's (tokens, cached tokens, per-token log-probabilities), submitted at once."""
+    async def go():
+        return await asyncio.gather(*(_collect(eng, request(p, max_tokens, LOGPROBS,
+                                                            cache_marks=marks))
+                                      for p in prompts))
+    return asyncio.run(go())
+
+
+def same_logits(a, b):
+    """Two runs' log-probabilities, token by token: the same tokens, values to 1e-4."""
+    assert len(a) == len(b) and a
+    for x, y in zip(a, b, strict=True):
+        assert x[0] == y[0]
+        assert abs(x[1] - y[1]) < 1e-4
+        assert [t for t, _ in x[2:]] == [t for t, _ in y[2:]]
+        assert all(abs(p - q) < 1e-4 for (_, p), (_, q) in zip(x[2:], y[2:], strict=True))
+
+
+@pytest.fixture(scope="module")
+def cold_runs(mlxcel_checkpoint_cache):
+    """Every later prompt's output on a server with no prompt cache, per kind."""
+    found = {}
+
+    def cold(kind):
+        if kind not in found:
+            eng = engine_for(checkpoint(kind, mlxcel_checkpoint_cache), 1, chunk=32)
+            try:
+                found[kind] = {name: generate(eng, p)[0] for name, (p, _, _) in LATER.items()}
+                found[kind]["interval"] = generate(eng, INTERVAL_LATER)[0]
+            finally:
+                eng.shutdown()
+        return found[kind]
+    return cold
+
+
+INTERVAL_LATER = PROMPT[:35] + tokens(20)
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_each_boundary_hits_with_a_cold_prefills_logits(kind, mlxcel_checkpoint_cache,
+                                                        cold_runs):
+    path = checkpoint(kind, mlxcel_checkpoint_cache)
+    cold = cold_runs(kind)
+    eng = engine(path)
+    try:
+        mode = eng.prompt_cache.stats()["reuse"]
+        assert mode == ("prefix" if kind == "plain" else mode)
+        for name, (later, reused, hit_kind) in LATER.items():
+            eng.prompt_cache.reset()
+            assert generate(eng, PROMPT)[0][1] == 0
+            ids, cached, tops = generate(eng, later)[0]
+            if kind == "plain":  # any block-aligned prefix: no checkpoints needed
+                assert cached == reused - reused % 16, name
+            else:
+                assert cached == reused, name
+                stats = eng.prompt_cache.stats()
+                assert stats["hits_by_kind"].get(hit_kind, 0) >= 1, (name, stats)
+            assert ids == cold[name][0]
+            same_logits(tops, cold[name][2])
+        stats = eng.prompt_cache.stats()
+        if kind == "plain":
+            assert stats["checkpoints"] == 0
+        else:
+            assert stats["checkpoints"] > 0 and stats["checkpoint_bytes"] > 0
+    finally:
+        eng.shutdown()
+
+
+@pytest.mark.parametrize("kind", ["recurrent", "rotating", "kv-shared", "cachelist"])
+def test_interval_checkpoints_and_misses(kind, mlxcel_checkpoint_cache, cold_runs):
+    """Every 2 blocks: a prompt that shares 35 tokens (no marked boundary) reuses 32; one
+    that differs from the first block on reuses nothing."""
+    path = checkpoint(kind, mlxcel_checkpoint_cache)
+    eng = engine(path, interval=2)
+    try:
+        generate(eng, PROMPT, marks=())
+        ids, cached, tops = generate(eng, INTERVAL_LATER, marks=())[0]
+        assert cached == 32
+        assert eng.prompt_cache.stats()["hits_by_kind"].get("interval") == 1
+        assert ids == cold_runs(kind)["interval"][0]
+        same_logits(tops, cold_runs(kind)["interval"][2])
+        _, cached, _ = generate(eng, [1, 2, 3] + PROMPT[3:60], marks=())[0]
+        assert cached == 0
+    finally:
+        eng.shutdown()
+
+
+@pytest.mark.parametrize("kind", ["recurrent", "kv-shared"])
+def test_hits_in_a_batch_give_what_they_give_alone(kind, mlxcel_checkpoint_cache,
+                                                  cold_runs):
+    """Two hits at different boundaries and one cold prompt prefill as one group."""
+    path = checkpoint(kind, mlxcel_checkpoint_cache)
+    cold = cold_runs(kind)
+    eng = engine(path, parallel=4)
+    try:
+        generate(eng, PROMPT)
+        runs = generate(eng, LATER["system"][0], LATER["turn-end"][0], LATER["prompt"][0])
+        assert [r[1] for r in runs] == [40, 90, len(PROMPT) - 1]
+        for r, name in zip(runs, ("system", "turn-end", "prompt"), strict=True):
+            assert r[0] == cold[name][0]
+            same_logits(r[2], cold[name][2])
+    finally:
+        eng.shutdown()
+
+
+def test_checkpoints_are_taken_in_a_group_and_honour_cache_prompt(mlxcel_checkpoint_cache):
+    """Rows prefilled together each keep their own checkpoints; a request with
+    ``cache_prompt: false`` neither reuses nor leaves anything."""
+    path = checkpoint("recurrent", mlxcel_checkpoint_cache)
+    eng = engine(path, parallel=4)
+    try:
+        other = tokens(40) + tokens(50)
+        generate(eng, PROMPT, other, marks=MARKS)
+        assert generate(eng, other[:40] + tokens(10), marks=())[0][1] == 40
+        assert generate(eng, LATER["system"][0])[0][1] == 40
+        assert generate(eng, other[:39] + tokens(10), marks=())[0][1] == 0  # before a mark
+        before = eng.prompt_cache.stats()
+
+        async def uncached():
+            req = request(LATER["turn-end"][0], 3, LOGPROBS, cache_marks=MARKS,
+                          cache_prompt=False)
+            return await _collect(eng, req)
+        assert asyncio.run(uncached())[1] == 0
+        after = eng.prompt_cache.stats()
+        assert (after["inserts"], after["lookups"]) == (before["inserts"], before["lookups"])
+    finally:
+        eng.shutdown()
+
+
+def test_eviction_keeps_the_system_checkpoint_longest(mlxcel_checkpoint_cache):
+    """Under a budget of under two conversations, a third evicts by value: the oldest
+    conversation shrinks to its system checkpoint instead of leaving, so a sub-agent
+    sharing only the system prompt still hits."""
+    path = checkpoint("recurrent", mlxcel_checkpoint_cache)
+    probe = engine(path)
+    try:
+        generate(probe, PROMPT)
+        one = probe.prompt_cache.stats()["bytes"]
+    finally:
+        probe.shutdown()
+    eng = engine(path, cache_bytes=int(one * 1.6))
+    try:
+        for _ in range(3):
+            generate(eng, SYSTEM + tokens(50) + tokens(3), marks=((40, "system"),))
+        stats = eng.prompt_cache.stats()
+        assert stats["shrinks"] >= 1 and stats["bytes"] <= int(one * 1.6)
+        assert generate(eng, SYSTEM + tokens(20), marks=())[0][1] == 40
+    finally:
+        eng.shutdown()
