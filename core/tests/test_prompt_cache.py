@@ -82,7 +82,7 @@ def test_stats_keys_reset_and_disabled():
                       "evictions_lru", "evictions_ttl", "rejections_oversized",
                       "total_blocks_stored", "unique_block_hashes", "apc_active_entries",
                       "reuse", "reuse_window", "checkpoints", "checkpoint_bytes",
-                      "checkpoint_kinds", "hits_by_kind", "shrinks"}
+                      "checkpoint_kinds", "hits_by_kind", "shrinks", "disk"}
     assert (s["total_blocks_stored"], s["unique_block_hashes"], s["block_size"]) == (
         4, 4, BLOCK_SIZE)
     freed = cache.reset()
@@ -160,3 +160,25 @@ def test_finish_events_go_out_before_the_store(path):
     assert at_store == [([True, True], 1)]  # both finished in one step, events already out
     assert worker.prompt_cache._inserting == 0
     assert worker.prompt_cache.stats()["entries"] == 2
+
+
+def test_a_content_digest_keeps_prompts_that_differ_in_an_image_apart():
+    """Non-token inputs hash with their block: the same tokens with another image at
+    position 20 share only the block before it, and nothing past it."""
+    cache = PromptCache(capacity_bytes=1 << 20)
+    tokens = list(range(64))
+    assert cache.insert(tokens, kv(64), digests={20: b"image-a"})
+    assert cache.lookup(tokens + [1], {20: b"image-a"}).n == 64
+    assert cache.lookup(tokens + [1], {20: b"image-b"}).n == 16
+    assert cache.lookup(tokens + [1]).n == 16  # the same tokens without the image
+    assert block_hashes(tokens, None, {20: b"x"})[0] == block_hashes(tokens)[0]
+    assert block_hashes(tokens, None, {20: b"x"})[1] != block_hashes(tokens)[1]
+
+
+def test_token_positions_of_character_boundaries():
+    from mlxcel.chat.cache_marks import token_positions
+
+    spans = [(0, 5), (5, 6), (6, 12), (12, 13), (13, 20)]
+    marks = [(6, "system"), (9, "turn"), (13, "turn"), (20, "turn")]
+    # 9 falls inside a token; 20 is the text's end (no token after it)
+    assert token_positions(spans, marks) == ((2, "system"), (4, "turn"))

@@ -8,6 +8,11 @@ end of the messages before the generation prompt (a next turn that re-sends the 
 differently still shares it). They come from the template itself: each is the rendering of
 the first k messages, kept only where the whole prompt starts with it, so a template that
 renders earlier messages differently once later ones follow gives no false boundary.
+
+A template that cannot render the system prompt alone (one that refuses a conversation
+without a user turn) or renders the tools into the first user turn still has a prefix
+every sub-agent shares: what the prompt has in common with the same conversation whose
+first user message is another text (``PROBE``), up to where that message's text starts.
 """
 
 from __future__ import annotations
@@ -34,15 +39,43 @@ def boundaries(template: Any, messages: list[dict[str, Any]], tools: Any,
     cuts.append((len(messages), "turn"))
     out: list[tuple[int, str]] = []
     for k, kind in cuts:
-        try:
-            prefix = template.render(messages[:k], tools=tools, add_generation_prompt=False,
-                                     **kwargs)
-        except Exception:  # the template's own refusal of this prefix: no boundary here
-            continue
-        if prefix and len(prefix) < len(text) and text.startswith(prefix) \
-                and (not out or len(prefix) > out[-1][0]):
+        prefix = _render(template, messages[:k], tools, kwargs)
+        if prefix is None or not text.startswith(prefix):
+            prefix = _shared_with_probe(template, messages, lead, tools, kwargs, text) \
+                if kind == "system" else None
+        if prefix and len(prefix) < len(text) and (not out or len(prefix) > out[-1][0]):
             out.append((len(prefix), kind))
     return out
+
+
+PROBE = "\u2063"  # a first user message no real one starts with (invisible separator)
+
+
+def _render(template: Any, messages: list[dict[str, Any]], tools: Any,
+            kwargs: dict[str, Any]) -> str | None:
+    try:
+        return template.render(messages, tools=tools, add_generation_prompt=False, **kwargs)
+    except Exception:  # the template's own refusal of these messages: no boundary here
+        return None
+
+
+def _shared_with_probe(template: Any, messages: list[dict[str, Any]], lead: int,
+                       tools: Any, kwargs: dict[str, Any], text: str) -> str | None:
+    """The prompt's prefix up to its first user message's text (module docstring)."""
+    first = next((i for i in range(lead, len(messages))
+                  if messages[i].get("role") == "user"), None)
+    if first is None or first != lead:
+        return None
+    probe = _render(template, [*messages[:lead], {"role": "user", "content": PROBE}],
+                    tools, kwargs)
+    if probe is None:
+        return None
+    n = 0
+    for a, b in zip(text, probe, strict=False):
+        if a != b:
+            break
+        n += 1
+    return text[:n] if probe[n:].startswith(PROBE) else None
 
 
 def token_positions(offsets: Sequence[tuple[int, int]], chars: Sequence[tuple[int, str]]

@@ -153,6 +153,15 @@ def render_chat(request: PromptRequest, template: Any,
     return _render(request, template, server_kwargs)[0]
 
 
+def render_marked(request: PromptRequest, template: Any,
+                  server_kwargs: dict[str, Any] | None = None
+                  ) -> tuple[str, list[tuple[int, str]]]:
+    """``render_chat``, with the character offsets of the prompt's message boundaries
+    (``chat.cache_marks.boundaries``)."""
+    text, _, marks = _render(request, template, server_kwargs, marks=True)
+    return text, marks
+
+
 def _render(request: PromptRequest, template: Any, server_kwargs: dict[str, Any] | None,
             marks: bool = False) -> tuple[str, tuple[Tool, ...], list[tuple[int, str]]]:
     """The prompt text, its tools, and (``marks``) its message boundaries

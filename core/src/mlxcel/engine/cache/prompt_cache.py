@@ -259,11 +259,12 @@ class PromptCache:
             self._holders.clear()
             self.bytes = 0
             self._note(2)
-            files_removed, disk_bytes = self.disk.clear() if self.disk is not None else (0, 0)
+            disk = self.disk.clear() if self.disk is not None else None
         if self.on_reset is not None:
             self.on_reset()
         return {"cleared": True, "freed_bytes": freed_bytes, "freed_entries": freed_entries,
-                "freed_disk_bytes": disk_bytes, "freed_disk_files": files_removed}
+                **({"freed_disk_files": disk[0], "freed_disk_bytes": disk[1]}
+                   if disk is not None else {})}
 
     def drain_journal(self) -> list[tuple[int, ...]]:
         """The changes since the last drain, oldest first: ``(0, id, call, length)`` the
