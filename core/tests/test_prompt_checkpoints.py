@@ -215,3 +215,41 @@ def test_eviction_keeps_the_system_checkpoint_longest(mlxcel_checkpoint_cache):
         assert generate(eng, SYSTEM + tokens(20), marks=())[0][1] == 40
     finally:
         eng.shutdown()
+
+
+def no_extract_merge(rows):
+    """A family's ``batch_cache`` factory whose batch caches cannot copy a row out."""
+    from mlxcel.engine.mixed_batch import merge_rows
+
+    caches = merge_rows(rows)
+    for c in caches:
+        c.extract = None  # calling it raises, as a cache class without ``extract`` would
+    return caches
+
+
+def test_a_cache_that_cannot_be_copied_out_costs_checkpoints_not_answers(
+        mlxcel_checkpoint_cache, cold_runs):
+    import msgspec
+    from mlxcel.engine.cache.prompt_cache import PromptCache
+    from mlxcel.engine.client import EngineClient
+    from mlxcel.model.loader import load_checkpoint
+    from mlxcel.plugins import load_plugins
+
+    path = checkpoint("recurrent", mlxcel_checkpoint_cache)
+    families = load_plugins().families
+
+    def load():
+        ckpt = load_checkpoint(str(path), families)
+        ckpt.family = msgspec.structs.replace(ckpt.family,
+                                              batch_cache=f"{__name__}:no_extract_merge")
+        return ckpt
+
+    eng = EngineClient(load, parallel=2, prefill_chunk=32, prompt_cache=PromptCache(1 << 28))
+    eng.start()
+    try:
+        assert eng.worker.ready.wait(60) and eng.worker.path == "mixed"
+        ids, _, tops = generate(eng, LATER["system"][0])[0]
+        assert ids == cold_runs("recurrent")["system"][0]
+        assert eng.prompt_cache.stats()["checkpoints"] == 0
+    finally:
+        eng.shutdown()

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 import mlx.core as mx
+import structlog
 from mlx_lm.models.cache import BatchKVCache, BatchRotatingKVCache
 
 from mlxcel.engine.batch import Prefill, is_batchable
@@ -47,6 +48,7 @@ from mlxcel.engine.scheduler import aligned
 from mlxcel.engine.sequence import Sequence
 from mlxcel.lazy import resolve
 
+log = structlog.get_logger("mlxcel.engine")
 Merge = Callable[[list[list[Any]]], list[Any]]
 _EXTRACTS: tuple[type, ...] = (BatchKVCache, BatchRotatingKVCache)  # to the lone kinds
 
@@ -205,10 +207,17 @@ class MixedPrefill(Prefill):
         mx.eval(arrays(self.cache))
 
     def _take(self, marks: Any) -> None:
-        """Copy out the checkpoints of ``marks`` (row, position, kind) into their rows."""
-        for r, position, kind in marks:
-            self.seqs[r].checkpoints.append(
-                checkpoint(self.cache, r, self.lone, position, kind))
+        """Copy out the checkpoints of ``marks`` (row, position, kind) into their rows. A
+        cache that cannot be copied out (a family's own batch cache without ``extract``)
+        costs the rows their checkpoints, never their answers."""
+        try:
+            for r, position, kind in marks:
+                self.seqs[r].checkpoints.append(
+                    checkpoint(self.cache, r, self.lone, position, kind))
+        except Exception as exc:
+            log.warning("prompt_cache_checkpoint_failed",
+                        error=f"{type(exc).__name__}: {exc}")
+            self.marks, self.ends = {}, []
 
 
 def _trimmable_after(caches: list[Any], cols: int) -> bool:
