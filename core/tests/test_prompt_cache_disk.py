@@ -28,6 +28,13 @@ def engine(path, directory, memory=1 << 28, disk=1 << 30, parallel=2):
     return engine_for(path, parallel, cache=cache, chunk=32)
 
 
+def settle(eng):
+    """Wait for the stores of requests that finished (``stats`` does) and then for the
+    disk writes their evictions queued."""
+    eng.prompt_cache.stats()
+    eng.prompt_cache.disk.flush()
+
+
 def entry_files(directory):
     return sorted(p for p in os.listdir(directory) if p.endswith((".safetensors", ".json")))
 
@@ -76,7 +83,7 @@ def test_evicted_entries_come_back_from_disk(mlxcel_checkpoint_cache, tmp_path):
     try:
         for conv in convs:
             generate(eng, conv, marks=())
-        eng.prompt_cache.disk.flush()
+        settle(eng)
         stats = eng.prompt_cache.stats()
         assert stats["evictions_lru"] >= 2 and stats["disk"]["writes"] >= 2
         _, cached, _ = generate(eng, convs[0] + tokens(10), marks=())[0]
@@ -149,7 +156,7 @@ def test_a_failing_write_turns_the_tier_off_and_serving_goes_on(mlxcel_checkpoin
         directory.write_text("now a file")
         generate(eng, PROMPT, marks=())
         generate(eng, tokens(40), marks=())
-        eng.prompt_cache.disk.flush()
+        settle(eng)
         stats = eng.prompt_cache.stats()["disk"]
         assert not stats["enabled"] and "failed" in stats["disabled_reason"]
         assert len(generate(eng, tokens(30), marks=())[0][0]) == 3
@@ -189,7 +196,7 @@ def test_concurrent_stores_and_lookups(mlxcel_checkpoint_cache, tmp_path):
         for t in threads:
             t.join(120)
         assert not errors, errors
-        eng.prompt_cache.disk.flush()
+        settle(eng)
         stats = eng.prompt_cache.stats()
         assert stats["disk"]["writes"] >= 1 and stats["hits"] >= len(convs) // 2, stats
     finally:

@@ -69,8 +69,9 @@ def test_lifecycle_warm_up_runs_every_batch_operation_once(mlxcel_checkpoint_cac
                                                            monkeypatch):
     """Each op variant the engine meets while serving runs in the warm-up (MLX's CUDA
     backend JIT-compiles them on first use: a 2.5-3.2 s stall in a served step)."""
-    from mlxcel.engine import batch, kvcache, penalties, sampling
+    from mlxcel.engine import batch, penalties, sampling
     from mlxcel.engine.accel.warmup import warm_lifecycle
+    from mlxcel.engine.cache import kvcache
     from mlxcel.model.loader import load_checkpoint
     from mlxcel.plugins import load_plugins
     from mlxcel.testing.checkpoint import cached_checkpoint
