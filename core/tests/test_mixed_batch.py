@@ -19,7 +19,14 @@ from mlxcel.engine.client import EngineClient
 from mlxcel.model.loader import load_checkpoint
 from mlxcel.plugins import load_plugins
 from mlxcel.testing.checkpoint import cached_checkpoint
-from mlxcel.testing.engine import cpu_policy, engine_for, request, run, solo_tokens
+from mlxcel.testing.engine import (
+    cpu_policy,
+    engine_for,
+    request,
+    run,
+    solo_tokens,
+    with_family,
+)
 
 # (name, model_type, config overrides): the families the issue names, each a mix of kinds
 MODELS = {
@@ -235,19 +242,10 @@ def counting_merge(rows):
 def test_a_family_batch_cache_factory_is_used(mlxcel_checkpoint_cache):
     """A family naming ``batch_cache`` gets the protocol path through its factory, even
     for a plain-KV model that would otherwise take the shared-position cache."""
-    import msgspec
-
     path = checkpoint("qwen3", mlxcel_checkpoint_cache)
-    families = load_plugins().families
-
-    def load():
-        ckpt = load_checkpoint(str(path), families)
-        ckpt.family = msgspec.structs.replace(ckpt.family,
-                                              batch_cache=f"{__name__}:counting_merge")
-        return ckpt
-
     MERGED.clear()
-    e = EngineClient(load, parallel=4, prefill_chunk=16, prompt_cache=PromptCache(0, False))
+    e = EngineClient(with_family(path, batch_cache=f"{__name__}:counting_merge"), parallel=4,
+                     prefill_chunk=16, prompt_cache=PromptCache(0, False))
     e.start()
     try:
         assert e.worker.ready.wait(60) and e.worker.path == "mixed" and e.worker.grouped

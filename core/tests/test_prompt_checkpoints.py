@@ -236,23 +236,12 @@ def no_extract_merge(rows):
 
 def test_a_cache_that_cannot_be_copied_out_costs_checkpoints_not_answers(
         mlxcel_checkpoint_cache, cold_runs):
-    import msgspec
     from mlxcel.engine.cache.prompt_cache import PromptCache
-    from mlxcel.engine.client import EngineClient
-    from mlxcel.model.loader import load_checkpoint
-    from mlxcel.plugins import load_plugins
+    from mlxcel.testing.engine import with_family
 
     path = checkpoint("recurrent", mlxcel_checkpoint_cache)
-    families = load_plugins().families
-
-    def load():
-        ckpt = load_checkpoint(str(path), families)
-        ckpt.family = msgspec.structs.replace(ckpt.family,
-                                              batch_cache=f"{__name__}:no_extract_merge")
-        return ckpt
-
-    eng = EngineClient(load, parallel=2, prefill_chunk=32, prompt_cache=PromptCache(1 << 28))
-    eng.start()
+    eng = engine_for(with_family(path, batch_cache=f"{__name__}:no_extract_merge"), 2,
+                     cache=PromptCache(1 << 28), chunk=32)
     try:
         assert eng.worker.ready.wait(60) and eng.worker.path == "mixed"
         ids, _, tops = generate(eng, LATER["system"][0])[0]

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import itertools
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from mlxcel.engine.cache.prompt_cache import PromptCache
@@ -69,6 +69,20 @@ def _load(checkpoint: Any):
         return checkpoint
     families = load_plugins().families
     return lambda: load_checkpoint(str(checkpoint), families)
+
+
+def with_family(checkpoint: Any, **changes: Any) -> Callable[[], Any]:
+    """A loader of ``checkpoint`` whose family has ``changes`` (``Family`` fields): for a
+    test of what core does with a family's choices (``batch_cache``, ...)."""
+    import msgspec
+
+    families = load_plugins().families
+
+    def load() -> Any:
+        ckpt = load_checkpoint(str(checkpoint), families)
+        ckpt.family = msgspec.structs.replace(ckpt.family, **changes)
+        return ckpt
+    return load
 
 
 def _cache(cache: bool | int | PromptCache) -> PromptCache | None:
