@@ -91,7 +91,9 @@ class Family(msgspec.Struct, frozen=True, kw_only=True):
     every cache has mlx-lm's ``merge`` batches through it, a model on plain ``KVCache``
     only takes the engine's faster shared-position cache, and any other runs one slot.
     A family that names a factory always gets the mlx-lm protocol path, rows
-    of a prefill group padded together.
+    of a prefill group padded together. ``extract(i)`` is also how the prompt cache
+    copies a row's state out, at its end and at its checkpoints mid-prompt; the disk
+    tier stores only mlx-lm's own cache classes (a family's own stay in memory).
 
     ``reasoning``: how its models mark reasoning (``ReasoningSpec``). None: the chat layer
     detects it from the vocabulary and the chat template (``mlxcel.model.reasoning``).
