@@ -321,15 +321,15 @@ class PromptCache:
         """``entry`` adopted checkpoints: count their bytes, and make room for them."""
         self.bytes += entry.nbytes - entry.counted
         entry.counted = entry.nbytes
-        self._make_room(0)
+        self._make_room(0, adding=0)
 
-    def _make_room(self, need: int) -> None:
-        """Evict (LRU by value, see the module docstring) until ``need`` more bytes and one
-        more entry fit."""
+    def _make_room(self, need: int, adding: int = 1) -> None:
+        """Evict (LRU by value, see the module docstring) until ``need`` more bytes and
+        ``adding`` more entries fit."""
         while self._entries and (self.bytes + need > self.capacity_bytes
-                                 or len(self._entries) >= self.max_entries):
+                                 or len(self._entries) + adding > self.max_entries):
             victim = next(iter(self._entries.values()))
-            bytes_bound = len(self._entries) < self.max_entries
+            bytes_bound = len(self._entries) + adding <= self.max_entries
             if not (bytes_bound and self._shrink(victim)):
                 if self.disk is not None:
                     self.disk.put(victim)
