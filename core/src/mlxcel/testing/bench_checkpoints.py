@@ -25,6 +25,19 @@ from typing import Any
 # negligible and what a CPU run measures is the host's work of building that step.
 # "gemma4-deep" is the same for Gemma-4-E4B's layer structure: 42 layers, the last 18
 # reusing earlier layers' KV, five sliding-window (512) layers to one full one.
+# The prompt-cache scenario bench (bench/prompt_cache.py) adds: "gemma4-30m-512", the
+# gemma4-30m recipe with a 512-token window (Gemma-4-E4B's); "qwen3-next-30m" (35M
+# parameters: hidden 512, 8 layers, three gated delta-net layers to one full-attention
+# layer as Qwen3-Next has them, 4 experts of which 2 per token plus the shared expert) and
+# "qwen3-next-tiny" (the builder's qwen3_next recipe: one delta-net layer, one full), both
+# float32 (mlx_lm.server's MoE on a CPU runs GatherMM, which takes float32 only). On
+# the H200 (bench/gpu/prompt_cache.sh): "gemma4-e4b", google/gemma-4-E4B's text model in
+# shape (bench/gpu/build_checkpoint.py's preset of that name, 8.1B parameters), and
+# "qwen3-next-gpu", Qwen3-Next-80B-A3B's layers at their real widths (hidden 2048, 48
+# layers, 16/2 heads of 256, delta-net 32 value / 16 key heads of 128, 10 experts per
+# token of 512 wide, a shared expert, vocab 151936) with 64 experts instead of 512:
+# 12.0B parameters, 24 GB in bf16, the real model's active parameters per token.
+# Every one of them renders the builder's default chatml template.
 CHECKPOINTS: dict[str, dict[str, Any]] = {
     "tiny": {"shape": "qwen3"},
     "30m": {
@@ -66,6 +79,57 @@ CHECKPOINTS: dict[str, dict[str, Any]] = {
         "intermediate_size": 1024,
         "vocab_size": 8192,
         "config": {"sliding_window": 128},
+    },
+    "gemma4-30m-512": {
+        "shape": "gemma4_text",
+        "hidden_size": 512,
+        "num_layers": 4,
+        "num_heads": 8,
+        "num_kv_heads": 2,
+        "intermediate_size": 1024,
+        "vocab_size": 8192,
+        "config": {"sliding_window": 512},
+    },
+    "qwen3-next-30m": {
+        "shape": "qwen3_next",
+        "hidden_size": 512,
+        "num_layers": 8,
+        "num_heads": 8,
+        "num_kv_heads": 2,
+        "intermediate_size": 1024,
+        "vocab_size": 8192,
+        "dtype": "float32",
+        "config": {"full_attention_interval": 4},
+    },
+    "qwen3-next-tiny": {"shape": "qwen3_next", "dtype": "float32"},
+    "gemma4-e4b": {
+        "shape": "gemma4_text",
+        "hidden_size": 2560,
+        "num_layers": 21,
+        "num_heads": 8,
+        "num_kv_heads": 2,
+        "intermediate_size": 10240,
+        "vocab_size": 262144,
+        "config": {"num_hidden_layers": 42, "num_kv_shared_layers": 18,
+                   "layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 7,
+                   "sliding_window": 512, "head_dim": 256, "global_head_dim": 512,
+                   "hidden_size_per_layer_input": 256, "vocab_size_per_layer_input": 262144,
+                   "use_double_wide_mlp": False, "max_position_embeddings": 131072},
+    },
+    "qwen3-next-gpu": {
+        "shape": "qwen3_next",
+        "hidden_size": 2048,
+        "num_layers": 48,
+        "num_heads": 16,
+        "num_kv_heads": 2,
+        "intermediate_size": 5120,
+        "vocab_size": 151936,
+        "config": {"head_dim": 256, "full_attention_interval": 4, "num_experts": 64,
+                   "num_experts_per_tok": 10, "moe_intermediate_size": 512,
+                   "shared_expert_intermediate_size": 512, "linear_num_value_heads": 32,
+                   "linear_num_key_heads": 16, "linear_key_head_dim": 128,
+                   "linear_value_head_dim": 128, "rope_theta": 10000000.0,
+                   "max_position_embeddings": 262144},
     },
 }
 
