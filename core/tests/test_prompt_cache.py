@@ -82,7 +82,7 @@ def test_stats_keys_reset_and_disabled():
                       "evictions_lru", "evictions_ttl", "rejections_oversized",
                       "total_blocks_stored", "unique_block_hashes", "apc_active_entries",
                       "reuse", "reuse_window", "checkpoints", "checkpoint_bytes",
-                      "checkpoint_kinds", "hits_by_kind", "shrinks", "disk"}
+                      "checkpoint_kinds", "hits_by_kind", "shrinks", "disk", "superseded"}
     assert (s["total_blocks_stored"], s["unique_block_hashes"], s["block_size"]) == (
         4, 4, BLOCK_SIZE)
     freed = cache.reset()

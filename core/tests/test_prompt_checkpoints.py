@@ -249,3 +249,25 @@ def test_a_cache_that_cannot_be_copied_out_costs_checkpoints_not_answers(
         assert eng.prompt_cache.stats()["checkpoints"] == 0
     finally:
         eng.shutdown()
+
+
+def test_a_conversation_keeps_one_entry_when_answers_come_back_as_text(
+        mlxcel_checkpoint_cache):
+    """Each turn re-sends the answer re-rendered (here: other tokens than were sampled)
+    and hits the previous turn's checkpoint: the previous entry is superseded, its
+    checkpoints adopted, so the cache holds one entry for the conversation."""
+    path = checkpoint("recurrent", mlxcel_checkpoint_cache)
+    eng = engine(path)
+    try:
+        prompt, previous = SYSTEM + tokens(20) + tokens(3), None
+        for _ in range(4):
+            _, cached, _ = generate(eng, prompt, marks=((40, "system"),))[0]
+            assert cached == (0 if previous is None else len(previous) - 1)
+            previous, prompt = prompt, prompt + tokens(6) + tokens(15)  # answer as text
+        stats = eng.prompt_cache.stats()
+        assert stats["entries"] == 1 and stats["superseded"] == 3
+        assert stats["checkpoint_kinds"].get("system") == 1
+        # the first turn's system checkpoint survived the turns: a sub-agent hits it
+        assert generate(eng, SYSTEM + tokens(9), marks=())[0][1] == 40
+    finally:
+        eng.shutdown()

@@ -75,6 +75,7 @@ class CacheEntry:
         self.created = time.monotonic()
         self.shrunk = False  # made by eviction from a longer entry (``PromptCache._shrink``)
         self.kind = "entry"  # a shrunk one: the kind of the checkpoint it was shrunk to
+        self.prompt_len = self.length  # how many of the tokens were a prompt
         self.nbytes = self._nbytes()
         self.counted = self.nbytes  # what the cache's byte total holds for it
 

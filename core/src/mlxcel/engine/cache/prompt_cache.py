@@ -64,7 +64,8 @@ class PromptCache:
         self._settled = threading.Condition(self._lock)
         self.bytes = 0
         self.counters = dict.fromkeys(("hits", "lookups", "inserts", "evictions_lru",
-                                       "evictions_ttl", "rejections_oversized", "shrinks"), 0)
+                                       "evictions_ttl", "rejections_oversized", "shrinks",
+                                       "superseded"), 0)
         self.hits_by_kind: dict[str, int] = {}
         # --distributed rank 0: what changed, for the other ranks (``drain_journal``)
         self.journal: list[tuple[int, ...]] | None = None
@@ -141,9 +142,12 @@ class PromptCache:
             else None
 
     def insert(self, tokens: Sequence[int], payload: Stored, checkpoints: Sequence[Any] = (),
-               digests: Digests = NO_DIGESTS) -> bool:
+               digests: Digests = NO_DIGESTS, started: Hit | None = None,
+               prompt_len: int | None = None) -> bool:
         """Store ``payload``, the state of ``tokens`` (cut to whole blocks where any prefix
-        may be reused), with its ``checkpoints``; False when refused."""
+        may be reused), with its ``checkpoints``; False when refused. ``prompt_len``: how
+        many of the tokens were the prompt (the rest generated); ``started``: the hit the
+        sequence was prefilled from, which the new entry may supersede (``_supersede``)."""
         call, self._calls = self._calls, self._calls + 1
         if not self.enabled:
             return False
@@ -157,6 +161,7 @@ class PromptCache:
                 payload = payload.prefix(len(tokens))
         entry = CacheEntry(next(self._ids), tokens, hashes, payload,
                            [c for c in checkpoints if c.position < len(tokens)], digests)
+        entry.prompt_len = min(entry.length, prompt_len or entry.length)
         with self._lock:
             same = self._same(entry)
             if same is not None:
@@ -170,6 +175,7 @@ class PromptCache:
                 return False
             self._expire()
             self._drop_prefixes_of(entry)
+            self._supersede(entry, started)
             entry.keep_checkpoints(self.max_checkpoints)
             self._make_room(entry.nbytes)
             self._add(entry)
@@ -243,6 +249,7 @@ class PromptCache:
                 "checkpoint_bytes": sum(e.checkpoint_bytes for e in self._entries.values()),
                 "checkpoint_kinds": self._checkpoint_kinds(),
                 "hits_by_kind": dict(self.hits_by_kind), "shrinks": self.counters["shrinks"],
+                "superseded": self.counters["superseded"],
                 "disk": self.disk.stats() if self.disk is not None else {"enabled": False},
                 **({"disabled_reason": self.disabled_reason}
                    if not self.enabled and self.disabled_reason else {}),
@@ -309,6 +316,32 @@ class PromptCache:
                         if older.shrunk and older.payload is not None else []
                     entry.take_checkpoints([*older.checkpoints, *ends])
                     self._drop(holder, None)
+
+    def _supersede(self, entry: CacheEntry, started: Hit | None) -> None:
+        """The entry a conversation's next turn was prefilled from, at the end of its
+        prompt, holds past it only what the client did not send back (the sampled answer,
+        which came back re-rendered as text): the new entry adopts its checkpoints and it
+        goes, so a conversation keeps one entry, not one per turn. A prompt that re-sends
+        the answer exactly extends the entry instead and drops it the same way
+        (``_drop_prefixes_of``); one that took less of it (a sub-agent at the system
+        prompt, an edited question) leaves it."""
+        if started is None or started.checkpoint is None or self.reuse.mode == "prefix":
+            return
+        older = self._entries.get(started.entry.id)
+        n = started.n
+        if older is None or older is entry or older.payload is None \
+                or n < older.prompt_len - 1:
+            return
+        depth = 0
+        for mine, theirs in zip(entry.hashes, older.hashes, strict=False):
+            if mine != theirs:
+                break
+            depth += 1
+        if entry.shared(older.tokens, depth, older.digests) < n:
+            return
+        entry.take_checkpoints([c for c in older.checkpoints if c.position <= n])
+        self._drop(older.id, None)
+        self.counters["superseded"] += 1
 
     def _add(self, entry: CacheEntry) -> None:
         self._entries[entry.id] = entry
