@@ -52,6 +52,7 @@ from mlxcel.option_types import (  # noqa: F401 (re-exported: the table's types)
     text,
 )
 from mlxcel.options_ignored import IGNORED_ROWS
+from mlxcel.options_media import MEDIA_ROWS
 from mlxcel.options_side import SIDE_ROWS
 
 IGNORED_DEST = "ignored_flags"  # where every ignored row's value goes: {flag: value}
@@ -322,6 +323,7 @@ _ROWS: list[tuple[Any, ...]] = [
      "seconds a distributed step may go without progress before the server fails (a rank "
      "hangs); a rank that dies fails it at once"),
     *SIDE_ROWS,
+    *MEDIA_ROWS,
     # llama-server flags with no meaning on MLX: accepted, and named in one log line
     *((flags, IGNORED_DEST, type_, None, env, why, IGNORED)
       for flags, type_, env, why in IGNORED_ROWS),

@@ -124,6 +124,14 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     embedding_queue_depth: int = 8
     embedding_request_timeout_secs: float = 120.0
     rerank_batch_size: int = 8
+    # media input (mlxcel.options_media): local roots, the address guard, the limits
+    media_path: tuple[str, ...] = ()  # resolved roots; empty: local media files refused
+    allow_private_media_urls: bool = False  # MLXCEL_ALLOW_PRIVATE_MEDIA_URLS
+    max_image_payload_size: int = 64 << 20  # bytes per media part
+    max_images: int = 16  # per request
+    max_image_width: int = 16384
+    max_image_height: int = 16384
+    vision_cache_size: int = 20  # images' features kept per model, by digest
     # llama-server flags with no meaning on MLX, as given: {"--n-gpu-layers": "-ngl 99"}
     ignored_flags: dict[str, str] = {}
 

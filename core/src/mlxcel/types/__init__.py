@@ -10,6 +10,7 @@ from mlxcel.types.deltas import (
     ToolCallStart,
 )
 from mlxcel.types.events import FinishReason, GenerationEvent, TokenLogprob, Usage
+from mlxcel.types.media import MediaBlob
 from mlxcel.types.requests import (
     GenerationRequest,
     LoopPolicy,
@@ -19,6 +20,6 @@ from mlxcel.types.requests import (
 
 __all__ = [
     "ContentDelta", "Delta", "Finish", "FinishReason", "GenerationEvent", "GenerationRequest",
-    "LoopPolicy", "ReasoningDelta", "ReasoningLimit", "SamplingParams", "TokenLogprob", "ToolCallArguments",
-    "ToolCallEnd", "ToolCallStart", "Usage",
+    "LoopPolicy", "MediaBlob", "ReasoningDelta", "ReasoningLimit", "SamplingParams",
+    "TokenLogprob", "ToolCallArguments", "ToolCallEnd", "ToolCallStart", "Usage",
 ]
