@@ -62,6 +62,8 @@ CASES = [
     (["--no-cache-prompt"], "no_cache_prompt", True),
     (["--no-cache-prompt", "--cache-prompt"], "no_cache_prompt", False),
     (["-cram", "64"], "cache_ram", 64), (["--cache-ram", "64"], "cache_ram", 64),
+    (["--ctx-checkpoints", "3"], "ctx_checkpoints", 3),
+    (["--swa-checkpoints", "3"], "ctx_checkpoints", 3),
     (["--temp", "0.5"], "temp", 0.5), (["--temperature", "0.5"], "temp", 0.5),
     (["--top-k", "5"], "top_k", 5), (["--top-p", "0.5"], "top_p", 0.5),
     (["--min-p", "0.1"], "min_p", 0.1), (["--repeat-penalty", "1.1"], "repeat_penalty", 1.1),
