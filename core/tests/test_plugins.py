@@ -318,6 +318,7 @@ def test_registrations_are_recorded_per_plugin(install_plugin) -> None:
         @hookimpl
         def mlxcel_register_media_decoders(registry):
             registry.add(MediaDecoder(name="unit-png", kind="image",
+                                      mimes={"image/x-unit": b"UNIT"},
                                       decode="unit_multi_pkg.heavy:decode"))
 
         @hookimpl

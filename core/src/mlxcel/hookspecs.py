@@ -71,7 +71,24 @@ def mlxcel_register_tool_formats(registry: ToolFormatRegistry) -> None:
 
 @hookspec
 def mlxcel_register_media_decoders(registry: MediaDecoderRegistry) -> None:
-    """Register media decoders: ``registry.add(MediaDecoder(...))``."""
+    """Register media decoders: ``registry.add(MediaDecoder(...))``.
+
+    Core fetches a content part (data URI, URL, local file) into a ``MediaBlob``
+    (``mlxcel.types.media``: the bytes, the declared MIME type, their sha256 digest); a
+    ``MediaDecoder`` (``mlxcel.media.api``, contract v2) turns it into an ``ImageItem``
+    (an RGB ``PIL.Image``), a ``VideoItem`` (RGB frames and their fps) or an
+    ``AudioItem`` (mono float32 PCM and its rate), each carrying the blob's digest, which
+    the vision cache and the prompt cache key on. ``mimes`` maps each MIME type it takes
+    to the bytes regex that identifies the format at the blob's start: core picks the
+    decoder from the bytes, the highest ``priority`` among those that match (core's own
+    Pillow decoder, ``pillow``, takes PNG, JPEG, GIF, WebP and BMP at 0), and refuses a
+    declared type that names another format. ``decode`` is the ``"module:attr"`` of
+    ``decode(blob, limits: MediaLimits) -> item``, imported on the first blob it takes;
+    it checks the size the header declares with ``mlxcel.media.api.check_image_size``
+    before decoding a pixel, and raises ``MediaRefused`` (or anything, for bytes it
+    cannot read): core answers 400 naming the content part. What a decoder must pass:
+    ``mlxcel.testing.conformance.check_media_decoder``.
+    """
 
 
 @hookspec

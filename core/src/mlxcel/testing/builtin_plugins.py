@@ -9,4 +9,5 @@ BUILTINS: dict[str, str] = {
     "dialect-anthropic": "mlxcel.dialects.anthropic.plugin",
     "dialect-responses": "mlxcel.dialects.responses.plugin",
     "toolcall-builtin": "mlxcel.builtin.toolcalls.plugin",
+    "media-builtin": "mlxcel.builtin.media",
 }

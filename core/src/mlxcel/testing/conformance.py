@@ -11,7 +11,8 @@ checkpoint of its types. Each check raises ``AssertionError`` naming what failed
 Side tasks: ``check_embedder`` and ``check_reranker`` (``mlxcel.testing.task_conformance``,
 re-exported here). Tool formats: ``check_tool_format`` and ``check_text_values``
 (``mlxcel.testing.tool_conformance``, re-exported here); forced-call grammars:
-``forced_calls`` and ``check_grammar``.
+``forced_calls`` and ``check_grammar``. Media decoders: ``check_media_decoder``
+(``mlxcel.testing.media_conformance``, re-exported here).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import random
 from typing import Any
 
 from mlxcel.testing.engine import engine_for, request, run, solo_tokens
+from mlxcel.testing.media_conformance import check_media_decoder  # noqa: F401
 from mlxcel.testing.task_conformance import check_embedder, check_reranker  # noqa: F401
 from mlxcel.testing.tool_conformance import (  # noqa: F401 - the kit's public names
     NULL_VALUES,
