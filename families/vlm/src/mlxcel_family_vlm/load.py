@@ -1,0 +1,101 @@
+"""Load a vision-language checkpoint with mlx-vlm's loader: its model (vision tower,
+projector and language model) and its processor (image processor, tokenizer and chat
+template, as ``mlx_vlm.utils.load`` assembles them).
+
+The ``generate`` task's decoder drives the language model for text rows, as the engine
+drives an mlx-lm model: ``model(inputs, cache)`` gives logits and ``make_cache()`` the
+language model's own caches. Image rows (the vision tower once per image, then the row's
+input embeddings) are the engine's to add; the processor and the mlx-vlm model it needs
+ride on the decoder (``processor``, ``model``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+from mlxcel.families.api import Loaded, LoadOptions
+
+_DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
+
+
+def load(path: Path, options: LoadOptions) -> Loaded:
+    """mlx-vlm's model and processor for the checkpoint. The tokenizer and chat template
+    stay core's text default (``tokenizer.json`` and the checkpoint's template), which
+    the processor's are built from too."""
+    from mlx_vlm.utils import load as vlm_load
+
+    extra = {"trust_remote_code": True} if options.trust_remote_code else {}
+    model, processor = vlm_load(str(path), lazy=options.lazy, **extra)
+    dtype = _DTYPES.get(options.dtype)  # "auto": keep the checkpoint's dtype
+    if dtype is not None:
+        model.set_dtype(dtype)  # floating parameters only: packed weights stay as they are
+    model.eval()
+    config = model.config.to_dict() if hasattr(model.config, "to_dict") else {}
+    return Loaded(model=model, tasks=("generate",), config=_checkpoint_config(path, config),
+                  processor=processor)
+
+
+def _checkpoint_config(path: Path, fallback: dict) -> dict:
+    import json
+
+    try:
+        return json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return fallback
+
+
+def decoder(loaded: Loaded) -> VisionLanguageModel:
+    """The ``generate`` task: the model the continuous batch drives."""
+    return VisionLanguageModel(loaded.model, loaded.processor, loaded.config)
+
+
+class VisionLanguageModel:
+    """An mlx-vlm model as the engine drives it. ``model``: mlx-vlm's module (vision
+    tower and language model); ``processor``: its processor; ``config``: config.json.
+
+    Text rows run the language model alone. Where its rotary positions are M-RoPE's
+    (Qwen-VL: three position rows, for time, height and width), a text token's three
+    positions are equal, its index in the row, so they are given explicitly from each
+    row's cache offset: mlx-vlm's own fallback keeps the last prompt's rope deltas on the
+    module, which rows of a batch must not share.
+    """
+
+    def __init__(self, model: Any, processor: Any, config: dict) -> None:
+        self.model = model
+        self.processor = processor
+        self.config = config
+        text = config.get("text_config") or {}
+        scaling = config.get("rope_scaling") or text.get("rope_scaling") or {}
+        self.mrope = isinstance(scaling, dict) and "mrope_section" in scaling
+
+    @property
+    def language_model(self) -> Any:
+        return self.model.language_model
+
+    def make_cache(self) -> list[Any]:
+        language = self.language_model
+        if hasattr(language, "make_cache"):
+            return language.make_cache()
+        from mlx_lm.models.cache import make_prompt_cache
+
+        return make_prompt_cache(language)
+
+    def __call__(self, inputs: mx.array, cache: list[Any] | None = None) -> mx.array:
+        kwargs = {"position_ids": self._positions(inputs, cache)} if self.mrope else {}
+        out = self.language_model(inputs, cache=cache, **kwargs)
+        return getattr(out, "logits", out)
+
+    @staticmethod
+    def _positions(inputs: mx.array, cache: list[Any] | None) -> mx.array:
+        """[3, B, T] positions: each row's cache offset (a scalar, or one per row in a
+        batch cache) plus the token's index in this chunk."""
+        batch, length = inputs.shape
+        offset = getattr(cache[0], "offset", 0) if cache else 0
+        steps = mx.arange(length)[None, :]
+        if isinstance(offset, mx.array) and offset.ndim > 0:
+            rows = offset.reshape(-1, 1) + steps
+        else:
+            rows = mx.broadcast_to(steps + int(offset), (batch, length))
+        return mx.broadcast_to(rows[None], (3, batch, length))
