@@ -29,7 +29,8 @@ Rules, and why:
   Per server and repeat: scenarios 1-3 in that order, then their cold prompts (last, so
   that they do not evict what a warm prompt needs from a small cache first). Each server
   start is followed by one short request of unrelated content (first-request costs).
-- Servers run one at a time: mlxcel, then mlxcel with the disk tier (twice), then mlx_lm.
+- Servers run one at a time: mlxcel, then mlxcel with the disk tier (twice), then mlx_lm,
+  which gets the BLAS mlxcel preloads on a Linux CPU (OpenBLAS; ``--mlx-lm-own-blas``: not).
 - Dtype: on a CPU the checkpoints are built in float32 (``--dtype auto``): mlxcel computes
   in float32 there whatever the checkpoint's dtype, and mlx_lm.server computing bf16 on a
   CPU is several times slower, which would flatter its warm / cold ratio (the fixed cost of
@@ -470,6 +471,22 @@ def slim(rec: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in rec.items() if k != "text"}
 
 
+def same_blas_env() -> dict[str, str] | None:
+    """The environment mlxcel gives itself on a Linux CPU (OpenBLAS preloaded,
+    ``mlxcel.backend``), for mlx_lm.server, so that both prefill on the same BLAS (without
+    it mlx_lm's cold prefill is several times slower, which flatters its warm / cold
+    ratio); None where mlxcel preloads nothing (a GPU)."""
+    from mlxcel import backend
+
+    blas = backend.find_fast_blas()
+    go, _ = backend.preload_decision(
+        platform=sys.platform, device=backend.mlx_device(), no_fast_blas=False,
+        env=os.environ, blas_path=blas,
+        mlx_links_blas=backend.links_blas(backend.elf_needed(backend.mlx_library()))
+        if backend.mlx_library() else False)
+    return backend.preload_env(os.environ, blas) if go and blas else None
+
+
 class Family:
     """One checkpoint's servers: their argv, a log folder, the renderer that sizes prompts."""
 
@@ -510,6 +527,9 @@ class Family:
     def start(self, name: str, argv: list[str], ready: str, tag: str,
               out: dict[str, Any], key: str = "") -> Server:
         env = None
+        if name == "mlx_lm" and not self.args.mlx_lm_own_blas:
+            env = same_blas_env()
+            out["same_blas"] = bool(env)
         if name.startswith("mlxcel") and self.args.mlxcel_spawn:
             # Granian forks its worker after the parent may have initialised CUDA (seen on
             # the H200); a sitecustomize selecting 'spawn' works around it (serving.py's)
@@ -774,6 +794,7 @@ def render_md(doc: dict[str, Any]) -> str:
                 ready = ", ".join(f"{v[k]}s" for k in sorted(v) if k.startswith("startup_s"))
                 L.append(f"- {name}: `{v.get('argv', '')}` (ready in {ready or '?'}; 1-min "
                          f"load average {la})"
+                         + ("; OpenBLAS preloaded as mlxcel does" if v.get("same_blas") else "")
                          + (f"; **failed**: {v['error'][:300]}" if v.get("error") else ""))
             L += [
                 "",
@@ -883,7 +904,7 @@ def run_family(args: argparse.Namespace, name: str, sizes: list[int], scenarios:
         "command": command, "checkpoint": checkpoint_info(path),
         "settings": {k: getattr(args, k) for k in (
             "repeats", "max_tokens", "parallel", "mlxcel_args", "mlx_lm_args",
-            "cache_disk_bytes", "dtype", "mlxcel_spawn")}
+            "cache_disk_bytes", "dtype", "mlxcel_spawn", "mlx_lm_own_blas")}
         | {"scenarios": scenarios, "temperature": 0.0},
         "versions": versions(), "machine": machine(), "code": code_state(),
         "notes": args.note, "sizes": {},
@@ -938,6 +959,8 @@ def main(argv: list[str] | None = None) -> int:
                     "the checkpoint's own on a GPU; none: the checkpoint's own")
     ap.add_argument("--checkpoint-dir", default=None,
                     help="build them here (default $MLXCEL_CACHE_DIR/bench-checkpoints)")
+    ap.add_argument("--mlx-lm-own-blas", action="store_true",
+                    help="do not give mlx_lm.server the BLAS mlxcel preloads on a Linux CPU")
     ap.add_argument("--mlxcel-spawn", action="store_true",
                     help="start mlxcel's Granian worker with the 'spawn' method (CUDA)")
     ap.add_argument("--parallel", type=int, default=4, help="mlxcel --parallel (its default)")
