@@ -783,12 +783,13 @@ def render_md(doc: dict[str, Any]) -> str:
             f"params, {ck['torch_dtype']})",
             "",
             f"{e['date']}; {m.get('gpu') or str(m['nproc']) + ' CPUs (' + m['cpu'] + ')'}, "
-            f"{m['platform']}; {s['repeats']} repeat(s), max_tokens {s['max_tokens']}; "
+            f"{m['platform']}; max_tokens {s['max_tokens']}; "
             "versions " + ", ".join(f"{k} {v}" for k, v in e["versions"].items()) + ".",
             "",
         ]
         for size, se in e["sizes"].items():
-            L += [f"### ~{size} tokens", ""]
+            rp = se.get("repeats", s["repeats"])
+            L += [f"### ~{size} tokens ({rp} repeat{'s' if rp != 1 else ''})", ""]
             for name, v in se["servers"].items():
                 la = " -> ".join(str(v.get(k)) for k in sorted(v) if k.startswith("loadavg"))
                 ready = ", ".join(f"{v[k]}s" for k in sorted(v) if k.startswith("startup_s"))
@@ -836,14 +837,14 @@ def render_md(doc: dict[str, Any]) -> str:
                     f"{json.dumps(dk.get('disk_after_1'))}; stats after the restart: "
                     f"{_stats_line(dk.get('stats_start_2'))}; at the end: "
                     f"{_stats_line(dk.get('stats_end_2'))}")
-            L.append("")
-        c = e.get("code") or {}
-        L += [
-            f"Reproduce: `{e['command']}` (took {e.get('total_s')}s; code: HEAD {c.get('head')}"
-            + (f", uncommitted diff sha256 {c['diff_sha256']} over {c['dirty_files']} files"
-               if c.get("diff_sha256") else "") + ")",
-            "",
-        ]
+            c = se.get("code") or e.get("code") or {}
+            L += [
+                f"- run {se.get('date', e['date'])}: `{se.get('command', e['command'])}` (this "
+                f"size took {se.get('total_s', e.get('total_s'))}s; code: HEAD {c.get('head')}"
+                + (f", uncommitted diff sha256 {c['diff_sha256']} over {c['dirty_files']} files"
+                   if c.get("diff_sha256") else "") + ")",
+                "",
+            ]
         L += [f"- {n}" for n in e.get("notes", ())] + ([""] if e.get("notes") else [])
     return "\n".join(L).rstrip() + "\n"
 
@@ -854,6 +855,14 @@ def save(out: pathlib.Path, entry: dict[str, Any], fresh: bool) -> None:
     if out.exists() and not fresh:
         with contextlib.suppress(ValueError, OSError):
             old = [e for e in json.loads(out.read_text()).get("entries", []) if "sizes" in e]
+    for e in old:  # a run of other sizes of the same family: keep those
+        if e["label"] == entry["label"]:
+            for se in e["sizes"].values():
+                for k in ("date", "command", "code", "total_s"):
+                    se.setdefault(k, e.get(k))
+                se.setdefault("repeats", e["settings"]["repeats"])
+            sizes = {**e["sizes"], **entry["sizes"]}
+            entry = {**entry, "sizes": {k: sizes[k] for k in sorted(sizes, key=int)}}
     doc = {
         "benchmark": "prompt_cache_scenarios",
         "updated": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -916,14 +925,18 @@ def run_family(args: argparse.Namespace, name: str, sizes: list[int], scenarios:
                   for k in ("main", "think", "disk")} for i in range(args.repeats)]
         fam.fit(convs)
         print(f"== {label} ~{size} tokens ({path})", flush=True)
-        se: dict[str, Any] = {"servers": {}}
+        se: dict[str, Any] = {
+            "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "command": command,
+            "code": code_state(), "repeats": args.repeats, "servers": {}}
         entry["sizes"][str(size)] = se
+        t_size = time.perf_counter()
         for srv in servers:
             if chat_scen:
                 se["servers"][srv] = fam.run_chat(srv, size, convs, chat_scen)
             if srv == "mlxcel" and "restart-disk" in scenarios:
                 se["servers"]["mlxcel-disk"] = fam.run_disk(size, convs)
             summarize(se, scenarios)
+            se["total_s"] = round(time.perf_counter() - t_size, 1)
             entry["total_s"] = round(time.perf_counter() - t0, 1)
             save(out, entry, args.fresh)
         for row in se["rows"]:
