@@ -64,6 +64,17 @@ def test_source_precedence(tmp_path):
                               eos_token=None).render([]) == "D"
     fallback = load_chat_template(tmp_path, {}, override=None, bos_token=None, eos_token=None)
     assert fallback.source == FALLBACK_CHATML
+    # a processor's chat_template.json (vision-language repos) comes before tokenizer_config
+    (tmp_path / "chat_template.json").write_text('{"chat_template": "JSON"}')
+    loaded = load_chat_template(tmp_path, cfg, override=None, bos_token=None, eos_token=None)
+    assert (loaded.render([]), loaded.origin) == ("JSON", "chat_template.json")
+    (tmp_path / "chat_template.jinja").write_text("FILE")
+    assert load_chat_template(tmp_path, cfg, override=None, bos_token=None,
+                              eos_token=None).render([]) == "FILE"
+    (tmp_path / "chat_template.jinja").unlink()
+    (tmp_path / "chat_template.json").write_text("{not json")
+    with pytest.raises(StartupError, match="chat_template.json"):
+        load_chat_template(tmp_path, cfg, override=None, bos_token=None, eos_token=None)
 
 
 def test_broken_template_is_a_startup_error():

@@ -93,3 +93,20 @@ def test_load_each_model_type_plain_and_quantized(shape, families, mlxcel_checkp
         cache = ckpt.model.make_cache()
         logits = ckpt.model(mx.array([[1, 2, 3]]), cache)
         assert logits.shape == (1, 3, ckpt.tokenizer.vocab_size)
+
+
+def test_context_length_from_a_nested_text_config(tmp_path, families,
+                                                  mlxcel_checkpoint_cache):
+    """Vision-language configs keep the decoder's limits under ``text_config``."""
+    import json
+
+    from mlxcel.model.loader import load_checkpoint
+    from mlxcel.testing.checkpoint import cached_checkpoint
+
+    target = tmp_path / "nested"
+    shutil.copytree(cached_checkpoint("llama", cache_dir=mlxcel_checkpoint_cache), target)
+    config = json.loads((target / "config.json").read_text())
+    config.pop("max_position_embeddings", None)
+    config["text_config"] = {"max_position_embeddings": 1536}
+    (target / "config.json").write_text(json.dumps(config))
+    assert load_checkpoint(str(target), families).context_length == 1536

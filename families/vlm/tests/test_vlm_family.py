@@ -117,3 +117,12 @@ def test_mrope_positions_follow_each_rows_offset():
     assert positions.shape == (3, 2, 2)
     assert positions[0].tolist() == [[3, 4], [-1, 0]]
     assert (positions[1] == positions[2]).all().item()
+
+
+def test_core_keeps_the_processor_the_family_brings(vlm_checkpoint):
+    """The chat layer expands image parts with it: the loaded checkpoint carries it."""
+    from mlxcel.model.loader import load_checkpoint
+    from mlxcel.plugins import load_plugins
+
+    ckpt = load_checkpoint(str(vlm_checkpoint("qwen2_vl")), load_plugins().families)
+    assert ckpt.family.name == "vlm" and hasattr(ckpt.processor, "image_processor")

@@ -53,6 +53,7 @@ class LoadedCheckpoint(msgspec.Struct, kw_only=True):
     dtype: str = "unknown"  # floating dtype the model computes in (after --dtype)
     device: str = "cpu"  # MLX's default device: cpu or gpu
     blas: str = "none"  # BLAS behind MLX's CPU matmuls (see mlxcel.backend.blas_in_use)
+    processor: Any = None  # the family's (a vision-language model's image processor, ...)
     tool_format: ToolFormat | None = None  # what parses answers' tool calls (None: nothing)
     tool_format_reason: str = "no tool formats given"  # why that one (select_tool_format)
     reasoning: ReasoningSpec | None = None  # how answers mark reasoning (chat.reasoning)
@@ -196,8 +197,9 @@ def load_checkpoint(model: str, families: FamilyRegistry, *,
 
         load_shard(loaded, config, distributed, distributed_backend)
     actual = backend.model_dtype(getattr(loaded, "model", loaded))
-    ctx = int(config.get("max_position_embeddings") or tokenizer.config.get("model_max_length")
-              or 4096)
+    ctx = int(config.get("max_position_embeddings")
+              or (config.get("text_config") or {}).get("max_position_embeddings")
+              or tokenizer.config.get("model_max_length") or 4096)
     log.info("model_loaded", path=str(path), family=family.name,
              model_type=config.get("model_type"), quantized=quantized,
              chat_template=template.origin, seconds=round(time.perf_counter() - started, 2))
@@ -216,6 +218,7 @@ def load_checkpoint(model: str, families: FamilyRegistry, *,
     return LoadedCheckpoint(path=path, family=family, model=loaded,
                             config=brought.config or config,
                             tokenizer=tokenizer, template=template, defaults=defaults,
+                            processor=brought.processor,
                             context_length=min(ctx, 1 << 20), dtype=actual, device=device,
                             blas=blas, tool_format=tool_format, tool_format_reason=why,
                             reasoning=spec, reasoning_reason=spec_why,

@@ -3,6 +3,7 @@ its capabilities (``caps``), probed once when it loads."""
 
 from __future__ import annotations
 
+import json
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -94,12 +95,28 @@ def _from_tokenizer_config(config: dict) -> str | None:
 
 
 def _checkpoint_source(model_dir: Path, tokenizer_config: dict) -> tuple[str, str]:
-    """``chat_template.jinja`` > tokenizer_config > ChatML, with where it came from."""
+    """``chat_template.jinja`` > ``chat_template.json`` (a processor's, as vision-language
+    repos ship it) > tokenizer_config > ChatML, with where it came from."""
     if (model_dir / "chat_template.jinja").exists():
         return (model_dir / "chat_template.jinja").read_text(encoding="utf-8"), \
             "chat_template.jinja"
+    source = _from_json_file(model_dir / "chat_template.json")
+    if source:
+        return source, "chat_template.json"
     source = _from_tokenizer_config(tokenizer_config)
     return (source, "tokenizer_config.json") if source else (FALLBACK_CHATML, "fallback-chatml")
+
+
+def _from_json_file(path: Path) -> str | None:
+    """The ``chat_template`` of a JSON file (None when there is none); a file that cannot
+    be read as one is a startup error naming it, not a silent fallback."""
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise StartupError(f"cannot read {path}: {exc}") from exc
+    return _from_tokenizer_config(data) if isinstance(data, dict) else None
 
 
 def _chosen_source(model_dir: Path, tokenizer_config: dict, override: Path | None,
