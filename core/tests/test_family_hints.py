@@ -44,3 +44,19 @@ def test_a_type_without_a_hint_gets_none(model_type):
 
 def test_every_hint_names_a_distribution():
     assert FAMILY_HINTS and all(d.startswith("mlxcel-") for d in FAMILY_HINTS.values())
+
+
+def test_a_vision_checkpoint_on_a_text_family_names_the_vlm_distribution():
+    """Core's mlx-lm family serves a Qwen2-VL checkpoint's text only: the hint names the
+    distribution that adds image input; Gemma 4's names its own; a checkpoint without a
+    vision tower, or a family that names the type, gets none."""
+    from mlxcel.model.loader import vision_hint
+
+    qwen2_vl = {"model_type": "qwen2_vl", "vision_config": {"depth": 2}}
+    assert vision_hint(qwen2_vl, builtin_family("qwen2_vl")) == "mlxcel-family-vlm"
+    gemma4 = {"model_type": "gemma4", "vision_config": {}}
+    assert vision_hint(gemma4, builtin_family("gemma4")) == "mlxcel-family-gemma4"
+    assert vision_hint({"model_type": "qwen2_vl"}, builtin_family("qwen2_vl")) is None
+    vlm = Family(name="vlm", model_types=("qwen2_vl",), load="x:load",
+                 tasks={"generate": "x:decoder"})
+    assert vision_hint(qwen2_vl, vlm) is None

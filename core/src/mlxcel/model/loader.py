@@ -122,6 +122,18 @@ def select_family(families: FamilyRegistry, config: dict, path: Path,
     return families.select(path, config, task)
 
 
+VISION_HINT = "mlxcel-family-vlm"
+
+
+def vision_hint(config: dict, family: Family) -> str | None:
+    """The distribution to install when a checkpoint with a vision tower (``vision_config``)
+    is served by a family that does not name its type: it then loads as text only."""
+    model_type = config.get("model_type")
+    if "vision_config" not in config or model_type in family.model_types:
+        return None
+    return FAMILY_HINTS.get(model_type, VISION_HINT)
+
+
 def family_hint(model_type: Any, family: Family) -> str | None:
     """The distribution to install for ``model_type`` (``FAMILY_HINTS``) when ``family``
     does not name the type, so a user whose checkpoint loads without its tool format or
@@ -209,7 +221,10 @@ def load_checkpoint(model: str, families: FamilyRegistry, *,
     log.info("chat_template_caps", origin=template.origin, **template.caps.summary())
     log.info("reasoning_selected", markers=spec and (spec.open, spec.close), why=spec_why,
              reasoning_format=reasoning_format)
-    if hint := family_hint(config.get("model_type"), family):
+    if hint := vision_hint(config, family):
+        log.info("family_hint", model_type=config.get("model_type"), family=family.name,
+                 install=hint, adds="image input (without it the checkpoint serves text only)")
+    elif hint := family_hint(config.get("model_type"), family):
         log.info("family_hint", model_type=config.get("model_type"), family=family.name,
                  install=hint, adds="its tool format and reasoning")
     if cast and actual not in (cast, "unknown"):
