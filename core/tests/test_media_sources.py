@@ -7,7 +7,6 @@ test_media_fetch.py.)
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import hashlib
 import os
@@ -17,25 +16,13 @@ from urllib.parse import quote
 
 import pytest
 from mlxcel.errors import InvalidRequest
-from mlxcel.media.fetch import FetchPolicy, blob_from_base64, fetch
+from mlxcel.media.fetch import FetchPolicy, blob_from_base64
 from mlxcel.options import build_parser
 from mlxcel.settings import Settings
+from test_media_fetch import PART, refused, run
 
-PART = "messages[2].content[0]"
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 8
 SECRET = b"TOP-SECRET-CONTENTS"
-
-
-def run(source, policy=None):
-    return asyncio.run(fetch(source, policy or FetchPolicy(), PART))
-
-
-def refused(source, policy=None) -> InvalidRequest:
-    with pytest.raises(InvalidRequest) as info:
-        run(source, policy)
-    exc = info.value
-    assert exc.status == 400 and exc.param == PART and exc.message.startswith(f"{PART}: ")
-    return exc
 
 
 # --- local files ------------------------------------------------------------------------

@@ -80,16 +80,6 @@ CHECKPOINTS: dict[str, dict[str, Any]] = {
         "vocab_size": 8192,
         "config": {"sliding_window": 128},
     },
-    "gemma4-30m-512": {
-        "shape": "gemma4_text",
-        "hidden_size": 512,
-        "num_layers": 4,
-        "num_heads": 8,
-        "num_kv_heads": 2,
-        "intermediate_size": 1024,
-        "vocab_size": 8192,
-        "config": {"sliding_window": 512},
-    },
     "qwen3-next-30m": {
         "shape": "qwen3_next",
         "hidden_size": 512,
@@ -132,6 +122,8 @@ CHECKPOINTS: dict[str, dict[str, Any]] = {
                    "max_position_embeddings": 262144},
     },
 }
+CHECKPOINTS["gemma4-30m-512"] = {**CHECKPOINTS["gemma4-30m"],
+                                 "config": {"sliding_window": 512}}
 
 # Targets per kind: (level, metric, op, bound). level "lo" / "hi": the lowest / highest
 # concurrency compared; metric "ratio:KEY" (mlxcel / mlx_lm of a level statistic), "raw"
