@@ -34,7 +34,15 @@ import time
 from typing import Any
 
 import httpx
-from mlxcel.testing.servers import Server, loadavg, machine, server_argv, stream_chat, versions
+from mlxcel.testing.servers import (
+    Server,
+    loadavg,
+    machine,
+    same_blas_env,
+    server_argv,
+    stream_chat,
+    versions,
+)
 
 # name -> (kind, dims): the shapes the issue names; random weights, real configs
 POSITIONS = {"max_position_embeddings": 512}
@@ -94,23 +102,6 @@ for n in batches:
     out[str(n)] = n * rounds / (time.perf_counter() - t0)
 print(json.dumps(out))
 """
-
-
-def same_blas_env() -> dict[str, str] | None:
-    """The environment mlxcel gives itself on a Linux CPU (OpenBLAS preloaded,
-    ``mlxcel.backend``), for the raw loop and mlx_vlm.server, so that all three compute
-    on the same BLAS; None where mlxcel preloads nothing."""
-    import os
-
-    from mlxcel import backend
-
-    blas = backend.find_fast_blas()
-    go, _ = backend.preload_decision(
-        platform=sys.platform, device=backend.mlx_device(), no_fast_blas=False,
-        env=os.environ, blas_path=blas,
-        mlx_links_blas=backend.links_blas(backend.elf_needed(backend.mlx_library()))
-        if backend.mlx_library() else False)
-    return backend.preload_env(os.environ, blas) if go and blas else None
 
 
 def raw_loop(path: pathlib.Path, batches: list[int], rounds: int) -> dict[str, float]:

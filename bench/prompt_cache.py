@@ -72,7 +72,16 @@ from typing import Any
 
 import httpx
 from mlxcel.testing.bench_checkpoints import CHECKPOINTS, bench_checkpoint, checkpoint_info
-from mlxcel.testing.servers import Server, fmt, loadavg, machine, ratio, server_argv, versions
+from mlxcel.testing.servers import (
+    Server,
+    fmt,
+    loadavg,
+    machine,
+    ratio,
+    same_blas_env,
+    server_argv,
+    versions,
+)
 from mlxcel.testing.templates import template_text
 
 SCENARIOS = ("answer-as-text", "thinking-stripped", "sub-agent", "restart-disk")
@@ -469,22 +478,6 @@ def parse_size(s: str) -> int:
 def slim(rec: dict[str, Any]) -> dict[str, Any]:
     """A record without the answer's text (kept only as long as a later turn needs it)."""
     return {k: v for k, v in rec.items() if k != "text"}
-
-
-def same_blas_env() -> dict[str, str] | None:
-    """The environment mlxcel gives itself on a Linux CPU (OpenBLAS preloaded,
-    ``mlxcel.backend``), for mlx_lm.server, so that both prefill on the same BLAS (without
-    it mlx_lm's cold prefill is several times slower, which flatters its warm / cold
-    ratio); None where mlxcel preloads nothing (a GPU)."""
-    from mlxcel import backend
-
-    blas = backend.find_fast_blas()
-    go, _ = backend.preload_decision(
-        platform=sys.platform, device=backend.mlx_device(), no_fast_blas=False,
-        env=os.environ, blas_path=blas,
-        mlx_links_blas=backend.links_blas(backend.elf_needed(backend.mlx_library()))
-        if backend.mlx_library() else False)
-    return backend.preload_env(os.environ, blas) if go and blas else None
 
 
 class Family:

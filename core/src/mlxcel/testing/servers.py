@@ -164,6 +164,22 @@ class Server:
         return [ln.strip() for ln in lines if word in ln][:3]
 
 
+def same_blas_env() -> dict[str, str] | None:
+    """The environment mlxcel gives itself on a Linux CPU (OpenBLAS preloaded,
+    ``mlxcel.backend``), for a peer server or a raw loop, so that both sides of a benchmark
+    compute on the same BLAS (without it a peer's prefill is several times slower); None
+    where mlxcel preloads nothing (a GPU, macOS)."""
+    from mlxcel import backend
+
+    blas = backend.find_fast_blas()
+    go, _ = backend.preload_decision(
+        platform=sys.platform, device=backend.mlx_device(), no_fast_blas=False,
+        env=os.environ, blas_path=blas,
+        mlx_links_blas=backend.links_blas(backend.elf_needed(backend.mlx_library()))
+        if backend.mlx_library() else False)
+    return backend.preload_env(os.environ, blas) if go and blas else None
+
+
 def server_exe() -> str:
     """The ``mlxcel-server`` console script of this interpreter's environment."""
     exe = pathlib.Path(sys.executable).parent / "mlxcel-server"
