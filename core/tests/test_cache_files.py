@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import sys
+import time
 
 import mlx.core as mx
 import msgspec
@@ -207,6 +208,8 @@ def test_scan_keeps_valid_entries_and_deletes_the_rest(tmp_path):
     ours = f"{orphan}.{os.getpid()}.00ff.tmp.safetensors"  # a write of ours in flight
     (tmp_path / ours).write_bytes(b"x")
     (tmp_path / "notes.txt").write_text("not ours")
+    for name in (f"{orphan}.safetensors", f"{theirs}.safetensors", f"{theirs}.json"):
+        age(tmp_path / name)
 
     found = files.scan(tmp_path, FP)
     assert found == [good]
@@ -261,7 +264,29 @@ def test_the_header_is_written_last(tmp_path, monkeypatch):
     # data in place, no header, no tmp
     assert names(tmp_path) == sorted(f"{k}.safetensors" for k in keys)
     assert files.scan(tmp_path, FP) == []
+    # another server on this directory may be between its data and its header: a young
+    # header-less data file stays; a stale one is a crashed write
+    assert names(tmp_path) == sorted(f"{k}.safetensors" for k in keys)
+    for k in keys:
+        age(tmp_path / f"{k}.safetensors")
+    assert files.scan(tmp_path, FP) == []
     assert names(tmp_path) == []
+
+
+def test_a_young_temporary_file_of_another_process_stays(tmp_path):
+    theirs = tmp_path / f"{files.entry_key(TOKENS[:20])}.{os.getpid() + 1}.00ff.tmp.json"
+    theirs.write_bytes(b"{")
+    files.scan(tmp_path, FP)
+    assert theirs.exists()
+    age(theirs)
+    files.scan(tmp_path, FP)
+    assert not theirs.exists()
+
+
+def age(path):
+    """Make ``path`` look written longer ago than ``files.STALE_S``."""
+    old = time.time() - files.STALE_S - 60
+    os.utime(path, (old, old))
 
 
 def test_rewriting_an_entry_replaces_it(tmp_path):

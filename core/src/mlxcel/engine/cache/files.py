@@ -45,6 +45,7 @@ _TMP = re.compile(rf"({_KEY})\.(\d+)\.[0-9a-f]+\.tmp\.(safetensors|json)")
 SAMPLES, SAMPLE_BYTES = 16, 64 * 1024  # model_fingerprint's reads of each weights file
 MAX_HEADER = 100 << 20  # safetensors' own limit on its JSON header
 CHUNK = 1 << 20
+STALE_S = 600.0  # a temporary or header-less file this old is a crashed write
 
 
 class FileRefused(ValueError):
@@ -242,18 +243,21 @@ def scan(directory: Path, fingerprint: str) -> list[FileHeader]:
     headers that do not parse, name other tokens, or were written for another model, with
     their data; headers whose data file is missing or of another size; data files without
     a header; temporary files of other processes (a crashed write; ours may be in flight).
-    Never raises for a bad file; an unreadable directory raises ``OSError``."""
+    The last two only once older than ``STALE_S``: another server on the same directory
+    may be between its writes. Never raises for a bad file; an unreadable directory raises
+    ``OSError``."""
     with os.scandir(directory) as it:
         names = {e.name for e in it}
     pid, found = str(os.getpid()), []
     for name in sorted(names):
         tmp, entry = _TMP.fullmatch(name), _ENTRY.fullmatch(name)
         if tmp is not None and tmp.group(2) != pid:
-            _remove(directory / name)
+            if _stale(directory / name):
+                _remove(directory / name)
         elif entry is None:
             continue
         elif entry.group(2) == "safetensors":
-            if f"{entry.group(1)}.json" not in names:
+            if f"{entry.group(1)}.json" not in names and _stale(directory / name):
                 _remove(directory / name)
         elif (header := _valid_header(directory, entry.group(1), fingerprint)) is not None:
             found.append(header)
@@ -261,6 +265,14 @@ def scan(directory: Path, fingerprint: str) -> list[FileHeader]:
             for path in _paths(directory, entry.group(1)):
                 _remove(path)
     return sorted(found, key=lambda h: h.created)
+
+
+def _stale(path: Path) -> bool:
+    """Whether ``path`` was last written over ``STALE_S`` ago (gone: nothing to delete)."""
+    try:
+        return time.time() - path.stat().st_mtime > STALE_S
+    except OSError:
+        return False
 
 
 def read_entry(directory: Path, header: FileHeader,
