@@ -51,6 +51,7 @@ from mlxcel.option_types import (  # noqa: F401 (re-exported: the table's types)
     seconds_up_to_1,
     text,
 )
+from mlxcel.options_cache import CACHE_ROWS
 from mlxcel.options_ignored import IGNORED_ROWS
 from mlxcel.options_media import MEDIA_ROWS
 from mlxcel.options_side import SIDE_ROWS
@@ -221,33 +222,6 @@ _ROWS: list[tuple[Any, ...]] = [
      "model, else the checkpoint's own), float32, float16 or bfloat16"),
     (("--no-fast-blas",), "no_fast_blas", Toggle(), False, "MLXCEL_NO_FAST_BLAS",
      "on Linux CPU, do not preload an optimized BLAS (OpenBLAS) even when installed"),
-    (("--no-cache-prompt", "--cache-prompt"), "no_cache_prompt", Toggle("--cache-prompt"),
-     False, "LLAMA_ARG_NO_CACHE_PROMPT", "turn the prompt (prefix) cache off server-wide",
-     KEPT),
-    (("-cram", "--cache-ram"), "cache_ram", int, 2048, "LLAMA_ARG_CACHE_RAM",
-     "prompt cache capacity in MiB", KEPT),
-    (("--prompt-cache-capacity-bytes",), "prompt_cache_capacity_bytes", int, 0,
-     "MLXCEL_PROMPT_CACHE_CAPACITY_BYTES",
-     "prompt cache capacity in bytes (overrides --cache-ram)"),
-    (("--prompt-cache-max-entries",), "prompt_cache_max_entries", int, 1024,
-     "MLXCEL_PROMPT_CACHE_MAX_ENTRIES", "most entries the prompt cache keeps"),
-    (("--prompt-cache-ttl",), "prompt_cache_ttl", float, 3600.0, "MLXCEL_PROMPT_CACHE_TTL",
-     "seconds a prompt cache entry lives"),
-    (("--cache-checkpoint-interval",), "cache_checkpoint_interval", int, 256,
-     "MLXCEL_CACHE_CHECKPOINT_INTERVAL",
-     "models with recurrent or sliding-window layers: also checkpoint a long prompt every "
-     "N blocks of 16 tokens (0 = only at message boundaries and the prompt's end)"),
-    (("--ctx-checkpoints", "--swa-checkpoints"), "ctx_checkpoints", int, 8,
-     "LLAMA_ARG_CTX_CHECKPOINTS",
-     "most checkpoints one prompt cache entry keeps (the least valuable dropped first)",
-     MAPPED),
-    (("--cache-disk-dir",), "cache_disk_dir", path, None, "MLXCEL_CACHE_DISK_DIR",
-     "directory where prompt cache entries evicted from memory persist, across restarts "
-     "(unset: no disk tier)"),
-    (("--cache-disk-bytes",), "cache_disk_bytes", byte_size, 16 << 30,
-     "MLXCEL_CACHE_DISK_BYTES",
-     "bytes the prompt cache may keep in --cache-disk-dir, the least recently used "
-     "deleted first (e.g. 16G)"),
     # sampling defaults (unset: the checkpoint's generation_config.json, then built-ins)
     (("--temp", "--temperature"), "temp", float, None, "LLAMA_ARG_TEMP",
      "default temperature (0 = greedy)", KEPT),
@@ -322,6 +296,7 @@ _ROWS: list[tuple[Any, ...]] = [
      "MLXCEL_DISTRIBUTED_TIMEOUT",
      "seconds a distributed step may go without progress before the server fails (a rank "
      "hangs); a rank that dies fails it at once"),
+    *CACHE_ROWS,
     *SIDE_ROWS,
     *MEDIA_ROWS,
     # llama-server flags with no meaning on MLX: accepted, and named in one log line

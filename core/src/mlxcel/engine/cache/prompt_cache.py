@@ -22,7 +22,7 @@ import contextlib
 import itertools
 import threading
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -247,7 +247,8 @@ class PromptCache:
                 "reuse": self.reuse.mode, "reuse_window": self.reuse.window,
                 "checkpoints": sum(len(e.checkpoints) for e in self._entries.values()),
                 "checkpoint_bytes": sum(e.checkpoint_bytes for e in self._entries.values()),
-                "checkpoint_kinds": self._checkpoint_kinds(),
+                "checkpoint_kinds": dict(Counter(c.kind for e in self._entries.values()
+                                                   for c in e.checkpoints)),
                 "hits_by_kind": dict(self.hits_by_kind), "shrinks": self.counters["shrinks"],
                 "superseded": self.counters["superseded"],
                 "disk": self.disk.stats() if self.disk is not None else {"enabled": False},
@@ -294,13 +295,6 @@ class PromptCache:
         cutoff = time.monotonic() - self.ttl_s
         for entry_id in [i for i, e in self._entries.items() if e.created < cutoff]:
             self._drop(entry_id, "evictions_ttl")
-
-    def _checkpoint_kinds(self) -> dict[str, int]:
-        kinds: dict[str, int] = {}
-        for entry in self._entries.values():
-            for c in entry.checkpoints:
-                kinds[c.kind] = kinds.get(c.kind, 0) + 1
-        return kinds
 
     def _drop_prefixes_of(self, entry: CacheEntry) -> None:
         """An entry whose tokens are a prefix of the new one adds nothing but its
