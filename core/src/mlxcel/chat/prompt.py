@@ -14,9 +14,17 @@ import msgspec
 
 from mlxcel.chat.adapt import adapt_messages, adapt_tools, call_example
 from mlxcel.chat.cache_marks import boundaries, token_positions
+from mlxcel.chat.media import (
+    MediaInput,
+    expand,
+    kind_of,
+    lift_tool_media,
+    media_parts,
+    template_content,
+)
 from mlxcel.chat.reasoning import prompt_opens
 from mlxcel.chat.thinking import drop_earlier_reasoning, knows_reasoning
-from mlxcel.chat.tokens import encode_prompt, encode_prompt_spans
+from mlxcel.chat.tokens import check_length, encode_prompt, encode_prompt_spans
 from mlxcel.chat.tool_choice import apply_tool_choice
 from mlxcel.errors import CapabilityNotSupported, InvalidRequest
 from mlxcel.families.api import ReasoningSpec
@@ -61,15 +69,12 @@ def pick_template_kwargs(chat_template_kwargs: dict[str, Any] | None,
 
 
 def refuse_media(messages: tuple[Message, ...]) -> None:
-    """Media parts are refused (501) naming the first one: no media decoder is wired to
-    the prompt yet, so every loaded model takes text only."""
-    for i, message in enumerate(messages):
-        for j, part in enumerate(message.content or ()):
-            if isinstance(part, MediaPart):
-                kind = part.wire_type or part.__struct_config__.tag
-                raise CapabilityNotSupported(
-                    f"the loaded model accepts text only; messages[{i}].content[{j}] is "
-                    f"'{kind}'", param=f"messages[{i}].content")
+    """Media parts reaching a render that was given no fetched media are refused (501)
+    naming the first one: only ``chat.media``'s path fetches and decodes them."""
+    for path, part in media_parts(messages):
+        kind = part.wire_type or kind_of(part)
+        raise CapabilityNotSupported(f"{kind_of(part)} input is not supported here: {path} "
+                                     f"is '{kind}'", param=path)
 
 
 def generation_prompt(request: PromptRequest) -> bool:
@@ -115,8 +120,11 @@ def _call(call: ToolCall) -> dict[str, Any]:
 
 
 def template_message(message: Message) -> dict[str, Any]:
-    """A message as Hugging Face templates read it (content as one string)."""
-    item: dict[str, Any] = {"role": message.role, "content": message.text}
+    """A message as Hugging Face templates read it: content as one string, or as typed
+    parts where it has media (``chat.media.template_content``)."""
+    typed = any(isinstance(p, MediaPart) for p in message.content or ())
+    item: dict[str, Any] = {"role": message.role,
+                            "content": template_content(message) if typed else message.text}
     if message.name is not None:
         item["name"] = message.name
     if message.tool_calls is not None:
@@ -147,10 +155,11 @@ def system_turns(messages: tuple[Message, ...], template_source: str
 
 
 def render_chat(request: PromptRequest, template: Any,
-                server_kwargs: dict[str, Any] | None = None) -> str:
+                server_kwargs: dict[str, Any] | None = None, media: bool = False) -> str:
     """The prompt text of ``request`` through ``template`` (a ``ChatTemplate``), with the
-    server's template variables under the request's."""
-    return _render(request, template, server_kwargs)[0]
+    server's template variables under the request's; ``media``: its media parts are
+    printed as the template prints them (the caller checked that the model takes them)."""
+    return _render(request, template, server_kwargs, media=media)[0]
 
 
 def render_marked(request: PromptRequest, template: Any,
@@ -163,15 +172,20 @@ def render_marked(request: PromptRequest, template: Any,
 
 
 def _render(request: PromptRequest, template: Any, server_kwargs: dict[str, Any] | None,
-            marks: bool = False) -> tuple[str, tuple[Tool, ...], list[tuple[int, str]]]:
+            marks: bool = False, media: bool = False
+            ) -> tuple[str, tuple[Tool, ...], list[tuple[int, str]]]:
     """The prompt text, its tools, and (``marks``) its message boundaries
-    (``chat.cache_marks``)."""
+    (``chat.cache_marks``); ``media``: media parts are rendered (else refused)."""
     kwargs = template_kwargs(request.template_kwargs, server_kwargs)
     if not request.messages:
         raise InvalidRequest("'messages' must contain at least one message", param="messages")
     add_generation = generation_prompt(request)
-    refuse_media(request.messages)
-    messages, tools = apply_tool_choice(system_turns(request.messages, template.source),
+    messages = request.messages
+    if media:
+        messages = lift_tool_media(messages)
+    else:
+        refuse_media(messages)
+    messages, tools = apply_tool_choice(system_turns(messages, template.source),
                                         request.tools, request.tool_choice)
     if knows_reasoning(template.source) and kwargs.get("preserve_thinking") is not True:
         messages = drop_earlier_reasoning(messages)
@@ -191,18 +205,30 @@ def _render(request: PromptRequest, template: Any, server_kwargs: dict[str, Any]
 
 def prompt_input(request: PromptRequest, engine: Any, *,
                  server_kwargs: dict[str, Any] | None = None,
-                 reasoning: ReasoningSpec | None = None) -> PromptInput:
+                 reasoning: ReasoningSpec | None = None,
+                 media: MediaInput | None = None) -> PromptInput:
     """Render with the loaded checkpoint's template and tokenize within ``engine``'s
     context window (blocking work: a dialect runs it through ``dialects.prepare``).
-    ``reasoning`` is the checkpoint's reasoning spec, when it has one."""
+    ``reasoning`` is the checkpoint's reasoning spec, when it has one; ``media``: the
+    request's fetched media parts (``chat.media``), decoded here and expanded by the
+    model into its own tokens."""
     marks = bool(getattr(engine, "cache_marks", False))
-    text, tools, chars = _render(request, engine.checkpoint.template, server_kwargs, marks)
+    items = media.decode() if media is not None else []
+    text, tools, chars = _render(request, engine.checkpoint.template, server_kwargs, marks,
+                                 media=media is not None)
     if marks:
         ids, spans = encode_prompt_spans(engine, text, "messages", add_special=False)
         cache_marks = token_positions(spans, chars)
     else:
         ids, cache_marks = encode_prompt(engine, text, "messages", add_special=False), ()
+    expanded = None
+    if media is not None:
+        expanded, cache_marks = expand(engine.checkpoint.model, list(ids), items,
+                                       media.options, cache_marks)
+        ids = list(expanded.token_ids)
+        check_length(engine, len(ids), "messages")
     forced = request.tool_choice == "required" or isinstance(request.tool_choice,
                                                              FunctionChoice)
     return PromptInput(token_ids=tuple(ids), tools=tools, forced=forced and bool(tools),
-                       reasoning_open=prompt_opens(text, reasoning), cache_marks=cache_marks)
+                       reasoning_open=prompt_opens(text, reasoning), cache_marks=cache_marks,
+                       media=expanded)

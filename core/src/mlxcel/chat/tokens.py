@@ -45,6 +45,17 @@ def encode_prompt_spans(engine: Any, text: str, param: str, add_special: bool
         text, add_special, max_tokens=limit))
 
 
+def check_length(engine: Any, count: int, param: str) -> None:
+    """Refuse a prompt of ``count`` tokens (media expanded) that leaves no room for one
+    generated token in the context."""
+    ctx = engine.context_size
+    if count > ctx - 1:
+        raise ContextLengthExceeded(
+            f"the prompt has {count} tokens (its media included), more than the context "
+            f"window of {ctx} tokens allows (leave room for at least one generated token)",
+            param=param)
+
+
 def _encode(engine: Any, text: str, param: str, encode: Any) -> Any:
     check_fits(engine, text, param)
     ctx = engine.context_size

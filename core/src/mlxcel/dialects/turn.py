@@ -16,6 +16,7 @@ import msgspec
 from litestar import Request
 
 from mlxcel.chat.answer import Answer, collect
+from mlxcel.chat.media import MediaInput, check_media, fetch_media, media_parts
 from mlxcel.chat.output import OutputMachine, answer_machine
 from mlxcel.chat.prompt import prompt_input
 from mlxcel.chat.reasoning import budget_limit, without_thinking
@@ -31,8 +32,12 @@ from mlxcel.context import AppContext
 from mlxcel.dialects.prepare import prepare_for
 from mlxcel.dialects.wire import record_usage, unless_disconnected
 from mlxcel.errors import InvalidRequest
+from mlxcel.families.media import media_kinds
+from mlxcel.media.api import MediaLimits
+from mlxcel.media.fetch import FetchPolicy
 from mlxcel.types import GenerationRequest, ReasoningLimit
 from mlxcel.types.constraints import Constraint
+from mlxcel.types.media import MediaPrompt
 from mlxcel.types.messages import PromptInput, PromptRequest
 
 
@@ -66,7 +71,8 @@ def generation_request(ctx: AppContext, prompt: list[int], request_id: str,
                        options: TurnOptions, *, priority: int = 1, guide: Any = None,
                        guide_after: str | None = None,
                        reasoning_limit: ReasoningLimit | None = None,
-                       cache_marks: tuple[tuple[int, str], ...] = ()) -> GenerationRequest:
+                       cache_marks: tuple[tuple[int, str], ...] = (),
+                       media: MediaPrompt | None = None) -> GenerationRequest:
     """The engine's request: sampling over the server's defaults (validated), the loop
     policy, and the output limit fitted to the context."""
     if options.n != 1:
@@ -82,7 +88,9 @@ def generation_request(ctx: AppContext, prompt: list[int], request_id: str,
                              stop=options.stop, ignore_eos=options.ignore_eos,
                              priority=priority, loop=loop, cache_prompt=options.cache_prompt,
                              guide=guide, guide_after=guide_after,
-                             reasoning_limit=reasoning_limit, cache_marks=cache_marks)
+                             reasoning_limit=reasoning_limit, cache_marks=cache_marks,
+                             media=media,
+                             media_digests=media.digest_positions() if media else ())
 
 
 class Turn:
@@ -120,10 +128,25 @@ def budget_of(ctx: AppContext, options: TurnOptions) -> int | None:
 
 
 async def render(ctx: AppContext, request: Request, prompt: PromptRequest) -> PromptInput:
-    """The rendered, tokenized prompt (off the event loop for a large body)."""
+    """The rendered, tokenized prompt (off the event loop for a large body), its media
+    parts fetched first (``gather_media``)."""
+    media = await gather_media(ctx, prompt)
     return await prepare_for(request, lambda: prompt_input(
         prompt, ctx.engine, server_kwargs=ctx.settings.chat_template_kwargs,
-        reasoning=ctx.checkpoint.reasoning))
+        reasoning=ctx.checkpoint.reasoning, media=media))
+
+
+async def gather_media(ctx: AppContext, prompt: PromptRequest) -> MediaInput | None:
+    """The prompt's media parts, checked against what the model takes (501 before any
+    fetch) and ``--max-images``, then fetched under the fetch policy; None without any."""
+    parts = media_parts(prompt.messages)
+    if not parts:
+        return None
+    settings = ctx.settings
+    check_media(parts, media_kinds(ctx.checkpoint.model), settings.max_images)
+    fetched = await fetch_media(parts, FetchPolicy.from_settings(settings))
+    return MediaInput(fetched, ctx.plugins.media_decoders, MediaLimits.of(settings),
+                      dict(prompt.media_options))
 
 
 async def start_turn(ctx: AppContext, request: Request, prompt: PromptRequest,
@@ -147,5 +170,6 @@ async def start_turn(ctx: AppContext, request: Request, prompt: PromptRequest,
     limit = budget_limit(spec, budget, ckpt.tokenizer, rendered.reasoning_open)
     req = generation_request(ctx, list(rendered.token_ids), request_id, options,
                              priority=priority, guide=guide, guide_after=after,
-                             reasoning_limit=limit, cache_marks=rendered.cache_marks)
+                             reasoning_limit=limit, cache_marks=rendered.cache_marks,
+                             media=rendered.media)
     return Turn(ctx, rendered, req, answer_machine(ckpt, req, rendered))

@@ -17,6 +17,7 @@ import structlog
 from mlxcel.engine import scheduler
 from mlxcel.engine.batch import PrefillJob
 from mlxcel.engine.cache.capture import marks_for
+from mlxcel.engine.media_rows import MediaFeed
 from mlxcel.engine.mixed_batch import MixedPrefill
 from mlxcel.engine.scheduler import Limits, Plan, View
 from mlxcel.engine.sequence import Sequence, Sink, error_event, fail_alone
@@ -157,16 +158,25 @@ class Admission:
 
     def _new_job(self, group: list[Sequence]) -> PrefillJob | MixedPrefill:
         hits = [s.cache_hit or None for s in group]
+        model = self.checkpoint.model
+        # a media row is alone in its group and unaligned: its columns are its prompt's
+        media = group[0].req.media is not None
+        align = 1 if media else self.align
         if self.path == "mixed":
             starts = [hit.state().caches if hit is not None and s.cached else None
                       for s, hit in zip(group, hits, strict=True)]
             marks = [self._marks(s) for s in group]
-            return MixedPrefill(self.checkpoint.model, group, starts, self.merge, self.align,
-                                marks)
+            job: PrefillJob | MixedPrefill = MixedPrefill(model, group, starts, self.merge,
+                                                          align, marks,
+                                                          feed=self._feed(group, media))
+            return job
         prefixes = [(hit.payload.keys, hit.payload.values) if hit is not None else None
                     for hit in hits]
-        return PrefillJob(self.checkpoint.model, group, self.batchable, prefixes, self.rope,
-                          self.align)
+        return PrefillJob(model, group, self.batchable, prefixes, self.rope, align,
+                          feed=self._feed(group, media))
+
+    def _feed(self, group: list[Sequence], media: bool) -> MediaFeed | None:
+        return MediaFeed(self.checkpoint.model, group[0], self.features) if media else None
 
     def _marks(self, seq: Sequence) -> list[tuple[int, str]]:
         """The checkpoints ``seq`` takes while it prefills (``cache.capture.marks_for``):

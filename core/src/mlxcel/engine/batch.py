@@ -22,6 +22,7 @@ from mlxcel.engine import sampling as samp
 from mlxcel.engine.accel import lean_decode
 from mlxcel.engine.cache.kvcache import BatchCache, KVRows, stored_rows
 from mlxcel.engine.masks import apply_masks, guided_rows
+from mlxcel.engine.media_rows import shifts
 from mlxcel.engine.penalties import Penalties
 from mlxcel.engine.sampling import BatchSampler, logprob_arrays
 from mlxcel.engine.scheduler import aligned, leave_now
@@ -91,7 +92,7 @@ class PrefillJob(Prefill):
 
     def __init__(self, model: Any, seqs: list[Sequence], batchable: bool,
                  prefixes: list[tuple[mx.array, mx.array] | None] | None = None,
-                 rope: Any | None = None, align: int = 1) -> None:
+                 rope: Any | None = None, align: int = 1, feed: Any = None) -> None:
         """``prefixes[i]``: cached (keys, values) of every layer ([layers, 1, H, n, D], a
         ``KVRows``'), whose first ``seqs[i].cached`` tokens are that prompt's, or None.
         Rows are right-aligned and every row computes the columns of the longest uncached
@@ -99,8 +100,10 @@ class PrefillJob(Prefill):
         reuses). ``rope``: see BatchCache.
         ``align``: the columns computed, and every chunk of them, are a multiple of it
         (more left padding, or fewer reused tokens), so chunk shapes repeat (see
-        ``prefill_align``)."""
+        ``prefill_align``). ``feed``: a media row's chunk feeder (``media_rows.MediaFeed``;
+        its group is that row alone, unaligned)."""
         self.model = model
+        self.feed = feed
         self.seqs = seqs
         self.batchable = batchable
         self.align = align = max(1, align) if batchable else 1  # padding needs a mask
@@ -139,7 +142,11 @@ class PrefillJob(Prefill):
         if self.done_cols < self.width:
             cols = max(self.align, self.per_row(chunk, max_cols) // self.align * self.align)
             end = min(self.width, self.done_cols + cols)
-            self.model(self.tokens[:, self.done_cols:end], self.cache)
+            chunk = self.tokens[:, self.done_cols:end]
+            if self.feed is not None:  # one unpadded row: columns are prompt positions
+                self.feed(chunk, self.cache, self.done_cols, end)
+            else:
+                self.model(chunk, self.cache)
             if end == self.width and self.batchable:
                 for c in self.cache:  # padding all rows share (alignment) needs no mask
                     c.trim()
@@ -177,6 +184,7 @@ class DecodeBatch:
         self.top: tuple[int, ...] = ()  # per row (Step.top)
         self.guided = False  # some row has an output constraint (``masks``)
         self.share: Any = None  # --distributed: sampled -> rank 0's sampled, in the graph
+        self.shift: mx.array | None = None  # rows' position shifts (``media_rows.shifts``)
 
     def __len__(self) -> int:
         """Rows still decoding for a request."""
@@ -256,6 +264,7 @@ class DecodeBatch:
         self.top = tuple(r[0].top_logprobs for r in rows)
         self.top_logprobs = max(self.top, default=-1)
         self.guided = any(s.matcher is not None for s in self.rows)
+        self.shift = shifts(self.rows)
 
     def _guard(self, i: int, fn: Any, *args: Any) -> Any:
         return fail_alone(self.rows[i], fn, *args)
@@ -274,7 +283,10 @@ class DecodeBatch:
             plan = self.penalties.prepare([None if s.finished else s.context for s in self.rows],
                                           [s.generated_ids for s in self.rows], self._guard)
         guided = guided_rows(self.rows) if self.guided else []
-        logits = self.forward(self.inputs, self.cache)
+        if self.shift is None:
+            logits = self.forward(self.inputs, self.cache)
+        else:  # media rows: their decoder shifts their positions (``media_rows``)
+            logits = self.model(self.inputs[:, None], self.cache, shift=self.shift)[:, -1, :]
         self.steps += 1  # every row's cache takes one more token
         scored = apply_masks(logits, self.rows, guided, self._guard) if guided else logits
         scored = scored if plan is None else self.penalties(scored, plan=plan)

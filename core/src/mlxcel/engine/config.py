@@ -24,6 +24,7 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     distributed: str = "off"  # --distributed: off, tensor or pipeline
     distributed_timeout: float = 60.0  # seconds without a distributed step (watchdog)
     cache_checkpoint_interval: int = 256  # blocks of 16 tokens between prompt checkpoints
+    vision_cache_size: int = 20  # items whose vision features stay cached (media_rows)
 
     @classmethod
     def from_settings(cls, settings: Any) -> EngineConfig:

@@ -133,8 +133,9 @@ class MixedPrefill(Prefill):
 
     def __init__(self, model: Any, seqs: list[Sequence], starts: list[list[Any] | None],
                  merge: Merge, align: int = 1,
-                 marks: list[list[tuple[int, str]]] | None = None) -> None:
+                 marks: list[list[tuple[int, str]]] | None = None, feed: Any = None) -> None:
         self.model = model
+        self.feed = feed  # a media row's chunk feeder (``media_rows.MediaFeed``), alone
         self.seqs = seqs
         self.align = max(1, align)
         rows = [start if start is not None else model.make_cache() for start in starts]
@@ -185,7 +186,12 @@ class MixedPrefill(Prefill):
             cols = max(self.align, self.per_row(chunk, max_cols) // self.align * self.align)
             end = min([self.width, self.done_cols + cols,
                        *(c for c in self.marks if c > self.done_cols)])
-            self.model(self.tokens[:, self.done_cols:end], self.cache)
+            chunk = self.tokens[:, self.done_cols:end]
+            if self.feed is not None:  # one unpadded row from its cached prefix
+                base = self.seqs[0].cached
+                self.feed(chunk, self.cache, base + self.done_cols, base + end)
+            else:
+                self.model(chunk, self.cache)
             self.last_cols, self.done_cols = end - self.done_cols, end
             if end < self.width:
                 self._take(self.marks.pop(end, ()))

@@ -50,7 +50,10 @@ class Sequence:
         self.cache_hit: Any = None  # the prompt cache's Hit at admission, () for none
         self.checkpoints: list[Any] = []  # taken while prefilling (``cache.capture``)
         self.finished = False
-        self.solo = False  # admitted alone (its group could not be set up with it)
+        # admitted alone: its group could not be set up with it, or it has media
+        # (``engine.media_rows``: it prefills from input embeddings)
+        self.solo = req.media is not None
+        self.position_shift = 0  # added to its decode positions (``media_rows.shifts``)
         self.defer_finish = False  # hold the finish event until release_finish()
         self._final: GenerationEvent | None = None
         self.submitted_at = time.perf_counter()

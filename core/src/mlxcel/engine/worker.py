@@ -19,6 +19,7 @@ from mlxcel.engine.batch import DecodeBatch, PrefillJob, read_back
 from mlxcel.engine.cache.prompt_cache import BLOCK_SIZE, PromptCache
 from mlxcel.engine.config import EngineConfig
 from mlxcel.engine.lanes import JobLane
+from mlxcel.engine.media_rows import FeatureCache
 from mlxcel.engine.parts import BufferRelease, Inbox
 from mlxcel.engine.policy import EnginePolicy
 from mlxcel.engine.scheduler import Plan
@@ -93,6 +94,7 @@ class EngineWorker(EngineSetup, Admission, threading.Thread):
         self.align = 1  # prefill column multiple: the policy's where rows may be padded
         self.budget = self.prefill_chunk  # tokens per step of the group prefilling now
         self.checkpoint_interval = BLOCK_SIZE * max(0, self.config.cache_checkpoint_interval)
+        self.features = FeatureCache(self.config.vision_cache_size)
         self._order = itertools.count()
         self._stopping = threading.Event()
         self.ready = threading.Event()

@@ -1,10 +1,10 @@
 """A media part's bytes, as core fetched them (``mlxcel.media.fetch``), before any decoder
-has looked at them."""
+has looked at them, and a prompt with its media expanded (``MediaPrompt``)."""
 
 from __future__ import annotations
 
 import hashlib
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
@@ -31,3 +31,27 @@ class MediaBlob(msgspec.Struct, frozen=True):
     def __repr__(self) -> str:  # never the bytes themselves (a log line, an error)
         return (f"MediaBlob({len(self.data)} bytes, mime={self.mime!r}, "
                 f"digest={self.digest.hex()[:16]}, source={self.source!r})")
+
+
+class MediaPrompt(msgspec.Struct, frozen=True, kw_only=True):
+    """A prompt with media, as a family's ``expand_media`` made it
+    (``mlxcel.families.media``): the token ids with each item's placeholder expanded into
+    the item's tokens, where each item's tokens are (``spans``: start and length, in item
+    order), the items' ``digests`` (the blobs'), and ``inputs``, the family's own model
+    inputs (NumPy arrays: pixel values, grid sizes), which core hands back to the family on
+    the engine thread and never reads. ``grown``: per item, the placeholder's position in
+    the unexpanded ids and how many tokens its expansion added, so that core can move the
+    positions it found in them (``chat.cache_marks``)."""
+
+    token_ids: tuple[int, ...]
+    spans: tuple[tuple[int, int], ...]
+    digests: tuple[bytes, ...]
+    grown: tuple[tuple[int, int], ...]
+    inputs: Any = None
+
+    def digest_positions(self) -> tuple[tuple[int, bytes], ...]:
+        """(position, digest) of each item, at its first token: what the prompt cache
+        hashes with the blocks (``GenerationRequest.media_digests``), so that two prompts
+        that differ only in an image share no block from that image on."""
+        return tuple((start, digest)
+                     for (start, _), digest in zip(self.spans, self.digests, strict=True))

@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 import msgspec
 
+from mlxcel.types.media import MediaPrompt
+
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 
 
@@ -104,6 +106,8 @@ class PromptRequest(msgspec.Struct, frozen=True, kw_only=True):
     template_kwargs: dict[str, Any] = {}
     add_generation_prompt: bool | None = None
     continue_final_message: bool = False
+    # the request's media knobs (``chat.media.MEDIA_OPTIONS``: ``max_soft_tokens``)
+    media_options: dict[str, Any] = {}
 
 
 class PromptInput(msgspec.Struct, frozen=True, kw_only=True):
@@ -118,3 +122,4 @@ class PromptInput(msgspec.Struct, frozen=True, kw_only=True):
     reasoning_open: bool = False
     # (token count, kind) of the message boundaries later prompts share (chat.cache_marks)
     cache_marks: tuple[tuple[int, str], ...] = ()
+    media: MediaPrompt | None = None  # the prompt's media, expanded (chat.media)

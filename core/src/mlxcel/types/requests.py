@@ -6,6 +6,8 @@ from typing import Any
 
 import msgspec
 
+from mlxcel.types.media import MediaPrompt
+
 
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     """Resolved sampling settings for one request (server defaults already applied).
@@ -96,6 +98,9 @@ class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
     # (position, digest): non-token inputs' content digests, hashed with the prompt's blocks
     # (mlxcel.engine.cache.entries.block_hashes)
     media_digests: tuple[tuple[int, bytes], ...] = ()
+    # the prompt's media (a family's expansion: its model inputs, the items' spans); the
+    # engine prefills such a row from its input embeddings (mlxcel.engine.media_rows)
+    media: MediaPrompt | None = None
     guide: Any = None
     guide_after: str | None = None
     reasoning_limit: ReasoningLimit | None = None

@@ -4,9 +4,9 @@ template, as ``mlx_vlm.utils.load`` assembles them).
 
 The ``generate`` task's decoder drives the language model for text rows, as the engine
 drives an mlx-lm model: ``model(inputs, cache)`` gives logits and ``make_cache()`` the
-language model's own caches. Image rows (the vision tower once per image, then the row's
-input embeddings) are the engine's to add; the processor and the mlx-vlm model it needs
-ride on the decoder (``processor``, ``model``).
+language model's own caches; image rows go through the media contract
+(``mlxcel.families.media``): the processor expands the prompt, the vision tower runs once
+per image, and the row prefills its input embeddings.
 """
 
 from __future__ import annotations
@@ -16,6 +16,10 @@ from typing import Any
 
 import mlx.core as mx
 from mlxcel.families.api import Loaded, LoadOptions
+from mlxcel.types.media import MediaPrompt
+
+from mlxcel_family_vlm import media
+from mlxcel_family_vlm.features import encoded
 
 _DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
 
@@ -57,10 +61,14 @@ class VisionLanguageModel:
 
     Text rows run the language model alone. Where its rotary positions are M-RoPE's
     (Qwen-VL: three position rows, for time, height and width), a text token's three
-    positions are equal, its index in the row, so they are given explicitly from each
-    row's cache offset: mlx-vlm's own fallback keeps the last prompt's rope deltas on the
-    module, which rows of a batch must not share.
+    positions are equal, its index in the row plus the row's shift (0 for a text row; an
+    image row's rope delta), so they are given explicitly from each row's cache offset:
+    mlx-vlm's own fallback keeps the last prompt's rope deltas on the module, which rows
+    of a batch must not share. Image rows take the media contract
+    (``mlxcel.families.media``), implemented in ``mlxcel_family_vlm.media``.
     """
+
+    media_kinds = ("image",)
 
     def __init__(self, model: Any, processor: Any, config: dict) -> None:
         self.model = model
@@ -82,15 +90,52 @@ class VisionLanguageModel:
 
         return make_prompt_cache(language)
 
-    def __call__(self, inputs: mx.array, cache: list[Any] | None = None) -> mx.array:
-        kwargs = {"position_ids": self._positions(inputs, cache)} if self.mrope else {}
+    # -- the media contract --------------------------------------------------------------
+    def media_placeholder(self, kind: str) -> str:
+        return media.placeholder(self.processor)
+
+    def expand_media(self, token_ids: list[int], items: list[Any],
+                     options: dict[str, Any]) -> MediaPrompt:
+        return media.expand(self.processor, token_ids, [item.image for item in items],
+                            tuple(item.digest for item in items))
+
+    def media_positions(self, prompt: MediaPrompt) -> tuple[mx.array | None, int]:
+        grid = (prompt.inputs or {}).get("image_grid_thw")
+        if not self.mrope or grid is None:
+            return None, 0
+        ids = mx.array(prompt.token_ids, dtype=mx.int32)[None]
+        positions, delta = self.language_model.get_rope_index(ids, mx.array(grid))
+        return positions, int(mx.array(delta).reshape(-1)[0].item())
+
+    def media_embeddings(self, prompt: MediaPrompt, features: Any) -> mx.array:
+        inputs = dict(prompt.inputs or {})
+        inputs.pop("rule", None)
+        arrays = {k: mx.array(v) for k, v in inputs.items()}
+        pixels = arrays.pop("pixel_values")
+        cached = encoded(self.model, prompt, pixels, arrays, features)
+        if cached is not None:
+            arrays["cached_image_features"] = cached
+        ids = mx.array(prompt.token_ids, dtype=mx.int32)[None]
+        return self.model.get_input_embeddings(ids, pixels, **arrays).inputs_embeds
+
+    def __call__(self, inputs: mx.array, cache: list[Any] | None = None, *,
+                 embeds: mx.array | None = None, positions: mx.array | None = None,
+                 shift: mx.array | None = None) -> mx.array:
+        kwargs: dict[str, Any] = {}
+        if embeds is not None:
+            kwargs["inputs_embeds"] = embeds
+        if positions is not None:
+            kwargs["position_ids"] = positions
+        elif self.mrope:
+            kwargs["position_ids"] = self._positions(inputs, cache, shift)
         out = self.language_model(inputs, cache=cache, **kwargs)
         return getattr(out, "logits", out)
 
     @staticmethod
-    def _positions(inputs: mx.array, cache: list[Any] | None) -> mx.array:
+    def _positions(inputs: mx.array, cache: list[Any] | None,
+                   shift: mx.array | None = None) -> mx.array:
         """[3, B, T] positions: each row's cache offset (a scalar, or one per row in a
-        batch cache) plus the token's index in this chunk."""
+        batch cache) plus the token's index in this chunk, plus the row's shift."""
         batch, length = inputs.shape
         offset = getattr(cache[0], "offset", 0) if cache else 0
         steps = mx.arange(length)[None, :]
@@ -98,4 +143,6 @@ class VisionLanguageModel:
             rows = offset.reshape(-1, 1) + steps
         else:
             rows = mx.broadcast_to(steps + int(offset), (batch, length))
+        if shift is not None:
+            rows = rows + shift.reshape(-1, 1)
         return mx.broadcast_to(rows[None], (3, batch, length))

@@ -1,0 +1,82 @@
+"""Rows whose prompt holds media: they prefill from input embeddings, not token ids.
+
+A media row is admitted alone (``Sequence.solo``) and unaligned, so its prefill columns
+are its prompt's own tokens. Its decoder (``mlxcel.families.media``) gives the whole
+prompt's rotary positions and the row's position shift once, when the row is admitted
+(cheap), and its input embeddings at its first chunk, each item's features from the
+vision-feature cache (``FeatureCache``) or the vision tower; every chunk then feeds its
+slice of both. After prefill the row decodes beside text rows: ``DecodeBatch`` hands
+each row's shift to the decoder (``shift``), so M-RoPE positions stay right per row.
+
+A prompt-cache hit works as for text rows (the media digests are in the block hashes):
+only the uncached tail is fed, its embeddings sliced from the whole prompt's.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import mlx.core as mx
+
+from mlxcel.engine.sequence import Sequence
+
+
+class FeatureCache:
+    """Vision features by item digest, least recently used first out; ``size`` items at
+    most (``--vision-cache-size``; 0 keeps none)."""
+
+    def __init__(self, size: int = 20) -> None:
+        self.size = size
+        self._items: OrderedDict[bytes, Any] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def get(self, digest: bytes, compute: Callable[[], Any]) -> Any:
+        """The features of the item ``digest``, computed (and evaluated) on a miss."""
+        found = self._items.get(digest)
+        if found is not None:
+            self._items.move_to_end(digest)
+            self.hits += 1
+            return found
+        self.misses += 1
+        features = compute()
+        mx.eval(features)
+        if self.size > 0:
+            self._items[digest] = features
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
+        return features
+
+    def clear(self) -> None:
+        self._items.clear()
+
+
+class MediaFeed:
+    """Feeds a media row's prefill chunks (``Prefill.feed``): prompt positions
+    ``[start, end)`` of its embeddings and rotary positions."""
+
+    def __init__(self, model: Any, seq: Sequence, features: FeatureCache) -> None:
+        self.model = model
+        self.prompt = seq.req.media
+        self.features = features
+        self.positions, shift = model.media_positions(self.prompt)
+        seq.position_shift = int(shift)
+        self.embeds: mx.array | None = None
+
+    def __call__(self, tokens: mx.array, cache: list[Any], start: int, end: int) -> Any:
+        if self.embeds is None:
+            self.embeds = self.model.media_embeddings(self.prompt, self.features)
+        positions = None if self.positions is None else self.positions[..., start:end]
+        return self.model(tokens, cache, embeds=self.embeds[:, start:end],
+                          positions=positions)
+
+
+def shifts(rows: list[Sequence]) -> mx.array | None:
+    """Each row's position shift ``[B]`` for a decode step, or None when all are 0."""
+    values = [s.position_shift for s in rows]
+    return mx.array(values, dtype=mx.int32) if any(values) else None

@@ -1,0 +1,54 @@
+"""What a ``generate`` family's decoder adds to take media in prompts (contract v2).
+
+Core fetches every media part (``mlxcel.media.fetch``) and decodes it into an item
+(``mlxcel.media.api``); the chat template prints a placeholder for each (an HF template
+reads an image part as ``{"type": "image"}``); the decoder does the rest, which only it
+knows, through these members. A decoder without them takes text only, and a request with
+a media part gets 501 before anything is fetched.
+
+``media_kinds``: the kinds of item it takes (``("image",)``).
+
+``media_placeholder(kind) -> str``: the text a raw prompt (llama-server's ``/completion``
+multimodal form, whose ``<__media__>`` markers core replaces with it) puts where an item
+goes: what the chat template prints for an image part.
+
+``expand_media(token_ids, items, options) -> MediaPrompt``: the tokenized prompt, whose
+placeholders (one per item, in order) it replaces with each item's own tokens, sized
+as the model's processor sizes the item; ``inputs`` carries the processor's outputs
+(NumPy arrays). ``options``: the request's media knobs (``max_soft_tokens``), unknown
+keys ignored. It runs on the HTTP side, in a worker thread, so it must not touch MLX
+arrays; a placeholder count that is not the item count is ``InvalidRequest``.
+
+On the engine thread:
+
+``media_positions(prompt) -> (positions, shift)``: the rotary positions of the whole
+prompt where the model's are not the token index (Qwen-VL's M-RoPE: ``[3, 1, T]``), else
+None; and ``shift``, what every generated token's position adds to its index (M-RoPE's
+rope delta; 0 otherwise). Cheap: no vision tower.
+
+``media_embeddings(prompt, features) -> mx.array``: the prompt's input embeddings
+``[1, T, D]``, each item's features in its span. ``features`` is core's vision-feature
+cache (``mlxcel.engine.media_rows.FeatureCache``): ``features.get(digest, compute)``
+returns an item's features, calling ``compute()`` only for an item it does not hold, so
+the vision tower runs once per image while it stays cached (``--vision-cache-size``).
+
+``__call__(inputs, cache, *, embeds=None, positions=None, shift=None)``: the usual
+forward, plus a prefill chunk's rows of ``embeds`` and ``positions`` (sliced to the
+chunk) in place of the tokens' own, and in a decode step ``shift`` ``[B]``, each row's
+shift (0 for a text row).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+MEMBERS = ("media_kinds", "media_placeholder", "expand_media", "media_positions",
+           "media_embeddings")
+
+
+def media_kinds(model: Any) -> tuple[str, ...]:
+    """The media kinds ``model`` (a loaded decoder) takes: none unless it has every member
+    of the contract."""
+    if not all(hasattr(model, name) for name in MEMBERS):
+        return ()
+    return tuple(getattr(model, "media_kinds", ()) or ())
