@@ -186,9 +186,9 @@ def test_media_parts_are_refused_naming_the_first():
                 Message(role="user", content=(TextPart(text="see"), ImagePart(url="u"))))
     with pytest.raises(CapabilityNotSupported) as info:
         refuse_media(messages)
-    assert info.value.message == "the loaded model accepts text only; messages[1].content[1] " \
+    assert info.value.message == "image input is not supported here: messages[1].content[1] " \
         "is 'image'"
-    assert info.value.param == "messages[1].content" and info.value.status == 501
+    assert info.value.param == "messages[1].content[1]" and info.value.status == 501
 
 
 @pytest.mark.parametrize("kind,ref", [
@@ -201,9 +201,10 @@ def test_http_media_on_the_text_model_is_refused_as_before(client, kind, ref):
     r = client.post(CHAT, json={"messages": [{"role": "user", "content": parts}]})
     assert r.status_code == 501, r.text
     err = r.json()["error"]
-    assert err["message"] == f"the loaded model accepts text only; messages[0].content[1] " \
-        f"is '{kind}'"
-    assert err["param"] == "messages[0].content" and err["type"] == "not_supported_error"
+    media = {"image_url": "image", "input_image": "image", "video_url": "video"}.get(kind, "audio")
+    assert err["message"] == f"{media} input is not supported: the loaded model accepts text " \
+        f"only; messages[0].content[1] is '{kind}'"
+    assert err["param"] == "messages[0].content[1]" and err["type"] == "not_supported_error"
 
 
 # -- over HTTP ----------------------------------------------------------------------------

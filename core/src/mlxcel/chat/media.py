@@ -67,10 +67,10 @@ def check_media(parts: list[tuple[str, MediaPart]], kinds: tuple[str, ...],
         kind = kind_of(part)
         if kind not in kinds:
             shown = part.wire_type or kind
-            taken = f"; it takes {' and '.join(kinds)} input" if kinds else ""
+            takes = f"{' and '.join(kinds)} and text" if kinds else "text only"
             raise CapabilityNotSupported(
-                f"{kind} input is not supported by the loaded model{taken}: {path} is "
-                f"'{shown}'", param=path)
+                f"{kind} input is not supported: the loaded model accepts {takes}; {path} "
+                f"is '{shown}'", param=path)
     check_image_count(sum(kind_of(p) == "image" for _, p in parts), max_images)
 
 

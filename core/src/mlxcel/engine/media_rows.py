@@ -78,5 +78,5 @@ class MediaFeed:
 
 def shifts(rows: list[Sequence]) -> mx.array | None:
     """Each row's position shift ``[B]`` for a decode step, or None when all are 0."""
-    values = [s.position_shift for s in rows]
+    values = [getattr(s, "position_shift", 0) for s in rows]
     return mx.array(values, dtype=mx.int32) if any(values) else None

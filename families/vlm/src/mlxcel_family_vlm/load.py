@@ -116,7 +116,10 @@ class VisionLanguageModel:
         if cached is not None:
             arrays["cached_image_features"] = cached
         ids = mx.array(prompt.token_ids, dtype=mx.int32)[None]
-        return self.model.get_input_embeddings(ids, pixels, **arrays).inputs_embeds
+        # every token is real (some models build their masks from it); attention stays
+        # the language model's own causal one
+        return self.model.get_input_embeddings(ids, pixels, mask=mx.ones(ids.shape),
+                                               **arrays).inputs_embeds
 
     def __call__(self, inputs: mx.array, cache: list[Any] | None = None, *,
                  embeds: mx.array | None = None, positions: mx.array | None = None,

@@ -1,0 +1,154 @@
+"""Image rows: the family's expansion of a prompt's placeholders, its input embeddings
+against mlx-vlm's own, and image rows in the engine (batched = solo = mlx-vlm's own
+generate loop; the vision-feature cache and the prompt cache)."""
+
+from __future__ import annotations
+
+import io
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlxcel.engine.media_rows import FeatureCache
+from mlxcel.errors import InvalidRequest
+from mlxcel.families.api import LoadOptions
+from mlxcel.media.api import MediaLimits
+from mlxcel.media.image import decode as decode_image
+from mlxcel.testing.engine import engine_for, request, run, solo_tokens
+from mlxcel.types.media import MediaBlob
+from mlxcel_family_vlm.load import decoder, load
+from PIL import Image
+
+PROMPT = "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>What is it?" \
+         "<|im_end|>\n<|im_start|>assistant\n"
+
+
+def image(seed: int, size: int = 56) -> object:
+    """A decoded ImageItem of random pixels (core's own Pillow decoder)."""
+    pixels = (np.random.default_rng(seed).random((size, size, 3)) * 255).astype("uint8")
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, "PNG")
+    return decode_image(MediaBlob.of(out.getvalue(), "image/png", "data"), MediaLimits())
+
+
+@pytest.fixture(scope="module")
+def qwen(vlm_checkpoint):
+    path = vlm_checkpoint("qwen2_vl")
+    model = decoder(load(path, LoadOptions()))
+    tok = model.processor.tokenizer
+    return path, model, list(tok.encode(PROMPT, add_special_tokens=False))
+
+
+def test_the_placeholder_becomes_the_images_tokens(qwen):
+    _, model, ids = qwen
+    item = image(1)
+    prompt = model.expand_media(ids, [item], {})
+    grid = prompt.inputs["image_grid_thw"].reshape(-1)
+    count = int(np.prod(grid)) // model.processor.image_processor.merge_size ** 2
+    token = model.processor.image_token_id
+    (start, length), = prompt.spans
+    assert length == count and prompt.token_ids[start:start + length] == (token,) * count
+    assert len(prompt.token_ids) == len(ids) + count - 1
+    assert prompt.grown == ((ids.index(token), count - 1),)
+    assert prompt.digest_positions() == ((start, item.digest),)
+
+
+def test_a_placeholder_count_unlike_the_items_is_refused(qwen):
+    _, model, ids = qwen
+    with pytest.raises(InvalidRequest, match="2 image"):
+        model.expand_media(ids, [image(1), image(2)], {})
+
+
+def test_gemma3_placeholder_becomes_its_image_sequence(vlm_checkpoint):
+    model = decoder(load(vlm_checkpoint("gemma3"), LoadOptions()))
+    proc = model.processor
+    tok = proc.tokenizer
+    ids = list(tok.encode(f"<start_of_turn>user\n{proc.boi_token}Describe<end_of_turn>\n",
+                          add_special_tokens=False))
+    prompt = model.expand_media(ids, [image(3)], {})
+    (start, length), = prompt.spans
+    assert length == proc.image_seq_length
+    soft = tok.convert_tokens_to_ids(proc.image_token)
+    assert set(prompt.token_ids[start:start + length]) == {soft}
+    assert soft not in prompt.token_ids[:start] + prompt.token_ids[start + length:]
+
+
+@pytest.mark.parametrize("shape", ["qwen2_vl", "gemma3"])
+def test_cached_features_give_mlx_vlms_own_embeddings(vlm_checkpoint, shape):
+    """Each image encoded alone through the feature cache gives the embeddings mlx-vlm
+    computes for the prompt's images together, and the second time comes from the cache."""
+    model = decoder(load(vlm_checkpoint(shape), LoadOptions()))
+    proc = model.processor
+    mark = proc.boi_token if shape == "gemma3" else "<|image_pad|>"
+    ids = list(proc.tokenizer.encode(f"a {mark} b {mark} c", add_special_tokens=False))
+    prompt = model.expand_media(ids, [image(4), image(5)], {})
+    features = FeatureCache(4)
+    ours = model.media_embeddings(prompt, features)
+    arrays = {k: mx.array(v) for k, v in prompt.inputs.items() if k != "rule"}
+    pixels = arrays.pop("pixel_values")
+    ids = mx.array(prompt.token_ids)[None]
+    theirs = model.model.get_input_embeddings(ids, pixels, mask=mx.ones(ids.shape),
+                                              **arrays).inputs_embeds
+    assert ours.shape == theirs.shape
+    assert mx.allclose(ours, theirs, atol=1e-4).item()
+    assert (features.misses, features.hits) == (2, 0)
+    model.media_embeddings(prompt, features)
+    assert (features.misses, features.hits) == (2, 2)
+
+
+def _mlx_vlm_greedy(model, prompt, n):
+    """mlx-vlm's own generate loop, greedy, on the expanded prompt."""
+    from mlx_vlm.generate.ar import generate_step
+
+    arrays = {k: mx.array(v) for k, v in prompt.inputs.items() if k != "rule"}
+    pixels = arrays.pop("pixel_values")
+    out = []
+    for token, _ in generate_step(mx.array(prompt.token_ids)[None], model.model, pixels,
+                                  None, max_tokens=n, temperature=0.0, **arrays):
+        out.append(int(token))
+        if len(out) == n:
+            break
+    return out
+
+
+def test_image_rows_batched_equal_solo_and_mlx_vlms_own(qwen):
+    """Greedy tokens of image rows decoded beside text rows (and beside each other) equal
+    each row alone and, for the image rows, mlx-vlm's own generate loop: the rows' M-RoPE
+    shifts stay with them in the batch."""
+    path, model, ids = qwen
+    prompts = [model.expand_media(ids, [image(seed)], {}) for seed in (6, 7)]
+    reqs = [request(p.token_ids, max_tokens=10, media=p,
+                    media_digests=p.digest_positions()) for p in prompts]
+    text = [request(ids[:-3] + [40 + i, 41, 42], max_tokens=10) for i in range(3)]
+    everything = [text[0], reqs[0], text[1], reqs[1], text[2]]
+    alone = solo_tokens(path, everything)
+    engine = engine_for(path, parallel=5, chunk=16)
+    try:
+        together = [tokens for tokens, _ in run(engine, everything)]
+    finally:
+        engine.shutdown()
+    assert together == alone
+    for prompt, tokens in zip(prompts, (alone[1], alone[3]), strict=True):
+        assert tokens == _mlx_vlm_greedy(model, prompt, 10)
+
+
+def test_a_repeated_image_hits_both_caches_and_another_misses(qwen):
+    path, model, ids = qwen
+    first, other = (model.expand_media(ids, [image(s)], {}) for s in (8, 9))
+    engine = engine_for(path, parallel=2, cache=True, chunk=16)
+    try:
+        def ask(prompt):
+            req = request(prompt.token_ids, max_tokens=4, media=prompt,
+                          media_digests=prompt.digest_positions())
+            return run(engine, [req])[0]
+        tokens, last = ask(first)
+        again, last_again = ask(first)
+        _, last_other = ask(other)
+        features = engine.worker.features
+    finally:
+        engine.shutdown()
+    start = first.spans[0][0]
+    assert again == tokens
+    assert last_again.usage.cached_tokens > start + first.spans[0][1]
+    assert last_other.usage.cached_tokens <= start
+    assert features.hits >= 1 and features.misses == 2
