@@ -8,6 +8,9 @@ kind supports), with the tokens of a cold run. Core's own families pass it
 (``core/tests/test_conformance.py``); a family distribution's test calls it on a tiny
 checkpoint of its types. Each check raises ``AssertionError`` naming what failed.
 
+``check_media_model(checkpoint, items, token_ids)``: a ``generate`` decoder's media
+contract (``mlxcel.families.media``) on a prompt with placeholders for ``items``.
+
 Side tasks: ``check_embedder`` and ``check_reranker`` (``mlxcel.testing.task_conformance``,
 re-exported here). Tool formats: ``check_tool_format`` and ``check_text_values``
 (``mlxcel.testing.tool_conformance``, re-exported here); forced-call grammars:
@@ -187,3 +190,46 @@ def check_grammar(grammar: Any, vocabulary: Any, cache_dir: Any, parameters: dic
     small, large = (len(grammar(tuple(tool(f"tool_{i}", parameters) for i in range(n)),
                                 "required").pattern) for n in (8, 64))
     assert large < 8 * small + 8 * 64 and large < MAX_PATTERN_BYTES // 4, (small, large)
+
+
+def check_media_model(checkpoint: Any, items: list[Any], token_ids: list[int]) -> None:
+    """Run the media contract's checks (``mlxcel.families.media``) on ``checkpoint``'s
+    decoder: ``token_ids`` is a rendered prompt holding one placeholder per item of
+    ``items`` (decoded items, e.g. ``mlxcel.media.image.decode`` of PNG bytes).
+
+    The expansion's spans, digests and growth agree with its ids; the embeddings and
+    positions cover the whole prompt; an image row's greedy tokens batched beside a text
+    row equal the same request alone; the same prompt again reuses the prompt cache past
+    its items."""
+    from mlxcel.engine.cache.entries import BLOCK_SIZE
+    from mlxcel.engine.media_rows import FeatureCache
+    from mlxcel.families.media import media_kinds
+
+    engine = engine_for(checkpoint, parallel=2, chunk=16, cache=1 << 26)
+    try:
+        model = engine.worker.checkpoint.model
+        assert "image" in media_kinds(model), "the decoder lacks a media contract member"
+        prompt = model.expand_media(list(token_ids), items, {})
+        ids = prompt.token_ids
+        assert len(prompt.spans) == len(items) == len(prompt.digests) == len(prompt.grown)
+        assert len(ids) == len(token_ids) + sum(added for _, added in prompt.grown)
+        assert [d for _, d in prompt.digest_positions()] == [i.digest for i in items]
+        for start, length in prompt.spans:
+            assert 0 <= start and start + length <= len(ids) and length > 0
+        positions, _ = model.media_positions(prompt)
+        embeds = model.media_embeddings(prompt, FeatureCache(4))
+        assert embeds.shape[:2] == (1, len(ids)), f"embeddings {embeds.shape} for {len(ids)}"
+        assert positions is None or positions.shape[-1] == len(ids)
+        image = request(ids, 6, media=prompt, media_digests=prompt.digest_positions())
+        text = request(list(token_ids), 6)
+        together = [out for out, _ in run(engine, [image, text])]
+        _, again = run(engine, [image])[0]
+    finally:
+        engine.shutdown()
+    assert together == solo_tokens(checkpoint, [image, text]), \
+        "an image row batched beside a text row differs from the two alone"
+    whole = (len(ids) - 1) // BLOCK_SIZE * BLOCK_SIZE  # the prompt's whole blocks
+    assert whole > max(s + n for s, n in prompt.spans), \
+        "give a prompt with a whole 16-token block of text after its items"
+    assert again.usage.cached_tokens >= whole, \
+        "the same image prompt again did not reuse the cache past its items"
