@@ -31,7 +31,7 @@ from mlxcel.chat.structured import compile_constraint, tool_constraint
 from mlxcel.context import AppContext
 from mlxcel.dialects.prepare import prepare_for
 from mlxcel.dialects.wire import record_usage, unless_disconnected
-from mlxcel.errors import InvalidRequest
+from mlxcel.errors import CapabilityNotSupported, InvalidRequest
 from mlxcel.families.media import media_kinds
 from mlxcel.media.api import MediaLimits
 from mlxcel.media.fetch import FetchPolicy
@@ -143,6 +143,9 @@ async def gather_media(ctx: AppContext, prompt: PromptRequest) -> MediaInput | N
     if not parts:
         return None
     settings = ctx.settings
+    if settings.distributed != "off":  # the other ranks see a row's tokens only
+        raise CapabilityNotSupported(f"media input is not supported with --distributed: "
+                                     f"{parts[0][0]} is media", param=parts[0][0])
     check_media(parts, media_kinds(ctx.checkpoint.model), settings.max_images)
     fetched = await fetch_media(parts, FetchPolicy.from_settings(settings))
     return MediaInput(fetched, ctx.plugins.media_decoders, MediaLimits.of(settings),
