@@ -74,11 +74,11 @@ def test_image_prompt_tokens_count_the_images_tokens(client):
 
 
 def test_a_cancelled_image_row_frees_its_slot(vlm_checkpoint):
-    from mlxcel_family_vlm.load import decoder, load
     from mlxcel.families.api import LoadOptions
     from mlxcel.media.api import MediaLimits
     from mlxcel.media.image import decode
     from mlxcel.types.media import MediaBlob
+    from mlxcel_family_vlm.load import decoder, load
 
     path = vlm_checkpoint("qwen2_vl")
     model = decoder(load(path, LoadOptions()))
