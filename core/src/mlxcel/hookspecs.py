@@ -43,9 +43,12 @@ def mlxcel_register_families(registry: FamilyRegistry) -> None:
     engine can shard the model before its weights are read. A generating family may give
     its models' defaults: a tool format, a ``ReasoningSpec`` (how answers mark reasoning:
     ``<think>`` blocks, a labelled channel, harmony messages; without one the chat layer
-    detects it from the template), a loop policy and a batch cache. What a family must
-    pass: ``mlxcel.testing.conformance.check_family`` (``generate``), ``check_embedder``
-    and ``check_reranker`` (the side tasks' runners).
+    detects it from the template), a loop policy and a batch cache. A ``generate`` model
+    that takes images implements the media contract (``mlxcel.families.media``: expand
+    the prompt's placeholders, positions, input embeddings). What a family must pass:
+    ``mlxcel.testing.conformance.check_family`` (``generate``), ``check_media_model``
+    (the media contract), ``check_embedder`` and ``check_reranker`` (the side tasks'
+    runners).
     """
 
 
