@@ -11,7 +11,8 @@ after ``load``; core then drives the runner through the engine's job lane:
   state.
 
 Rows of a batch have different lengths: a runner pads them itself (with its attention
-mask), since only it knows its pad id and what padding means to its pooling.
+mask), since only it knows its pad id and what padding means to its pooling. The speech
+tasks' runners (``transcribe``, ``speak``) are in ``mlxcel.families.speech``.
 """
 
 from __future__ import annotations
