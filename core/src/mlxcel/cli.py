@@ -21,7 +21,7 @@ from mlxcel.options import (  # noqa: F401 (OPTIONS re-exported)
     env_default,
     ignored_notes,
 )
-from mlxcel.settings import Settings
+from mlxcel.settings import SIDE_FLAGS, Settings
 
 
 def _fail(message: str) -> int:
@@ -126,10 +126,10 @@ def _prepare_model(settings: Settings) -> Settings:
         return msgspec.structs.replace(settings, model=str(path),
                                        alias=settings.alias or "mlxcel-demo")
     if not settings.model:
-        if settings.embedding_model or settings.reranker_model:
+        if any(getattr(settings, field) for _, field in SIDE_FLAGS):
             return settings
         raise StartupError("no model given: pass --model PATH_OR_HF_ID (or --demo, "
-                           "--embedding-model, --reranker-model)")
+                           "--embedding-model, --reranker-model, --stt-model, --tts-model)")
     path = _check_main_model(settings, plugins)
     alias = settings.alias or settings.model.rstrip("/").split("/")[-1]
     return msgspec.structs.replace(settings, model=str(path), alias=alias)
@@ -168,12 +168,12 @@ def _check_main_model(settings: Settings, plugins: Any) -> Any:
 
 
 def _prepare_sides(settings: Settings, plugins: Any) -> Settings:
-    """--embedding-model / --reranker-model resolved to local directories and checked
-    for their task (one line naming the model and the distribution to install)."""
+    """The side models' flags (``engines.SIDE_FLAGS``) resolved to local directories and
+    checked for their task (one line naming the model and the distribution to install)."""
     from mlxcel.model.loader import check_task_model, resolve_model_path
 
     changes = {}
-    for field, task in (("embedding_model", "embed"), ("reranker_model", "rerank")):
+    for task, field in SIDE_FLAGS:
         model = getattr(settings, field)
         if model:
             path = str(resolve_model_path(model))
@@ -185,7 +185,8 @@ def _prepare_sides(settings: Settings, plugins: Any) -> Settings:
 POSITIVE = ("parallel", "prefill_chunk_size", "max_queue_depth", "max_connections",
             "idle_timeout", "body_timeout", "timeout", "shutdown_timeout",
             "grammar_compile_timeout", "distributed_timeout", "embedding_batch_size",
-            "embedding_queue_depth", "embedding_request_timeout_secs", "rerank_batch_size")
+            "embedding_queue_depth", "embedding_request_timeout_secs", "rerank_batch_size",
+            "audio_queue_depth", "audio_request_timeout_secs")
 
 
 def check_limits(settings: Settings) -> None:

@@ -20,8 +20,11 @@ from mlxcel.settings import Settings
 TASK_ROUTES = {"generate": ("/v1/chat/completions", "/v1/completions", "/v1/responses",
                             "/v1/messages", "/completion"),
                "embed": ("/v1/embeddings", "/embedding", "/embeddings"),
-               "rerank": ("/v1/rerank", "/v1/reranking", "/rerank", "/reranking")}
-CAPABILITIES = {"generate": "completion", "embed": "embedding", "rerank": "rerank"}
+               "rerank": ("/v1/rerank", "/v1/reranking", "/rerank", "/reranking"),
+               "transcribe": ("/v1/audio/transcriptions", "/v1/audio/translations"),
+               "speak": ("/v1/audio/speech",)}
+CAPABILITIES = {"generate": "completion", "embed": "embedding", "rerank": "rerank",
+                "transcribe": "transcription", "speak": "speech"}
 
 
 class NoChatModel:

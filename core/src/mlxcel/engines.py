@@ -16,7 +16,7 @@ from mlxcel.engine.lanes import LaneClient, LaneLimits
 from mlxcel.engine.side import SideEngine
 from mlxcel.families.tasks import TaskOptions
 from mlxcel.plugins import Plugins
-from mlxcel.settings import MODES, Settings
+from mlxcel.settings import MODES, SIDE_FLAGS, Settings
 
 
 def prompt_cache_from(settings: Settings) -> PromptCache:
@@ -33,8 +33,16 @@ def display_name(model: str) -> str:
     return Path(model.rstrip("/")).name or model
 
 
+AUDIO_TASKS = ("transcribe", "speak")
+AUDIO_BATCH = 4  # transcriptions or utterances one speech call takes
+
+
 def lane_limits(settings: Settings, task: str) -> LaneLimits:
     """A side task's queue depth, timeout and batch size, from its flags."""
+    if task in AUDIO_TASKS:
+        return LaneLimits(depth=settings.audio_queue_depth,
+                          timeout_s=settings.audio_request_timeout_secs,
+                          batch_items=AUDIO_BATCH)
     batch = settings.rerank_batch_size if task == "rerank" else settings.embedding_batch_size
     return LaneLimits(depth=settings.embedding_queue_depth,
                       timeout_s=settings.embedding_request_timeout_secs,
@@ -46,8 +54,8 @@ def plan_models(settings: Settings, plugins: Plugins) -> tuple[str | None, dict[
     checkpoint ``generate``, an embedder ``embed``); ``--embeddings`` / ``--reranking``
     restrict the process to those tasks, ``-m`` serving the first whose own flag is
     unset."""
-    sides = {task: model for task, model in (("embed", settings.embedding_model),
-                                             ("rerank", settings.reranker_model)) if model}
+    sides = {task: getattr(settings, field) for task, field in SIDE_FLAGS
+             if getattr(settings, field)}
     modes = [task for task, toggle in MODES.items() if getattr(settings, toggle)]
     main = settings.model
     if main is None:

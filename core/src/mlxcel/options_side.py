@@ -1,5 +1,5 @@
-"""The side models' rows of the options table (``mlxcel.options``): the embedding and
-reranker models beside the chat model, the serving modes that restrict the process to them,
+"""The side models' rows of the options table (``mlxcel.options``): the embedding,
+reranker, speech-to-text and text-to-speech models beside the chat model, the serving modes that restrict the process to them,
 and their pooling, normalization, batching and queue limits. Row format as the table's:
 (flags, dest, type, default, env twin, help[, llama kind[, second env twin]])."""
 
@@ -44,4 +44,15 @@ SIDE_ROWS: tuple[tuple[Any, ...], ...] = (
      "seconds an embedding (or rerank) request may wait and run; then 504"),
     (("--rerank-batch-size",), "rerank_batch_size", int, 8, "MLXCEL_RERANK_BATCH_SIZE",
      "most (query, document) pairs one rerank forward takes"),
+    (("--stt-model",), "stt_model", str, None, "MLXCEL_STT_MODEL",
+     "a speech-to-text model (Whisper) served beside the chat model "
+     "(/v1/audio/transcriptions, /v1/audio/translations); needs mlxcel-family-whisper"),
+    (("--tts-model",), "tts_model", str, None, "MLXCEL_TTS_MODEL",
+     "a text-to-speech model (Kokoro) served beside the chat model (/v1/audio/speech); "
+     "needs mlxcel-family-kokoro"),
+    (("--audio-queue-depth",), "audio_queue_depth", int, 8, "MLXCEL_AUDIO_QUEUE_DEPTH",
+     "transcription and speech requests queued at once, per model; more get 503"),
+    (("--audio-request-timeout-secs",), "audio_request_timeout_secs", float, 120.0,
+     "MLXCEL_AUDIO_REQUEST_TIMEOUT_SECS",
+     "seconds a transcription or speech request may wait and run; then 504"),
 )

@@ -19,6 +19,9 @@ from mlxcel.types import LoopPolicy
 
 # side task -> the Settings toggle that restricts the process to it (--embeddings, ...)
 MODES = {"embed": "embeddings", "rerank": "reranking"}
+# side task -> its model's flag (mlxcel.engines)
+SIDE_FLAGS = (("embed", "embedding_model"), ("rerank", "reranker_model"),
+              ("transcribe", "stt_model"), ("speak", "tts_model"))
 SETTINGS_ENV = "MLXCEL_SETTINGS_JSON"  # how the CLI hands settings to the Granian worker
 FAILURE_ENV = "MLXCEL_FAILURE_FILE"  # where the worker leaves a fatal error for the CLI
 
@@ -124,6 +127,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     embedding_queue_depth: int = 8
     embedding_request_timeout_secs: float = 120.0
     rerank_batch_size: int = 8
+    stt_model: str | None = None  # transcribe (mlxcel.families.speech)
+    tts_model: str | None = None  # speak
+    audio_queue_depth: int = 8
+    audio_request_timeout_secs: float = 120.0
     # media input (mlxcel.options_media): local roots, the address guard, the limits
     media_path: tuple[str, ...] = ()  # resolved roots; empty: local media files refused
     allow_private_media_urls: bool = False  # MLXCEL_ALLOW_PRIVATE_MEDIA_URLS
