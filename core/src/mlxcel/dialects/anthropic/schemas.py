@@ -28,6 +28,8 @@ class CountTokensRequest(msgspec.Struct, kw_only=True):
     chat_template_kwargs: dict[str, Any] | None = None
     extra_body: dict[str, Any] | None = None
     cache_prompt: bool | None = None  # false: no prompt-cache reuse, no thinking memory
+    max_soft_tokens: Any = None  # media knobs (``dialects.media_options``), checked there
+    mm_processor_kwargs: Any = None
 
 
 class MessagesRequest(CountTokensRequest, kw_only=True):

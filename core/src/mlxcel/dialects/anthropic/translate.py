@@ -18,6 +18,7 @@ import msgspec
 
 from mlxcel.chat.prompt import pick_template_kwargs
 from mlxcel.chat.request import MAX_STOP_STRINGS, stop_strings
+from mlxcel.dialects.media_options import media_options
 from mlxcel.dialects.turn import TurnOptions
 from mlxcel.errors import InvalidRequest
 from mlxcel.types import messages as mt
@@ -278,7 +279,7 @@ def prompt_request(body: CountTokensRequest, recall: Recall | None = None) -> mt
                    "'tools'", "tool_choice")
     return mt.PromptRequest(messages=tuple(messages), tools=tools, tool_choice=choice,
                             template_kwargs=_template_kwargs(body),
-                            continue_final_message=prefill)
+                            continue_final_message=prefill, media_options=media_options(body))
 
 
 def turn_options(body: MessagesRequest) -> TurnOptions:

@@ -26,9 +26,11 @@ from mlxcel.chat.request import (
 )
 from mlxcel.context import AppContext
 from mlxcel.dialects.prepare import check_token_ids, encode_prompt
-from mlxcel.errors import CapabilityNotSupported, ContextLengthExceeded, InvalidRequest
+from mlxcel.errors import ContextLengthExceeded, InvalidRequest
 from mlxcel.types import GenerationRequest, ReasoningLimit, SamplingParams
+from mlxcel.types.media import MediaPrompt
 
+from .media import RawMedia, expanded
 from .schemas import CompletionRequest, NativeFields
 
 # SamplingParams field -> llama-server's request field
@@ -116,9 +118,8 @@ def mixed_tokens(engine: Any, pieces: list[Any], param: str, bos: bool,
 
 
 def _prompt_text(prompt: dict[str, Any], param: str) -> str:
-    if prompt.get("multimodal_data"):
-        raise CapabilityNotSupported("the loaded model accepts text only; "
-                                     f"'{param}' has multimodal_data", param=param)
+    """An object prompt's text; its ``multimodal_data`` (``media``) is read by
+    ``native_prompt``, never here."""
     text = prompt.get("prompt_string")
     if not isinstance(text, str):
         raise InvalidRequest(f"'{param}' as an object needs a string 'prompt_string'",
@@ -142,6 +143,18 @@ def prompt_tokens(engine: Any, prompt: Any, param: str = "prompt") -> list[int]:
             raise InvalidRequest(f"'{param}' is empty", param=param)
         ids = [tok.hf.token_to_id(tok.bos_token)]
     return fits(engine, ids, param)
+
+
+def native_prompt(ctx: AppContext, prompt: Any, raw: RawMedia | None,
+                  options: dict[str, Any]) -> tuple[list[int], MediaPrompt | None]:
+    """One prompt's token ids and, for the multimodal form (``raw``, checked by
+    ``media.gather``), its images expanded (blocking work: run it through ``prepare``)."""
+    engine = ctx.engine
+    if raw is None:
+        return prompt_tokens(engine, prompt), None
+    found = expanded(ctx, raw, options,
+                     lambda text, param: mixed_tokens(engine, [text], param, bos=True))
+    return fits(engine, list(found.token_ids), raw.param), found
 
 
 def fits(engine: Any, ids: list[int], param: str) -> list[int]:
@@ -230,8 +243,9 @@ def _limit(ckpt: Any, prompt: list[int], budget: int) -> ReasoningLimit | None:
 
 
 def native_plan(ctx: AppContext, body: NativeFields, prompt: list[int], request_id: str,
-                priority: int) -> Plan:
-    """Validate the request's generation fields and build what the engine runs."""
+                priority: int, media: MediaPrompt | None = None) -> Plan:
+    """Validate the request's generation fields and build what the engine runs
+    (``media``: the prompt's images, expanded)."""
     engine = ctx.engine
     ckpt = ctx.checkpoint
     defaults = server_sampling_defaults(ckpt, ctx.settings)
@@ -250,7 +264,8 @@ def native_plan(ctx: AppContext, body: NativeFields, prompt: list[int], request_
         max_tokens=engine.fit(len(prompt), wanted), sampling=sampling,
         stop=stop_strings(body.stop), ignore_eos=body.ignore_eos, priority=priority,
         loop=loop, cache_prompt=body.cache_prompt is not False,
-        reasoning_limit=_limit(ckpt, prompt, budget))
+        reasoning_limit=_limit(ckpt, prompt, budget), media=media,
+        media_digests=media.digest_positions() if media is not None else ())
     return Plan(req, n_predict, n_predict == 0, n_probs, budget if budget >= 0 else None)
 
 

@@ -12,6 +12,7 @@ from litestar import Request, Response, get, post
 from mlxcel.chat.prompt import render_chat
 from mlxcel.chat.request import SEED_UNSET, server_sampling_defaults
 from mlxcel.context import AppContext
+from mlxcel.dialects.media_options import media_options
 from mlxcel.dialects.openai.schemas import ChatCompletionRequest
 from mlxcel.dialects.openai.translate import prompt_request
 from mlxcel.dialects.prepare import check_fits, check_token_ids, prepare_for
@@ -19,8 +20,8 @@ from mlxcel.dialects.wire import decode_body
 from mlxcel.errors import CapabilityNotSupported, InvalidRequest, MlxcelError
 from mlxcel.model.tokenizer import TooManyTokens
 
-from . import retrieval
-from .completion import body_prompts, n_predict_of, prompt_tokens, refuse_unsupported
+from . import media, retrieval
+from .completion import body_prompts, n_predict_of, native_prompt, refuse_unsupported
 from .infill import answer_reserve, fim_markers, infill_prompt
 from .run import respond
 from .schemas import CompletionRequest, DetokenizeRequest, InfillRequest, TokenizeRequest
@@ -115,8 +116,12 @@ def generation_routes(ctx: AppContext) -> list[Any]:
         body = await decode_body(request, CompletionRequest)
         refuse_unsupported(body)
         prompts = body_prompts(body, max(1, engine.parallel))
-        ids = await prepare_for(request, lambda: [prompt_tokens(engine, p) for p in prompts])
-        return await respond(ctx, request, body, ids)
+        options = media_options(body)
+        raws = media.gather(ctx, prompts)  # 501 / 400 before anything is decoded
+        done = await prepare_for(request, lambda: [
+            native_prompt(ctx, p, raw, options) for p, raw in zip(prompts, raws, strict=True)])
+        return await respond(ctx, request, body, [ids for ids, _ in done],
+                             media=[found for _, found in done])
 
     @post("/infill", status_code=200)
     async def infill(request: Request) -> Any:
@@ -132,13 +137,16 @@ def generation_routes(ctx: AppContext) -> list[Any]:
     @post("/apply-template", status_code=200)
     async def apply_template(request: Request) -> dict[str, Any]:
         """The chat prompt as ``/v1/chat/completions`` would render it (the same wire
-        format, read by the OpenAI dialect's schema), without generating."""
+        format, read by the OpenAI dialect's schema), without generating; each image is
+        a ``<__media__>`` marker, as llama-server answers (``media.with_markers``)."""
         ctx.require_chat()
         body = await decode_body(request, ChatCompletionRequest)
+        prompt = await prepare_for(request, lambda: prompt_request(body))
+        images = media.template_media(ctx, prompt)  # 501 on a text-only model
         text = await prepare_for(request, lambda: render_chat(
-            prompt_request(body), ctx.checkpoint.template,
-            ctx.settings.chat_template_kwargs))
-        return {"prompt": text}
+            prompt, ctx.checkpoint.template, ctx.settings.chat_template_kwargs,
+            media=bool(images)))
+        return {"prompt": media.with_markers(ctx, text, images)}
 
     return [completion, infill, apply_template]
 
@@ -214,6 +222,7 @@ def build(ctx: AppContext) -> list[Any]:
             "chat_template_caps": ckpt.template.caps.wire(),
             "n_ctx": engine.context_size,
             "capabilities": ctx.capabilities(),
+            **media.props(ckpt.model),
             **distributed_info(engine),
         }
 

@@ -22,6 +22,7 @@ from mlxcel.dialects.wire import (
     unless_disconnected,
 )
 from mlxcel.types import Finish, Usage
+from mlxcel.types.media import MediaPrompt
 
 from .completion import Plan, generation_settings, native_plan
 from .schemas import NativeFields
@@ -49,12 +50,14 @@ class _Run:
 
 
 def _submit(ctx: AppContext, request: Request, body: NativeFields,
-            prompts: list[list[int]], truncated: bool) -> list[_Run]:
+            prompts: list[list[int]], truncated: bool,
+            media: list[MediaPrompt | None] | None) -> list[_Run]:
     """Every prompt's plan first (a 400 submits nothing), then each submitted; a refusal
     (503) cancels the ones already admitted."""
     priority = request_priority(request)
-    plans = [native_plan(ctx, body, ids, f"cmpl-{uuid.uuid4().hex[:24]}", priority)
-             for ids in prompts]
+    images = media if media is not None else [None] * len(prompts)
+    plans = [native_plan(ctx, body, ids, f"cmpl-{uuid.uuid4().hex[:24]}", priority, found)
+             for ids, found in zip(prompts, images, strict=True)]
     runs: list[_Run] = []
     try:
         for i, plan in enumerate(plans):
@@ -84,9 +87,11 @@ def _record(request: Request, usages: list[Usage | None]) -> None:
 
 
 async def respond(ctx: AppContext, request: Request, body: NativeFields,
-                  prompts: list[list[int]], truncated: bool = False) -> Any:
-    """The response to a native completion of ``prompts`` (token ids, already checked)."""
-    runs = _submit(ctx, request, body, prompts, truncated)
+                  prompts: list[list[int]], truncated: bool = False,
+                  media: list[MediaPrompt | None] | None = None) -> Any:
+    """The response to a native completion of ``prompts`` (token ids, already checked;
+    ``media``: each prompt's images, expanded, or None)."""
+    runs = _submit(ctx, request, body, prompts, truncated, media)
     if body.stream:
         run = runs[0]
         return SSEResponse(stream_answer(request, run.watch, run.machine, run.encoder))

@@ -43,8 +43,11 @@ class NativeFields(GenerationFields, kw_only=True):
 
 
 class CompletionRequest(NativeFields, kw_only=True):
-    # a string, token ids, ids mixed with strings, {"prompt_string": ...}, or a list of those
+    # a string, token ids, ids mixed with strings, {"prompt_string": ...} (with
+    # "multimodal_data": see ``media``), or a list of those
     prompt: str | list[Any] | dict[str, Any]
+    max_soft_tokens: Any = None  # media knobs (``dialects.media_options``), checked there
+    mm_processor_kwargs: Any = None
 
 
 class ExtraChunk(msgspec.Struct, kw_only=True):

@@ -24,6 +24,8 @@ from mlxcel.dialects.wire import (
     request_priority,
     stream_answer,
 )
+from mlxcel.errors import MlxcelError
+from mlxcel.families.media import media_kinds
 from mlxcel.types.messages import PromptInput
 
 from . import embeddings
@@ -54,6 +56,17 @@ def _head(ctx: AppContext, body: s.SamplingFields, rid: str) -> tuple[Any, ...]:
 
 def _include_usage(body: s.SamplingFields) -> bool:
     return body.stream_options is not None and body.stream_options.include_usage
+
+
+def chat_capabilities(ctx: AppContext) -> list[str]:
+    """The chat model's ``capabilities`` entry: ``completion``, and ``multimodal`` where
+    it takes media (llama-server's word, which its clients check before sending images);
+    while it loads, ``completion`` only."""
+    try:
+        kinds = media_kinds(ctx.checkpoint.model)
+    except MlxcelError:
+        kinds = ()
+    return ["completion", "multimodal"] if kinds else ["completion"]
 
 
 def build(ctx: AppContext) -> list[Any]:
@@ -110,7 +123,7 @@ def build(ctx: AppContext) -> list[Any]:
         """Each model the server holds, with what it serves (``capabilities``): the chat
         model under each of its names (``--alias a,b``), then the side models."""
         names = (ctx.settings.aliases() or (ctx.model_name,)) if ctx.has_chat else ()
-        entries = [(name, ["completion"]) for name in names] + [
+        entries = [(name, chat_capabilities(ctx)) for name in names] + [
             (side.name, [CAPABILITIES.get(task, task)]) for task, side in ctx.sides.items()]
         return Response({"object": "list", "data": [
             {"id": name, "object": "model", "created": ctx.created, "owned_by": "user",

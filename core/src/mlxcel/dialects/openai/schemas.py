@@ -48,6 +48,9 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     extra_body: dict[str, Any] | None = None
     add_generation_prompt: bool | None = None  # None: true, unless continuing (vLLM's rule)
     continue_final_message: bool = False
+    # media knobs (``dialects.media_options``), checked there
+    max_soft_tokens: Any = None
+    mm_processor_kwargs: Any = None
 
 
 class CompletionRequest(SamplingFields, kw_only=True):

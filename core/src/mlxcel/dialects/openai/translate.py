@@ -15,6 +15,7 @@ from mlxcel.chat.request import (
 )
 from mlxcel.context import AppContext
 from mlxcel.dialects.jsondepth import call_arguments
+from mlxcel.dialects.media_options import media_options
 from mlxcel.dialects.prepare import check_token_ids, encode_prompt
 from mlxcel.dialects.turn import TurnOptions
 from mlxcel.errors import InvalidRequest
@@ -160,7 +161,7 @@ def prompt_request(body: ChatCompletionRequest) -> PromptRequest:
         tool_choice=_tool_choice(body.tool_choice),
         template_kwargs=pick_template_kwargs(body.chat_template_kwargs, body.extra_body),
         add_generation_prompt=body.add_generation_prompt,
-        continue_final_message=body.continue_final_message)
+        continue_final_message=body.continue_final_message, media_options=media_options(body))
 
 
 def completion_prompt(ctx: AppContext, body: CompletionRequest) -> list[int]:

@@ -44,12 +44,31 @@ def _part(part: Any, where: str) -> dict[str, Any]:
         _string(part, "text", where)
     elif kind == "refusal":
         _string(part, "refusal", where)
+    elif kind == "input_image":
+        return _image(part, where)
     elif kind == "input_file":
         raise InvalidRequest(f"'{where}': 'input_file' parts are not supported; send the "
                              "file's text as 'input_text'", param=f"{where}.type")
-    elif kind not in ("input_image", "input_audio"):
+    elif kind != "input_audio":
         raise _fail("has an unknown content part type", f"{where}.type")
     return part
+
+
+def _image(part: dict[str, Any], where: str) -> dict[str, Any]:
+    """``input_image``: ``image_url`` (a URL or a data: URI; chat completions' ``{"url":
+    ...}`` is read too) as a string; ``detail`` is accepted and changes nothing (the
+    model's processor sizes the image). A ``file_id`` names an upload of OpenAI's Files
+    API, which this server does not have: 400, never a silent text-only turn."""
+    if part.get("file_id") is not None:
+        raise InvalidRequest(f"'{where}.file_id': file ids are not supported (this server "
+                             "has no Files API); send the image as 'image_url', a URL or "
+                             "a data: URI", param=f"{where}.file_id")
+    url = part.get("image_url")
+    if isinstance(url, dict):
+        url = url.get("url")
+    if not isinstance(url, str) or not url:
+        raise _fail("must be a URL or a data: URI string", f"{where}.image_url")
+    return {**part, "image_url": url}
 
 
 def _content(value: Any, role: str, where: str) -> list[dict[str, Any]]:

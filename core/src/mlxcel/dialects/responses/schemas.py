@@ -30,6 +30,8 @@ class Sampling(msgspec.Struct, kw_only=True):
     thinking_budget: int | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     extra_body: dict[str, Any] | None = None
+    max_soft_tokens: Any = None  # media knobs (``dialects.media_options``), checked there
+    mm_processor_kwargs: Any = None
 
 
 class History(Sampling, kw_only=True):

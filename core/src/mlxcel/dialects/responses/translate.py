@@ -9,6 +9,7 @@ from typing import Any
 
 from mlxcel.chat.prompt import pick_template_kwargs
 from mlxcel.chat.request import REASONING_BUDGET_ALIASES, SAMPLING_DEFAULTS, reasoning_budget
+from mlxcel.dialects.media_options import media_options
 from mlxcel.dialects.turn import TurnOptions
 from mlxcel.errors import InvalidRequest
 from mlxcel.types.constraints import Constraint, JsonSchemaConstraint
@@ -108,7 +109,8 @@ def prompt_request(body: Sampling, instructions: str | None, history: list[Messa
         if instructions else []
     return PromptRequest(
         messages=(*lead, *history), tools=tools, tool_choice=tool_choice,
-        template_kwargs=pick_template_kwargs(body.chat_template_kwargs, body.extra_body))
+        template_kwargs=pick_template_kwargs(body.chat_template_kwargs, body.extra_body),
+        media_options=media_options(body))
 
 
 def compact_threshold(value: list[Any] | None) -> int | None:
