@@ -22,6 +22,9 @@ MEDIA_KINDS: tuple[str, ...] = ("image", "video", "audio")
 # the default decoded-pixel bound: Pillow's own decompression-bomb threshold
 MAX_PIXELS = 1024 * 1024 * 1024 // 4 // 3
 MAX_SIDE = 16384  # --max-image-width / --max-image-height's default
+MAX_SECONDS = 600.0  # audio: the spec's limits
+MAX_CHANNELS = 8
+MAX_SAMPLE_RATE = 192_000
 
 
 class MediaLimits(msgspec.Struct, frozen=True, kw_only=True):
@@ -34,6 +37,10 @@ class MediaLimits(msgspec.Struct, frozen=True, kw_only=True):
     max_width: int = MAX_SIDE
     max_height: int = MAX_SIDE
     max_pixels: int = MAX_PIXELS
+    # audio: the spec's bounds, checked on what the stream's header declares
+    max_seconds: float = MAX_SECONDS
+    max_channels: int = MAX_CHANNELS
+    max_sample_rate: int = MAX_SAMPLE_RATE
 
     @classmethod
     def of(cls, settings: Any) -> MediaLimits:
@@ -121,3 +128,20 @@ def check_image_size(width: int, height: int, limits: MediaLimits) -> None:
     if width * height > limits.max_pixels:
         raise MediaRefused(f"the image is {width}x{height} ({width * height} pixels), over "
                            f"the limit of {limits.max_pixels} decoded pixels per image")
+
+
+def check_audio_info(channels: int, sample_rate: int, seconds: float,
+                     limits: MediaLimits) -> None:
+    """Refuse audio whose declared channels, rate or duration is over ``limits``; an
+    audio decoder calls it with what the stream's header says, before decoding."""
+    if channels <= 0 or sample_rate <= 0:
+        raise MediaRefused("the audio declares no channels or no sample rate")
+    if channels > limits.max_channels:
+        raise MediaRefused(f"the audio has {channels} channels, over the limit of "
+                           f"{limits.max_channels}")
+    if sample_rate > limits.max_sample_rate:
+        raise MediaRefused(f"the audio's sample rate is {sample_rate} Hz, over the limit "
+                           f"of {limits.max_sample_rate} Hz")
+    if seconds > limits.max_seconds:
+        raise MediaRefused(f"the audio lasts {seconds:.0f} s, over the limit of "
+                           f"{limits.max_seconds:.0f} s")
