@@ -1,8 +1,10 @@
 """The entry point: register the ``gemma4`` family and tool format. Heavy code is named.
 
 mlxcel imports this module at every start-up, so it imports only mlxcel's contracts; the
-loader (core's text family kit, ``mlxcel.families.text``: mlx-lm 0.32 implements
-``gemma4`` and ``gemma4_text``) and the parser are ``"module:attr"`` strings, imported on first use.
+loader (``load``: mlx-vlm's model where the checkpoint has a vision tower and the
+``vision`` extra is installed, else core's text family kit, ``mlxcel.families.text``, as
+mlx-lm 0.32 implements ``gemma4`` and ``gemma4_text``) and the parser are
+``"module:attr"`` strings, imported on first use.
 """
 
 from mlxcel import hookimpl
@@ -41,12 +43,13 @@ def mlxcel_register_tool_formats(registry):
 @hookimpl
 def mlxcel_register_families(registry):
     # batch_cache stays None: Gemma 4's rotating and full KV caches have mlx-lm's merge,
-    # so the engine's mixed path batches them (mlxcel.engine.mixed_batch.cache_path).
+    # so the engine's mixed path batches them (mlxcel.engine.mixed_batch.cache_path); the
+    # vision decoder makes mlx-lm's caches too (mlxcel_family_gemma4.vision).
     registry.add(Family(
         name=NAME,
         model_types=MODEL_TYPES,
-        tasks=text.TASKS,
-        load=text.LOAD,
+        tasks={"generate": "mlxcel_family_gemma4.load:decoder"},
+        load="mlxcel_family_gemma4.load:load",
         check=text.CHECK,
         default_tool_format=NAME,
         reasoning=REASONING,
