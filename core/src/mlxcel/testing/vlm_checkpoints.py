@@ -1,7 +1,8 @@
 """Tiny random-weight vision-language checkpoints, as the Hub has them, built offline.
 
 ``build_vlm(out, shape)`` writes a checkpoint of ``shape`` (``SHAPES``: ``qwen2_vl``, the
-M-RoPE case, ``qwen2_5_vl``, ``gemma3``, a SigLIP tower, and ``gemma4``) that
+M-RoPE case, ``qwen2_5_vl``, ``gemma3``, a SigLIP tower, and ``gemma4``; ``MORE_SHAPES``:
+``llava_1_5``, ``smolvlm`` and ``mistral3``, whose processors expand images in the text) that
 ``mlx_vlm.utils.load`` loads offline and serves images with: ``config.json`` with a
 ``text_config`` and a ``vision_config`` under the model's own field names; safetensors
 under the checkpoint's key names and layouts (mlx-vlm's model class with seeded random
@@ -31,9 +32,10 @@ from typing import Any
 
 from . import checkpoint as _ckpt
 from . import tokenizer as _tok
-from .vlm_recipes import RECIPES, SHAPES, Dims, Recipe
+from .vlm_recipes import MORE_SHAPES, RECIPES, SHAPES, Dims, Recipe
 
-__all__ = ["SHAPES", "build_vlm", "cached_vlm_checkpoint", "chat_template_of", "init_model"]
+__all__ = ["MORE_SHAPES", "SHAPES", "build_vlm", "cached_vlm_checkpoint", "chat_template_of",
+           "init_model"]
 VLM_BUILDER_VERSION = 1
 NOISE = 0.02  # added to every parameter, so that no two weights of a kind are alike
 
@@ -44,7 +46,7 @@ def _write(path: pathlib.Path, data: Any) -> None:
 
 def _recipe(shape: str) -> Recipe:
     if shape not in RECIPES:
-        raise ValueError(f"unknown VLM shape {shape!r}; expected one of {SHAPES}")
+        raise ValueError(f"unknown VLM shape {shape!r}; expected one of {tuple(RECIPES)}")
     return RECIPES[shape]
 
 

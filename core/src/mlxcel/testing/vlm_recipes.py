@@ -5,8 +5,9 @@ Field names are the Hub checkpoints' own (Qwen/Qwen2-VL-2B-Instruct,
 Qwen/Qwen2.5-VL-3B-Instruct, google/gemma-3-4b-it, google/gemma-4-E2B-it), with tiny sizes
 chosen so that a 56x56 image becomes a handful of image tokens: 4 for Qwen2-VL and
 Qwen2.5-VL (one 28x28 merged patch per token), 4 for Gemma 3 (a fixed count per image) and
-9 for Gemma 4 (a 48x48 resize under a 10-token budget). Plain data: importing this module
-imports nothing heavy.
+9 for Gemma 4 (a 48x48 resize under a 10-token budget). ``MORE_SHAPES`` (LLaVA-1.5, SmolVLM,
+Mistral 3) are ``vlm_recipes_more``'s. Plain data: importing this module imports nothing
+heavy.
 """
 
 from __future__ import annotations
@@ -249,3 +250,10 @@ RECIPES: dict[str, Recipe] = {
         to_hub=_gemma4_key),
 }
 SHAPES = tuple(RECIPES)
+
+# the processors that expand an image in the prompt text (LLaVA, SmolVLM, Mistral 3): kept
+# in their own module, listed apart so that SHAPES stays the set the checkpoint tests know
+from .vlm_recipes_more import MORE_RECIPES  # noqa: E402
+
+MORE_SHAPES = tuple(MORE_RECIPES)
+RECIPES.update(MORE_RECIPES)
