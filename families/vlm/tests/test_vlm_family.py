@@ -15,7 +15,7 @@ from mlxcel.families.api import LoadOptions
 from mlxcel_family_vlm.detect import MODEL_TYPES, check
 from mlxcel_family_vlm.load import decoder, load
 
-OURS = ("qwen2_vl", "qwen2_5_vl", "gemma3")
+OURS = ("qwen2_vl", "qwen2_5_vl", "gemma3", "llava_1_5", "smolvlm", "mistral3")
 
 
 def config_of(path: pathlib.Path) -> dict:
@@ -83,7 +83,8 @@ def test_load_brings_the_model_and_its_processor(vlm_checkpoint, shape):
     assert loaded.config == config_of(path)
     assert loaded.tokenizer is None and loaded.template is None  # core's text default
     assert hasattr(loaded.processor, "image_processor")
-    assert loaded.model.vision_tower is not None
+    # the vision tower, under mlx-vlm's name for it (Idefics3's is ``vision_model``)
+    assert getattr(loaded.model, "vision_tower", None) or loaded.model.vision_model
     model = decoder(loaded)
     assert model.processor is loaded.processor and model.model is loaded.model
 

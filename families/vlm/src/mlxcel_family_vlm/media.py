@@ -8,13 +8,15 @@ Expansion, by what the processor says of itself:
   Qwen2/2.5/3-VL): the template's ``image_token`` becomes ``t*h*w / merge_size**2`` of it;
 - ``sequence``: the processor replaces a begin-of-image token with a whole sequence
   (``full_image_sequence``, Gemma 3): the template's ``boi_token`` becomes that sequence;
-- ``text``: any other processor expands the decoded prompt text itself (``processor(text=,
-  images=)``), and each image's growth is read from the result.
+- ``text``: any other processor expands the placeholder in text itself (``processor(text=,
+  images=)``: LLaVA's fixed run, SmolVLM's tiles, Pixtral's patch rows); each image's
+  run is the processor's own expansion of one placeholder with that image, spliced where
+  the placeholder was (``_expand_text``).
 
 Features: a model whose vision tower can encode one image alone (Qwen-VL's tower over its
 grid, Gemma 3's tower and projector, a model's ``encode_image``) gets each image's from
-the engine's feature cache, keyed by the image's digest; the others encode every image of
-the prompt together in ``get_input_embeddings``.
+the engine's feature cache, keyed by the image's digest; the others (the ``text`` rule's)
+encode every image of the prompt together in ``get_input_embeddings``.
 """
 
 from __future__ import annotations
@@ -112,38 +114,65 @@ def _splice(ids: list[int], at: list[int], runs: list[list[int]],
 
 def _expand_text(processor: Any, ids: list[int], images: list[Any],
                  digests: tuple[bytes, ...]) -> MediaPrompt:
-    """The processor's own expansion of the decoded prompt; each image's span is its run
-    of image tokens, and the growth before every later position is read by walking both
-    id lists (text between images is unchanged)."""
-    tok = _tokenizer(processor)
-    text = tok.decode(ids, skip_special_tokens=False)
-    out = processor(text=[text], images=images, return_tensors="np")
-    arrays = _arrays(out)
-    new = [int(t) for t in arrays.pop("input_ids").reshape(-1)]
+    """The processor's own expansion of each placeholder, spliced into ``ids``.
+
+    The processor expands the placeholders of a text, never of ids, and what one image
+    becomes depends on that image (SmolVLM's tile rows and columns, Pixtral's patch rows),
+    so each image's run is the processor's expansion of one placeholder with that image
+    alone, less the tokens its tokenizer adds to any text (a BOS). The pixel inputs come
+    from one call with every image, as the model takes them. The text around the
+    placeholders keeps the ids it came with: a run starts and ends with special tokens,
+    which the tokenizer never merges with their neighbours, so the result is the ids the
+    processor gives for the whole decoded prompt, without decoding it and tokenizing it
+    again. Each image's growth is its own run's, at its own placeholder; its span, from
+    its first image token to its last (the row or tile markers between them included)."""
+    image_id = _image_token_id(processor)
+    at = _positions_of(ids, image_id, len(images))
+    mark = placeholder(processor)
+    arrays = _arrays(processor(text=[mark * len(images)], images=images, return_tensors="np"))
+    joined = _bare(processor, arrays.pop("input_ids"))
     arrays.pop("attention_mask", None)
-    image_id = int(getattr(processor, "image_token_id", None)
-                   or _token_id(processor, placeholder(processor)))
-    runs = _runs(new, image_id)
-    if len(runs) < len(images):
-        raise InvalidRequest(f"the chat template printed {len(runs)} image placeholder(s) "
-                             f"for {len(images)} image(s)", param="messages")
-    per = len(runs) // len(images)  # a tiled image (Idefics, Pixtral rows) has several
-    spans = [(runs[i * per][0], runs[i * per + per - 1][0] + runs[i * per + per - 1][1]
-              - runs[i * per][0]) for i in range(len(images))]
-    growth = (len(new) - len(ids)) // max(1, len(images))
-    at = [i for i, t in enumerate(ids) if t == image_id][:len(images)]
-    at = at if len(at) == len(images) else [s - i * growth for i, (s, _) in enumerate(spans)]
-    return MediaPrompt(token_ids=tuple(new), spans=tuple(spans), digests=digests,
-                       grown=tuple((p, growth) for p in at), inputs={**arrays, "rule": "text"})
+    if len(images) == 1:
+        runs = [joined]
+    else:
+        runs = [_bare(processor, processor(text=[mark], images=[image],
+                                           return_tensors="np")["input_ids"])
+                for image in images]
+        if [t for run in runs for t in run] != joined:
+            raise InvalidRequest("the model's processor expands an image differently "
+                                 "beside other images", param="messages")
+    inner = []
+    for run in runs:
+        where = [i for i, t in enumerate(run) if t == image_id]
+        if not where:
+            raise InvalidRequest("the model's processor gave an image no image tokens",
+                                 param="messages")
+        inner.append((where[0], where[-1] + 1 - where[0]))
+    return _splice(ids, at, runs, inner, digests, {**arrays, "rule": "text"})
 
 
-def _runs(ids: list[int], token: int) -> list[tuple[int, int]]:
-    runs: list[tuple[int, int]] = []
-    for i, t in enumerate(ids):
-        if t != token:
-            continue
-        if runs and runs[-1][0] + runs[-1][1] == i:
-            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
-        else:
-            runs.append((i, 1))
-    return runs
+def _image_token_id(processor: Any) -> int:
+    found = getattr(processor, "image_token_id", None)
+    return int(found) if found is not None else _token_id(processor, placeholder(processor))
+
+
+def _bare(processor: Any, ids: Any) -> list[int]:
+    """A processor's ``input_ids`` for one text, less what its tokenizer adds to every
+    text (``add_special_tokens``: a BOS before, an EOS after)."""
+    out = [int(t) for t in np.asarray(ids).reshape(-1)]
+    before, after = _added(_tokenizer(processor))
+    if before and out[:len(before)] == before:
+        out = out[len(before):]
+    if after and out[-len(after):] == after:
+        out = out[:-len(after)]
+    return out
+
+
+def _added(tok: Any) -> tuple[list[int], list[int]]:
+    """The ids ``tok`` puts before and after any text (its post-processor's)."""
+    plain = list(tok.encode("a", add_special_tokens=False))
+    full = list(tok.encode("a"))
+    for i in range(len(full) - len(plain) + 1):
+        if full[i:i + len(plain)] == plain:
+            return full[:i], full[i + len(plain):]
+    return [], []
