@@ -290,7 +290,9 @@ def test_unknown_paths_and_methods_answer_in_anthropic_shape(client):
 
 
 def test_a_body_over_the_size_limit_is_413(client):
-    big = {**BASE, "messages": [{"role": "user", "content": "x" * (11 << 20)}]}
+    from mlxcel.app import MAX_BODY
+
+    big = {**BASE, "messages": [{"role": "user", "content": "x" * MAX_BODY}]}
     r = client.post("/v1/messages", content=json.dumps(big),
                     headers={"content-type": "application/json"})
     assert r.status_code == 413, r.text[:200]
@@ -336,12 +338,14 @@ def test_the_wire_turns_as_the_chat_layer_reads_them():
     prompt = prompt_request(body)
     system, user, assistant, tool = prompt.messages
     assert system.role == "system" and system.text == "AB"
-    assert user.content == (ImagePart(data="AA==", format="image/png", wire_type="image"),)
+    assert user.content == (ImagePart(data="AA==", format="image/png", wire_type="image",
+                                      path="messages[0].content[0]"),)
     assert assistant.content is None and assistant.reasoning == "hm"
     assert assistant.tool_calls == (ToolCall(id="t1", name="get_time", arguments={"tz": "UTC"}),)
     assert tool.role == "tool" and tool.tool_call_id == "t1"
     assert tool.content == (TextPart(text="12:00"),
-                            ImagePart(url="https://x/y.png", wire_type="image"))
+                            ImagePart(url="https://x/y.png", wire_type="image",
+                                      path="messages[2].content[0].content[1]"))
     assert [t.definition for t in prompt.tools] == [{"type": "function", "function": {
         "name": "get_time", "parameters": TOOLS[0]["input_schema"],
         "description": "The time in a zone."}}]

@@ -22,6 +22,7 @@ from mlxcel.plugins import Plugins, load_plugins
 from mlxcel.settings import Settings
 
 log = structlog.get_logger("mlxcel.app")
+MAX_BODY = 128 << 20  # a request body's bytes: a 64 MiB image as base64 and its JSON fit
 
 
 def guard_config(settings: Settings, listening: bool,
@@ -89,5 +90,8 @@ def create_app(settings: Settings, plugins: Plugins | None = None,
         state={"ctx": ctx, "engines": engines},
         openapi_config=None,
         debug=False,
+        # media parts and audio uploads are bounded by their own limits (--max-image-payload-
+        # size, 25 MiB of audio, each a 400/413 naming it), under this whole-body bound
+        request_max_body_size=MAX_BODY,
     )
     return guard_app(app, settings, listening, shapes)

@@ -85,16 +85,24 @@ def is_json(mtype: str) -> bool:
     return mtype == "application/json" or mtype.endswith("+json")
 
 
-def content_type_denial(content_type: str | None, from_browser: bool) -> str | None:
+UPLOAD_PATHS = frozenset({"/v1/audio/transcriptions", "/v1/audio/translations",
+                          "/audio/transcriptions", "/audio/translations"})
+
+
+def content_type_denial(content_type: str | None, from_browser: bool,
+                        path: str = "") -> str | None:
     """None when a POST body may be read as JSON, else the 415 message.
 
     JSON types and a missing type pass. ``text/plain`` and form-urlencoded pass only from
     non-browser clients (``curl -d`` sends form-urlencoded); from a browser they are the
-    cross-site "simple request" types that skip CORS preflight, so they are refused. Any
-    other type (multipart included) is refused from everyone: no route here takes forms.
+    cross-site "simple request" types that skip CORS preflight, so they are refused.
+    ``multipart/form-data`` passes on the upload routes (``UPLOAD_PATHS``: the OpenAI SDK
+    uploads audio so) from non-browser clients, and is refused everywhere else.
     """
     mtype = media_type(content_type)
     if mtype is None or is_json(mtype):
+        return None
+    if mtype == "multipart/form-data" and path in UPLOAD_PATHS and not from_browser:
         return None
     if mtype in _CURL_TYPES and not from_browser:
         return None

@@ -283,7 +283,8 @@ class ServerMiddleware:
                 self.cfg.api_keys, _text(headers, b"authorization"), _text(headers, b"x-api-key"))
         if scope.get("method") == "POST":
             browser = any(name in headers for name in _BROWSER_HEADERS)
-            reason = content_type_denial(_text(headers, b"content-type"), browser)
+            reason = content_type_denial(_text(headers, b"content-type"), browser,
+                                         scope["path"])
             if reason:
                 return errors.UnsupportedMediaType(reason)
         return None

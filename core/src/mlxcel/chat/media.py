@@ -52,8 +52,9 @@ def kind_of(part: MediaPart) -> str:
 
 
 def media_parts(messages: tuple[Message, ...]) -> list[tuple[str, MediaPart]]:
-    """Every media part with its path (``messages[0].content[1]``), in prompt order."""
-    return [(f"messages[{i}].content[{j}]", part)
+    """Every media part with its path in the client's request (``MediaPart.path``, else
+    ``messages[0].content[1]``), in prompt order."""
+    return [(part.path or f"messages[{i}].content[{j}]", part)
             for i, message in enumerate(messages)
             for j, part in enumerate(message.content or ())
             if isinstance(part, MediaPart)]

@@ -140,6 +140,18 @@ class SSEResponse(Stream):
         return super().to_asgi_response(*args, **kwargs)
 
 
+class TypedStream(Stream):
+    """A streamed body of ``media_type`` (audio), kept over a handler's default (JSON)."""
+
+    def __init__(self, content: Any, media_type: str, **kwargs: Any) -> None:
+        super().__init__(content, media_type=media_type, **kwargs)
+        self.kept_type = media_type
+
+    def to_asgi_response(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs["media_type"] = self.kept_type
+        return super().to_asgi_response(*args, **kwargs)
+
+
 PRIORITY_LANES = {"high": 0, "normal": 1, "low": 2}
 
 

@@ -12,7 +12,8 @@ from mlxcel.registry import Registry
 
 # which distribution adds a task, named when no installed family serves it
 TASK_DISTRIBUTIONS = {"embed": "mlxcel-family-embeddings",
-                      "rerank": "mlxcel-family-embeddings"}
+                      "rerank": "mlxcel-family-embeddings",
+                      "transcribe": "mlxcel-family-whisper", "speak": "mlxcel-family-kokoro"}
 
 
 class FamilyRegistry(Registry[Family]):

@@ -7,11 +7,13 @@ from __future__ import annotations
 from typing import Any
 
 from mlxcel.errors import NoModelForRoute
+from mlxcel.families.registry import TASK_DISTRIBUTIONS
 
-# task -> (what it needs, the flag that loads it, the distribution that serves it)
+# task -> (what it needs, the flag that loads it); the distribution: TASK_DISTRIBUTIONS
 NEEDS = {"embed": ("an embedding model", "--embedding-model"),
-         "rerank": ("a reranking model", "--reranker-model")}
-DISTRIBUTION = "mlxcel-family-embeddings"
+         "rerank": ("a reranking model", "--reranker-model"),
+         "transcribe": ("a speech-to-text model (Whisper)", "--stt-model"),
+         "speak": ("a text-to-speech model (Kokoro)", "--tts-model")}
 
 
 def side_model(ctx: Any, task: str, path: str) -> Any:
@@ -20,8 +22,9 @@ def side_model(ctx: Any, task: str, path: str) -> Any:
     side = ctx.side(task)
     if side is None:
         what, flag = NEEDS[task]
+        distribution = TASK_DISTRIBUTIONS[task]
         raise NoModelForRoute(
             f"POST {path} needs {what}, and this server has none loaded; start it with "
-            f"{flag} PATH_OR_HF_ID (pip install {DISTRIBUTION}); it serves "
+            f"{flag} PATH_OR_HF_ID (pip install {distribution}); it serves "
             f"{', '.join(ctx.served_routes())}")
     return side

@@ -24,13 +24,16 @@ class TextPart(msgspec.Struct, frozen=True, kw_only=True, tag="text"):
 class MediaPart(msgspec.Struct, frozen=True, kw_only=True):
     """A media reference as the client gave it, decoded by nothing yet: a URL (``data:``
     URLs included), or base64 ``data`` with its ``format`` (a file extension or a MIME
-    type, as given). ``wire_type`` is the client's own name for the part, so that a
-    refusal speaks the client's vocabulary."""
+    type, as given). ``wire_type`` is the client's own name for the part and ``path`` its
+    place in the client's request (``messages[2].content[0].content[1]``) where that is
+    not ``messages[i].content[j]`` of the chat layer's messages, so that a refusal speaks
+    the client's vocabulary."""
 
     url: str | None = None
     data: str | None = None
     format: str | None = None
     wire_type: str | None = None
+    path: str | None = None
 
 
 class ImagePart(MediaPart, frozen=True, kw_only=True, tag="image"):

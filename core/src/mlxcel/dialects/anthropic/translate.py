@@ -49,9 +49,10 @@ def _image(block: dict[str, Any], where: str) -> mt.ImagePart:
     if kind == "base64":
         return mt.ImagePart(data=_string(source, "data", f"{where}.source"),
                             format=_string(source, "media_type", f"{where}.source"),
-                            wire_type="image")
+                            wire_type="image", path=where)
     if kind == "url":
-        return mt.ImagePart(url=_string(source, "url", f"{where}.source"), wire_type="image")
+        return mt.ImagePart(url=_string(source, "url", f"{where}.source"), wire_type="image",
+                            path=where)
     raise _bad(f"{where}.source must be a \"base64\" or \"url\" image source",
                f"{where}.source")
 

@@ -28,7 +28,7 @@ from mlxcel.errors import MlxcelError
 from mlxcel.families.media import media_kinds
 from mlxcel.types.messages import PromptInput
 
-from . import embeddings
+from . import audio, embeddings
 from . import schemas as s
 from .stream import ChatEncoder, CompletionEncoder
 from .translate import (
@@ -40,9 +40,6 @@ from .translate import (
 )
 
 UNSERVED = (
-    ("POST", "a speech model (Whisper transcribes and translates, Kokoro speaks)",
-     ("/v1/audio/speech", "/v1/audio/transcriptions", "/v1/audio/translations",
-      "/audio/speech", "/audio/transcriptions", "/audio/translations")),
     ("POST", "an image generation model",
      ("/v1/images/generations", "/v1/images/edits", "/images/generations", "/images/edits")),
     ("GET", "a Nemotron VoiceChat checkpoint", ("/v1/realtime",)),
@@ -130,5 +127,5 @@ def build(ctx: AppContext) -> list[Any]:
              "capabilities": caps} for name, caps in entries
         ]})
 
-    return [chat_completions, completions, models, *embeddings.build(ctx),
+    return [chat_completions, completions, models, *embeddings.build(ctx), *audio.build(ctx),
             *unserved_routes(UNSERVED)]
