@@ -37,7 +37,9 @@ class MediaPrompt(msgspec.Struct, frozen=True, kw_only=True):
     """A prompt with media, as a family's ``expand_media`` made it
     (``mlxcel.families.media``): the token ids with each item's placeholder expanded into
     the item's tokens, where each item's tokens are (``spans``: start and length, in item
-    order), the items' ``digests`` (the blobs'), and ``inputs``, the family's own model
+    order), the items' ``digests`` (the blobs', or keyed with the options that change
+    what the item becomes, such as Gemma 4's ``max_soft_tokens``: the vision cache and the
+    prompt cache key on them), and ``inputs``, the family's own model
     inputs (NumPy arrays: pixel values, grid sizes), which core hands back to the family on
     the engine thread and never reads. ``grown``: per item, the placeholder's position in
     the unexpanded ids and how many tokens its expansion added, so that core can move the

@@ -42,7 +42,7 @@ import numpy as np
 from mlxcel.errors import InvalidRequest
 from mlxcel.types.media import MediaPrompt
 from mlxcel_family_vlm.load import VisionLanguageModel
-from mlxcel_family_vlm.media import _positions_of, _splice
+from mlxcel_family_vlm.media import placeholders_at, splice
 
 SUPPORTED = (70, 140, 280, 560, 1120)  # Gemma 4's soft-token budgets (its processor's)
 
@@ -101,11 +101,11 @@ class Gemma4Vision(VisionLanguageModel):
         data, counts = self.processor.image_processor([item.image for item in items],
                                                       max_soft_tokens=budget)
         pixels = tuple(np.asarray(p) for p in data["pixel_values"])
-        at = _positions_of(token_ids, self.image_id, len(items))
+        at = placeholders_at(token_ids, self.image_id, len(items))
         runs = [[self.boi_id] + [self.image_id] * int(n) + [self.eoi_id] for n in counts]
         inner = [(1, int(n)) for n in counts]
         digests = tuple(keyed(item.digest, budget, self.default_budget) for item in items)
-        return _splice(token_ids, at, runs, inner, digests, {"pixel_values": pixels})
+        return splice(token_ids, at, runs, inner, digests, {"pixel_values": pixels})
 
     def media_embeddings(self, prompt: MediaPrompt, features: Any) -> mx.array:
         pixels = [mx.array(p)[None] for p in prompt.inputs["pixel_values"]]

@@ -41,10 +41,16 @@ def rule(processor: Any) -> str:
 
 
 def placeholder(processor: Any) -> str:
-    """The text a raw prompt puts where an image goes: the chat template's image text."""
+    """The text a raw prompt puts where an image goes: what the chat template prints for
+    an image part (Qwen-VL's image token inside its vision start and end tokens)."""
     if rule(processor) == "sequence":
         return processor.boi_token
-    return str(getattr(processor, "image_token", "<image>"))
+    token = str(getattr(processor, "image_token", "<image>"))
+    vocab = _tokenizer(processor).get_vocab() if hasattr(_tokenizer(processor),
+                                                         "get_vocab") else {}
+    if rule(processor) == "grid" and "<|vision_start|>" in vocab and "<|vision_end|>" in vocab:
+        return f"<|vision_start|>{token}<|vision_end|>"
+    return token
 
 
 def _arrays(out: Any) -> dict[str, np.ndarray]:
@@ -63,7 +69,9 @@ def _token_id(processor: Any, text: str) -> int:
     return int(found)
 
 
-def _positions_of(ids: list[int], token: int, count: int) -> list[int]:
+def placeholders_at(ids: list[int], token: int, count: int) -> list[int]:
+    """The positions of ``token`` in ``ids``, which must be ``count`` (one per item): a
+    family kit, as ``splice`` is."""
     at = [i for i, t in enumerate(ids) if t == token]
     if len(at) != count:
         raise InvalidRequest(f"the chat template printed {len(at)} image placeholder(s) "
@@ -92,13 +100,15 @@ def expand(processor: Any, ids: list[int], images: list[Any], digests: tuple[byt
         first = run.index(image_id)
         inner_span = (first, run.count(image_id))
         runs, inner = [run] * len(images), [inner_span] * len(images)
-    at = _positions_of(ids, token, len(images))
-    return _splice(ids, at, runs, inner, digests, {**pixels, "rule": how})
+    at = placeholders_at(ids, token, len(images))
+    return splice(ids, at, runs, inner, digests, {**pixels, "rule": how})
 
 
-def _splice(ids: list[int], at: list[int], runs: list[list[int]],
-            inner: list[tuple[int, int]], digests: tuple[bytes, ...],
-            inputs: dict[str, Any]) -> MediaPrompt:
+def splice(ids: list[int], at: list[int], runs: list[list[int]],
+           inner: list[tuple[int, int]], digests: tuple[bytes, ...],
+           inputs: dict[str, Any]) -> MediaPrompt:
+    """``ids`` with the token at each of ``at`` replaced by its ``runs`` entry; ``inner``:
+    where in its run each item's own tokens are (offset, length)."""
     out: list[int] = []
     spans, grown, last = [], [], 0
     for position, run, (offset, length) in zip(at, runs, inner, strict=True):
@@ -127,7 +137,7 @@ def _expand_text(processor: Any, ids: list[int], images: list[Any],
     again. Each image's growth is its own run's, at its own placeholder; its span, from
     its first image token to its last (the row or tile markers between them included)."""
     image_id = _image_token_id(processor)
-    at = _positions_of(ids, image_id, len(images))
+    at = placeholders_at(ids, image_id, len(images))
     mark = placeholder(processor)
     arrays = _arrays(processor(text=[mark * len(images)], images=images, return_tensors="np"))
     joined = _bare(processor, arrays.pop("input_ids"))
@@ -148,7 +158,7 @@ def _expand_text(processor: Any, ids: list[int], images: list[Any],
             raise InvalidRequest("the model's processor gave an image no image tokens",
                                  param="messages")
         inner.append((where[0], where[-1] + 1 - where[0]))
-    return _splice(ids, at, runs, inner, digests, {**arrays, "rule": "text"})
+    return splice(ids, at, runs, inner, digests, {**arrays, "rule": "text"})
 
 
 def _image_token_id(processor: Any) -> int:

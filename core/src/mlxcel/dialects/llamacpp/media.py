@@ -128,7 +128,13 @@ def expanded(ctx: AppContext, raw: RawMedia, options: dict[str, Any],
     items = media_input(ctx, raw, options).decode()
     model = ctx.checkpoint.model
     text = raw.text.replace(MARKER, model.media_placeholder("image"))
-    prompt, _ = expand(model, list(encode(text, raw.param)), items, options, ())
+    try:
+        prompt, _ = expand(model, list(encode(text, raw.param)), items, options, ())
+    except InvalidRequest as exc:  # placeholders the text held besides the markers
+        param = f"{raw.param}.prompt_string"
+        raise InvalidRequest(f"'{param}': {exc.message}; put {MARKER} where each image "
+                             "goes, and nothing else of the model's image tokens",
+                             param=param) from None
     return prompt
 
 
