@@ -21,8 +21,9 @@ TASK_ROUTES = {"generate": ("/v1/chat/completions", "/v1/completions", "/v1/resp
                             "/v1/messages", "/completion"),
                "embed": ("/v1/embeddings", "/embedding", "/embeddings"),
                "rerank": ("/v1/rerank", "/v1/reranking", "/rerank", "/reranking"),
-               "transcribe": ("/v1/audio/transcriptions", "/v1/audio/translations"),
-               "speak": ("/v1/audio/speech",)}
+               "transcribe": ("/v1/audio/transcriptions", "/v1/audio/translations",
+                              "/audio/transcriptions", "/audio/translations"),
+               "speak": ("/v1/audio/speech", "/audio/speech")}
 CAPABILITIES = {"generate": "completion", "embed": "embedding", "rerank": "rerank",
                 "transcribe": "transcription", "speak": "speech"}
 

@@ -76,11 +76,14 @@ class Transcript(msgspec.Struct, frozen=True, kw_only=True):
 class Transcriber(Protocol):
     """The ``transcribe`` task's runner. ``sample_rate``: the rate core resamples audio to
     (Whisper: 16000). ``languages``: the codes it knows (a request naming another is a
-    400). ``translates``: whether it can translate to English."""
+    400). ``translates``: whether it can translate to English. ``language_names``: code ->
+    the lowercase English name OpenAI's ``verbose_json`` shows (``"en": "english"``);
+    a code it lacks is shown as the code."""
 
     sample_rate: int
     languages: tuple[str, ...]
     translates: bool
+    language_names: dict[str, str]
 
     def transcribe(self, items: Sequence[Transcription], emit: Emit) -> list[Transcript]:
         """One ``Transcript`` per item, in order; each ``Segment`` also ``emit``-ted as it
