@@ -48,8 +48,22 @@ def _tox() -> configparser.ConfigParser:
 
 
 def _local_paths(deps: str) -> set[str]:
-    """The repository folders a tox env installs (``-e ./core`` -> ``core``)."""
-    return {m.rstrip("/") for m in re.findall(r"^\s*-e\s+\./(\S+)", deps, re.M)}
+    """The repository folders a tox env installs (``-e ./core`` -> ``core``; an extra,
+    ``./families/gemma4[vision]``, is the folder's)."""
+    return {m.rstrip("/").split("[")[0]
+            for m in re.findall(r"^\s*-e\s+\./(\S+)", deps, re.M)}
+
+
+def _needed(folder: pathlib.Path) -> set[str]:
+    """The repository's distributions that ``folder``'s own requirements name (an extra's
+    included: ``mlxcel-family-gemma4[vision]`` needs ``mlxcel-family-vlm``)."""
+    project = tomllib.loads((folder / "pyproject.toml").read_text())["project"]
+    wanted = list(project.get("dependencies", []))
+    for group in project.get("optional-dependencies", {}).values():
+        wanted += group
+    names = {re.split(r"[\s\[<>=;!~]", w, maxsplit=1)[0].lower() for w in wanted}
+    return {other.relative_to(ROOT).as_posix() for other, _, _, dist in _distributions()
+            if dist is not None and dist.lower() in names}
 
 
 def test_there_is_a_distribution_folder_to_check():
@@ -85,8 +99,10 @@ def test_every_distribution_has_a_tox_env_with_core_and_itself_only():
         section = f"testenv:{env}"
         assert section in tox, f"tox.ini has no env {env} for {folder}"
         rel = folder.relative_to(ROOT).as_posix()
-        assert _local_paths(tox[section]["deps"]) == {"core", rel}, \
-            f"tox env {env} must install ./core and ./{rel}, and no other distribution"
+        allowed = {"core", rel} | _needed(folder)
+        assert _local_paths(tox[section]["deps"]) == allowed, \
+            f"tox env {env} must install ./core, ./{rel} and what it needs " \
+            f"({sorted(allowed)}), and no other distribution"
         assert f" {rel}/tests" in tox[section]["commands"], f"tox env {env} runs no {rel}/tests"
 
 
