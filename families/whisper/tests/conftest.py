@@ -1,0 +1,36 @@
+"""Tiny Whisper checkpoints for the distribution's tests, built once per session, offline."""
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before huggingface_hub reads it
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def whisper_checkpoint(mlxcel_checkpoint_cache):
+    """``whisper_checkpoint(layout="hf", multilingual=True, **kw)``: a tiny random-weight
+    Whisper checkpoint (``mlxcel.testing.whisper_checkpoints``), built once."""
+    from mlxcel.testing.whisper_checkpoints import cached_whisper_checkpoint
+
+    return lambda layout="hf", multilingual=True, **kw: cached_whisper_checkpoint(
+        layout, multilingual, cache_dir=mlxcel_checkpoint_cache, **kw)
+
+
+@pytest.fixture(scope="session")
+def transcriber(whisper_checkpoint):
+    """``transcriber(layout="hf", multilingual=True)``: the family's runner on a tiny
+    checkpoint loaded in float32, made once per session."""
+    from mlxcel.families.api import LoadOptions
+    from mlxcel_family_whisper.load import load
+    from mlxcel_family_whisper.runner import make
+
+    made = {}
+
+    def get(layout="hf", multilingual=True):
+        if (layout, multilingual) not in made:
+            path = whisper_checkpoint(layout, multilingual)
+            made[layout, multilingual] = make(load(path, LoadOptions(dtype="float32")))
+        return made[layout, multilingual]
+
+    return get
