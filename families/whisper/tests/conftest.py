@@ -34,3 +34,20 @@ def transcriber(whisper_checkpoint):
         return made[layout, multilingual]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def greedy():
+    """``greedy(path)``: a runner on the checkpoint at ``path`` whose windows never fall
+    back. Random weights fail every fallback threshold, so each window would otherwise
+    be decoded six times; mlx-audio's greedy pass is what the tests compare."""
+    from mlxcel.families.api import LoadOptions
+    from mlxcel_family_whisper.load import load
+    from mlxcel_family_whisper.runner import make
+
+    def get(path):
+        runner = make(load(path, LoadOptions(dtype="float32")))
+        runner.decoder.compression_ratio_threshold = runner.decoder.logprob_threshold = None
+        return runner
+
+    return get

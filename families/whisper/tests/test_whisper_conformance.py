@@ -1,0 +1,24 @@
+"""The runner passes mlxcel's ``transcribe`` conformance runner (languages, times within
+the audio, emit order, batch invariance): a multilingual checkpoint with mlx-audio's
+temperature fallback on, so sampled windows are checked too, and an English-only one."""
+
+from __future__ import annotations
+
+try:
+    from mlxcel.testing.conformance import check_transcriber
+except ImportError:  # until mlxcel.testing.conformance re-exports the speech runners
+    from mlxcel.testing.speech_conformance import check_transcriber
+from mlxcel.families.speech import Transcription
+from mlxcel.testing.speech_conformance import synthetic_speech
+
+
+def test_the_runner_conforms(transcriber):
+    check_transcriber(transcriber("hf"))
+
+
+def test_an_english_only_model_conforms(whisper_checkpoint, greedy):
+    runner = greedy(whisper_checkpoint("hf", multilingual=False))
+    check_transcriber(runner)
+    out = runner.transcribe([Transcription(pcm=synthetic_speech(16000, 1.0))],
+                            lambda i, p: None)
+    assert out[0].language == "en"
