@@ -133,16 +133,19 @@ def _preprocessor(out: pathlib.Path, n_mels: int) -> None:
 
 
 def hf_config(multilingual: bool = True, d_model: int = 32, layers: int = 2, heads: int = 2,
-              text_ctx: int = 32, n_mels: int = 80) -> dict[str, Any]:
-    """openai/whisper-tiny's ``config.json`` fields with tiny sizes."""
+              text_ctx: int = 32, n_mels: int = 80,
+              decoder_layers: int | None = None) -> dict[str, Any]:
+    """openai/whisper-tiny's ``config.json`` fields with tiny sizes (``layers`` encoder
+    blocks, ``decoder_layers`` decoder blocks, ``layers`` unless given)."""
     eot = base_size(multilingual)
+    decoder_layers = layers if decoder_layers is None else decoder_layers
     return {
         "_name_or_path": "tiny/whisper-tiny" + ("" if multilingual else ".en"),
         "activation_dropout": 0.0, "activation_function": "gelu",
         "architectures": ["WhisperForConditionalGeneration"], "attention_dropout": 0.0,
         "begin_suppress_tokens": [220, eot], "bos_token_id": eot, "d_model": d_model,
         "decoder_attention_heads": heads, "decoder_ffn_dim": 4 * d_model,
-        "decoder_layerdrop": 0.0, "decoder_layers": layers,
+        "decoder_layerdrop": 0.0, "decoder_layers": decoder_layers,
         "decoder_start_token_id": eot + 1, "dropout": 0.0, "encoder_attention_heads": heads,
         "encoder_ffn_dim": 4 * d_model, "encoder_layerdrop": 0.0, "encoder_layers": layers,
         "eos_token_id": eot, "init_std": 0.02, "is_encoder_decoder": True,
