@@ -11,6 +11,8 @@ earlier than it starts, and text made of those segments'; every
 segment is ``emit``-ted under its item's index, in order, before ``transcribe`` returns;
 and an item's transcript is the same whatever else shares its batch (core batches requests
 together). Each check raises ``AssertionError`` naming what failed.
+
+``check_speaker(runner)``: the ``speak`` runner's checks (its docstring lists them).
 """
 
 from __future__ import annotations
@@ -112,3 +114,57 @@ def _same(a: Transcript, b: Transcript, atol: float = 1e-3) -> bool:
         if any(abs(p - q) > atol for p, q in scores):
             return False
     return True
+
+
+SPOKEN = ("Hi there. Bye now!", "Okay.")
+
+
+def check_speaker(runner: Any, texts: Sequence[str] = SPOKEN) -> None:
+    """The ``speak`` runner's conformance (``mlxcel.families.speech.Speaker``): it declares
+    a sample rate, its voices and a default among them; ``speak`` returns one sample count
+    per item and ``emit``-s every item's audio under its index, as non-empty mono float32
+    NumPy chunks of finite samples adding up to that count; the first text (two sentences)
+    comes in more than one chunk, so a stream starts before its synthesis ends; an item
+    lasts as long whatever else shares its batch (voice models draw random phases, so the
+    samples themselves may differ); two voices joined by a comma mix; and an unknown voice
+    is an ``InvalidRequest`` on ``voice`` that lists the voices. Keep ``texts`` short: a
+    CPU synthesizes slowly. Each check raises ``AssertionError`` naming what failed."""
+    from mlxcel.errors import InvalidRequest
+    from mlxcel.families.speech import Utterance
+
+    assert isinstance(runner.sample_rate, int) and runner.sample_rate > 0, "sample_rate"
+    voices = tuple(runner.voices)
+    assert voices and all(isinstance(v, str) and "," not in v for v in voices), \
+        "voices must be a non-empty tuple of names without commas"
+    assert runner.default_voice in voices, "default_voice must be one of voices"
+    items = [Utterance(text=t, voice=runner.default_voice) for t in texts]
+    seen: dict[int, list] = {i: [] for i in range(len(items))}
+
+    def emit(index: int, piece: Any) -> None:
+        assert index in seen, f"emit got index {index}, the batch has {len(items)} items"
+        seen[index].append(piece)
+
+    counts = runner.speak(items, emit)
+    assert len(counts) == len(items), "speak must return one sample count per item"
+    for i, chunks in seen.items():
+        assert chunks, f"item {i}: no audio emitted"
+        for chunk in chunks:
+            assert isinstance(chunk, np.ndarray) and chunk.dtype == np.float32 and \
+                chunk.ndim == 1 and chunk.size, f"item {i}: chunks must be 1-D float32 arrays"
+            assert np.isfinite(chunk).all(), f"item {i}: non-finite samples"
+        assert sum(c.size for c in chunks) == counts[i], \
+            f"item {i}: the emitted samples do not add up to the count returned"
+    assert len(seen[0]) > 1, "a two-sentence text must be emitted in more than one chunk"
+    alone = runner.speak([items[-1]], lambda index, piece: None)
+    assert alone == [counts[-1]], "an item's length changes with the batch it runs in"
+    if len(voices) > 1:
+        mixed = Utterance(text=texts[-1], voice=f"{voices[0]},{voices[1]}")
+        assert runner.speak([mixed], lambda index, piece: None)[0] > 0, "a mix gave no audio"
+    try:
+        runner.speak([Utterance(text=texts[-1], voice="no_such_voice")],
+                     lambda index, piece: None)
+    except InvalidRequest as exc:
+        assert exc.param == "voice" and voices[0] in exc.message, \
+            "an unknown voice's error must be on 'voice' and list the voices"
+    else:
+        raise AssertionError("an unknown voice must raise InvalidRequest")
