@@ -63,6 +63,7 @@ def test_the_temperature_ladder_runs_as_mlx_audio_s(transcriber):
     assert {s.temperature for s in first[0].segments} == {1.0}
     assert {s.temperature for s in first[1].segments} == {0.9}
     assert runner.transcribe(items[::-1], lambda i, p: None)[::-1] == first
+    assert runner.transcribe(items[:1], lambda i, p: None) == first[:1]
 
 
 def test_fallback_and_silence_rules():
