@@ -9,6 +9,10 @@ PORT ?= 8080
 # Every distribution of the repository, installed editable.
 DISTS := core $(wildcard families/*/pyproject.toml) $(wildcard plugins/*/pyproject.toml)
 DIST_DIRS := core $(patsubst %/pyproject.toml,%,$(filter %/pyproject.toml,$(DISTS)))
+# misaki (Kokoro's G2P) supports Python < 3.13 only: newer Pythons get every other one
+ifeq ($(shell $(PY) -c 'import sys; print(sys.version_info >= (3, 13))'),True)
+DIST_DIRS := $(filter-out families/kokoro,$(DIST_DIRS))
+endif
 DEV_TOOLS := pytest pytest-timeout openai anthropic httpx ruff tox tox-uv build jsonschema
 
 .PHONY: install serve test test-fast bench lint sysdeps clean

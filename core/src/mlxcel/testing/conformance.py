@@ -25,6 +25,7 @@ from typing import Any
 
 from mlxcel.testing.engine import engine_for, request, run, solo_tokens
 from mlxcel.testing.media_conformance import check_media_decoder  # noqa: F401
+from mlxcel.testing.speech_conformance import check_speaker, check_transcriber  # noqa: F401
 from mlxcel.testing.task_conformance import check_embedder, check_reranker  # noqa: F401
 from mlxcel.testing.tool_conformance import (  # noqa: F401 - the kit's public names
     NULL_VALUES,
