@@ -68,7 +68,6 @@ class _Item:
     tokenizer: Any = None
     seek: int = 0
     tokens: list[int] = field(default_factory=list)
-    prompt_len: int = 0
     reset_since: int = 0
     last_speech: float = 0.0
     segments: list[Segment] = field(default_factory=list)
@@ -248,7 +247,6 @@ class Transcriber:
                                                       task=item.request.task)
             if item.request.prompt and item.request.prompt.strip():
                 item.tokens = item.tokenizer.encode(" " + item.request.prompt.strip())
-                item.prompt_len = len(item.tokens)
         while active := [item for item in work if not item.done]:
             windows = [item.window() for item in active]
             fresh = [k for k, item in enumerate(active)
