@@ -176,7 +176,8 @@ def test_the_plugin_listing_shows_the_decoder(sites):
     infos = {i["name"]: i for i in json.loads(proc.stdout.strip().splitlines()[-1])}
     assert infos["media-heic"]["distribution"] == "mlxcel-media-heic"
     assert infos["media-heic"]["registers"] == {"media decoders": ["heic"]}
-    assert infos["media-builtin"]["registers"] == {"media decoders": ["pillow"]}
+    assert infos["media-builtin"]["registers"] == {
+        "media decoders": ["pillow", "miniaudio", "ffmpeg-audio"]}
     text = subprocess.run([sys.executable, "-m", "mlxcel.cli", "plugins"], capture_output=True,
                           text=True, env=_env(sites), timeout=120).stdout.splitlines()
     line = next(ln for ln in text if ln.startswith("media-heic"))
