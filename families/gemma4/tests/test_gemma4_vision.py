@@ -21,7 +21,8 @@ from mlxcel.errors import InvalidRequest  # noqa: E402
 from mlxcel.families.api import LoadOptions  # noqa: E402
 from mlxcel.media.api import MediaLimits  # noqa: E402
 from mlxcel.media.image import decode as decode_image  # noqa: E402
-from mlxcel.testing.engine import app_client, engine_for, request, run, solo_tokens  # noqa: E402
+from mlxcel.testing.engine import app_client, engine_for, request, run  # noqa: E402
+from mlxcel.testing.vlm_reference import mlx_vlm_greedy, rows_beside_text  # noqa: E402
 from mlxcel.types.media import MediaBlob  # noqa: E402
 from mlxcel_family_gemma4.load import decoder, load  # noqa: E402
 from PIL import Image  # noqa: E402
@@ -147,40 +148,24 @@ def test_the_media_contract_conforms(path, model):
 
 
 def _mlx_vlm_greedy(model, prompt, n: int, vision_blocks: bool = False) -> list[int]:
-    """mlx-vlm's own generate loop, greedy, on the expanded prompt; ``vision_blocks``:
-    with the processor's ``mm_token_type_ids`` (image tokens 1), as mlx-vlm's generate
-    passes them."""
-    from mlx_vlm.generate.ar import generate_step
-
+    """mlx-vlm's own loop on the expanded prompt, its pixels one array per image;
+    ``vision_blocks``: with the processor's ``mm_token_type_ids`` (image tokens 1), as
+    mlx-vlm's generate passes them."""
     pixels = [mx.array(p)[None] for p in prompt.inputs["pixel_values"]]
     ids = mx.array(prompt.token_ids)[None]
     extra = {"mm_token_type_ids": (ids == model.image_id).astype(mx.int32)} \
         if vision_blocks else {}
-    out = []
-    for token, _ in generate_step(ids, model.model, pixels, None, max_tokens=n,
-                                  temperature=0.0, **extra):
-        out.append(int(token))
-        if len(out) == n:
-            break
-    return out
+    return mlx_vlm_greedy(model.model, prompt, n, pixels=pixels, **extra)
 
 
 def test_image_rows_batched_equal_solo_and_mlx_vlms_own(path, model, ids):
     """Greedy tokens of image rows decoded beside text rows (and beside each other) equal
     each row alone and, for the image rows, mlx-vlm's own generate loop."""
     prompts = [model.expand_media(ids, [image(seed)], {}) for seed in (8, 9)]
-    rows = [request(p.token_ids, max_tokens=10, media=p, media_digests=p.digest_positions())
-            for p in prompts]
-    text = [request(ids[:-3] + [40 + i, 41, 42], max_tokens=10) for i in range(3)]
-    everything = [text[0], rows[0], text[1], rows[1], text[2]]
-    alone = solo_tokens(path, everything)
-    engine = engine_for(path, parallel=5, chunk=16)
-    try:
-        together = [tokens for tokens, _ in run(engine, everything)]
-    finally:
-        engine.shutdown()
+    text = [ids[:-3] + [40 + i, 41, 42] for i in range(3)]
+    together, alone = rows_beside_text(path, prompts, text)
     assert together == alone
-    for prompt, tokens in zip(prompts, (alone[1], alone[3]), strict=True):
+    for prompt, tokens in zip(prompts, alone, strict=False):
         assert tokens == _mlx_vlm_greedy(model, prompt, 10)
 
 

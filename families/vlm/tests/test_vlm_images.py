@@ -14,7 +14,8 @@ from mlxcel.errors import InvalidRequest
 from mlxcel.families.api import LoadOptions
 from mlxcel.media.api import MediaLimits
 from mlxcel.media.image import decode as decode_image
-from mlxcel.testing.engine import engine_for, request, run, solo_tokens
+from mlxcel.testing.engine import engine_for, request, run
+from mlxcel.testing.vlm_reference import mlx_vlm_greedy, rows_beside_text
 from mlxcel.types.media import MediaBlob
 from mlxcel_family_vlm.load import decoder, load
 from PIL import Image
@@ -96,40 +97,17 @@ def test_cached_features_give_mlx_vlms_own_embeddings(vlm_checkpoint, shape):
     assert (features.misses, features.hits) == (2, 2)
 
 
-def _mlx_vlm_greedy(model, prompt, n):
-    """mlx-vlm's own generate loop, greedy, on the expanded prompt."""
-    from mlx_vlm.generate.ar import generate_step
-
-    arrays = {k: mx.array(v) for k, v in prompt.inputs.items() if k != "rule"}
-    pixels = arrays.pop("pixel_values")
-    out = []
-    for token, _ in generate_step(mx.array(prompt.token_ids)[None], model.model, pixels,
-                                  None, max_tokens=n, temperature=0.0, **arrays):
-        out.append(int(token))
-        if len(out) == n:
-            break
-    return out
-
-
 def test_image_rows_batched_equal_solo_and_mlx_vlms_own(qwen):
     """Greedy tokens of image rows decoded beside text rows (and beside each other) equal
     each row alone and, for the image rows, mlx-vlm's own generate loop: the rows' M-RoPE
     shifts stay with them in the batch."""
     path, model, ids = qwen
     prompts = [model.expand_media(ids, [image(seed)], {}) for seed in (6, 7)]
-    reqs = [request(p.token_ids, max_tokens=10, media=p,
-                    media_digests=p.digest_positions()) for p in prompts]
-    text = [request(ids[:-3] + [40 + i, 41, 42], max_tokens=10) for i in range(3)]
-    everything = [text[0], reqs[0], text[1], reqs[1], text[2]]
-    alone = solo_tokens(path, everything)
-    engine = engine_for(path, parallel=5, chunk=16)
-    try:
-        together = [tokens for tokens, _ in run(engine, everything)]
-    finally:
-        engine.shutdown()
+    text = [ids[:-3] + [40 + i, 41, 42] for i in range(3)]
+    together, alone = rows_beside_text(path, prompts, text)
     assert together == alone
-    for prompt, tokens in zip(prompts, (alone[1], alone[3]), strict=True):
-        assert tokens == _mlx_vlm_greedy(model, prompt, 10)
+    for prompt, tokens in zip(prompts, alone, strict=False):
+        assert tokens == mlx_vlm_greedy(model.model, prompt, 10)
 
 
 def test_a_repeated_image_hits_both_caches_and_another_misses(qwen):

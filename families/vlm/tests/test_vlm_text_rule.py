@@ -19,6 +19,7 @@ from mlxcel.media.api import MediaLimits
 from mlxcel.media.image import decode
 from mlxcel.testing.engine import engine_for, request, run
 from mlxcel.testing.vlm_checkpoints import MORE_SHAPES
+from mlxcel.testing.vlm_reference import mlx_vlm_greedy
 from mlxcel.types.media import MediaBlob
 from mlxcel_family_vlm import media
 from mlxcel_family_vlm.load import decoder, load
@@ -138,21 +139,6 @@ def test_a_placeholder_count_unlike_the_items_is_refused(case):
         model.expand_media(ids, [*items, items[0]], {})
 
 
-def _mlx_vlm_greedy(model, prompt, n):
-    """mlx-vlm's own generate loop, greedy, on the expanded prompt."""
-    from mlx_vlm.generate.ar import generate_step
-
-    arrays = {k: mx.array(v) for k, v in prompt.inputs.items() if k != "rule"}
-    pixels = arrays.pop("pixel_values")
-    out = []
-    for token, _ in generate_step(mx.array(prompt.token_ids)[None], model.model, pixels,
-                                  None, max_tokens=n, temperature=0.0, **arrays):
-        out.append(int(token))
-        if len(out) == n:
-            break
-    return out
-
-
 def test_an_image_row_decodes_as_mlx_vlm_does(case, vlm_checkpoint):
     shape, model, _, ids, items = case
     prompt = model.expand_media(ids, items, {})
@@ -162,4 +148,4 @@ def test_an_image_row_decodes_as_mlx_vlm_does(case, vlm_checkpoint):
                                             media_digests=prompt.digest_positions())])
     finally:
         engine.shutdown()
-    assert tokens == _mlx_vlm_greedy(model, prompt, 8)
+    assert tokens == mlx_vlm_greedy(model.model, prompt, 8)

@@ -116,20 +116,16 @@ class Gemma4Vision(VisionLanguageModel):
             ids, pixel_values=pixels,
             cached_image_features=mx.concatenate(parts, axis=1)).inputs_embeds
 
-    def __call__(self, inputs: mx.array, cache: list[Any] | None = None, *,
-                 embeds: mx.array | None = None, positions: mx.array | None = None,
-                 shift: mx.array | None = None) -> mx.array:
-        kwargs: dict[str, Any] = {}
-        if embeds is not None:
-            kwargs["inputs_embeds"] = embeds
-            media = mx.zeros(inputs.shape, dtype=mx.bool_)
-            for token in self.media_ids:
-                media = media | (inputs == token)
-            if self.per_layer:
-                text_ids = mx.where(media, mx.zeros_like(inputs), inputs)
-                kwargs["per_layer_inputs"] = \
-                    self.language_model.model.get_per_layer_inputs(text_ids)
-            if self.bidirectional:
-                kwargs["mm_token_type_ids"] = (inputs == self.image_id).astype(mx.int32)
-        out = self.language_model(inputs, cache=cache, **kwargs)
-        return getattr(out, "logits", out)
+    def embeds_kwargs(self, inputs: mx.array, embeds: mx.array) -> dict[str, Any]:
+        """Gemma 4's per-layer inputs from the chunk's ids with media tokens zeroed, and
+        where its text config asks for it, the image tokens' type for their attention."""
+        kwargs: dict[str, Any] = {"inputs_embeds": embeds}
+        media = mx.zeros(inputs.shape, dtype=mx.bool_)
+        for token in self.media_ids:
+            media = media | (inputs == token)
+        if self.per_layer:
+            text_ids = mx.where(media, mx.zeros_like(inputs), inputs)
+            kwargs["per_layer_inputs"] = self.language_model.model.get_per_layer_inputs(text_ids)
+        if self.bidirectional:
+            kwargs["mm_token_type_ids"] = (inputs == self.image_id).astype(mx.int32)
+        return kwargs

@@ -124,15 +124,18 @@ class VisionLanguageModel:
     def __call__(self, inputs: mx.array, cache: list[Any] | None = None, *,
                  embeds: mx.array | None = None, positions: mx.array | None = None,
                  shift: mx.array | None = None) -> mx.array:
-        kwargs: dict[str, Any] = {}
-        if embeds is not None:
-            kwargs["inputs_embeds"] = embeds
+        kwargs = self.embeds_kwargs(inputs, embeds) if embeds is not None else {}
         if positions is not None:
             kwargs["position_ids"] = positions
         elif self.mrope:
             kwargs["position_ids"] = self._positions(inputs, cache, shift)
         out = self.language_model(inputs, cache=cache, **kwargs)
         return getattr(out, "logits", out)
+
+    def embeds_kwargs(self, inputs: mx.array, embeds: mx.array) -> dict[str, Any]:
+        """What the language model takes for a prefill chunk of input embeddings (a family
+        adds what its model needs beside them, from the chunk's ids ``inputs``)."""
+        return {"inputs_embeds": embeds}
 
     @staticmethod
     def _positions(inputs: mx.array, cache: list[Any] | None,

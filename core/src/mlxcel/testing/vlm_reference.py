@@ -1,0 +1,51 @@
+"""What an image row must equal, for a vision family's tests: mlx-vlm's own generate loop
+(greedy, on the family's expanded prompt), and the same rows run alone when they decode
+beside text rows. mlx-vlm is imported on use: it is a family's dependency, not core's."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from mlxcel.testing.engine import engine_for, request, run, solo_tokens
+
+
+def mlx_vlm_greedy(module: Any, prompt: Any, n: int, pixels: Any = None,
+                   **extra: Any) -> list[int]:
+    """``n`` greedy tokens of mlx-vlm's ``generate_step`` on ``prompt`` (a
+    ``MediaPrompt``) with ``module`` (mlx-vlm's model): its ``inputs`` as the model's
+    inputs (``pixels`` instead of its ``pixel_values`` when given), ``extra`` beside."""
+    import mlx.core as mx
+    from mlx_vlm.generate.ar import generate_step
+
+    arrays = {k: mx.array(v) for k, v in (prompt.inputs or {}).items()
+              if k not in ("rule", "pixel_values")}
+    if pixels is None:
+        pixels = mx.array(prompt.inputs["pixel_values"])
+    out: list[int] = []
+    for token, _ in generate_step(mx.array(prompt.token_ids)[None], module, pixels, None,
+                                  max_tokens=n, temperature=0.0, **arrays, **extra):
+        out.append(int(token))
+        if len(out) == n:
+            break
+    return out
+
+
+def rows_beside_text(path: Any, prompts: Sequence[Any], text: Sequence[Sequence[int]],
+                     max_tokens: int = 10) -> tuple[list[list[int]], list[list[int]]]:
+    """(batched, alone): each image row's (``prompts``) and text row's greedy tokens when
+    all decode together (image rows between text rows, ``--parallel`` all of them), and
+    each alone; image rows first in both."""
+    images = [request(p.token_ids, max_tokens, media=p, media_digests=p.digest_positions())
+              for p in prompts]
+    texts = [request(list(t), max_tokens) for t in text]
+    order = [r for pair in zip(texts, images, strict=False) for r in pair] + \
+        texts[len(images):] + images[len(texts):]
+    engine = engine_for(path, parallel=len(order), chunk=16)
+    try:
+        together = dict(zip(map(id, order), (t for t, _ in run(engine, order)), strict=True))
+    finally:
+        engine.shutdown()
+    alone = dict(zip(map(id, order), solo_tokens(path, order), strict=True))
+    mine = [*images, *texts]
+    return [together[id(r)] for r in mine], [alone[id(r)] for r in mine]
