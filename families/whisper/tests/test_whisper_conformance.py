@@ -5,11 +5,8 @@ decoded six times (``test_whisper_runner`` checks the fallback's batch invarianc
 
 from __future__ import annotations
 
-try:
-    from mlxcel.testing.conformance import check_transcriber
-except ImportError:  # until mlxcel.testing.conformance re-exports the speech runners
-    from mlxcel.testing.speech_conformance import check_transcriber
 from mlxcel.families.speech import Transcription
+from mlxcel.testing.conformance import check_transcriber
 from mlxcel.testing.speech_conformance import synthetic_speech
 
 
