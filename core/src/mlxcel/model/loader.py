@@ -24,7 +24,9 @@ from mlxcel.toolcalls.api import ToolFormat
 from mlxcel.toolcalls.registry import ToolFormatRegistry
 
 log = structlog.get_logger("mlxcel.loader")
-ALLOW_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "tokenizer.model", "*.txt", "*.py"]
+# weights.npz: older MLX speech repos (mlx-community/whisper-*) have only that
+ALLOW_PATTERNS = ["*.json", "*.safetensors", "weights.npz", "*.jinja", "tokenizer.model",
+                  "*.txt", "*.py"]
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p")
 # model_type -> the distribution whose family adds its tool format and reasoning; named in
 # the log when a family that only accepts the type (core's generic one) serves it instead.
@@ -292,8 +294,8 @@ def check_task_model(model: str, families: FamilyRegistry, task: str) -> tuple[F
     path = resolve_model_path(model)
     config = _read_json(path / "config.json")
     family = families.select(path, config, task)
-    if not any(path.glob("*.safetensors")):
-        raise StartupError(f"{path} has no *.safetensors weights")
+    if not any(path.glob("*.safetensors")) and not (path / "weights.npz").is_file():
+        raise StartupError(f"{path} has no *.safetensors (or MLX weights.npz) weights")
     served = families.tasks_of(family, path, config)
     if task not in served:
         raise StartupError(f"{path} is served by family '{family.name}' for "

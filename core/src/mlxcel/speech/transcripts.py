@@ -37,8 +37,11 @@ def render(transcript: Transcript, fmt: str, task: str, names: dict[str, str],
         return srt(transcript.segments), "text/plain; charset=utf-8"
     if fmt == "vtt":
         return vtt(transcript.segments), "text/vtt; charset=utf-8"
+    # a translation's language is its output's, English, as OpenAI's verbose_json says
+    language = "english" if task == "translate" else \
+        names.get(transcript.language, transcript.language)
     body: dict[str, Any] = {
-        "task": task, "language": names.get(transcript.language, transcript.language),
+        "task": task, "language": language,
         "duration": round(transcript.duration, 2), "text": transcript.text,
         "segments": [_segment(s) for s in transcript.segments], "usage": usage(transcript)}
     if words:

@@ -57,22 +57,24 @@ async def transcribe(ctx: AppContext, request: Request, task: str, path: str) ->
                              "verbose_json", param="timestamp_granularities")
     words = "word" in req.granularities
     language = _language(runner, req.language) if task == "transcribe" else None
-    pcm, _ = await asyncio.to_thread(upload.decode, req, ctx.plugins.media_decoders,
-                                     runner.sample_rate)
+    pcm, seconds = await asyncio.to_thread(upload.decode, req, ctx.plugins.media_decoders,
+                                           runner.sample_rate)
     value = Transcription(pcm=pcm, task=task, language=language, prompt=req.prompt,
                           temperature=req.temperature, words=words)
     names = dict(getattr(runner, "language_names", None) or {})
     if req.stream:
         events = jobs.stream(side, value, "transcribe", runner.transcribe)
         first = await anext(events)  # a queue-full or timeout is the response's status
-        return SSEResponse(_transcript_events(first, events))
+        return SSEResponse(_transcript_events(first, events, seconds))
     result = await jobs.run(side, value, "transcribe", runner.transcribe)
+    # the upload's own length: resampling may add a sample the model counts
+    result = msgspec.structs.replace(result, duration=seconds)
     body, media_type = transcripts.render(result, fmt, task, names, words)
     return Response(body, media_type=media_type)
 
 
-async def _transcript_events(first: tuple[str, Any], events: AsyncIterator[tuple[str, Any]]
-                             ) -> AsyncIterator[bytes]:
+async def _transcript_events(first: tuple[str, Any], events: AsyncIterator[tuple[str, Any]],
+                             seconds: float) -> AsyncIterator[bytes]:
     """``transcript.text.delta`` per segment, then ``transcript.text.done`` (the whole
     text and its usage), as OpenAI's streamed transcription sends them."""
     async def chained() -> AsyncIterator[tuple[str, Any]]:
@@ -84,6 +86,7 @@ async def _transcript_events(first: tuple[str, Any], events: AsyncIterator[tuple
             if kind == "piece":
                 yield sse({"type": "transcript.text.delta", "delta": value.text})
             else:
+                value = msgspec.structs.replace(value, duration=seconds)
                 yield sse({"type": "transcript.text.done", "text": value.text,
                            "usage": transcripts.usage(value)})
     except MlxcelError as exc:
