@@ -44,7 +44,8 @@ def mlx_lm_ttft(model, first: list[int], second: list[int]) -> tuple[float, int]
     from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 
     cache = make_prompt_cache(model)
-    for _ in zip(range(4), generate_step(mx.array(first), model, prompt_cache=cache)):
+    for _ in zip(range(4), generate_step(mx.array(first), model, prompt_cache=cache),
+                 strict=False):
         pass
     trim_prompt_cache(cache, cache[0].offset - len(first))  # back to turn 1's prompt
     t0 = time.perf_counter()
