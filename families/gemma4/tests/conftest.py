@@ -1,13 +1,9 @@
 """The distribution's tests import their shared fixtures module, ``gemma4_fixtures``, from
 this folder (a name of its own, so that several distributions' tests run in one pytest).
-The tiny vision checkpoint's processor is loaded offline (``HF_HUB_OFFLINE``, set before
-huggingface_hub reads it)."""
+Tests run offline: mlxcel's pytest plugin sets ``HF_HUB_OFFLINE``."""
 
-import os
 import pathlib
 import sys
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 

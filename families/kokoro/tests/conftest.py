@@ -2,11 +2,7 @@
 and its ``speak`` runner made once: the checkpoint is ~224 MB and a CPU synthesizes
 slowly, so tests share both and speak a few phonemes each."""
 
-import os
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before huggingface_hub reads it
-
-import pytest  # noqa: E402
+import pytest
 
 
 @pytest.fixture(scope="session")

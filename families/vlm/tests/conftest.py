@@ -1,10 +1,6 @@
 """Tiny VLM checkpoints for the distribution's tests, built once per session, offline."""
 
-import os
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before huggingface_hub reads it
-
-import pytest  # noqa: E402
+import pytest
 
 
 @pytest.fixture(scope="session")

@@ -13,6 +13,13 @@ from typing import Any
 import pytest
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Tests run offline (model weights cannot be downloaded; every checkpoint is built):
+    Hugging Face's hub is told so before any test imports it, for every distribution's
+    suite alike."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
 @pytest.fixture(scope="session")
 def mlxcel_checkpoint_cache(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     """Cache dir for test checkpoints: ``$MLXCEL_CACHE_DIR`` if set, else under basetemp."""
