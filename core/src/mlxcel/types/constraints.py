@@ -4,9 +4,10 @@ A constraint carries its source in one canonical text, so that two requests that
 the same thing share one compiled index (``cache_text`` is what the compile cache hashes,
 with the tokenizer's fingerprint and the backend's version). The kinds: a JSON schema
 (``response_format``), a JSON schema in fixed markup (a forced call of a JSON-in-markup
-tool format) and a regular expression (a forced call of a format with a syntax of its
-own). Checking a constraint's limits and compiling it are the engine's
-(``mlxcel.engine.constraints``); this module only describes it.
+tool format), a regular expression (a forced call of a format with a syntax of its own)
+and a GBNF grammar (llama-server's ``grammar`` field). Checking a constraint's limits and
+compiling it are the engine's (``mlxcel.engine.constraints``); this module only
+describes it.
 
 Markers: a tool format's markup is often one added token of the tokenizer (``<tool_call>``,
 ``[TOOL_CALLS]``, ``<|"|>``). A constraint names such texts in ``markers``; where the
@@ -126,3 +127,16 @@ class RegexConstraint(Constraint, tag="regex"):
     @property
     def cache_text(self) -> str:
         return "regex:" + msgspec.json.encode([self.pattern, self.markers]).decode()
+
+
+class GrammarConstraint(Constraint, tag="gbnf"):
+    """The output, whole, is a sentence of ``grammar``: a GBNF grammar as llama-server's
+    ``grammar`` field takes it (``root`` is the start rule). It compiles through a
+    context-free backend (llguidance), not the regex one: GBNF is not regular."""
+
+    subject: ClassVar[str] = "the grammar"
+    grammar: str
+
+    @property
+    def cache_text(self) -> str:
+        return "gbnf:" + self.grammar

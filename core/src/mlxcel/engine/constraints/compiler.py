@@ -14,7 +14,10 @@ Results are kept in memory and on disk under ``cache_dir`` (``mlxcel.engine.cons
 store``), keyed by a hash of the backend's tag, the constraint's ``cache_text`` and the
 vocabulary's fingerprint, so a restarted server does not compile again; each file holds its
 own key, checked on read. Every constraint kind goes this one way, with the same timeout
-and index-size bound.
+and index-size bound. A GBNF grammar (``GrammarConstraint``) is not regular, so it goes to
+the grammar backend (llguidance, made on the first grammar, so a server that never sees
+one never imports it); every other kind goes to ``backend`` (outlines-core). Each backend
+has its own cache directory and worker pool.
 """
 
 from __future__ import annotations
@@ -33,8 +36,8 @@ from mlxcel.engine.constraints.protocol import Compiled, ConstraintBackend
 from mlxcel.engine.constraints.store import DiskStore, MemoryStore, file_key, unpack
 from mlxcel.engine.constraints.vocabulary import TokenVocabulary
 from mlxcel.engine.constraints.workers import pool_for
-from mlxcel.errors import ConstraintTooComplex, MlxcelError
-from mlxcel.types.constraints import Constraint
+from mlxcel.errors import CapabilityNotSupported, ConstraintTooComplex, MlxcelError
+from mlxcel.types.constraints import Constraint, GrammarConstraint
 
 DEFAULT_TIMEOUT = 60.0  # the options table's default for --grammar-compile-timeout
 
@@ -73,19 +76,20 @@ class ConstraintCompiler:
 
     def __init__(self, vocabulary: TokenVocabulary | Callable[[], TokenVocabulary], *,
                  backend: ConstraintBackend | None = None,
+                 grammar_backend: ConstraintBackend | None = None,
                  cache_dir: str | os.PathLike | None = None, timeout: float = DEFAULT_TIMEOUT,
                  budget: CacheBudget = CacheBudget(), workers: int = 2,
                  queue: int = 64) -> None:
         if not timeout > 0:
             raise ValueError("the compile timeout must be > 0")
         self.backend: ConstraintBackend = backend or OutlinesBackend()
+        self._grammar_backend = grammar_backend
         self.timeout, self.budget, self.stats = timeout, budget, CompileStats()
         self._source = vocabulary
         self._vocabulary: TokenVocabulary | MlxcelError | None = \
             vocabulary if isinstance(vocabulary, TokenVocabulary) else None
-        root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-        tag = hashlib.sha256(self.backend.cache_tag.encode()).hexdigest()[:12]
-        self._disk = DiskStore(root / f"{self.backend.name}-{tag}", budget.disk_bytes)
+        self._root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+        self._disks: dict[str, DiskStore] = {}
         self._memory = MemoryStore(budget.memory_bytes)
         self._inflight: dict[str, Future] = {}
         self._lock = threading.Lock()
@@ -100,7 +104,34 @@ class ConstraintCompiler:
     def check(self, constraint: Constraint) -> None:
         """The backend's cheap checks (limits, unsupported keywords), on the caller's
         thread: the request path refuses a bad schema before it queues anything."""
-        self.backend.check(constraint)
+        self.backend_for(constraint).check(constraint)
+
+    def backend_for(self, constraint: Constraint) -> ConstraintBackend:
+        """The backend that compiles ``constraint``: the grammar backend for a GBNF
+        grammar (501 when llguidance is not installed), else ``backend``."""
+        if not isinstance(constraint, GrammarConstraint):
+            return self.backend
+        with self._lock:
+            if self._grammar_backend is None:
+                try:
+                    from mlxcel.engine.constraints.llguidance import LLGuidanceBackend
+                except ImportError:
+                    raise CapabilityNotSupported(
+                        "'grammar' needs the llguidance package, which is not installed",
+                        param="grammar") from None
+                self._grammar_backend = LLGuidanceBackend()
+            return self._grammar_backend
+
+    def _disk(self, backend: ConstraintBackend) -> DiskStore:
+        """The backend's directory under the cache root, named by its tag."""
+        tag = hashlib.sha256(backend.cache_tag.encode()).hexdigest()[:12]
+        name = f"{backend.name}-{tag}"
+        with self._lock:
+            disk = self._disks.get(name)
+            if disk is None:
+                disk = self._disks[name] = DiskStore(self._root / name,
+                                                     self.budget.disk_bytes)
+            return disk
 
     def submit(self, constraint: Constraint) -> Future[Compiled]:
         """A future of the compiled constraint; checks raise here, before any thread."""
@@ -162,20 +193,22 @@ class ConstraintCompiler:
 
     def _load_or_build(self, key: str, constraint: Constraint) -> tuple[Compiled, int]:
         vocabulary = self.vocabulary()
+        backend = self.backend_for(constraint)
+        disk = self._disk(backend)
         name = hashlib.sha256(f"{key}\0{vocabulary.fingerprint}".encode()).hexdigest()[:40]
-        header = file_key(self.backend.cache_tag, key, vocabulary.fingerprint)
-        blob = self._disk.read(name)
+        header = file_key(backend.cache_tag, key, vocabulary.fingerprint)
+        blob = disk.read(name)
         data = None if blob is None else unpack(blob, header)
         if data is not None and len(data) <= self.budget.index_bytes:
             try:
-                compiled = self.backend.load(data, constraint, vocabulary)
+                compiled = backend.load(data, constraint, vocabulary)
             except Exception:  # unreadable: compile again and overwrite it
                 pass
             else:
                 with self._lock:
                     self.stats.disk_hits += 1
                 return compiled, len(data)
-        pool = pool_for(self.backend, vocabulary, size=self._workers,
+        pool = pool_for(backend, vocabulary, size=self._workers,
                         memory_bytes=self.budget.compile_bytes, queue_size=self._queue)
         try:
             data = pool.compile(constraint, self.timeout)
@@ -189,8 +222,8 @@ class ConstraintCompiler:
             raise ConstraintTooComplex(
                 f"{constraint.subject} compiles to more than {self.budget.index_bytes >> 20} "
                 "MiB for this model's vocabulary; bound fewer string lengths or array sizes")
-        compiled = self.backend.load(data, constraint, vocabulary)
-        self._disk.write(name, header, data)
+        compiled = backend.load(data, constraint, vocabulary)
+        disk.write(name, header, data)
         return compiled, len(data)
 
 
