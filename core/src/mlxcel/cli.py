@@ -207,6 +207,9 @@ def check_limits(settings: Settings) -> None:
             raise StartupError(f"--{name.replace('_', '-')} must be >= 0")
     if settings.threads_http == 0 or settings.threads_http < -1:
         raise StartupError("--threads-http must be > 0, or -1 for one thread")
+    if settings.image_model:
+        raise StartupError("--image-model (MLXCEL_IMAGE_MODEL): the images API is not built "
+                           "yet; start without it (/v1/images/* answer 501)")
 
 
 def read_api_key(settings: Settings) -> Settings:

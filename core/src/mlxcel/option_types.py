@@ -97,6 +97,21 @@ def reasoning_budget(raw: str) -> int:
     return value
 
 
+def reasoning_mode(raw: str) -> str:
+    """llama-server's ``--reasoning``: ``on`` / ``off`` / ``auto``, with the words its
+    parser also takes (``enabled``/``true``/``1``, ``disabled``/``false``/``0``, ``-1``)."""
+    value = raw.strip().lower()
+    if value in ("", "auto", "-1"):
+        return "auto"
+    try:
+        return "on" if boolean(value) else "off"
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected on, off or auto, got {raw!r}") from None
+
+
+reasoning_mode.choices = ["on", "off", "auto"]  # type: ignore[attr-defined]
+
+
 def seconds_up_to_1(raw: str) -> float:
     """A number of seconds in (0, 1]: a GIL switch interval beyond a second would stall
     the engine thread for that long."""

@@ -48,6 +48,7 @@ from mlxcel.option_types import (  # noqa: F401 (re-exported: the table's types)
     parse_size,
     path,
     reasoning_budget,
+    reasoning_mode,
     seconds_up_to_1,
     text,
 )
@@ -80,7 +81,11 @@ _ROWS: list[tuple[Any, ...]] = [
     (("-a", "--alias"), "alias", str, None, "LLAMA_ARG_ALIAS",
      "model names reported by the API, comma-separated: /v1/models lists each, answers "
      "name the first (default: the model's folder name)", KEPT),
-    (("--host",), "host", str, "127.0.0.1", "LLAMA_ARG_HOST", "address to listen on", KEPT),
+    (("--tags",), "tags", str, None, "LLAMA_ARG_TAGS",
+     "model tags, comma-separated, listed in each /v1/models entry (informational)", KEPT),
+    (("--host",), "host", str, "127.0.0.1", "LLAMA_ARG_HOST",
+     "address to listen on; several comma-separated addresses are each bound "
+     "(127.0.0.1,::1)", KEPT),
     (("--port",), "port", int, 8080, "LLAMA_ARG_PORT", "port to listen on", KEPT),
     (("--api-key",), "api_key", str, None, "LLAMA_API_KEY",
      "require one of these comma-separated keys (Authorization: Bearer <key>, or "
@@ -155,6 +160,12 @@ _ROWS: list[tuple[Any, ...]] = [
      "LLAMA_ARG_THINK_BUDGET",
      "reasoning tokens an answer may generate before its reasoning block is closed for "
      "it: -1 = unrestricted, 0 = end it at once; a request's thinking budget wins", KEPT),
+    (("-rea", "--reasoning"), "reasoning", reasoning_mode, "auto", "LLAMA_ARG_REASONING",
+     "on or off: render every chat template with enable_thinking true or false (a "
+     "request's chat_template_kwargs win); auto leaves it to the template", MAPPED),
+    (("-v", "--verbose", "--log-verbose"), "verbose", Toggle(), False, None,
+     "add llama-server's __verbose debug field (the answer as /completion gives it) to "
+     "OpenAI chat and completion answers", MAPPED),
     (("--log-format",), "log_format", choice("log_format", "json", "console"), "console",
      "MLXCEL_LOG_FORMAT",
      "log line format: json or console"),
@@ -365,9 +376,32 @@ def _add(parser: argparse.ArgumentParser, row: Option) -> None:
     parser.add_argument(*row.flags, **kwargs)
 
 
+def _thinking(value: Any) -> bool:
+    return value is True or str(value).strip().lower() == "true"
+
+
+class _ServerParser(argparse.ArgumentParser):
+    """``--reasoning on|off`` is folded into the server-wide chat-template variables as
+    ``enable_thinking``, as llama-server folds it into its default template kwargs, so
+    every dialect renders with it; an ``enable_thinking`` that ``--chat-template-kwargs``
+    sets the other way is refused rather than one of them being silently dropped."""
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        ns, rest = super().parse_known_args(args, namespace)
+        mode = getattr(ns, "reasoning", "auto")
+        if mode != "auto":
+            kwargs = dict(ns.chat_template_kwargs or {})
+            on = mode == "on"
+            if "enable_thinking" in kwargs and _thinking(kwargs["enable_thinking"]) != on:
+                self.error(f"--reasoning {mode} contradicts --chat-template-kwargs' "
+                           f"enable_thinking; give one of them")
+            ns.chat_template_kwargs = {**kwargs, "enable_thinking": on}
+        return ns, rest
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The server's parser; abbreviations are refused, as llama-server refuses them."""
-    parser = argparse.ArgumentParser(
+    parser = _ServerParser(
         prog="mlxcel-server",
         description="LLM inference server on MLX. `mlxcel-server plugins` lists plugins.",
         formatter_class=HelpFormatter, allow_abbrev=False)

@@ -82,6 +82,5 @@ IGNORED_ROWS: tuple[tuple[Any, ...], ...] = (
      "LLAMA_ARG_LOG_TIMESTAMPS", LOGS),
     (("--log-prefix", "--no-log-prefix"), Toggle("--no-log-prefix"),
      "LLAMA_ARG_LOG_PREFIX", LOGS),
-    (("-v", "--verbose", "--log-verbose"), Toggle(), None, LOGS),
     (("-lv", "--verbosity", "--log-verbosity"), text, "LLAMA_ARG_LOG_VERBOSITY", LOGS),
 )

@@ -50,6 +50,9 @@ SIDE_ROWS: tuple[tuple[Any, ...], ...] = (
     (("--tts-model",), "tts_model", str, None, "MLXCEL_TTS_MODEL",
      "a text-to-speech model (Kokoro) served beside the chat model (/v1/audio/speech); "
      "needs mlxcel-family-kokoro"),
+    (("--image-model",), "image_model", str, None, "MLXCEL_IMAGE_MODEL",
+     "an image generation model served beside the chat model (/v1/images/generations, "
+     "/v1/images/edits); not built yet: giving it refuses to start"),
     (("--audio-queue-depth",), "audio_queue_depth", int, 8, "MLXCEL_AUDIO_QUEUE_DEPTH",
      "transcription and speech requests queued at once, per model; more get 503"),
     (("--audio-request-timeout-secs",), "audio_request_timeout_secs", float, 120.0,

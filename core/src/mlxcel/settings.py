@@ -55,6 +55,16 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     tool_call_format: str | None = None
     reasoning_format: str = "auto"
     reasoning_budget: int = -1
+    prompt_lookup: str = "auto"  # speculative decoding (mlxcel.options_spec)
+    draft_max: int = 16
+    draft_min: int = 0
+    model_draft: str | None = None
+    draft_kind: str | None = None
+    draft_block_size: int = 0
+    spec_type: str | None = None
+    reasoning: str = "auto"  # --reasoning: on/off set enable_thinking (mlxcel.options)
+    tags: str | None = None  # --tags: shown in /v1/models
+    verbose: bool = False  # -v: the __verbose debug field on OpenAI answers
     log_format: str = "console"
     plugins: str | None = None
     disable_plugins: str | None = None
@@ -129,6 +139,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     rerank_batch_size: int = 8
     stt_model: str | None = None  # transcribe (mlxcel.families.speech)
     tts_model: str | None = None  # speak
+    image_model: str | None = None  # generate_image: not built yet (refused at startup)
     audio_queue_depth: int = 8
     audio_request_timeout_secs: float = 120.0
     # media input (mlxcel.options_media): local roots, the address guard, the limits
@@ -145,6 +156,14 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     def aliases(self) -> tuple[str, ...]:
         """``--alias a,b``: every name the model answers to, the first one shown."""
         return tuple(a.strip() for a in (self.alias or "").split(",") if a.strip())
+
+    def tag_list(self) -> list[str]:
+        """``--tags a,b``: the model's tags as ``/v1/models`` shows them."""
+        return [t.strip() for t in (self.tags or "").split(",") if t.strip()]
+
+    def hosts(self) -> tuple[str, ...]:
+        """``--host a,b``: every address the server listens on, the first one Granian's."""
+        return tuple(h.strip() for h in self.host.split(",") if h.strip()) or ("127.0.0.1",)
 
     def api_keys(self) -> tuple[str, ...]:
         """``--api-key k1,k2`` (or the file's lines, joined so): a request may send any."""

@@ -28,7 +28,7 @@ from mlxcel.errors import MlxcelError
 from mlxcel.families.media import media_kinds
 from mlxcel.types.messages import PromptInput
 
-from . import audio, embeddings
+from . import audio, embeddings, images
 from . import schemas as s
 from .stream import ChatEncoder, CompletionEncoder
 from .translate import (
@@ -39,11 +39,7 @@ from .translate import (
     turn_options,
 )
 
-UNSERVED = (
-    ("POST", "an image generation model",
-     ("/v1/images/generations", "/v1/images/edits", "/images/generations", "/images/edits")),
-    ("GET", "a Nemotron VoiceChat checkpoint", ("/v1/realtime",)),
-)
+UNSERVED = (("GET", "a Nemotron VoiceChat checkpoint", ("/v1/realtime",)),)
 
 
 def _head(ctx: AppContext, body: s.SamplingFields, rid: str) -> tuple[Any, ...]:
@@ -120,12 +116,13 @@ def build(ctx: AppContext) -> list[Any]:
         """Each model the server holds, with what it serves (``capabilities``): the chat
         model under each of its names (``--alias a,b``), then the side models."""
         names = (ctx.settings.aliases() or (ctx.model_name,)) if ctx.has_chat else ()
-        entries = [(name, chat_capabilities(ctx)) for name in names] + [
-            (side.name, [CAPABILITIES.get(task, task)]) for task, side in ctx.sides.items()]
+        tags = ctx.settings.tag_list()  # --tags: the chat model's, as llama-server lists them
+        entries = [(name, chat_capabilities(ctx), tags) for name in names] + [
+            (side.name, [CAPABILITIES.get(task, task)], []) for task, side in ctx.sides.items()]
         return Response({"object": "list", "data": [
             {"id": name, "object": "model", "created": ctx.created, "owned_by": "user",
-             "capabilities": caps} for name, caps in entries
+             "capabilities": caps, "tags": tags} for name, caps, tags in entries
         ]})
 
     return [chat_completions, completions, models, *embeddings.build(ctx), *audio.build(ctx),
-            *unserved_routes(UNSERVED)]
+            *images.build(ctx), *unserved_routes(UNSERVED)]
