@@ -2,11 +2,16 @@
 with the CORS headers and no API key asked (browsers send none on a preflight), and every
 response, errors included, names the allowed ``Origin``.
 
+An origin that is not allowed gets the same answer without any CORS header (a preflight
+is still 200, never 403): the browser then refuses to hand the answer to the page, as it
+does with llama-server. ``localhost`` in the list means every loopback origin on any port
+(``http://localhost:3000``, ``http://127.0.0.1``, ``http://[::1]:3000``).
+
 The middleware applies this at the edge, before the key check and around every response,
 rather than Litestar's ``CORSConfig``: that one sits inside the app, so a preflight would
 meet the key check first, an edge rejection (401, 403, 415) would carry no CORS headers,
-and its preflight answers 204. The Host/Origin guard (``mlxcel.http_guard``) still runs
-first; an origin listed here is admitted by it too.
+and its preflight answers 204. The Host guard (``mlxcel.http_guard``) still runs first;
+the hosts of origins listed here are accepted by it too.
 """
 
 from __future__ import annotations
@@ -67,7 +72,7 @@ class CorsPolicy(msgspec.Struct, frozen=True, kw_only=True):
         return LOCALHOST in self.origins and _origin_host(origin) in LOOPBACK_NAMES
 
     def origin_hosts(self) -> frozenset[str]:
-        """The host names of the exact origins listed: the Host/Origin guard admits them."""
+        """The host names of the exact origins listed: the Host guard admits them."""
         hosts = (_origin_host(o) for o in self.origins if o not in (ANY, LOCALHOST))
         return frozenset(h for h in hosts if h)
 

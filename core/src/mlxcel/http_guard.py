@@ -1,4 +1,4 @@
-"""Edge rules checked before routing: request ids, Host/Origin names, POST content types.
+"""Edge rules checked before routing: request ids, Host names, POST content types.
 
 Pure functions over header values, so the middleware stays a thin ASGI wrapper and each
 rule can be read (and tested) on its own.
@@ -7,7 +7,6 @@ rule can be read (and tested) on its own.
 from __future__ import annotations
 
 import re
-from urllib.parse import urlsplit
 
 import msgspec
 
@@ -22,31 +21,36 @@ _CURL_TYPES = frozenset({"text/plain", "application/x-www-form-urlencoded"})
 
 
 class HostPolicy(msgspec.Struct, frozen=True):
-    """Which Host/Origin names are accepted; ``names is None`` means any."""
+    """Which ``Host`` names are accepted; ``names is None`` means any.
+
+    Only the Host header is checked (the DNS-rebinding guard: a page on a name that
+    resolves to this machine sends its own name as Host). The ``Origin`` is CORS's
+    business (``mlxcel.cors``): as llama-server answers, a foreign origin gets its answer
+    without CORS headers, which the browser then refuses to hand to the page."""
 
     names: frozenset[str] | None
 
     @classmethod
     def from_settings(cls, host: str, allowed_hosts: str | None,
                       listening: bool = True) -> HostPolicy:
-        """A listener on a loopback bind accepts only loopback names (DNS-rebinding guard);
-        ``--allowed-hosts`` adds names (and turns the check on for any bind, and for an app
-        that is not listening); ``*`` turns it off."""
+        """A listener whose every bind (``--host a,b``) is loopback accepts only loopback
+        names (DNS-rebinding guard); ``--allowed-hosts`` adds names (and turns the check on
+        for any bind, and for an app that is not listening); ``*`` turns it off."""
         listed = [n.strip().lower() for n in (allowed_hosts or "").split(",") if n.strip()]
         if "*" in listed:
             return cls(None)
-        if not listed and not (listening and host.lower() in LOOPBACK_BINDS):
+        binds = [b.strip().lower() for b in host.split(",") if b.strip()]
+        loopback = bool(binds) and all(b in LOOPBACK_BINDS for b in binds)
+        if not listed and not (listening and loopback):
             return cls(None)
         return cls(LOOPBACK_NAMES | {_strip_port(n) for n in listed})
 
-    def denial(self, host: str | None, origin: str | None) -> str | None:
+    def denial(self, host: str | None) -> str | None:
         """None when allowed, else the user-facing reason (names only, never a payload)."""
         if self.names is None:
             return None
         if host is not None and _strip_port(host.strip().lower()) not in self.names:
             return "Host not allowed; start the server with --allowed-hosts to accept it"
-        if origin is not None and _origin_name(origin) not in self.names:
-            return "Origin not allowed; start the server with --allowed-hosts to accept it"
         return None
 
 
@@ -57,14 +61,6 @@ def _strip_port(value: str) -> str:
     if value.count(":") == 1:
         return value.split(":", 1)[0]
     return value
-
-
-def _origin_name(origin: str) -> str | None:
-    """The host of an Origin header (``null`` and garbage have none)."""
-    try:
-        return urlsplit(origin.strip()).hostname
-    except ValueError:
-        return None
 
 
 def request_id(raw: bytes | None) -> str | None:

@@ -1,4 +1,4 @@
-"""ASGI middleware around the whole app: request id, Host/Origin, CORS, API key,
+"""ASGI middleware around the whole app: request id, Host, CORS, API key,
 Content-Type, body-read and write timeouts, and one log line per request."""
 
 from __future__ import annotations
@@ -267,9 +267,9 @@ class ServerMiddleware:
                          prompt_tokens=usage[0], completion_tokens=usage[1])
 
     def _denial(self, scope: dict, headers: dict[bytes, bytes]) -> MlxcelError | None:
-        """The first edge rule the request breaks: Host/Origin (403), key (401), type (415).
+        """The first edge rule the request breaks: Host (403), key (401), type (415).
         A preflight (``OPTIONS``) needs no key: browsers never send one with it."""
-        reason = self.cfg.hosts.denial(_text(headers, b"host"), _text(headers, b"origin"))
+        reason = self.cfg.hosts.denial(_text(headers, b"host"))
         if reason:
             return errors.Forbidden(reason)
         if scope.get("method") == "OPTIONS":

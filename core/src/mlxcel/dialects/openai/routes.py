@@ -38,6 +38,7 @@ from .translate import (
     prompt_request,
     turn_options,
 )
+from .verbose import with_verbose
 
 UNSERVED = (("GET", "a Nemotron VoiceChat checkpoint", ("/v1/realtime",)),)
 
@@ -81,7 +82,8 @@ def build(ctx: AppContext) -> list[Any]:
                               logprobs=body.logprobs)
         if not body.stream:
             answer = await turn.whole(ctx, request)
-            return client_closed() if answer is None else encoder.whole(answer)
+            return client_closed() if answer is None else with_verbose(
+                encoder.whole(answer), answer, encoder.model, ctx.settings.verbose)
         return SSEResponse(stream_answer(request, turn.stream, turn.machine, encoder,
                                          on_finish=turn.on_finish(ctx)))
 
@@ -108,7 +110,8 @@ def build(ctx: AppContext) -> list[Any]:
                                     echoed=echo_text(ctx, body, prompt) if body.echo else "")
         if not body.stream:
             answer = await turn.whole(ctx, request)
-            return client_closed() if answer is None else encoder.whole(answer)
+            return client_closed() if answer is None else with_verbose(
+                encoder.whole(answer), answer, encoder.model, ctx.settings.verbose)
         return SSEResponse(stream_answer(request, turn.stream, turn.machine, encoder))
 
     @get(["/v1/models", "/models"])
