@@ -298,7 +298,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if as_program:  # on Linux CPU, restart once with OpenBLAS preloaded (mlxcel.backend)
             maybe_reexec(argv, no_fast_blas=settings.no_fast_blas)
         from mlxcel.logging import configure
-        from mlxcel.serving import check_fd_hard_limit, check_listen, serve
+        from mlxcel.serving import check_fd_hard_limit, check_listens, serve
 
         configure(settings.log_format, secrets=[settings.api_key, *settings.api_keys()])
         if notes := ignored_notes(settings):  # one line for every llama-server flag ignored
@@ -306,7 +306,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_fd_hard_limit()
         if settings.distributed != "off" and _follower_rank():  # no HTTP: a follower
             return follow(_prepare_model(settings))
-        address = check_listen(settings.host, settings.port)
+        address = check_listens(settings.hosts(), settings.port)
         settings = msgspec.structs.replace(settings, host=address)
         return serve(_prepare_model(settings))
     except (StartupError, PluginError) as exc:

@@ -27,6 +27,12 @@ FD_HEADROOM = 256  # descriptors beyond the connections: listen sockets, pipes, 
 MLX_LM_HARD_NOFILE = 4096  # the hard limit mlx_lm.utils sets on import (it fails below it)
 
 
+def check_listens(hosts: tuple[str, ...], port: int) -> str:
+    """``check_listen`` for every address of ``--host a,b``: their IP addresses,
+    comma-separated, each once (``localhost,127.0.0.1`` is one address)."""
+    return ",".join(dict.fromkeys(check_listen(host, port) for host in hosts))
+
+
 def check_listen(host: str, port: int) -> str:
     """Bind ``host:port`` once without SO_REUSEPORT, so that a port another server listens
     on is refused here: Granian binds with SO_REUSEPORT and would share it silently.
@@ -233,7 +239,7 @@ def granian_options(settings: Settings) -> dict[str, Any]:
     from granian.http import HTTP1Settings
 
     return {
-        "address": settings.host, "port": settings.port, "interface": Interfaces.ASGI,
+        "address": settings.hosts()[0], "port": settings.port, "interface": Interfaces.ASGI,
         "workers": 1, "factory": True, "log_access": False, "log_level": "warning",
         "http": HTTPModes.http1,
         "http1_settings": HTTP1Settings(header_read_timeout=int(settings.idle_timeout * 1000)),
@@ -241,6 +247,21 @@ def granian_options(settings: Settings) -> dict[str, Any]:
         "runtime_threads": max(1, settings.threads_http),  # --threads-http; -1 = 1
         "workers_kill_timeout": settings.shutdown_timeout,
     }
+
+
+def _relay_other_hosts(settings: Settings) -> None:
+    """``--host a,b,...``: Granian listens on the first address; the others are bound
+    here and relayed to it (``mlxcel.listeners``)."""
+    first, *others = settings.hosts()
+    if not others:
+        return
+    from mlxcel.listeners import bind, start_relays, target_of
+
+    raise_fd_limit(settings.max_connections)  # two descriptors per relayed connection
+    socks = [bind(host, settings.port, 1024) for host in others]
+    start_relays(socks, (target_of(first), settings.port))
+    log.info("listening", addresses=list(settings.hosts()), port=settings.port,
+             relayed=others)
 
 
 def serve(settings: Settings) -> int:
@@ -253,6 +274,7 @@ def serve(settings: Settings) -> int:
     with tempfile.TemporaryDirectory(prefix="mlxcel-") as tmp:
         failure = os.path.join(tmp, "failure")
         hand_to_worker(settings, failure)
+        _relay_other_hosts(settings)
         server = Granian("mlxcel.serving:worker_app", **granian_options(settings))
         server.on_startup(lambda: _force_exit_on_second_signal(settings.shutdown_timeout))
         try:
