@@ -6,6 +6,13 @@ The rule (the spec's table): ``text`` or no ``response_format`` is free generati
 is any other type. Compiling happens off the event loop and the engine thread
 (``engine.constraints.ConstraintCompiler``); a request waits for its own compile only, so
 other streams keep flowing.
+
+llama-server's own fields ask the same way: ``grammar`` (a GBNF grammar the whole answer
+matches, compiled by llguidance; "" asks for nothing) and, on ``/completion``,
+``json_schema`` (a schema, as ``response_format`` gives one). A request gives at most one
+of them: llama-server refuses a grammar with a schema ("Cannot use both json_schema and
+grammar"), and a grammar beside ``response_format`` is refused the same way rather than
+one of them dropped.
 """
 
 from __future__ import annotations
@@ -15,7 +22,7 @@ from typing import Any
 
 from mlxcel.errors import InvalidRequest
 from mlxcel.lazy import resolve
-from mlxcel.types.constraints import Constraint, JsonSchemaConstraint
+from mlxcel.types.constraints import Constraint, GrammarConstraint, JsonSchemaConstraint
 
 PARAM = "response_format"
 
@@ -44,6 +51,45 @@ def response_constraint(response_format: Any, param: str = PARAM) -> Constraint 
         raise InvalidRequest(f"'{param}.json_schema.schema' must be a JSON schema object",
                              param=f"{param}.json_schema.schema")
     return JsonSchemaConstraint.from_schema(schema)
+
+
+def grammar_constraint(grammar: Any, param: str = "grammar") -> Constraint | None:
+    """The constraint of llama-server's ``grammar`` field (None or "": none); the
+    grammar's own syntax is checked when it compiles (a 400 naming the place)."""
+    if grammar is None or grammar == "":
+        return None
+    if not isinstance(grammar, str):
+        raise InvalidRequest(f"'{param}' must be a string holding a GBNF grammar",
+                             param=param)
+    return GrammarConstraint(grammar=grammar)
+
+
+def schema_constraint(schema: Any, param: str = "json_schema") -> Constraint | None:
+    """The constraint of llama-server's ``json_schema`` field (None: none)."""
+    if schema is None:
+        return None
+    if not isinstance(schema, (dict, bool)):
+        raise InvalidRequest(f"'{param}' must be a JSON schema object", param=param)
+    return JsonSchemaConstraint.from_schema(schema)
+
+
+def request_constraint(response_format: Any = None, *, grammar: Any = None,
+                       json_schema: Any = None, tools: bool = False) -> Constraint | None:
+    """The answer's constraint from whichever structured-output field the request uses
+    (module docstring); two of them at once is a 400, and so is a grammar beside
+    ``tools`` (llama-server's rule: the grammar would leave no room for a call)."""
+    if tools and grammar not in (None, ""):
+        raise InvalidRequest("Cannot use custom grammar constraints with tools",
+                             param="grammar")
+    found = [(name, c) for name, c in (
+        ("response_format", response_constraint(response_format)),
+        ("json_schema", schema_constraint(json_schema)),
+        ("grammar", grammar_constraint(grammar))) if c is not None]
+    if len(found) > 1:
+        names = " and ".join(f"'{name}'" for name, _ in found)
+        raise InvalidRequest(f"Cannot use both {names}: give one constraint",
+                             param=found[-1][0])
+    return found[0][1] if found else None
 
 
 async def compile_constraint(compiler: Any, constraint: Constraint) -> Any:

@@ -16,6 +16,7 @@ import msgspec
 from litestar import Request
 
 from mlxcel.chat.answer import Answer, collect
+from mlxcel.chat.logit_bias import request_bias
 from mlxcel.chat.media import MediaInput, check_media, fetch_media, media_parts
 from mlxcel.chat.output import OutputMachine, answer_machine
 from mlxcel.chat.prompt import prompt_input
@@ -65,6 +66,7 @@ class TurnOptions(msgspec.Struct, kw_only=True):
     n: int = 1
     response: Constraint | None = None
     reasoning_budget: int | None = None
+    logit_bias: Any = None  # the wire value (chat.logit_bias reads it with the tokenizer)
 
 
 def generation_request(ctx: AppContext, prompt: list[int], request_id: str,
@@ -80,6 +82,8 @@ def generation_request(ctx: AppContext, prompt: list[int], request_id: str,
     ckpt = ctx.checkpoint
     sampling = sampling_params(options.sampling, server_sampling_defaults(ckpt, ctx.settings),
                                logprobs=options.logprobs, top_logprobs=options.top_logprobs)
+    sampling = msgspec.structs.replace(sampling, logit_bias=request_bias(
+        options.logit_bias, ckpt.tokenizer, options.ignore_eos))
     server_loop = server_loop_policy(ckpt.family.loop_detection, ctx.settings.loop_detection)
     loop = request_loop_policy(options.loop, server_loop)
     wanted = max_tokens(options.limit, options.limit_field, ctx.settings.n_predict)

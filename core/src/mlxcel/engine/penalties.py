@@ -1,10 +1,15 @@
-"""History-based logit penalties, applied to the whole [B, V] block at once.
+"""History-based logit penalties, and each row's ``logit_bias``, applied to the whole
+[B, V] block at once.
 
 Python walks each row's token *history* (bounded by its window, linear in it) to list which
 tokens to penalise and, for DRY, how long each repeat is; the penalties themselves are one
 scatter and a few element-wise float32 MLX ops on the batch, never a loop over the
 vocabulary. Every value is clamped into float32's finite range in-graph, so no request
-value that passes validation can turn a logit into inf or NaN.
+value that passes validation can turn a logit into inf or NaN. The logit bias comes first
+(llama.cpp's chain: the bias sampler leads), one scatter of each row's biases merged per
+token on the host: amounts add up, and -inf (``false``: never) wins over any amount, so
+two entries for one token never make inf - inf. A banned token ends at float32's lowest
+finite value, which the sampler never picks over a finite one.
 """
 
 from __future__ import annotations
@@ -38,10 +43,12 @@ class PenaltyRow(NamedTuple):
     dry_window: int = 0  # 0 = whole context
     breakers: frozenset[int] = frozenset()
     dry_max_exp: float = NO_EXPONENT_CAP
+    bias: tuple[tuple[int, float], ...] = ()  # one (token, amount) per token (merge_bias)
 
     @property
     def active(self) -> bool:
-        return self.rep != 1.0 or bool(self.freq or self.pres) or self.dry_mult > 0
+        return self.rep != 1.0 or bool(self.freq or self.pres) or self.dry_mult > 0 \
+            or bool(self.bias)
 
 
 NEUTRAL = PenaltyRow()
@@ -66,7 +73,22 @@ def penalty_row(p: SamplingParams) -> PenaltyRow:
         dry_allowed=max(0, int(p.dry_allowed_length)),
         dry_window=max(0, int(p.dry_penalty_last_n)),
         breakers=frozenset(int(t) for t in p.dry_sequence_breakers),
-        dry_max_exp=FLOAT_MAX_LOG / math.log(base) if base > 1.000001 else NO_EXPONENT_CAP)
+        dry_max_exp=FLOAT_MAX_LOG / math.log(base) if base > 1.000001 else NO_EXPONENT_CAP,
+        bias=merge_bias(getattr(p, "logit_bias", ())))
+
+
+def merge_bias(bias: Seq[tuple[int, float]]) -> tuple[tuple[int, float], ...]:
+    """One amount per token, in the order tokens first appear: the amounts summed and
+    clamped to float32's finite range, or -inf when any of them is."""
+    merged: dict[int, float] = {}
+    for token, amount in bias:
+        value = float(amount)
+        if math.isnan(value):
+            continue
+        was = merged.get(int(token), 0.0)
+        merged[int(token)] = -math.inf if value == -math.inf or was == -math.inf \
+            else min(max(was + value, -FLT_MAX), FLT_MAX)
+    return tuple(merged.items())
 
 
 def _reversed_z(s: list[int]) -> list[int]:
@@ -180,6 +202,8 @@ class Penalties:
         self.dry_base = mx.array([min(r.dry_base, FLT_MAX) for r in rows])
         self.dry_allowed = mx.array([float(r.dry_allowed) for r in rows])
         self.dry_max_exp = mx.array([r.dry_max_exp for r in rows])
+        self.bias = ([i for i, r in enumerate(rows) for _ in r.bias],
+                     [t for r in rows for t, _ in r.bias], [b for r in rows for _, b in r.bias])
 
     def prepare(self, contexts: list[Seq[int] | None], generated: list[Seq[int]],
                 guard: Guard = _unguarded) -> Plan:
@@ -208,8 +232,8 @@ class Penalties:
         return plan
 
     def apply(self, logits: mx.array, plan: Plan) -> mx.array:
-        """Penalised float32 logits, clamped to the finite float32 range."""
-        logits = logits.astype(mx.float32)
+        """Biased, penalised float32 logits, clamped to the finite float32 range."""
+        logits = self._biased(logits.astype(mx.float32))
         rows, toks = plan.rep
         if rows:
             seen = mx.zeros(logits.shape, dtype=mx.bool_).at[mx.array(rows), mx.array(toks)].add(
@@ -230,6 +254,18 @@ class Penalties:
                                  FLT_MAX)
             logits = logits.at[r, mx.array(toks)].add(-penalty)
         return mx.clip(logits, -FLT_MAX, FLT_MAX)
+
+    def _biased(self, logits: mx.array) -> mx.array:
+        """``logits`` with each row's bias added (ids past the logits' width dropped)."""
+        rows, toks, amounts = self.bias
+        width = logits.shape[-1]
+        if toks and max(toks) >= width:
+            kept = [k for k, t in enumerate(toks) if t < width]
+            rows, toks, amounts = ([x[k] for k in kept] for x in (rows, toks, amounts))
+        if not rows:
+            return logits
+        return logits.at[mx.array(rows), mx.array(toks)].add(
+            mx.array(amounts, dtype=mx.float32))
 
     def __call__(self, logits: mx.array, contexts: list[Seq[int]] | None = None,
                  generated: list[Seq[int]] | None = None, plan: Plan | None = None) -> mx.array:

@@ -34,6 +34,8 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     seed: int | None = None
     logprobs: bool = False
     top_logprobs: int = 0
+    # (token id, bias) added to the logits first; -inf: never (mlxcel.chat.logit_bias)
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     @property
     def uses_history(self) -> bool:

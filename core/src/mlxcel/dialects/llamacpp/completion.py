@@ -13,6 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
+from mlxcel.chat.logit_bias import bias_settings, request_bias
 from mlxcel.chat.reasoning import budget_limit, prompt_opens
 from mlxcel.chat.request import (
     REASONING_BUDGET_ALIASES,
@@ -65,10 +68,6 @@ def refuse_unsupported(body: NativeFields) -> None:
         raise InvalidRequest("'response_format' other than {\"type\": \"text\"} is not "
                              "supported here; use /v1/chat/completions for JSON-schema "
                              "constrained decoding", param="response_format")
-    if body.grammar or body.json_schema is not None:
-        field = "grammar" if body.grammar else "json_schema"
-        raise InvalidRequest(f"'{field}' is not supported here; use /v1/chat/completions "
-                             "with response_format for constrained decoding", param=field)
     if body.post_sampling_probs:
         raise InvalidRequest("'post_sampling_probs' is not supported: 'n_probs' reports the "
                              "model's own log-probabilities", param="post_sampling_probs")
@@ -252,6 +251,8 @@ def native_plan(ctx: AppContext, body: NativeFields, prompt: list[int], request_
     n_probs = _n_probs(body.n_probs)
     sampling = sampling_params(_fields(engine, body), defaults, logprobs=n_probs > 0,
                                top_logprobs=n_probs, names=WIRE_NAMES)
+    sampling = msgspec.structs.replace(sampling, logit_bias=request_bias(
+        body.logit_bias, ckpt.tokenizer, body.ignore_eos))
     server_loop = server_loop_policy(ckpt.family.loop_detection, ctx.settings.loop_detection)
     loop = request_loop_policy({k: getattr(body, k) for k in LOOP_FIELDS}, server_loop)
     n_predict = _n_predict(body, ctx.settings.n_predict)
@@ -284,6 +285,7 @@ def generation_settings(ctx: AppContext, plan: Plan, stream: bool) -> dict[str, 
         "dry_penalty_last_n": sp.dry_penalty_last_n or -1,
         "dry_sequence_breakers": list(sp.dry_sequence_breakers),
         "stop": list(plan.request.stop), "ignore_eos": plan.request.ignore_eos,
+        "logit_bias": bias_settings(sp.logit_bias),
         "stream": stream, "n_probs": plan.n_probs,
         "cache_prompt": plan.request.cache_prompt,
         "reasoning_budget": -1 if plan.reasoning_budget is None else plan.reasoning_budget,

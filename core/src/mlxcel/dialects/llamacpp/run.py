@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from dataclasses import replace
 from typing import Any
 
+import msgspec
 from litestar import Request
 
 from mlxcel.chat.answer import collect
 from mlxcel.chat.output import OutputMachine
+from mlxcel.chat.structured import compile_constraint, request_constraint
 from mlxcel.context import AppContext
 from mlxcel.dialects.wire import (
     SSEResponse,
@@ -51,13 +54,17 @@ class _Run:
 
 def _submit(ctx: AppContext, request: Request, body: NativeFields,
             prompts: list[list[int]], truncated: bool,
-            media: list[MediaPrompt | None] | None) -> list[_Run]:
+            media: list[MediaPrompt | None] | None, guide: Any = None) -> list[_Run]:
     """Every prompt's plan first (a 400 submits nothing), then each submitted; a refusal
-    (503) cancels the ones already admitted."""
+    (503) cancels the ones already admitted. ``guide``: the compiled output constraint
+    every prompt's answer obeys."""
     priority = request_priority(request)
     images = media if media is not None else [None] * len(prompts)
     plans = [native_plan(ctx, body, ids, f"cmpl-{uuid.uuid4().hex[:24]}", priority, found)
              for ids, found in zip(prompts, images, strict=True)]
+    if guide is not None:
+        plans = [replace(p, request=msgspec.structs.replace(p.request, guide=guide))
+                 for p in plans]
     runs: list[_Run] = []
     try:
         for i, plan in enumerate(plans):
@@ -90,8 +97,12 @@ async def respond(ctx: AppContext, request: Request, body: NativeFields,
                   prompts: list[list[int]], truncated: bool = False,
                   media: list[MediaPrompt | None] | None = None) -> Any:
     """The response to a native completion of ``prompts`` (token ids, already checked;
-    ``media``: each prompt's images, expanded, or None)."""
-    runs = _submit(ctx, request, body, prompts, truncated, media)
+    ``media``: each prompt's images, expanded, or None). ``grammar`` or ``json_schema``
+    is compiled first (``chat.structured``; its errors are 400s before anything runs)."""
+    constraint = request_constraint(grammar=body.grammar, json_schema=body.json_schema)
+    guide = None if constraint is None else await compile_constraint(
+        ctx.constraint_compiler(), constraint)
+    runs = _submit(ctx, request, body, prompts, truncated, media, guide)
     if body.stream:
         run = runs[0]
         return SSEResponse(stream_answer(request, run.watch, run.machine, run.encoder))

@@ -12,7 +12,7 @@ from typing import Any
 from litestar import Request, Response, get, post
 
 from mlxcel.chat.output import OutputMachine
-from mlxcel.chat.structured import compile_constraint, response_constraint
+from mlxcel.chat.structured import compile_constraint, request_constraint
 from mlxcel.context import CAPABILITIES, AppContext
 from mlxcel.dialects.prepare import prepare_for
 from mlxcel.dialects.turn import Turn, generation_request, start_turn
@@ -74,7 +74,9 @@ def build(ctx: AppContext) -> list[Any]:
         rid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
         options = turn_options(body, limit, field, logprobs=body.logprobs,
                                top_logprobs=body.top_logprobs or 0,
-                               response=response_constraint(body.response_format))
+                               response=request_constraint(body.response_format,
+                                                           grammar=body.grammar,
+                                                           tools=bool(body.tools)))
         chat = await prepare_for(request, lambda: prompt_request(body))
         turn = await start_turn(ctx, request, chat, options, rid,
                                 priority=request_priority(request))
@@ -96,7 +98,8 @@ def build(ctx: AppContext) -> list[Any]:
         want = body.logprobs is not None
         options = turn_options(body, body.max_tokens, "max_tokens", logprobs=want,
                                top_logprobs=body.logprobs or 0,
-                               response=response_constraint(body.response_format))
+                               response=request_constraint(body.response_format,
+                                                           grammar=body.grammar))
         prompt = await prepare_for(request, lambda: completion_prompt(ctx, body))
         guide = None if options.response is None else await compile_constraint(
             ctx.constraint_compiler(), options.response)

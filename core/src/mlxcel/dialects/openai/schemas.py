@@ -34,6 +34,9 @@ class SamplingFields(GenerationFields, kw_only=True):
     repetition_penalty: float | None = None
     repetition_context_size: int | None = None
     dry_sequence_breakers: list[int] | None = None
+    # llama-server's fields, read on its OpenAI routes too (chat.logit_bias, chat.structured)
+    logit_bias: Any = None
+    grammar: Any = None
 
 
 class ChatCompletionRequest(SamplingFields, kw_only=True):

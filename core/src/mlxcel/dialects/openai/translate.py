@@ -6,6 +6,7 @@ from typing import Any
 
 import msgspec
 
+from mlxcel.chat.logit_bias import check_openai_range
 from mlxcel.chat.prompt import pick_template_kwargs
 from mlxcel.chat.request import (
     REASONING_BUDGET_ALIASES,
@@ -219,9 +220,12 @@ def turn_options(body: SamplingFields, limit: int | None, limit_field: str, *,
                  response: Constraint | None = None) -> TurnOptions:
     """The body's generation fields in the chat layer's names."""
     budget = reasoning_budget({k: getattr(body, k) for k in REASONING_BUDGET_ALIASES})
+    if body.logit_bias is not None:
+        check_openai_range(body.logit_bias)
     return TurnOptions(
         sampling={k: getattr(body, k, None) for k in SAMPLING_DEFAULTS},
         loop={k: getattr(body, k) for k in LOOP_FIELDS}, limit=limit,
         limit_field=limit_field, stop=stop_strings(body.stop), ignore_eos=body.ignore_eos,
         cache_prompt=body.cache_prompt is not False, logprobs=logprobs,
-        top_logprobs=top_logprobs, n=body.n, response=response, reasoning_budget=budget)
+        top_logprobs=top_logprobs, n=body.n, response=response, reasoning_budget=budget,
+        logit_bias=body.logit_bias)
