@@ -7,6 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from mlxcel.engine.cache.disk import DiskTier
 from mlxcel.engine.cache.prompt_cache import PromptCache
 from mlxcel.engine.client import EngineClient
@@ -111,6 +113,16 @@ def side_engine(settings: Settings, plugins: Plugins, task: str, model: str,
     return SideEngine(task, display_name(model), load, lanes, lane_limits(settings, task))
 
 
+def engine_config(settings: Settings, plugins: Plugins) -> EngineConfig:
+    """The chat engine's config: the settings' share, and the drafter that
+    ``--prompt-lookup`` names, from the plugins (none when it is off or not registered)."""
+    config = EngineConfig.from_settings(settings)
+    if settings.prompt_lookup == "off" or "prompt-lookup" not in plugins.drafters:
+        return msgspec.structs.replace(config, prompt_lookup="off")
+    drafter = plugins.drafters.get("prompt-lookup")
+    return msgspec.structs.replace(config, drafter=drafter.session, drafter_kind=drafter.kind)
+
+
 def build_engines(settings: Settings, plugins: Plugins,
                   chat: EngineClient | None = None) -> Engines:
     """The engines ``settings`` ask for; ``chat`` given (tests) replaces the chat model's."""
@@ -122,7 +134,7 @@ def build_engines(settings: Settings, plugins: Plugins,
             checkpoint_loader(settings, plugins), parallel=settings.parallel,
             ctx_size=settings.ctx_size, prefill_chunk=settings.prefill_chunk(),
             max_queue_depth=settings.max_queue_depth, prompt_cache=prompt_cache_from(settings),
-            config=EngineConfig.from_settings(settings))
+            config=engine_config(settings, plugins))
     lane_worker = None if chat is not None or not side_models else LaneWorker([])
     lanes = chat.lanes if chat is not None else \
         lane_worker.client() if lane_worker is not None else None

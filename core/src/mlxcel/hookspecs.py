@@ -18,6 +18,7 @@ import pluggy
 
 if TYPE_CHECKING:
     from mlxcel.dialects.registry import DialectRegistry
+    from mlxcel.drafters.registry import DrafterRegistry
     from mlxcel.families.registry import FamilyRegistry
     from mlxcel.media.registry import MediaDecoderRegistry
     from mlxcel.toolcalls.registry import ToolFormatRegistry
@@ -95,6 +96,25 @@ def mlxcel_register_media_decoders(registry: MediaDecoderRegistry) -> None:
 
 
 @hookspec
+def mlxcel_register_drafters(registry: DrafterRegistry) -> None:
+    """Register drafters for speculative decoding: ``registry.add(Drafter(...))``.
+
+    A ``Drafter`` (``mlxcel.drafters.api``) has a ``kind`` (``prompt-lookup``, ``draft``,
+    ``mtp`` or ``dflash``: what a response's ``timings.draft_kind`` says) and ``session``,
+    the ``"module:attr"`` of ``new_session(target: DraftTarget, options: DraftOptions) ->
+    DraftSession``, imported when the engine starts with it. On the engine thread, between
+    decode steps, ``session.propose(rows, limits)`` returns up to ``limits[i]`` guessed
+    next tokens for each ``DraftRow`` (its ``key`` and its context ``tokens``, read only);
+    the engine verifies every drafting row of the batch in one forward and keeps each
+    row's longest prefix that the target itself produces (its argmax, or its own draw at
+    each position), so the output is the target's, exactly. ``commit(rows, accepted)``
+    tells how many of each row's tokens were kept; ``release(keys)`` that rows left. Core
+    registers ``prompt-lookup`` (``mlxcel.drafters.lookup``). What a drafter must pass:
+    ``mlxcel.testing.conformance.check_drafter``.
+    """
+
+
+@hookspec
 def mlxcel_register_dialects(registry: DialectRegistry) -> None:
     """Register API dialects: ``registry.add(Dialect(...))``."""
 
@@ -104,5 +124,6 @@ REGISTRY_HOOKS = {
     "mlxcel_register_families": ("families", "families"),
     "mlxcel_register_tool_formats": ("tool_formats", "tool formats"),
     "mlxcel_register_media_decoders": ("media_decoders", "media decoders"),
+    "mlxcel_register_drafters": ("drafters", "drafters"),
     "mlxcel_register_dialects": ("dialects", "dialects"),
 }

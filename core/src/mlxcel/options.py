@@ -56,6 +56,7 @@ from mlxcel.options_cache import CACHE_ROWS
 from mlxcel.options_ignored import IGNORED_ROWS
 from mlxcel.options_media import MEDIA_ROWS
 from mlxcel.options_side import SIDE_ROWS
+from mlxcel.options_spec import SPEC_ROWS
 
 IGNORED_DEST = "ignored_flags"  # where every ignored row's value goes: {flag: value}
 
@@ -310,6 +311,7 @@ _ROWS: list[tuple[Any, ...]] = [
     *CACHE_ROWS,
     *SIDE_ROWS,
     *MEDIA_ROWS,
+    *SPEC_ROWS,
     # llama-server flags with no meaning on MLX: accepted, and named in one log line
     *((flags, IGNORED_DEST, type_, None, env, why, IGNORED)
       for flags, type_, env, why in IGNORED_ROWS),

@@ -12,6 +12,7 @@ import structlog
 
 from mlxcel import hookspecs
 from mlxcel.dialects.registry import DialectRegistry
+from mlxcel.drafters.registry import DrafterRegistry
 from mlxcel.errors import PluginError, StartupError
 from mlxcel.families.registry import FamilyRegistry
 from mlxcel.media.registry import MediaDecoderRegistry
@@ -32,7 +33,7 @@ class PluginInfo(msgspec.Struct, kw_only=True):
 
 
 class Plugins:
-    """The loaded plugin set and the four registries it filled."""
+    """The loaded plugin set and the registries it filled."""
 
     def __init__(self) -> None:
         self.pm = pluggy.PluginManager(hookspecs.PROJECT)
@@ -41,6 +42,7 @@ class Plugins:
         self.tool_formats = ToolFormatRegistry()
         self.media_decoders = MediaDecoderRegistry()
         self.dialects = DialectRegistry()
+        self.drafters = DrafterRegistry()
         self.infos: list[PluginInfo] = []
 
 

@@ -276,18 +276,30 @@ class DecodeBatch:
         guarded: the forward advances every row's KV cache, so a row failing after it could
         not be retried without decoding the others twice. A failed row gets neutral values
         for this step and leaves with the finished rows."""
+        plan, guided = self.prepare()
+        if self.shift is None:
+            logits = self.forward(self.inputs, self.cache)
+        else:  # media rows: their decoder shifts their positions (``media_rows``)
+            logits = self.model(self.inputs[:, None], self.cache, shift=self.shift)[:, -1, :]
+        self.steps += 1  # every row's cache takes one more token
+        sampled, extras = self.sample(logits, plan, guided)
+        self.inputs = sampled
+        return Step(list(self.rows), sampled, extras, self.top)
+
+    def prepare(self) -> tuple[Any, list[int]]:
+        """The step's per-row host work: composition, penalty walks, constrained rows."""
         if self.sampler is None:
             self._compose()
         plan = None
         if self.penalties is not None:
             plan = self.penalties.prepare([None if s.finished else s.context for s in self.rows],
                                           [s.generated_ids for s in self.rows], self._guard)
-        guided = guided_rows(self.rows) if self.guided else []
-        if self.shift is None:
-            logits = self.forward(self.inputs, self.cache)
-        else:  # media rows: their decoder shifts their positions (``media_rows``)
-            logits = self.model(self.inputs[:, None], self.cache, shift=self.shift)[:, -1, :]
-        self.steps += 1  # every row's cache takes one more token
+        return plan, guided_rows(self.rows) if self.guided else []
+
+    def sample(self, logits: mx.array, plan: Any, guided: list[int]
+               ) -> tuple[mx.array, tuple[mx.array, ...]]:
+        """Logits [B, V] -> the sampled tokens [B] and their logprob arrays: constraints,
+        penalties (``plan``), then each row's sampler."""
         scored = apply_masks(logits, self.rows, guided, self._guard) if guided else logits
         scored = scored if plan is None else self.penalties(scored, plan=plan)
         sampled = self.sampler(scored).astype(mx.uint32)
@@ -295,8 +307,7 @@ class DecodeBatch:
             sampled = self.share(sampled)
         extras = logprob_arrays(logits, sampled, self.top_logprobs) \
             if self.top_logprobs >= 0 else ()
-        self.inputs = sampled
-        return Step(list(self.rows), sampled, extras, self.top)
+        return sampled, extras
 
 
 class SharedOps:

@@ -25,9 +25,18 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     distributed_timeout: float = 60.0  # seconds without a distributed step (watchdog)
     cache_checkpoint_interval: int = 256  # blocks of 16 tokens between prompt checkpoints
     vision_cache_size: int = 20  # items whose vision features stay cached (media_rows)
+    # speculative decoding (mlxcel.engine.speculative): the drafter's session factory
+    # ("module:attr", resolved by the shell from the plugins; None: no drafting), its kind,
+    # and --prompt-lookup's mode (on: the batch governor stays out)
+    drafter: Any = None  # the factory itself, or its "module:attr"
+    drafter_kind: str = "prompt-lookup"
+    prompt_lookup: str = "off"
+    draft_max: int = 16
+    draft_min: int = 0
 
     @classmethod
     def from_settings(cls, settings: Any) -> EngineConfig:
         """The fields of the same names from the server's settings (any object that has
         them), so the engine needs nothing of the shell's."""
-        return cls(**{name: getattr(settings, name) for name in cls.__struct_fields__})
+        return cls(**{name: getattr(settings, name) for name in cls.__struct_fields__
+                      if hasattr(settings, name)})

@@ -27,6 +27,16 @@ class Sink(Protocol):
     def emit(self, event: GenerationEvent) -> None: ...
 
 
+class DraftCounts:
+    """A row's speculative rounds: what it drafted, what was kept, and the drafter's kind."""
+
+    __slots__ = ("accepted", "drafted", "kind", "rounds")
+
+    def __init__(self) -> None:
+        self.drafted = self.accepted = self.rounds = 0
+        self.kind = ""
+
+
 class Sequence:
     """Per-request state: detokenizer, stop matcher, PRNG; the KV cache lives in the batch."""
 
@@ -53,8 +63,13 @@ class Sequence:
         # admitted alone: its group could not be set up with it, or it has media
         # (``engine.media_rows``: it prefills from input embeddings)
         self.solo = req.media is not None
+        # n choices of one prompt (``engine.fork``): the row whose prefill a follower
+        # copies, and a leader's followers
+        self.leader: Sequence | None = None
+        self.followers: list[Sequence] = []
         self.position_shift = 0  # added to its decode positions (``media_rows.shifts``)
         self.defer_finish = False  # hold the finish event until release_finish()
+        self.drafts = DraftCounts()  # speculative decoding's rounds for this request
         self._final: GenerationEvent | None = None
         self.submitted_at = time.perf_counter()
         guide = req.guide
@@ -68,8 +83,11 @@ class Sequence:
         return (self.req.priority, self.order) < (other.req.priority, other.order)
 
     def usage(self) -> Usage:
+        d = self.drafts
         return Usage(prompt_tokens=len(self.req.prompt_tokens), completion_tokens=self.generated,
-                     cached_tokens=self.cached)
+                     cached_tokens=self.cached, draft_n=d.drafted,
+                     draft_n_accepted=d.accepted, draft_rounds=d.rounds,
+                     draft_kind=d.kind if d.rounds else None)
 
     def emit(self, event: GenerationEvent) -> None:
         self.sink.emit(event)

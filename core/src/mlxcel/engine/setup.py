@@ -13,6 +13,7 @@ from typing import Any
 import mlx.core as mx
 import structlog
 
+from mlxcel.drafters.api import DraftOptions, DraftTarget
 from mlxcel.engine import distributed, mixed_batch
 from mlxcel.engine.accel import attention, cpu_blas, fused_proj, lean_decode, module_attrs
 from mlxcel.engine.accel.warmup import warm_mixed, warm_up
@@ -21,7 +22,9 @@ from mlxcel.engine.cache.kvcache import BatchCache, shared_position_rope
 from mlxcel.engine.memory import compute_dtype_bytes, request_budget
 from mlxcel.engine.policy import resolve_policy
 from mlxcel.engine.side import load_sides
+from mlxcel.engine.speculative import Speculation
 from mlxcel.engine.trace import Trace
+from mlxcel.lazy import resolve
 
 log = structlog.get_logger("mlxcel.engine")
 
@@ -81,6 +84,7 @@ class EngineSetup:
         # prefill columns a multiple of the policy's where rows may be padded
         self.align = policy.prefill_align if self.grouped else 1
         self.batch = self._new_batch()
+        self.spec = self._speculation(model)
         if policy.warm_up and self.batchable:
             vocab = self.checkpoint.tokenizer.vocab_size
             try:
@@ -91,6 +95,26 @@ class EngineSetup:
                     warm_mixed(model, self.merge, vocab, self.prefill_chunk, self.align)
             except Exception as exc:  # only a speed-up: serve without it
                 log.warning("engine_warmup_failed", error=f"{type(exc).__name__}: {exc}")
+
+    def _speculation(self, model: Any) -> Speculation | None:
+        """The drafter's session (``EngineConfig.drafter``), where verify steps can roll
+        the caches back: the shared path's ``BatchCache``, one process."""
+        cfg = self.config
+        if cfg.drafter is None:
+            return None
+        if self.path != "shared" or self.dist.active:
+            log.info("speculation_off", drafter=cfg.drafter_kind,
+                     reason="--distributed" if self.dist.active
+                     else "the model's caches cannot roll back per row yet")
+            return None
+        ckpt = self.checkpoint
+        options = DraftOptions(draft_max=max(1, cfg.draft_max), draft_min=max(0, cfg.draft_min))
+        target = DraftTarget(model, ckpt.tokenizer, str(ckpt.path), dict(ckpt.config))
+        session = resolve(cfg.drafter)(target, options)
+        log.info("speculation_on", drafter=cfg.drafter_kind, draft_max=options.draft_max,
+                 governed=cfg.prompt_lookup != "on")
+        return Speculation(session, cfg.drafter_kind, options,
+                           governed=cfg.prompt_lookup != "on")
 
     def _decode_checks(self, model: Any) -> list[Any]:
         """Prefilled caches for ``lean_decode.forward_for``: the shared path's

@@ -26,7 +26,9 @@ from mlxcel.engine.scheduler import Plan
 from mlxcel.engine.sequence import Sequence, Sink, end_all
 from mlxcel.engine.setup import EngineSetup
 from mlxcel.engine.side import SideEngine
+from mlxcel.engine.speculative import Speculation
 from mlxcel.engine.trace import NullTrace
+from mlxcel.engine.verify import verify_step
 from mlxcel.types import GenerationRequest
 
 log = structlog.get_logger("mlxcel.engine")
@@ -81,6 +83,7 @@ class EngineWorker(EngineSetup, Admission, threading.Thread):
         self.prefilling: PrefillJob | None = None
         self.prefilled: list[PrefillJob] = []  # prefilled, waiting to join together
         self.batch: DecodeBatch | None = None
+        self.spec: Speculation | None = None  # the drafter, where rows may draft (setup)
         self.inflight: tuple[list[Sequence], Any] | None = None
         self.stats = EngineStats()
         self.state = "loading"
@@ -305,6 +308,8 @@ class EngineWorker(EngineSetup, Admission, threading.Thread):
         Elsewhere queuing is quick and the device computes the step, so it is queued first
         and nothing waits on Python.
         """
+        if self.spec is not None and self._speculate():
+            return
         if self.batch.needs_sync:  # penalties need the previous token before the next step
             self._settle(self._read_back())
             self.dist.dropped()
@@ -330,6 +335,29 @@ class EngineWorker(EngineSetup, Admission, threading.Thread):
             # even if queuing failed: held finish events must go out
             self._settle(done)
         self.inflight = step
+        if self.spec is not None:
+            self.spec.batch.plain(len(step.rows))
+
+    def _speculate(self) -> bool:
+        """A verify step (``mlxcel.engine.verify``) when some row drafts: the previous
+        step's tokens are read back first, since the drafts continue them. False when no
+        row drafts this step: the caller builds a one-token step."""
+        if not self.spec.wants(self.batch.rows):
+            return False
+        self._settle(self._read_back())
+        self.dist.dropped()
+        self.batch.drop_finished()
+        if not self.batch:
+            return True
+        drafts = self.spec.propose(self.batch.rows)
+        if drafts is None:
+            return False
+        done = self.trace.timed("verify_ms", lambda: verify_step(self.batch, drafts, self.spec,
+                                                                 self.stats))
+        self.stats.decode_steps_processed += 1
+        self.buffers.dirty = True
+        self._settle(done)
+        return True
 
     def _read_back(self) -> list[Sequence]:
         """Hand the previous step's tokens to their sequences (``batch.read_back``)."""

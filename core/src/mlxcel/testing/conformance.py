@@ -15,7 +15,8 @@ Side tasks: ``check_embedder`` and ``check_reranker`` (``mlxcel.testing.task_con
 re-exported here). Tool formats: ``check_tool_format`` and ``check_text_values``
 (``mlxcel.testing.tool_conformance``, re-exported here); forced-call grammars:
 ``forced_calls`` and ``check_grammar``. Media decoders: ``check_media_decoder``
-(``mlxcel.testing.media_conformance``, re-exported here).
+(``mlxcel.testing.media_conformance``, re-exported here). Drafters: ``check_drafter``
+(``mlxcel.testing.draft_conformance``, re-exported here).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
+from mlxcel.testing.draft_conformance import check_drafter  # noqa: F401
 from mlxcel.testing.engine import engine_for, request, run, solo_tokens
 from mlxcel.testing.media_conformance import check_media_decoder  # noqa: F401
 from mlxcel.testing.speech_conformance import check_speaker, check_transcriber  # noqa: F401

@@ -13,6 +13,12 @@ class Usage(msgspec.Struct, frozen=True, kw_only=True):
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0  # prompt tokens served from the prompt cache
+    # speculative decoding, when a drafter ran at least one verify round for the request:
+    # tokens drafted, of them accepted, verify rounds, and the drafter's kind
+    draft_n: int = 0
+    draft_n_accepted: int = 0
+    draft_rounds: int = 0
+    draft_kind: str | None = None
 
     @property
     def total_tokens(self) -> int:
@@ -25,6 +31,17 @@ class TokenLogprob(msgspec.Struct, frozen=True, array_like=True):
     token: int
     logprob: float
     top: tuple[tuple[int, float], ...] = ()
+
+
+class PromptProgress(msgspec.Struct, frozen=True, kw_only=True):
+    """llama-server's ``prompt_progress``: the prompt's tokens (``total``), of them taken
+    from the prompt cache (``cache``) and in the KV cache so far, those included
+    (``processed``), and the milliseconds since its prefill started (``time_ms``)."""
+
+    total: int
+    cache: int
+    processed: int
+    time_ms: int
 
 
 class GenerationEvent(msgspec.Struct, frozen=True, kw_only=True):
@@ -44,3 +61,6 @@ class GenerationEvent(msgspec.Struct, frozen=True, kw_only=True):
     finish_reason: FinishReason | None = None
     usage: Usage | None = None
     error: str | None = None
+    # a prefill chunk's progress (requests with ``return_progress``); such an event
+    # carries nothing else
+    progress: PromptProgress | None = None

@@ -229,6 +229,29 @@ class BatchCache:
             self.base += trim
         self._set_pads([p - trim for p in self.pads])
 
+    def rollback(self, drops: list[int]) -> None:
+        """Forget the last ``drops[r]`` tokens of each row r (a verify step's rejected
+        drafts). What every row drops moves the write index back; a row that drops more
+        is moved right by the difference into padding of its own, so that every row
+        still ends at the write index. Absolute mode: its offset (write index - padding)
+        is then its own token count again. Shared mode: its keys are re-rotated to their
+        new slots' positions."""
+        common = min(drops, default=0)
+        self._idx -= common
+        extra = [d - common for d in drops]
+        if not any(extra) or self.keys is None:
+            return
+        end = self._idx
+        for i, e in enumerate(extra):
+            if not e:
+                continue
+            keys = self.keys[i:i + 1, :, :end - e]
+            if self.rope is not None:
+                keys = rotate(self.rope, keys, e)
+            self.keys[i:i + 1, :, e:end] = keys
+            self.values[i:i + 1, :, e:end] = self.values[i:i + 1, :, :end - e]
+        self._set_pads([p + e for p, e in zip(self.pads, extra, strict=True)])
+
     def filter(self, keep: list[int]) -> None:
         """Keep rows ``keep`` (in that order); drop padding every remaining row has."""
         if self.keys is not None:

@@ -1,0 +1,1 @@
+"""Drafters: what proposes the tokens a speculative verify step checks (``api``)."""

@@ -1,0 +1,80 @@
+"""Drafter contract: what proposes tokens for the engine's speculative verify steps.
+
+A ``Drafter`` names a kind of proposal (prompt lookup, a draft model, MTP heads, DFlash)
+and the ``"module:attr"`` of ``new_session(target: DraftTarget, options: DraftOptions) ->
+DraftSession``, imported when the engine starts with that drafter. The engine thread owns
+the session and calls it between decode steps:
+
+* ``propose(rows, limits)``: for each ``DraftRow`` (a row's stable ``key`` and its
+  ``tokens``, prompt then output, ending with the token the next step feeds), at most
+  ``limits[i]`` token ids that the drafter expects to follow; an empty list means the row
+  decodes one token as usual. Proposals are guesses: the engine verifies every drafting
+  row of the batch in one forward and keeps, per row, the longest prefix that the target
+  model itself would have produced (greedy: its argmax; sampled: its own draw at each
+  position, so the output keeps the target's distribution exactly).
+* ``commit(rows, accepted)``: how many of each row's proposed tokens were kept (a draft
+  model rolls its own cache back to them).
+* ``release(keys)``: rows that left the batch; their state goes.
+
+``propose`` must not change ``tokens``. A session that raises fails only the step's
+speculation: the engine logs it once, stops drafting with that session, and decodes on.
+What a drafter must pass: ``mlxcel.testing.conformance.check_drafter``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Protocol
+
+import msgspec
+
+# what ``timings.draft_kind`` may say (the spec's names)
+DRAFT_KINDS: tuple[str, ...] = ("prompt-lookup", "draft", "mtp", "dflash")
+
+
+class Drafter(msgspec.Struct, frozen=True, kw_only=True):
+    """``kind``: one of ``DRAFT_KINDS``, what responses report. ``needs_model``: the
+    drafter takes a checkpoint of its own (``-md`` / ``--model-draft``)."""
+
+    name: str
+    kind: str
+    session: str  # "module:attr" of new_session(target, options) -> DraftSession
+    needs_model: bool = False
+
+
+class DraftOptions(msgspec.Struct, frozen=True, kw_only=True):
+    """``draft_max`` / ``draft_min``: the most and fewest tokens a row drafts in one round
+    (``--draft-max``, ``--draft-min``; fewer than ``draft_min`` proposed: none are
+    verified). ``model``: the draft checkpoint (``--model-draft``), for drafters that
+    need one. ``block_size``: the verify width a block drafter uses (``--draft-block-size``,
+    0: its own)."""
+
+    draft_max: int = 16
+    draft_min: int = 0
+    model: str | None = None
+    block_size: int = 0
+
+
+class DraftTarget(NamedTuple):
+    """What a session may read of the target: its model and tokenizer (a draft model's
+    vocabulary must match it) and the checkpoint's path and config."""
+
+    model: Any
+    tokenizer: Any
+    path: str
+    config: dict[str, Any]
+
+
+class DraftRow(NamedTuple):
+    """One drafting row: ``key`` is stable while the row stays in the batch; ``tokens``
+    its context (read only)."""
+
+    key: int
+    tokens: list[int]
+
+
+class DraftSession(Protocol):
+    def propose(self, rows: list[DraftRow], limits: list[int]) -> list[list[int]]: ...
+
+    def commit(self, rows: list[DraftRow], accepted: list[int]) -> None: ...
+
+    def release(self, keys: list[int]) -> None: ...

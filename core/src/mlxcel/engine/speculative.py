@@ -1,0 +1,218 @@
+"""Speculative decoding's engine side: which rows draft this step, and how many tokens.
+
+A drafting step costs a verify forward over 1 + k tokens per row instead of one, and it
+needs the previous step's tokens before it is built (the drafts continue them), so steps
+stop overlapping with the host's work. It pays where the drafts are accepted. Two
+governors decide:
+
+* **per row** (``RowGovernor``): a row whose drafter proposes nothing, or whose drafts are
+  all rejected, ``MISSES`` rounds running, stops drafting for a while (``BACKOFF`` steps,
+  doubling up to ``BACKOFF_MAX``, back to the start after an accepted round), then probes
+  again. Its draft length follows what it accepts: all of a draft accepted doubles the
+  next one (up to ``--draft-max``), otherwise the next is one more than was accepted.
+* **per batch** (``BatchGovernor``): the seconds per emitted token of verify steps and of
+  plain steps, kept per batch size (powers of two), as running averages. Where verify
+  steps cost more per token than plain ones, the batch stops drafting at that size and
+  tries again after ``BATCH_RETRY`` plain steps: large batches and MoE models, whose
+  verify forward costs more than the tokens it saves, turn speculation off by themselves.
+
+Rows with an output constraint (JSON schema, a forced tool call) or active penalties do
+not draft: they decode one token per step beside the drafting rows, in the same forward.
+While a row with media decodes, the batch takes one-token steps.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import structlog
+
+from mlxcel.drafters.api import DraftOptions, DraftRow
+from mlxcel.engine.penalties import penalty_row
+from mlxcel.engine.sequence import Sequence
+
+log = structlog.get_logger("mlxcel.engine")
+
+MISSES = 2  # empty or fully rejected rounds in a row before a row backs off
+BACKOFF = 8  # steps a row waits before its first probe
+BACKOFF_MAX = 256
+BATCH_RETRY = 64  # plain steps before a batch size that stopped drafting tries again
+SAMPLES = 4  # timed steps of each kind before the batch governor compares them
+AVERAGE = 0.25  # weight of the newest sample in the running averages
+
+
+class RowGovernor:
+    """One row's drafting state (see the module docstring)."""
+
+    __slots__ = ("backoff", "length", "misses", "resume_at")
+
+    def __init__(self, draft_max: int) -> None:
+        self.length = draft_max
+        self.misses = 0
+        self.backoff = BACKOFF
+        self.resume_at = 0
+
+    def settle(self, step: int, drafted: int, accepted: int, draft_max: int) -> None:
+        if drafted and accepted:
+            self.misses, self.backoff = 0, BACKOFF
+            self.length = min(draft_max, self.length * 2) if accepted == drafted \
+                else max(1, accepted + 1)
+            return
+        self.misses += 1
+        if drafted:
+            self.length = max(1, self.length // 2)
+        if self.misses >= MISSES:
+            self.misses, self.resume_at = 0, step + self.backoff
+            self.backoff = min(BACKOFF_MAX, self.backoff * 2)
+
+
+class BatchGovernor:
+    """Seconds per emitted token of verify and plain steps, per batch size bucket."""
+
+    def __init__(self) -> None:
+        self.cost: dict[tuple[int, bool], tuple[float, int]] = {}  # (bucket, verify)
+        self.off_until: dict[int, int] = {}
+        self.steps = 0
+        self._plain_at: float | None = None
+
+    @staticmethod
+    def bucket(rows: int) -> int:
+        return 1 << max(0, rows - 1).bit_length()
+
+    def allows(self, rows: int) -> bool:
+        return self.off_until.get(self.bucket(rows), 0) <= self.steps
+
+    def plain(self, rows: int) -> None:
+        """A plain step was queued now: the time since the previous one is a step's cost."""
+        now = time.perf_counter()
+        self.steps += 1
+        if self._plain_at is not None and rows:
+            self._note(rows, False, (now - self._plain_at) / rows)
+        self._plain_at = now
+
+    def verified(self, rows: int, seconds: float, emitted: int) -> None:
+        self.steps += 1
+        self._plain_at = None  # the next plain step starts a new interval
+        if emitted:
+            self._note(rows, True, seconds / emitted)
+            self._judge(rows)
+
+    def _note(self, rows: int, verify: bool, per_token: float) -> None:
+        key = (self.bucket(rows), verify)
+        mean, n = self.cost.get(key, (per_token, 0))
+        self.cost[key] = (mean + AVERAGE * (per_token - mean) if n else per_token, n + 1)
+
+    def _judge(self, rows: int) -> None:
+        b = self.bucket(rows)
+        spec, plain = self.cost.get((b, True)), self.cost.get((b, False))
+        if spec is None or plain is None or spec[1] < SAMPLES or plain[1] < SAMPLES:
+            return
+        if spec[0] > plain[0]:
+            self.off_until[b] = self.steps + BATCH_RETRY
+            self.cost.pop((b, True))  # the next try starts its average afresh
+            log.info("speculation_paused", batch_rows=b, verify_s_per_token=round(spec[0], 6),
+                     plain_s_per_token=round(plain[0], 6))
+
+
+class Speculation:
+    """The engine's drafting state: the drafter's session, the governors, the counters."""
+
+    def __init__(self, session: Any, kind: str, options: DraftOptions,
+                 governed: bool = True) -> None:
+        """``governed``: the batch governor may stop drafting (``--prompt-lookup auto``)."""
+        self.session = session
+        self.kind = kind
+        self.options = options
+        self.governed = governed
+        self.rows: dict[int, RowGovernor] = {}
+        self.penalised: dict[int, bool] = {}
+        self.batch = BatchGovernor()
+        self.failed = False
+        self.rounds = self.drafted = self.accepted = 0  # totals, for /metrics and /slots
+
+    def eligible(self, seq: Sequence) -> bool:
+        """Whether ``seq`` may draft now (see the module docstring)."""
+        if seq.finished or seq.matcher is not None or seq.req.media is not None:
+            return False
+        penalised = self.penalised.get(id(seq))
+        if penalised is None:
+            penalised = self.penalised[id(seq)] = penalty_row(seq.req.sampling).active
+        if penalised:
+            return False
+        if seq.req.max_tokens - seq.generated < 2:  # room for a draft and its bonus token
+            return False
+        gov = self.rows.get(id(seq))
+        return gov is None or gov.resume_at <= self.batch.steps
+
+    def wants(self, rows: list[Sequence]) -> bool:
+        """Whether this step should stop to draft: some row may, and the batch allows it."""
+        if self.failed or any(s.req.media is not None and not s.finished for s in rows):
+            return False  # a media row's decoder shifts its positions: one-token steps only
+        if self.governed and not self.batch.allows(sum(not s.finished for s in rows)):
+            return False
+        return any(self.eligible(s) for s in rows)
+
+    def propose(self, rows: list[Sequence]) -> list[list[int]] | None:
+        """Each row's draft ([] for none), or None when no row drafts this step."""
+        self._forget_departed(rows)
+        picked = [i for i, s in enumerate(rows) if self.eligible(s)]
+        limits = []
+        for i in picked:
+            seq = rows[i]
+            gov = self.rows.setdefault(id(seq), RowGovernor(self.options.draft_max))
+            limits.append(min(gov.length, self.options.draft_max,
+                              seq.req.max_tokens - seq.generated - 1))
+        try:
+            got = self.session.propose([DraftRow(id(rows[i]), rows[i].context) for i in picked],
+                                       limits)
+        except Exception:
+            log.exception("drafter_failed", kind=self.kind)
+            self.failed = True
+            return None
+        drafts: list[list[int]] = [[] for _ in rows]
+        for i, limit, draft in zip(picked, limits, got, strict=True):
+            draft = [int(t) for t in draft[:limit]]
+            drafts[i] = draft if len(draft) >= max(1, self.options.draft_min) else []
+        for i in picked:  # rows with nothing to verify count a miss now
+            if not drafts[i]:
+                self.rows[id(rows[i])].settle(self.batch.steps, 0, 0, self.options.draft_max)
+        return drafts if any(drafts) else None
+
+    def settle(self, rows: list[Sequence], drafts: list[list[int]], accepted: list[int],
+               seconds: float, emitted: int) -> None:
+        """After a verify step: counters, governors, and the session's commit."""
+        committed = []
+        for seq, draft, n in zip(rows, drafts, accepted, strict=True):
+            if not draft:
+                continue
+            d = seq.drafts
+            d.kind, d.rounds, d.drafted, d.accepted = (self.kind, d.rounds + 1,
+                                                       d.drafted + len(draft), d.accepted + n)
+            self.rounds += 1
+            self.drafted += len(draft)
+            self.accepted += n
+            self.rows[id(seq)].settle(self.batch.steps, len(draft), n, self.options.draft_max)
+            committed.append((DraftRow(id(seq), seq.context), n))
+        self.batch.verified(sum(not s.finished for s in rows) or len(rows), seconds, emitted)
+        if committed:
+            try:
+                self.session.commit([r for r, _ in committed], [n for _, n in committed])
+            except Exception:
+                log.exception("drafter_failed", kind=self.kind)
+                self.failed = True
+
+    def _forget_departed(self, rows: list[Sequence]) -> None:
+        """Rows that left the batch since the last round lose their state here."""
+        live = {id(s) for s in rows if not s.finished}
+        for k in [k for k in self.penalised if k not in live]:
+            del self.penalised[k]
+        keys = [k for k in self.rows if k not in live]
+        for k in keys:
+            del self.rows[k]
+        if keys:
+            try:
+                self.session.release(keys)
+            except Exception:
+                log.exception("drafter_failed", kind=self.kind)
+                self.failed = True

@@ -1,0 +1,35 @@
+"""Speculative decoding's rows of the options table (``mlxcel.options``): the drafter and
+how far it drafts (``mlxcel.engine.speculative``). Row format as the table's: (flags,
+dest, type, default, env twin, help[, llama kind[, second env twin]]).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mlxcel.option_types import KEPT, PENDING, choice, path
+
+SPEC_ROWS: list[tuple[Any, ...]] = [
+    (("--prompt-lookup",), "prompt_lookup", choice("--prompt-lookup", "auto", "on", "off"),
+     "auto", "MLXCEL_PROMPT_LOOKUP",
+     "speculative decoding from the context's own n-grams: auto = each row drafts while its "
+     "drafts are accepted, and a batch stops drafting where verifying costs more per token "
+     "than one-token steps; on = rows draft whatever the batch's cost; off = never"),
+    (("--draft-max", "--draft", "--draft-n", "--spec-draft-n-max"), "draft_max", int, 16,
+     "LLAMA_ARG_SPEC_DRAFT_N_MAX", "most tokens a row drafts in one round", KEPT,
+     "LLAMA_ARG_DRAFT_MAX"),
+    (("--draft-min", "--spec-draft-n-min"), "draft_min", int, 0, "LLAMA_ARG_SPEC_DRAFT_N_MIN",
+     "fewest tokens a draft must have to be verified", KEPT),
+    (("-md", "--model-draft", "--draft-model", "--spec-draft-model"), "model_draft", path,
+     None, "LLAMA_ARG_SPEC_DRAFT_MODEL",
+     "draft model checkpoint for speculative decoding (not served yet: decoding runs "
+     "without it)", PENDING, "LLAMA_ARG_MODEL_DRAFT"),
+    (("--draft-kind",), "draft_kind", choice("--draft-kind", "dflash", "mtp"), None,
+     "MLXCEL_DRAFT_KIND", "the drafter checkpoint's kind (not served yet)", PENDING,
+     "LLAMA_ARG_DRAFT_KIND"),
+    (("--draft-block-size",), "draft_block_size", int, 0, "MLXCEL_DRAFT_BLOCK_SIZE",
+     "verify width of a block drafter (not served yet)", PENDING,
+     "LLAMA_ARG_DRAFT_BLOCK_SIZE"),
+    (("--spec-type",), "spec_type", choice("--spec-type", "none", "draft-mtp", "draft-dflash"),
+     None, None, "llama-server's drafter choice (not served yet)", PENDING),
+]

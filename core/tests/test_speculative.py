@@ -1,0 +1,221 @@
+"""Speculative decoding inside the batch: exact output, the governors, the counters."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+from mlxcel.drafters import lookup
+from mlxcel.drafters.api import DraftOptions, DraftRow
+from mlxcel.engine import speculative
+from mlxcel.engine.cache.kvcache import BatchCache
+from mlxcel.engine.config import EngineConfig
+from mlxcel.testing.conformance import check_drafter
+from mlxcel.testing.engine import ListSink, request, run_until_done, worker_for
+from mlxcel.types import SamplingParams
+
+LOOKUP = "mlxcel.drafters.lookup:new_session"
+REPEATING = [[5, 6, 7, 8, 9, 10, 11, 12] * 4, [20, 21, 22, 23] * 3, list(range(30, 61)),
+             [100, 200, 100, 200, 100, 200]]
+
+
+def spec_config(drafter=LOOKUP, **kw) -> EngineConfig:
+    return EngineConfig(drafter=drafter, prompt_lookup="on", **kw)
+
+
+def run(checkpoint, prompts, config=None, max_tokens=30, sampling=None, stagger=False,
+        samplings=None):
+    worker = worker_for(checkpoint, parallel=8, config=config)
+    sinks = []
+    for i, prompt in enumerate(prompts):
+        sink = ListSink()
+        params = (samplings[i] if samplings else sampling) or SamplingParams(temperature=0.0)
+        worker.enqueue(request(prompt, max_tokens, params), sink)
+        sinks.append(sink)
+        if stagger:
+            worker.step()
+    run_until_done(worker, sinks)
+    return [s.tokens for s in sinks], [s.last.usage for s in sinks], worker
+
+
+# -- the drafter ------------------------------------------------------------------------------
+
+def test_prompt_lookup_copies_the_latest_match_and_continues_a_repeating_run():
+    session = lookup.new_session(None, DraftOptions())
+    row = DraftRow(1, [1, 2, 3, 4, 9, 9, 1, 2, 3])
+    assert session.propose([row], [3]) == [[4, 9, 9]]
+    run_row = DraftRow(2, [7, 5, 5, 5])  # (5, 5) last followed by the final 5
+    assert session.propose([run_row], [4]) == [[5, 5, 5, 5]]
+    assert session.propose([DraftRow(3, [1, 2, 3])], [4]) == [[]]  # no earlier n-gram
+    assert session.propose([row], [0]) == [[]]
+    session.release([1, 2, 3])
+    assert session.rows == {}
+
+
+def test_prompt_lookup_passes_the_drafter_conformance(tiny_checkpoint):
+    usages = check_drafter(lookup.new_session, tiny_checkpoint)
+    assert sum(u.draft_n_accepted for u in usages) > 0  # the repeating prompts were copied
+    assert all(u.draft_kind == "prompt-lookup" for u in usages if u.draft_rounds)
+
+
+# -- exactness -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("shared", [True, False], ids=["shared-positions", "absolute"])
+def test_greedy_output_is_the_same_with_and_without_speculation(tiny_checkpoint, shared):
+    prompts = REPEATING + [[3, 4] * 6]
+    samplings = [None] * 4 + [SamplingParams(temperature=0.0, repetition_penalty=1.3)]
+    plain, _, _ = run(tiny_checkpoint, prompts, EngineConfig(shared_positions=shared),
+                      stagger=True, samplings=samplings)
+    fast, usages, _ = run(tiny_checkpoint, prompts,
+                          spec_config(shared_positions=shared, draft_max=6),
+                          stagger=True, samplings=samplings)
+    assert fast == plain
+    accepted = [u.draft_n_accepted for u in usages]
+    assert sum(accepted[:4]) > 0 and len(set(accepted[:4])) > 1  # ragged acceptance
+    assert usages[4].draft_rounds == 0  # a penalised row decodes one token at a time
+
+
+def test_a_seeded_request_gives_the_same_tokens_with_and_without_speculation(tiny_checkpoint):
+    sampling = SamplingParams(temperature=0.3, seed=1234)
+    plain, _, _ = run(tiny_checkpoint, REPEATING, sampling=sampling)
+    fast, usages, _ = run(tiny_checkpoint, REPEATING, spec_config(), sampling=sampling)
+    assert fast == plain
+    assert sum(u.draft_n_accepted for u in usages) > 0
+
+
+class FixedDraft:
+    """Proposes the same tokens after every context (a test drafter)."""
+
+    def __init__(self, tokens):
+        self.tokens = tokens
+
+    def __call__(self, target, options):
+        return self
+
+    def propose(self, rows, limits):
+        return [self.tokens[:limit] for limit in limits]
+
+    def commit(self, rows, accepted):
+        pass
+
+    def release(self, keys):
+        pass
+
+
+def _pairs(tokens_list):
+    return [tuple(t[:2]) for t in tokens_list]
+
+
+def test_sampled_output_keeps_the_target_distribution(tiny_checkpoint):
+    """Unseeded top-3 sampling: the first two tokens' joint frequencies with a drafter
+    that proposes the likeliest pair match those without speculation (chi-squared)."""
+    from collections import Counter
+
+    sampling = SamplingParams(temperature=1.0, top_k=3)
+    prompt, n = [5, 6, 7, 8], 240
+    plain, _, _ = run(tiny_checkpoint, [prompt] * n, max_tokens=2, sampling=sampling)
+    a = Counter(_pairs(plain))
+    likeliest = list(a.most_common(1)[0][0])
+    fast, usages, _ = run(tiny_checkpoint, [prompt] * n,
+                          spec_config(drafter=FixedDraft(likeliest), draft_max=2),
+                          max_tokens=2, sampling=sampling)
+    b = Counter(_pairs(fast))
+    rounds = sum(u.draft_rounds for u in usages)
+    kept = sum(u.draft_n_accepted for u in usages)
+    assert rounds >= n // 2 and 0 < kept < sum(u.draft_n for u in usages)
+    cells = sorted(set(a) | set(b))
+    chi2 = sum((a[c] - b[c]) ** 2 / (a[c] + b[c]) for c in cells)  # equal sample sizes
+    # critical value of chi-squared at p = 0.001 for len(cells) - 1 <= 8 degrees of freedom
+    critical = {1: 10.83, 2: 13.82, 3: 16.27, 4: 18.47, 5: 20.52, 6: 22.46, 7: 24.32,
+                8: 26.12}[max(1, len(cells) - 1)]
+    assert chi2 < critical, (a, b)
+
+
+# -- the governors -------------------------------------------------------------------------
+
+class Oracle:
+    """Proposes a known output (right) or tokens the model never picks (wrong)."""
+
+    def __init__(self, prompt, output, wrong_token):
+        self.prompt, self.output, self.wrong_token = prompt, output, wrong_token
+        self.right = False
+
+    def __call__(self, target, options):
+        return self
+
+    def propose(self, rows, limits):
+        out = []
+        for row, limit in zip(rows, limits, strict=True):
+            if not self.right:
+                out.append([self.wrong_token] * limit)
+                continue
+            done = len(row.tokens) - len(self.prompt)  # generated so far
+            out.append(self.output[done:done + limit])
+        return out
+
+    def commit(self, rows, accepted):
+        pass
+
+    def release(self, keys):
+        pass
+
+
+def test_the_row_governor_stops_a_drafter_that_is_always_wrong_and_resumes(tiny_checkpoint):
+    prompt = list(range(40, 60))
+    (plain,), _, _ = run(tiny_checkpoint, [prompt], max_tokens=200)
+    wrong = next(t for t in range(1000) if t not in plain)
+    oracle = Oracle(prompt, plain, wrong)
+    worker = worker_for(tiny_checkpoint, parallel=2, config=spec_config(drafter=oracle,
+                                                                        draft_max=4))
+    sink = ListSink()
+    worker.enqueue(request(prompt, 200), sink)
+    for _ in range(120):
+        worker.step()
+    seq = worker.batch.rows[0]
+    wrong_rounds = seq.drafts.rounds
+    assert seq.drafts.accepted == 0 and 0 < wrong_rounds <= 12  # backed off, probing
+    oracle.right = True
+    run_until_done(worker, [sink])
+    assert sink.tokens == plain
+    usage = sink.last.usage
+    assert usage.draft_n_accepted > 20 and usage.draft_rounds > wrong_rounds
+
+
+def test_the_batch_governor_pauses_drafting_where_verify_steps_cost_more():
+    gov = speculative.BatchGovernor()
+    for _ in range(speculative.SAMPLES + 1):
+        gov.cost[(8, False)] = (0.001, speculative.SAMPLES)
+        gov.verified(8, seconds=0.01, emitted=8)  # 1.25 ms per token against 1 ms
+    assert not gov.allows(8) and gov.allows(1)
+    gov.steps += speculative.BATCH_RETRY
+    assert gov.allows(8)
+
+
+def test_row_governor_draft_length_follows_acceptance():
+    gov = speculative.RowGovernor(16)
+    gov.length = 4
+    gov.settle(0, 4, 4, 16)
+    assert gov.length == 8
+    gov.settle(1, 8, 2, 16)
+    assert gov.length == 3
+    gov.settle(2, 3, 0, 16)
+    gov.settle(3, 0, 0, 16)
+    assert gov.resume_at == 3 + speculative.BACKOFF
+
+
+# -- the cache ------------------------------------------------------------------------------
+
+def test_batch_cache_rollback_keeps_each_rows_accepted_prefix():
+    """Absolute positions: after a ragged rollback every row holds what a cache fed only
+    its kept tokens holds."""
+    def feed(cache, cols):
+        k = mx.array(cols, dtype=mx.float32)[:, None, :, None]  # [B, 1, n, 1]
+        cache.update_and_fetch(k, k)
+
+    cache = BatchCache([0, 2])
+    feed(cache, [[1, 2, 3], [0, 0, 7]])
+    feed(cache, [[4, 5, 6, 0], [8, 9, 0, 0]])  # row 0 keeps 3 of 4, row 1 keeps 2
+    cache.rollback([1, 2])
+    assert cache.pads == [0, 3] and cache._idx == 6
+    assert cache.row(0, 6)[0].reshape(-1).tolist() == [1, 2, 3, 4, 5, 6]
+    assert cache.row(1, 3)[0].reshape(-1).tolist() == [7, 8, 9]
+    assert cache.offset.tolist() == [6, 3]
