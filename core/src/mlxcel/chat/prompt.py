@@ -3,7 +3,14 @@ tools and template variables in, the rendered prompt's token ids (``PromptInput`
 
 Order: template variables, the generation-prompt flags, media, ``tool_choice``, earlier
 reasoning, the adaptation to the template's capabilities (``chat.adapt``), render, the cut
-for ``continue_final_message``, tokenize within the context.
+for ``continue_final_message`` (or the assistant prefill appended), tokenize within the
+context.
+
+A final assistant message is continued two ways, each as its server does it: asked with
+``continue_final_message`` (vLLM's), the whole conversation is rendered and cut at the end
+of that message's text; given neither that nor ``add_generation_prompt`` (llama-server's
+assistant prefill, on by default there), the turns before it are rendered with the
+generation prompt and its text follows as is.
 """
 
 from __future__ import annotations
@@ -77,10 +84,25 @@ def refuse_media(messages: tuple[Message, ...]) -> None:
                                      f"is '{kind}'", param=path)
 
 
+def prefills(request: PromptRequest) -> bool:
+    """Whether the final assistant message is prefilled llama-server's way (module
+    docstring): neither flag given and the last message the assistant's. Two assistant
+    messages at the end are refused, as llama-server refuses them."""
+    messages = request.messages
+    if request.continue_final_message is not None or request.add_generation_prompt is not None \
+            or not messages or messages[-1].role != "assistant":
+        return False
+    if len(messages) > 1 and messages[-2].role == "assistant":
+        raise InvalidRequest("Cannot have 2 or more assistant messages at the end of the "
+                             "list", param="messages")
+    return True
+
+
 def generation_prompt(request: PromptRequest) -> bool:
     """``add_generation_prompt`` (default true) and ``continue_final_message`` (default
     false), as vLLM names and reads them: not both true, and continuing needs a final
-    assistant message; continuing renders without the generation prompt."""
+    assistant message; continuing renders without the generation prompt (a prefill,
+    ``prefills``, renders the turns before it with one)."""
     param = "continue_final_message"
     if not request.continue_final_message:
         return request.add_generation_prompt is not False
@@ -180,7 +202,8 @@ def _render(request: PromptRequest, template: Any, server_kwargs: dict[str, Any]
     if not request.messages:
         raise InvalidRequest("'messages' must contain at least one message", param="messages")
     add_generation = generation_prompt(request)
-    messages = request.messages
+    prefill = prefills(request)
+    messages = request.messages[:-1] if prefill else request.messages
     if media:
         messages = lift_tool_media(messages)
     else:
@@ -199,6 +222,8 @@ def _render(request: PromptRequest, template: Any, server_kwargs: dict[str, Any]
                            **kwargs)
     if request.continue_final_message:
         return continue_cut(text, messages[-1]), tuple(tools), []
+    if prefill:
+        return text + (request.messages[-1].text or ""), tuple(tools), []
     found = boundaries(template, adapted, shown, kwargs, text) if marks else []
     return text, tuple(tools), found
 

@@ -101,14 +101,16 @@ ToolChoice = Literal["auto", "none", "required"] | FunctionChoice
 class PromptRequest(msgspec.Struct, frozen=True, kw_only=True):
     """What the chat layer renders. ``template_kwargs`` are the request's own template
     variables (merged over the server's when rendered); ``add_generation_prompt`` None
-    means true, unless ``continue_final_message`` asks to continue the last turn."""
+    means true, unless ``continue_final_message`` asks to continue the last turn.
+    ``continue_final_message`` None is llama-server's assistant prefill: a final assistant
+    message is continued unless ``add_generation_prompt`` is given (``chat.prompt``)."""
 
     messages: tuple[Message, ...]
     tools: tuple[Tool, ...] = ()
     tool_choice: ToolChoice = "auto"
     template_kwargs: dict[str, Any] = {}
     add_generation_prompt: bool | None = None
-    continue_final_message: bool = False
+    continue_final_message: bool | None = False
     # the request's media knobs (``chat.media.MEDIA_OPTIONS``: ``max_soft_tokens``)
     media_options: dict[str, Any] = {}
 

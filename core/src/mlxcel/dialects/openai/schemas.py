@@ -50,7 +50,8 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     chat_template_kwargs: dict[str, Any] | None = None
     extra_body: dict[str, Any] | None = None
     add_generation_prompt: bool | None = None  # None: true, unless continuing (vLLM's rule)
-    continue_final_message: bool = False
+    # None: llama-server's prefill of a final assistant message (chat.prompt.prefills)
+    continue_final_message: bool | None = None
     # media knobs (``dialects.media_options``), checked there
     max_soft_tokens: Any = None
     mm_processor_kwargs: Any = None
