@@ -214,6 +214,7 @@ def build(ctx: AppContext) -> list[Any]:
                 "dry_allowed_length": d["dry_allowed_length"],
                 "dry_penalty_last_n": d["dry_penalty_last_n"],
                 "xtc_probability": d["xtc_probability"], "xtc_threshold": d["xtc_threshold"],
+                "ignore_eos": False, "logit_bias": [],  # a request's own: chat.logit_bias
             },
             "total_slots": engine.parallel,
             "model_alias": ctx.model_name,
