@@ -79,6 +79,9 @@ CASES = [
     (["--embedding"], "embeddings", True), (["--embeddings"], "embeddings", True),
     (["--rerank"], "reranking", True), (["--reranking"], "reranking", True),
     (["--pooling", "mean"], "pooling", "mean"), (["--embd-normalize", "1"], "embd_normalize", 1),
+    (["--tags", "a,b"], "tags", "a,b"), (["-rea", "off"], "reasoning", "off"),
+    (["--reasoning", "on"], "reasoning", "on"), (["-v"], "verbose", True),
+    (["--verbose"], "verbose", True), (["--log-verbose"], "verbose", True),
 ]
 SAMPLE = {"text": "1", "maybe_text": "on", "cache_type": "q8_0"}  # a value for ignored rows
 
