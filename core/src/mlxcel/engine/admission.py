@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import heapq
 import queue
+import time
 from typing import Any
 
 import structlog
 
-from mlxcel.engine import scheduler
+from mlxcel.engine import fork, scheduler
 from mlxcel.engine.batch import PrefillJob
 from mlxcel.engine.cache.capture import marks_for
 from mlxcel.engine.media_rows import MediaFeed
@@ -37,6 +38,8 @@ class Admission:
     prompt_cache: Any
     checkpoint: Any
     dist: Any
+    batchable: bool
+    _prefill_started = 0.0  # when the prefilling group started (its progress reports)
 
     def _drain(self, block: bool) -> int:
         """Move submitted requests to the waiting heap; how many arrived."""
@@ -46,14 +49,30 @@ class Admission:
         try:
             item = self.inbox.get(timeout=0.5) if block else self.inbox.get_nowait()
             while True:
-                if item is not None:
-                    seq = self._sequence(*item)
-                    if seq is not None:
-                        heapq.heappush(self.waiting, seq)
-                        arrived += 1
+                for seq in self._arrivals(item):
+                    heapq.heappush(self.waiting, seq)
+                    arrived += 1
                 item = self.inbox.get_nowait()
         except queue.Empty:
             return arrived
+
+    def _arrivals(self, item: Any) -> list[Sequence]:
+        """An inbox item's sequences: none (a wake-up), one request's, or a fork's n
+        choices (``engine.fork``), linked where their rows can share one prefill."""
+        if item is None:
+            return []
+        if not isinstance(item, fork.Fork):
+            seq = self._sequence(*item)
+            return [] if seq is None else [seq]
+        seqs = [s for s in (self._sequence(*m) for m in item.members) if s is not None]
+        if len(seqs) > 1 and self._forks_share(seqs[0]):
+            fork.link(seqs)
+        return seqs
+
+    def _forks_share(self, seq: Sequence) -> bool:
+        """Whether a fork's rows can copy one prefill: rows of batch caches, of a prompt
+        without media, on one process."""
+        return self.batchable and seq.req.media is None and not self.dist.active
 
     def _sequence(self, req: GenerationRequest, sink: Sink) -> Sequence | None:
         """A submitted request as a Sequence; one that cannot be built fails alone."""
@@ -144,6 +163,7 @@ class Admission:
         except Exception:
             log.exception("prefill_setup_failed", request_ids=[s.req.request_id for s in group])
             for seq in group:
+                fork.unlink(seq)  # alone now: it computes its own prompt
                 if fail_alone(seq, self._new_job, [seq]) is None:
                     self.count_queued(-1)
                 else:
@@ -152,11 +172,20 @@ class Admission:
             return None
         self.stats.sequences_started += len(group)
         self.prefilling = job
+        self._prefill_started = time.perf_counter()
+        fork.report_progress(job, self._prefill_started, done=False)
         self.dist.admitted(group)
         self.count_queued(-len(group))
         return job
 
-    def _new_job(self, group: list[Sequence]) -> PrefillJob | MixedPrefill:
+    def _new_job(self, group: list[Sequence]) -> Any:
+        """The group's prefill job; a group holding a fork's followers computes its
+        other rows only and copies their rows at the end (``fork.ForkedPrefill``)."""
+        rows = fork.computing(group)
+        job = self._rows_job(rows)
+        return job if len(rows) == len(group) else fork.ForkedPrefill(job, group)
+
+    def _rows_job(self, group: list[Sequence]) -> PrefillJob | MixedPrefill:
         hits = [s.cache_hit or None for s in group]
         model = self.checkpoint.model
         # a media row is alone in its group and unaligned: its columns are its prompt's
@@ -212,6 +241,7 @@ class Admission:
         self.stats.prefill_chunks_processed += 1
         self.buffers.dirty = True
         self.trace.note(prefill_rows=len(job.seqs), prefill_cols=job.last_cols)
+        fork.report_progress(job, self._prefill_started, done)
         if done:
             self.prefilling = None
             self.stats.total_prefill_tokens += job.tokens_total

@@ -29,6 +29,10 @@ The rules, and why:
   request can start at once and fits one chunk; while rows decode, at most
   ``max_deferred`` groups wait, since each one held costs the held rows a step. Held
   groups join as soon as nothing else starts prefilling.
+* **Forks.** The n choices of one request (``engine.fork``) start together: a leader
+  takes its followers into its group, where they need slots but no prefill columns (their
+  rows copy the leader's when its prefill is done), and a fork waits until it has a slot
+  for each of its rows.
 * **Lazy leave.** Where ``lazy_leave`` (CUDA: dropping a row copies every other row's
   cache), finished rows stay in the batch until they are the majority or a group joins;
   elsewhere they leave at once.
@@ -122,21 +126,46 @@ def budget(limits: Limits, free: int, waiting: int, decoding: int) -> int:
     return limits.prefill_chunk * max(1, min(limits.burst_chunks, share))
 
 
+def _pulled(seq: Any, waiting: set[int]) -> bool:
+    """Whether ``seq`` follows a waiting leader (``engine.fork``): it starts with it."""
+    leader = getattr(seq, "leader", None)
+    return leader is not None and id(leader) in waiting
+
+
+def _with_followers(seq: Any, waiting: set[int]) -> list[Any]:
+    return [seq, *(f for f in getattr(seq, "followers", ()) if id(f) in waiting)]
+
+
+def starters(ordered: Sequence[Any]) -> list[Any]:
+    """The waiting sequences that can start a row of a group: all but the followers of a
+    waiting leader (see "Forks")."""
+    waiting = set(map(id, ordered))
+    return [s for s in ordered if not _pulled(s, waiting)]
+
+
 def form_group(ordered: Sequence[Any], free: int, step_budget: int, limits: Limits,
                tail: Callable[[Any], int]) -> list[Any]:
     """The waiting sequences (``ordered`` by priority, then arrival) that start prefilling
-    together (see "Groups")."""
+    together (see "Groups" and "Forks")."""
     if not ordered or free <= 0:
         return []
-    group = [ordered[0]]
-    widest = aligned(tail(group[0]), limits.align)
-    for seq in ordered[1:]:
-        if len(group) >= free or not limits.grouped or group[0].solo or seq.solo:
+    waiting = set(map(id, ordered))
+    heads = starters(ordered)
+    group = _with_followers(heads[0], waiting)
+    if len(group) > free:  # a fork waits until all of its rows have slots
+        return []
+    rows = 1  # rows whose prompts are computed
+    widest = aligned(tail(heads[0]), limits.align)
+    for seq in heads[1:]:
+        members = _with_followers(seq, waiting)
+        if len(group) + len(members) > free or not limits.grouped or group[0].solo \
+                or seq.solo:
             break
         width = max(widest, aligned(tail(seq), limits.align))
-        if (len(group) + 1) * min(width, limits.prefill_chunk) > step_budget:
+        if (rows + 1) * min(width, limits.prefill_chunk) > step_budget:
             break
-        group.append(seq)
+        group += members
+        rows += 1
         widest = width
     return group
 
@@ -189,7 +218,8 @@ def schedule(view: View, limits: Limits, tail: Callable[[Any], int]) -> Plan:
         ordered = sorted(waiting)
         step_budget = budget(limits, free, len(ordered), decoding)
         group = form_group(ordered, free, step_budget, limits, tail)
-        following = ordered[len(group)] if len(ordered) > len(group) else None
+        taken = set(map(id, group))
+        following = next((s for s in starters(ordered) if id(s) not in taken), None)
     prefilling = job or group
     hold = bool(prefilling) and limits.hold_groups and hold_group(
         limits, tail(following) if following is not None else None, free - len(prefilling),
