@@ -106,3 +106,5 @@ class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
     guide: Any = None
     guide_after: str | None = None
     reasoning_limit: ReasoningLimit | None = None
+    # send a ``progress`` event after each prefill chunk (llama-server's ``return_progress``)
+    return_progress: bool = False
