@@ -268,7 +268,10 @@ def test_other_refusals(client):
     assert media.status_code == 501
     assert media.json()["error"]["type"] == "not_supported_error"
     long = client.post("/completion", json={"prompt": [5] * 4096})
-    assert long.status_code == 400 and long.json()["error"]["code"] == "context_length_exceeded"
+    assert long.status_code == 400 and long.json() == {"error": {  # llama-server's shape
+        "code": 400, "type": "exceed_context_size_error", "n_prompt_tokens": 4096,
+        "n_ctx": 4096, "message": "request (4096 tokens) exceeds the available context "
+        "size (4096 tokens), try increasing it"}}
     lane = client.post("/completion", json={"prompt": "x"}, headers={"X-Priority": "urgent"})
     assert lane.status_code == 400 and lane.json()["error"]["param"] == "X-Priority"
 

@@ -14,6 +14,7 @@ from litestar.testing import TestClient
 from mlxcel.app import create_app
 from mlxcel.engine.client import EngineClient
 from mlxcel.metrics import SPEC
+from mlxcel.metrics_llamacpp import SPEC as LLAMACPP
 from mlxcel.settings import Settings
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -47,6 +48,10 @@ SPEC_HEADERS = """\
 # TYPE mlxcel_cache_pool_active gauge
 """.splitlines()
 NAMES = [line.split()[2] for line in SPEC_HEADERS if line.startswith("# TYPE")]
+# llama-server's families follow, counters first (mlxcel.metrics_llamacpp)
+LLAMACPP_HEADERS = [line for name, type_, help_ in LLAMACPP
+                    for line in (f"# HELP {name} {help_}", f"# TYPE {name} {type_}")]
+ALL_NAMES = NAMES + [name for name, _, _ in LLAMACPP]
 CHAT = {"messages": [{"role": "user", "content": "Say something."}], "max_tokens": 5,
         "temperature": 0, "ignore_eos": True}
 COMPLETION = {"prompt": "Once upon a time", "max_tokens": 4, "temperature": 0,
@@ -71,14 +76,15 @@ def scrape(client) -> dict[str, float]:
     return values
 
 
-def test_metrics_and_slots_off_without_flags_name_the_flag(client):
-    """As llama-server: a route the operator left off is 501, never a 404."""
-    for path, flag in (("/metrics", "--metrics"), ("/slots", "--slots")):
-        r = client.get(path)
-        assert r.status_code == 501
-        assert r.json()["error"] == {
-            "message": f"the {path} endpoint is off on this server; start it with {flag}",
-            "type": "not_supported_error", "code": None}
+def test_slots_off_names_the_flag_and_metrics_is_not_mounted(client):
+    """/slots left off is 501 naming its flag, as llama-server answers; /metrics without
+    --metrics is not mounted at all (404), as the spec says."""
+    r = client.get("/slots")
+    assert r.status_code == 501
+    assert r.json()["error"] == {
+        "message": "the /slots endpoint is off on this server; start it with --slots",
+        "type": "not_supported_error", "code": None}
+    assert client.get("/metrics").status_code == 404
 
 
 def test_exposition_has_every_spec_metric_in_order(mclient):
@@ -86,13 +92,13 @@ def test_exposition_has_every_spec_metric_in_order(mclient):
     assert r.status_code == 200
     assert r.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
     lines = r.text.splitlines()
-    assert [ln for ln in lines if ln.startswith("#")] == SPEC_HEADERS
+    assert [ln for ln in lines if ln.startswith("#")] == SPEC_HEADERS + LLAMACPP_HEADERS
     samples = [ln.split()[0] for ln in lines if not ln.startswith("#")]
-    assert samples == NAMES  # one unlabelled sample per family, no _created series
+    assert samples == ALL_NAMES  # one unlabelled sample per family, no _created series
     assert [name for name, _, _ in SPEC] == NAMES
     families = list(text_string_to_metric_families(r.text))
-    assert len(families) == len(SPEC)
-    for family, (name, type_, help_) in zip(families, SPEC, strict=True):
+    assert len(families) == len(SPEC) + len(LLAMACPP)
+    for family, (name, type_, help_) in zip(families, SPEC + LLAMACPP, strict=True):
         assert family.type == type_ and family.documentation == help_
         # the parser folds a counter's name to its base and its sample to ``<base>_total``
         assert family.name == (name.removesuffix("_total") if type_ == "counter" else name)
@@ -149,9 +155,11 @@ def test_slots_idle(mclient):
     r = mclient.get("/slots")
     assert r.status_code == 200
     ctx_size = mclient.get("/health").json()["context_size"]
-    assert r.json() == [
+    slots = r.json()
+    assert all(isinstance(s.pop("speculative"), bool) for s in slots)  # a drafter or not
+    assert slots == [
         {"id": i, "state": "idle", "model": "tiny", "context_size": ctx_size,
-         "is_processing": False} for i in range(2)]
+         "n_ctx": ctx_size, "is_processing": False} for i in range(2)]
 
 
 def test_slots_decoding_and_queued(tiny_checkpoint):
@@ -177,9 +185,7 @@ def test_slots_decoding_and_queued(tiny_checkpoint):
         assert [s["id"] for s in seen] == [0, 1]
         assert [s["is_processing"] for s in seen] == [True, False]
         assert {s["model"] for s in seen} == {"tiny"}
-        m = c.get("/metrics")  # --slots alone does not mount /metrics: 501 names the flag
-        assert m.status_code == 501 and "--metrics" in m.json()["error"]["message"]
-        assert m.json()["error"]["type"] == "not_supported_error"
+        assert c.get("/metrics").status_code == 404  # --slots alone does not mount it
         for t in threads:
             t.join(60)
         assert results == [200, 200]
@@ -193,7 +199,7 @@ def test_metrics_while_loading_report_zeros(tiny_checkpoint):
     with TestClient(app) as c:
         try:
             values = scrape(c)
-            assert set(values) == set(NAMES)
+            assert set(values) == set(ALL_NAMES)
             assert all(v == 0 for v in values.values())
         finally:
             gate.set()
@@ -223,10 +229,12 @@ def test_metrics_port_listener_starts_and_stops_with_the_app(tiny_checkpoint):
         port = sock.getsockname()[1]
     url = f"http://127.0.0.1:{port}/metrics"
     with make_client(tiny_checkpoint, parallel=1, metrics_port=port) as c:
-        assert c.get("/metrics").status_code == 501  # --metrics-port alone: not on the main port
+        assert c.get("/metrics").status_code == 404  # --metrics-port alone: not on the main port
         r = httpx.get(url, timeout=5)
         assert r.status_code == 200
         assert r.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
-        assert [ln for ln in r.text.splitlines() if ln.startswith("#")] == SPEC_HEADERS
+        assert int(r.headers["process-start-time-unix"]) <= time.time()
+        assert [ln for ln in r.text.splitlines() if ln.startswith("#")] == \
+            SPEC_HEADERS + LLAMACPP_HEADERS
     with pytest.raises(httpx.ConnectError):
         httpx.get(url, timeout=5)

@@ -66,7 +66,7 @@ def create_app(settings: Settings, plugins: Plugins | None = None,
     replaces the chat model's engine; ``engines`` replaces them all."""
     plugins = plugins or load_plugins(settings.plugins, settings.disable_plugins)
     engines = engines or build_engines(settings, plugins, chat=engine)
-    metrics = Metrics(engines.chat)
+    metrics = Metrics(engines.chat, engines.sides)
     ctx = AppContext(settings=settings, plugins=plugins, engine=engines.chat,
                      sides=engines.sides, model_name=model_display_name(settings),
                      metrics=metrics)

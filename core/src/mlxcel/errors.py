@@ -33,7 +33,19 @@ class BodyTimeout(InvalidRequest):
 
 
 class ContextLengthExceeded(InvalidRequest):
+    """A prompt that leaves no room in the context. ``n_prompt_tokens`` (its length, or a
+    lower bound when it was refused before tokenizing) and ``n_ctx`` (the per-slot context)
+    go into the error body as llama-server names them, so a client can shorten it by the
+    right amount without parsing the message."""
+
     code = "context_length_exceeded"
+
+    def __init__(self, message: str, *, param: str | None = None,
+                 n_prompt_tokens: int | None = None, n_ctx: int | None = None) -> None:
+        counts = {} if n_prompt_tokens is None or n_ctx is None else \
+            {"n_prompt_tokens": n_prompt_tokens, "n_ctx": n_ctx}
+        super().__init__(message, param=param, extra=counts)
+        self.n_prompt_tokens, self.n_ctx = n_prompt_tokens, n_ctx
 
 
 class UnsupportedSchema(InvalidRequest):
@@ -125,6 +137,13 @@ class MemoryBudgetExceeded(MlxcelError):
 
 
 class GenerationFailed(MlxcelError):
+    status = 500
+
+
+class TokenOutOfVocabulary(MlxcelError):
+    """``/detokenize`` got an id outside ``[0, vocab_size)``: 500 ``server_error``, as the
+    spec and llama-server answer it (a 400 is for ids in a prompt)."""
+
     status = 500
 
 

@@ -3,7 +3,12 @@
 Each app owns a :class:`Metrics` with its own ``CollectorRegistry`` (never the global one),
 so several apps can live in one process. ``GET /metrics`` and the ``--metrics-port``
 listener both render that registry with ``prometheus_client.generate_latest`` (text format
-0.0.4).
+0.0.4): the spec's ``mlxcel_`` families, then llama-server's ``llamacpp:`` ones
+(``mlxcel.metrics_llamacpp``). Both answers carry llama-server's ``Process-Start-Time-Unix``
+header, which scrapers compare between scrapes to tell a restart (counters back at zero)
+from a counter that went down: here the Unix time, in seconds, at which this process
+loaded its metrics. (llama-server fills it from a monotonic clock, so clients treat it as
+an opaque value that changes on restart; a Unix time serves them the same.)
 """
 
 from __future__ import annotations
@@ -21,10 +26,13 @@ from prometheus_client import CollectorRegistry, generate_latest, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
+from mlxcel.metrics_llamacpp import LlamacppCollector
 from mlxcel.types import Finish
 
 log = structlog.get_logger("mlxcel.metrics")
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+START_HEADER = "Process-Start-Time-Unix"
+PROCESS_START = int(time.time())
 NOT_COUNTED = frozenset({"error", "cancelled"})  # finish reasons of no completed generation
 
 # (name, type, help) in the order the spec lists them.
@@ -153,10 +161,13 @@ class MlxcelCollector:
 class Metrics:
     """An app's request counters, its registry, and the optional ``--metrics-port`` server."""
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: Any, sides: dict[str, Any] | None = None) -> None:
+        """``engine``: the chat model's EngineClient (None without one); ``sides``: the side
+        models' engines by task, whose prompts the ``llamacpp:`` counters include."""
         self.counters = RequestCounters()
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(MlxcelCollector(self.counters, engine))
+        self.registry.register(LlamacppCollector(engine, sides))
         self._server: Any = None
         self._thread: threading.Thread | None = None
 
@@ -181,7 +192,11 @@ class Metrics:
 
         def text_only(environ: dict, start_response: Any) -> Any:
             environ.pop("HTTP_ACCEPT", None)
-            return app(environ, start_response)
+
+            def with_start(status: str, headers: list, *args: Any) -> Any:
+                return start_response(status, [*headers, (START_HEADER, str(PROCESS_START))],
+                                      *args)
+            return app(environ, with_start)
 
         server_cls = type("MetricsServer", (ThreadingWSGIServer,), {"address_family": family})
         self._server = make_server(sockaddr[0], port, text_only, server_cls,
@@ -205,7 +220,8 @@ def metrics_route(metrics: Metrics) -> Any:
     async def prometheus_metrics() -> Response:
         # an explicit header: Litestar would append a second charset to a text/* media type
         return Response(metrics.exposition(), media_type=CONTENT_TYPE,
-                        headers={"content-type": CONTENT_TYPE})
+                        headers={"content-type": CONTENT_TYPE,
+                                 START_HEADER: str(PROCESS_START)})
 
     return prometheus_metrics
 

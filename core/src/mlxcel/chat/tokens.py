@@ -25,9 +25,11 @@ def check_fits(engine: Any, text: str, param: str) -> None:
     bound = byte_bound(engine)
     if bound is None or len(text) <= bound // 4 or len(text.encode("utf-8")) <= bound:
         return
+    ctx = engine.context_size
+    at_least = -(-len(text.encode("utf-8")) // (bound // ctx))  # bytes / max bytes per token
     raise ContextLengthExceeded(
         f"'{param}' is too long: no tokenization of it fits the context window of "
-        f"{engine.context_size} tokens", param=param)
+        f"{ctx} tokens", param=param, n_prompt_tokens=at_least, n_ctx=ctx)
 
 
 def encode_prompt(engine: Any, text: str, param: str, add_special: bool) -> list[int]:
@@ -53,7 +55,7 @@ def check_length(engine: Any, count: int, param: str) -> None:
         raise ContextLengthExceeded(
             f"the prompt has {count} tokens (its media included), more than the context "
             f"window of {ctx} tokens allows (leave room for at least one generated token)",
-            param=param)
+            param=param, n_prompt_tokens=count, n_ctx=ctx)
 
 
 def _encode(engine: Any, text: str, param: str, encode: Any) -> Any:
@@ -64,5 +66,5 @@ def _encode(engine: Any, text: str, param: str, encode: Any) -> Any:
     except TooManyTokens as exc:
         raise ContextLengthExceeded(
             f"the prompt has {exc.count} tokens, more than the context window of {ctx} "
-            "tokens allows (leave room for at least one generated token)", param=param
-        ) from None
+            "tokens allows (leave room for at least one generated token)", param=param,
+            n_prompt_tokens=exc.count, n_ctx=ctx) from None

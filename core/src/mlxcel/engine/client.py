@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 import weakref
 from collections import deque
 from collections.abc import Callable
@@ -14,6 +15,7 @@ from mlxcel.engine.cache.prompt_cache import PromptCache
 from mlxcel.engine.config import EngineConfig
 from mlxcel.engine.lanes import Job, LaneClient, LaneLimits
 from mlxcel.engine.memory import estimate_request_bytes
+from mlxcel.engine.served import ServedTotals
 from mlxcel.engine.worker import EngineWorker
 from mlxcel.errors import (
     ContextLengthExceeded,
@@ -153,9 +155,19 @@ class EventStream:
         self._waiter: asyncio.Future[None] | None = None
         self.done = False
         self.cancelled = False  # read by the engine thread between steps
+        self._submitted = time.perf_counter()
+        self._first: float | None = None  # when the first token (or the finish) came
 
     def emit(self, event: GenerationEvent) -> None:
-        """Called from the engine thread; never raises into it."""
+        """Called from the engine thread; never raises into it. The first token's and the
+        finish's times are taken here, as the engine hands them out (``served``)."""
+        if self._first is None and (event.token_ids or event.finish_reason is not None):
+            self._first = time.perf_counter()
+        if event.finish_reason is not None and event.usage is not None:
+            usage = event.usage
+            self._client.served.request(usage.prompt_tokens, usage.cached_tokens,
+                                        usage.completion_tokens, self._submitted,
+                                        self._first or self._submitted, time.perf_counter())
         try:
             self._mailbox.post(self._push, event, self._lost)
         except RuntimeError:  # the consumer's event loop is gone: stop generating for it
@@ -233,6 +245,7 @@ class EngineClient:
         self.requested_ctx = ctx_size
         self.max_queue_depth = max_queue_depth
         self.lanes = LaneClient(self.worker.lane, self.worker.wake)
+        self.served = ServedTotals()  # finished requests' prompt/generation totals
 
     async def call(self, job: Job, limits: LaneLimits) -> list[Any]:
         """Run one-shot work on the engine thread between decode steps (the job lane):
@@ -280,7 +293,8 @@ class EngineClient:
         if prompt_len >= ctx:
             raise ContextLengthExceeded(
                 f"the prompt has {prompt_len} tokens, more than the context window of {ctx} "
-                "tokens allows (leave room for at least one generated token)", param="messages")
+                "tokens allows (leave room for at least one generated token)", param="messages",
+                n_prompt_tokens=prompt_len, n_ctx=ctx)
         room = ctx - prompt_len
         return room if max_tokens is None else min(max_tokens, room)
 
@@ -329,6 +343,11 @@ class EngineClient:
         """One entry per slot: "decoding" or "idle"."""
         busy = min(self.active_count, self.parallel)
         return ["decoding"] * busy + ["idle"] * (self.parallel - busy)
+
+    def slot_rows(self) -> list[Any]:
+        """The sequences holding slots (``Sequence``: its request, tokens generated and
+        from the prompt cache), in the order ``slot_states`` counts them busy."""
+        return self.worker.active[: self.parallel]
 
     @property
     def stats(self) -> Any:

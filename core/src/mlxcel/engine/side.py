@@ -4,11 +4,15 @@ on the engine thread only."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Hashable
 from typing import Any
 
 from mlxcel.engine.lanes import Job, LaneClient, LaneLimits
+from mlxcel.engine.served import ServedTotals
 from mlxcel.errors import GenerationFailed, ModelLoading
+
+PROMPT_TASKS = frozenset({"embed", "rerank"})  # tasks whose items are token sequences
 
 
 class SideEngine:
@@ -30,6 +34,7 @@ class SideEngine:
         self.state = "loading"
         self.error: str | None = None
         self._runner: Any = None
+        self.served = ServedTotals()  # prompts read (``PROMPT_TASKS``), for /metrics
 
     def loaded(self, runner: Any) -> None:
         """Engine thread: the model is ready."""
@@ -55,8 +60,22 @@ class SideEngine:
         ``RequestTimedOut`` (504) past its timeout; an exception ``fn`` raises is raised
         here."""
         _ = self.runner  # ModelLoading / GenerationFailed before queueing
+        if self.task in PROMPT_TASKS:
+            fn = self._counted(fn)
         return await self.lane.call(Job(task=self.task, key=key, items=items, fn=fn),
                                     self.limits)
+
+    def _counted(self, fn: Callable[[list[Any]], list[Any]]
+                 ) -> Callable[[list[Any]], list[Any]]:
+        """``fn`` that adds each batch it runs (its items' tokens and its seconds) to
+        ``served``: llama-server counts embedding and rerank prompts as prompt tokens."""
+        def run(batch: list[Any]) -> list[Any]:
+            start = time.perf_counter()
+            out = fn(batch)
+            tokens = sum(len(item) for item in batch if hasattr(item, "__len__"))
+            self.served.side_batch(tokens, time.perf_counter() - start)
+            return out
+        return run
 
 
 def load_sides(sides: list[SideEngine]) -> None:

@@ -162,7 +162,8 @@ def fits(engine: Any, ids: list[int], param: str) -> list[int]:
     if len(ids) >= ctx:
         raise ContextLengthExceeded(
             f"the prompt has {len(ids)} tokens, more than the context window of {ctx} "
-            "tokens allows (leave room for at least one generated token)", param=param)
+            "tokens allows (leave room for at least one generated token)", param=param,
+            n_prompt_tokens=len(ids), n_ctx=ctx)
     return ids
 
 

@@ -15,16 +15,24 @@ from mlxcel.context import AppContext
 from mlxcel.dialects.media_options import media_options
 from mlxcel.dialects.openai.schemas import ChatCompletionRequest
 from mlxcel.dialects.openai.translate import prompt_request
-from mlxcel.dialects.prepare import check_fits, check_token_ids, prepare_for
+from mlxcel.dialects.prepare import check_fits, prepare_for
 from mlxcel.dialects.wire import decode_body
-from mlxcel.errors import CapabilityNotSupported, InvalidRequest, MlxcelError
+from mlxcel.errors import (
+    CapabilityNotSupported,
+    ContextLengthExceeded,
+    InvalidRequest,
+    MlxcelError,
+    TokenOutOfVocabulary,
+)
 from mlxcel.model.tokenizer import TooManyTokens
 
 from . import media, retrieval
 from .completion import body_prompts, n_predict_of, native_prompt, refuse_unsupported
 from .infill import answer_reserve, fim_markers, infill_prompt
+from .pieces import with_pieces
 from .run import respond
 from .schemas import CompletionRequest, DetokenizeRequest, InfillRequest, TokenizeRequest
+from .slots import slots_payload
 
 TOKENIZE_MAX_TOKENS = 1 << 20
 OBSERVABILITY = ("sequences_started", "sequences_completed", "total_prefill_tokens",
@@ -95,15 +103,14 @@ def distributed_info(engine: Any) -> dict[str, Any]:
     return {"distributed": info} if info is not None else {}
 
 
-def slots_payload(ctx: AppContext) -> list[dict[str, Any]]:
-    """One object per slot ("decoding" / "idle"), then one per queued request."""
-    engine = ctx.engine
-    context_size = engine.context_size  # raises ModelLoading (503) while loading
-    states = [*engine.slot_states(), *["queued"] * engine.queue_depth]
-    return [{"id": i, "state": state, "model": ctx.model_name, "context_size": context_size,
-             "is_processing": state == "decoding"} for i, state in enumerate(states)]
-
-
+def check_detokenize_ids(tokenizer: Any, ids: list[int]) -> None:
+    """Every id must be in ``[0, vocab_size)``, checked before anything is decoded; the
+    first one that is not, in request order, is a 500 ``server_error`` naming it, as the
+    spec and llama-server answer (ids are read as 64-bit, so a wide one reaches this)."""
+    bad = tokenizer.first_invalid_id(ids)
+    if bad is not None:
+        raise TokenOutOfVocabulary(f"token id {bad} is out of vocabulary range (vocab_size "
+                                   f"{tokenizer.vocab_size})")
 
 
 def generation_routes(ctx: AppContext) -> list[Any]:
@@ -168,8 +175,13 @@ def build(ctx: AppContext) -> list[Any]:
     def encode(body: TokenizeRequest) -> list[int]:
         """A text too long for any prompt is refused (the same byte bound as prompts), and
         so is one of more than ``TOKENIZE_MAX_TOKENS`` tokens (or the context size, when
-        larger): building and sending a longer list stalls every other request."""
-        check_fits(engine, body.content, "content")
+        larger): building and sending a longer list stalls every other request. This is
+        a limit of this server, not a prompt over the context: it stays an
+        ``invalid_request_error`` (no ``exceed_context_size_error`` counts)."""
+        try:
+            check_fits(engine, body.content, "content")
+        except ContextLengthExceeded as exc:
+            raise ContextLengthExceeded(exc.message, param="content") from None
         limit = max(engine.context_size, TOKENIZE_MAX_TOKENS)
         try:
             return ctx.checkpoint.tokenizer.encode(body.content, body.add_special,
@@ -180,16 +192,20 @@ def build(ctx: AppContext) -> list[Any]:
 
     @post("/tokenize", status_code=200)
     async def tokenize(request: Request) -> dict[str, Any]:
+        """Token ids; with ``with_pieces``, ``{"id", "piece"}`` objects (``pieces``)."""
         ctx.require_chat()
         body = await decode_body(request, TokenizeRequest)
-        return {"tokens": await prepare_for(request, lambda: encode(body))}
+        if not body.with_pieces:
+            return {"tokens": await prepare_for(request, lambda: encode(body))}
+        tok = ctx.checkpoint.tokenizer
+        return {"tokens": await prepare_for(request, lambda: with_pieces(tok, encode(body)))}
 
     @post("/detokenize", status_code=200)
     async def detokenize(request: Request) -> dict[str, Any]:
         ctx.require_chat()
         body = await decode_body(request, DetokenizeRequest)
         tok = ctx.checkpoint.tokenizer
-        check_token_ids(tok, body.tokens, "tokens")
+        check_detokenize_ids(tok, body.tokens)
         content = await prepare_for(request, lambda: tok.decode(body.tokens, skip_special=False))
         return {"content": content}
 
@@ -246,9 +262,7 @@ def build(ctx: AppContext) -> list[Any]:
         handlers.append(slots)
     else:
         handlers.append(switched_off("/slots", "--slots"))
-    if not ctx.settings.metrics:
-        handlers.append(switched_off("/metrics", "--metrics"))
-    return handlers
+    return handlers  # /metrics: mounted by the app with --metrics, absent (404) without
 
 
 def switched_off(path: str, flag: str) -> Any:

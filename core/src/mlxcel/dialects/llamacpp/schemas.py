@@ -12,6 +12,7 @@ from mlxcel.dialects.kit import GenerationFields
 class TokenizeRequest(msgspec.Struct, kw_only=True):
     content: str
     add_special: bool = False
+    with_pieces: bool = False  # each token as {"id", "piece"} (``pieces``)
 
 
 class DetokenizeRequest(msgspec.Struct, kw_only=True):
