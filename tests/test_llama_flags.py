@@ -82,6 +82,8 @@ CASES = [
     (["--tags", "a,b"], "tags", "a,b"), (["-rea", "off"], "reasoning", "off"),
     (["--reasoning", "on"], "reasoning", "on"), (["-v"], "verbose", True),
     (["--verbose"], "verbose", True), (["--log-verbose"], "verbose", True),
+    (["--reasoning-effort", "high"], "reasoning_effort", "high"),
+    (["-ctxcp", "3"], "ctx_checkpoints", 3),
 ]
 SAMPLE = {"text": "1", "maybe_text": "on", "cache_type": "q8_0"}  # a value for ignored rows
 

@@ -223,7 +223,7 @@ def test_generation_routes_are_501_in_their_dialect_without_a_chat_model(path, d
     assert "/v1/embeddings" in err["message"] and "/v1/chat/completions" not in err["message"]
     assert health["status"] == "ok" and health["capabilities"] == ["embedding"]
     assert models == [{"id": "emb", "object": "model", "created": models[0]["created"],
-                       "owned_by": "user", "capabilities": ["embedding"]}]
+                       "owned_by": "user", "capabilities": ["embedding"], "tags": []}]
 
 
 @pytest.mark.parametrize("path,flag", [

@@ -164,6 +164,11 @@ _ROWS: list[tuple[Any, ...]] = [
     (("-rea", "--reasoning"), "reasoning", reasoning_mode, "auto", "LLAMA_ARG_REASONING",
      "on or off: render every chat template with enable_thinking true or false (a "
      "request's chat_template_kwargs win); auto leaves it to the template", MAPPED),
+    (("--reasoning-effort",), "reasoning_effort", path, "default",
+     "LLAMA_ARG_REASONING_EFFORT",
+     "reasoning effort given to every chat template as reasoning_effort (minimal, low, "
+     "medium, high, ...; a request's chat_template_kwargs win); default: the template's",
+     MAPPED),
     (("-v", "--verbose", "--log-verbose"), "verbose", Toggle(), False, None,
      "add llama-server's __verbose debug field (the answer as /completion gives it) to "
      "OpenAI chat and completion answers", MAPPED),
@@ -236,7 +241,7 @@ _ROWS: list[tuple[Any, ...]] = [
      "on Linux CPU, do not preload an optimized BLAS (OpenBLAS) even when installed"),
     # sampling defaults (unset: the checkpoint's generation_config.json, then built-ins)
     (("--temp", "--temperature"), "temp", float, None, "LLAMA_ARG_TEMP",
-     "default temperature (0 = greedy)", KEPT),
+     "default temperature (0 = greedy)", KEPT, "LLAMA_ARG_TEMPERATURE"),
     (("--top-k",), "top_k", int, None, "LLAMA_ARG_TOP_K", "default top-k (0 = off)", KEPT),
     (("--top-p",), "top_p", float, None, "LLAMA_ARG_TOP_P", "default top-p", KEPT),
     (("--min-p",), "min_p", float, None, "LLAMA_ARG_MIN_P", "default min-p (0 = off)", KEPT),
@@ -383,21 +388,30 @@ def _thinking(value: Any) -> bool:
 
 
 class _ServerParser(argparse.ArgumentParser):
-    """``--reasoning on|off`` is folded into the server-wide chat-template variables as
-    ``enable_thinking``, as llama-server folds it into its default template kwargs, so
-    every dialect renders with it; an ``enable_thinking`` that ``--chat-template-kwargs``
-    sets the other way is refused rather than one of them being silently dropped."""
+    """``--reasoning on|off`` and ``--reasoning-effort LEVEL`` are folded into the
+    server-wide chat-template variables (``enable_thinking``, ``reasoning_effort``), as
+    llama-server folds them into its default template kwargs, so every dialect renders
+    with them; a variable that ``--chat-template-kwargs`` sets the other way is refused
+    rather than one of the two being silently dropped."""
 
     def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
         ns, rest = super().parse_known_args(args, namespace)
+        kwargs = dict(ns.chat_template_kwargs or {})
         mode = getattr(ns, "reasoning", "auto")
         if mode != "auto":
-            kwargs = dict(ns.chat_template_kwargs or {})
             on = mode == "on"
             if "enable_thinking" in kwargs and _thinking(kwargs["enable_thinking"]) != on:
                 self.error(f"--reasoning {mode} contradicts --chat-template-kwargs' "
                            f"enable_thinking; give one of them")
-            ns.chat_template_kwargs = {**kwargs, "enable_thinking": on}
+            kwargs["enable_thinking"] = on
+        effort = getattr(ns, "reasoning_effort", "default")
+        if effort and effort != "default":
+            if kwargs.get("reasoning_effort", effort) != effort:
+                self.error(f"--reasoning-effort {effort} contradicts --chat-template-kwargs' "
+                           f"reasoning_effort; give one of them")
+            kwargs["reasoning_effort"] = effort
+        if kwargs:
+            ns.chat_template_kwargs = kwargs
         return ns, rest
 
 

@@ -27,7 +27,7 @@ CACHE_ROWS: list[tuple[Any, ...]] = [
      "MLXCEL_CACHE_CHECKPOINT_INTERVAL",
      "models with recurrent or sliding-window layers: also checkpoint a long prompt every "
      "N blocks of 16 tokens (0 = only at message boundaries and the prompt's end)"),
-    (("--ctx-checkpoints", "--swa-checkpoints"), "ctx_checkpoints", int, 8,
+    (("-ctxcp", "--ctx-checkpoints", "--swa-checkpoints"), "ctx_checkpoints", int, 8,
      "LLAMA_ARG_CTX_CHECKPOINTS",
      "most checkpoints one prompt cache entry keeps (the least valuable dropped first)",
      MAPPED),

@@ -63,6 +63,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     draft_block_size: int = 0
     spec_type: str | None = None
     reasoning: str = "auto"  # --reasoning: on/off set enable_thinking (mlxcel.options)
+    reasoning_effort: str = "default"  # set: the reasoning_effort template variable
     tags: str | None = None  # --tags: shown in /v1/models
     verbose: bool = False  # -v: the __verbose debug field on OpenAI answers
     log_format: str = "console"
