@@ -28,7 +28,7 @@ MAX_BODY = 128 << 20  # a request body's bytes: a 64 MiB image as base64 and its
 def guard_config(settings: Settings, listening: bool,
                  shapes: ErrorShapes | None = None) -> GuardConfig:
     """The edge rules from the settings; the hosts of origins named by --cors-origins
-    pass the Host/Origin guard too, since naming one is trusting it."""
+    pass the Host guard too, since naming one is trusting it."""
     cors = CorsPolicy.from_flags(settings.cors_origins, settings.cors_methods,
                                  settings.cors_headers, settings.cors_credentials)
     hosts = HostPolicy.from_settings(settings.host, settings.allowed_hosts, listening)

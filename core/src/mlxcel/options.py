@@ -96,12 +96,13 @@ _ROWS: list[tuple[Any, ...]] = [
      "read the API keys from this file, one per line; blank lines and lines starting "
      "with # are skipped (not shown in ps, unlike --api-key)", KEPT),
     (("--allowed-hosts",), "allowed_hosts", str, None, "MLXCEL_ALLOWED_HOSTS",
-     "comma-separated Host/Origin names accepted; default on a loopback bind: localhost, "
-     "127.0.0.1 and ::1 only (DNS-rebinding and cross-site guard); '*' accepts any"),
+     "comma-separated Host names accepted; default on a loopback bind: localhost, "
+     "127.0.0.1 and ::1 only (DNS-rebinding guard); '*' accepts any"),
     (("--cors-origins",), "cors_origins", str, "localhost", "LLAMA_ARG_CORS_ORIGINS",
      "comma-separated origins answered with CORS headers (every OPTIONS is a preflight, "
-     "answered 200 without a key); '*' = any, 'localhost' = loopback origins; listed "
-     "origins also pass the Host/Origin guard; 'null' is never answered", KEPT),
+     "answered 200 without a key); '*' = any, 'localhost' = loopback origins on any "
+     "port; others get no CORS headers (not 403); listed origins' hosts pass the Host "
+     "guard; 'null' is never answered", KEPT),
     (("--cors-methods",), "cors_methods", str, "GET, POST, DELETE, OPTIONS",
      "LLAMA_ARG_CORS_METHODS", "comma-separated methods a CORS preflight allows", KEPT),
     (("--cors-headers",), "cors_headers", str, "*", "LLAMA_ARG_CORS_HEADERS",
