@@ -30,6 +30,9 @@ from mlxcel.types import GenerationEvent, GenerationRequest
 # A slow reader never stalls the engine: past this many unread events, text is merged
 # into the last one, so a stream holds a bounded number of events.
 MAX_BUFFERED_EVENTS = 64
+# finishes that count in ``served`` only once a token came: before it, the prompt may never
+# have been computed (a request cancelled while it waited)
+UNSERVED = frozenset({"cancelled", "error"})
 
 
 _held = threading.local()  # per thread: mailbox -> posts whose wake-up waits (HeldWakeups)
@@ -163,15 +166,21 @@ class EventStream:
         finish's times are taken here, as the engine hands them out (``served``)."""
         if self._first is None and (event.token_ids or event.finish_reason is not None):
             self._first = time.perf_counter()
-        if event.finish_reason is not None and event.usage is not None:
-            usage = event.usage
-            self._client.served.request(usage.prompt_tokens, usage.cached_tokens,
-                                        usage.completion_tokens, self._submitted,
-                                        self._first or self._submitted, time.perf_counter())
+        if event.finish_reason is not None:
+            self._count(event)
         try:
             self._mailbox.post(self._push, event, self._lost)
         except RuntimeError:  # the consumer's event loop is gone: stop generating for it
             self.cancelled = True
+
+    def _count(self, finish: GenerationEvent) -> None:
+        """Add the finished request to the engine's ``served`` totals."""
+        usage = finish.usage
+        if usage is None or (not usage.completion_tokens and finish.finish_reason in UNSERVED):
+            return
+        self._client.served.request(usage.prompt_tokens, usage.cached_tokens,
+                                    usage.completion_tokens, self._submitted,
+                                    self._first or self._submitted, time.perf_counter())
 
     def _lost(self) -> None:
         self.cancelled = True
