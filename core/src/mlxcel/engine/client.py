@@ -353,6 +353,11 @@ class EngineClient:
         busy = min(self.active_count, self.parallel)
         return ["decoding"] * busy + ["idle"] * (self.parallel - busy)
 
+    @property
+    def speculative(self) -> bool:
+        """Whether a drafter may draft for the slots' rows (``/slots``' ``speculative``)."""
+        return self.worker.spec is not None
+
     def slot_rows(self) -> list[Any]:
         """The sequences holding slots (``Sequence``: its request, tokens generated and
         from the prompt cache), in the order ``slot_states`` counts them busy."""

@@ -66,7 +66,7 @@ def slots_payload(ctx: Any) -> list[dict[str, Any]]:
     context_size = engine.context_size  # raises ModelLoading (503) while loading
     rows = engine.slot_rows()
     states = [*engine.slot_states(), *["queued"] * engine.queue_depth]
-    speculative = getattr(engine.worker, "spec", None) is not None
+    speculative = engine.speculative
     tokenizer = ctx.checkpoint.tokenizer
     out = []
     for i, state in enumerate(states):
