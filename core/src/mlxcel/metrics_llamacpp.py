@@ -16,9 +16,9 @@ written for llama-server reads this server unchanged:
   the tokens after each request's first, whose time is the prompt's;
 - ``requests_processing`` / ``requests_deferred``: sequences holding a slot / waiting;
 - ``n_busy_slots_per_decode``: rows per forward call. A decode step gives each busy row
-  one token, a prefill chunk is one call with at least one row: (decode tokens + prefill
-  chunks) / (decode steps + prefill chunks). A speculative verify step keeps several
-  tokens per row, so with a drafter it reads above the rows that were busy.
+  one token, plus the drafts it kept in a verify step; a prefill chunk is one call with at
+  least one row: (decode tokens - kept drafts + prefill chunks) / (decode steps + prefill
+  chunks). A prefill chunk that several rows share counts once, so it may read low.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def engine_counts(engine: Any) -> dict[str, int]:
     """The chat engine's step counters and slot gauges; 0 without a chat model, while it
     loads, or if a read fails."""
     zero = dict.fromkeys(("decode_steps", "prefill_chunks", "decode_tokens", "processing",
-                          "deferred"), 0)
+                          "deferred", "drafts_accepted"), 0)
     if engine is None or engine.state != "ready":
         return zero
     try:
@@ -74,6 +74,7 @@ def engine_counts(engine: Any) -> dict[str, int]:
         return {"decode_steps": int(stats.decode_steps_processed),
                 "prefill_chunks": int(stats.prefill_chunks_processed),
                 "decode_tokens": int(stats.total_decode_tokens),
+                "drafts_accepted": engine.drafts_accepted,
                 "processing": int(engine.active_count), "deferred": int(engine.queue_depth)}
     except Exception:  # a scrape must never fail because of the engine's state
         log.warning("engine_read_failed", exc_info=True)
@@ -103,7 +104,8 @@ class LlamacppCollector:
         total, bucket = self.served()
         e = engine_counts(self.engine)
         calls = e["decode_steps"] + e["prefill_chunks"]
-        busy = (e["decode_tokens"] + e["prefill_chunks"]) / calls if calls else 0.0
+        rows = max(0, e["decode_tokens"] - e["drafts_accepted"]) + e["prefill_chunks"]
+        busy = rows / calls if calls else 0.0
         counters = (total.prompt_tokens, total.prompt_seconds, total.predicted_tokens,
                     total.predicted_seconds, calls + total.side_batches)
         gauges = (bucket.prompt_rate, bucket.predicted_rate, e["processing"], e["deferred"],

@@ -354,6 +354,13 @@ class EngineClient:
         return ["decoding"] * busy + ["idle"] * (self.parallel - busy)
 
     @property
+    def drafts_accepted(self) -> int:
+        """Draft tokens the target model kept, over every verify step (0 without a
+        drafter): a verify step hands each row these beyond its one token."""
+        spec = self.worker.spec
+        return 0 if spec is None else int(spec.accepted)
+
+    @property
     def speculative(self) -> bool:
         """Whether a drafter may draft for the slots' rows (``/slots``' ``speculative``)."""
         return self.worker.spec is not None
