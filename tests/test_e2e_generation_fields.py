@@ -50,6 +50,10 @@ def test_grammar_forces_five_as_on_every_route(http, grammar):
             "messages": USER, "grammar": grammar, "max_tokens": 32, "temperature": 1.5,
             "seed": seed}))["choices"][0]
         assert chat["message"]["content"] == "aaaaa" and chat["finish_reason"] == "stop"
+    # ignore_eos bans EOS, yet the grammar's end (where only EOS may follow) still ends it
+    held = ok(http.post("/completion", json={"prompt": "hello", "grammar": grammar,
+                                             "n_predict": 32, "ignore_eos": True}))
+    assert held["content"] == "aaaaa" and held["stop_type"] == "eos"
     legacy = ok(http.post("/v1/completions", json={
         "prompt": "hello", "grammar": grammar, "max_tokens": 32}))["choices"][0]
     assert legacy["text"] == "aaaaa"

@@ -13,7 +13,7 @@ from mlxcel.chat.logit_bias import (
     parse_logit_bias,
     request_bias,
 )
-from mlxcel.engine.penalties import FLT_MAX, Penalties, merge_bias
+from mlxcel.engine.penalties import BANNED, FLT_MAX, Penalties, merge_bias
 from mlxcel.errors import InvalidRequest
 from mlxcel.types import SamplingParams
 
@@ -76,8 +76,20 @@ def test_biases_apply_per_row_before_the_penalties():
     assert penalties.rows[0].active and not penalties.rows[1].active
     logits = mx.zeros((2, 4))
     out = penalties(logits, [[1], [1]], [[], []]).tolist()
-    assert out[0] == [0.0, 2.0, -FLT_MAX, 0.0]  # 0 + 4, then divided by the penalty
+    assert out[0] == [0.0, 2.0, pytest.approx(BANNED), 0.0]  # 4 added, then halved
     assert out[1] == [0.0, 0.0, 0.0, 0.0]
+
+
+def test_a_banned_token_still_beats_one_the_constraint_masked():
+    """At a grammar's end only EOS is allowed; ``ignore_eos`` bans it: the constraint must
+    win, or the row would sample a masked token."""
+    masked = mx.array([[-math.inf, -math.inf, 5.0, -math.inf]])  # what apply_masks leaves
+    out = Penalties([SamplingParams(logit_bias=((1, NEVER), (2, NEVER)))])(
+        masked, [[0]], [[]])
+    assert out.tolist()[0] == [-FLT_MAX, -FLT_MAX, pytest.approx(BANNED), -FLT_MAX]
+    assert mx.argmax(out, axis=-1).item() == 2
+    free = Penalties([SamplingParams(logit_bias=((1, NEVER),))])(mx.zeros((1, 3)), [[0]], [[]])
+    assert mx.argmax(free, axis=-1).item() != 1 and free.tolist()[0][1] < -1e29
 
 
 def test_an_id_past_the_logits_is_dropped():

@@ -8,8 +8,11 @@ vocabulary. Every value is clamped into float32's finite range in-graph, so no r
 value that passes validation can turn a logit into inf or NaN. The logit bias comes first
 (llama.cpp's chain: the bias sampler leads), one scatter of each row's biases merged per
 token on the host: amounts add up, and -inf (``false``: never) wins over any amount, so
-two entries for one token never make inf - inf. A banned token ends at float32's lowest
-finite value, which the sampler never picks over a finite one.
+two entries for one token never make inf - inf. A banned token is set to ``BANNED``: so far
+below any logit that it is never sampled while another token is possible, yet above a token
+an output constraint masked out (-inf, then float32's lowest after the clamp). So when a
+constraint allows banned tokens only (its end, where only EOS may follow, under
+``ignore_eos``'s EOS bans), the constraint decides and the row ends as it should.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ FLT_MAX = 3.4028234663852886e38  # float32's largest finite value
 FLT_TINY = 1.1754943508222875e-38  # float32's smallest normal value
 FLOAT_MAX_LOG = 88.7228391  # ln(FLT_MAX): DRY's exponent cap is this / ln(base), as llama.cpp
 NO_EXPONENT_CAP = float(2**31)  # bases this close to 1 cannot overflow before the clamp
+BANNED = -1e30  # a -inf bias's logit (module docstring)
 
 
 class PenaltyRow(NamedTuple):
@@ -256,16 +260,27 @@ class Penalties:
         return mx.clip(logits, -FLT_MAX, FLT_MAX)
 
     def _biased(self, logits: mx.array) -> mx.array:
-        """``logits`` with each row's bias added (ids past the logits' width dropped)."""
-        rows, toks, amounts = self.bias
+        """``logits`` with each row's bias added, a banned token lowered to ``BANNED``
+        (ids past the logits' width dropped)."""
         width = logits.shape[-1]
-        if toks and max(toks) >= width:
-            kept = [k for k, t in enumerate(toks) if t < width]
-            rows, toks, amounts = ([x[k] for k in kept] for x in (rows, toks, amounts))
-        if not rows:
-            return logits
-        return logits.at[mx.array(rows), mx.array(toks)].add(
-            mx.array(amounts, dtype=mx.float32))
+        added: tuple[list[int], list[int], list[float]] = ([], [], [])
+        banned: tuple[list[int], list[int]] = ([], [])
+        for row, token, amount in zip(*self.bias, strict=True):
+            if token >= width:
+                continue
+            if amount == -math.inf:
+                banned[0].append(row)
+                banned[1].append(token)
+            else:
+                for column, value in zip(added, (row, token, amount), strict=True):
+                    column.append(value)
+        if added[0]:
+            logits = logits.at[mx.array(added[0]), mx.array(added[1])].add(
+                mx.array(added[2], dtype=mx.float32))
+        if banned[0]:  # never above BANNED, and a masked (-inf) token stays masked
+            r, t = mx.array(banned[0]), mx.array(banned[1])
+            logits[r, t] = mx.minimum(logits[r, t], BANNED)
+        return logits
 
     def __call__(self, logits: mx.array, contexts: list[Seq[int]] | None = None,
                  generated: list[Seq[int]] | None = None, plan: Plan | None = None) -> mx.array:
