@@ -16,7 +16,8 @@ does. Biases add up when a token is named twice (the sampler's rule, ``engine.pe
 and are applied before the penalties and truncation samplers, as llama.cpp's chain does.
 
 ``ignore_eos`` adds -inf for every end-of-generation id (llama-server's rule), so the model
-never ends by itself rather than ending and carrying on. The request's biases, those
+never ends by itself rather than ending and carrying on (an output constraint's end still
+ends it: ``engine.penalties``). The request's biases, those
 included, are reported in ``generation_settings.logit_bias`` as llama-server writes them:
 ``{"bias": b, "token": id}`` in order, -inf as ``null`` (JSON has no infinity).
 """
