@@ -65,10 +65,13 @@ def test_grammar_forces_five_as_on_every_route(http, grammar):
     assert text == "aaaaa"
 
 
-def test_json_schema_field_on_completion(http):
+def test_json_schema_field_on_completion_and_chat(http):
     body = ok(http.post("/completion", json={
         "prompt": "x", "json_schema": {"type": "boolean"}, "n_predict": 16}))
     assert body["content"] in ("true", "false")
+    chat = ok(http.post("/v1/chat/completions", json={
+        "messages": USER, "json_schema": {"type": "boolean"}, "max_tokens": 16}))
+    assert chat["choices"][0]["message"]["content"] in ("true", "false")
 
 
 @pytest.mark.parametrize("path,body,words", [

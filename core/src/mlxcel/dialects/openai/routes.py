@@ -76,6 +76,7 @@ def build(ctx: AppContext) -> list[Any]:
                                top_logprobs=body.top_logprobs or 0,
                                response=request_constraint(body.response_format,
                                                            grammar=body.grammar,
+                                                           json_schema=body.json_schema,
                                                            tools=bool(body.tools)))
         chat = await prepare_for(request, lambda: prompt_request(body))
         turn = await start_turn(ctx, request, chat, options, rid,
@@ -99,7 +100,8 @@ def build(ctx: AppContext) -> list[Any]:
         options = turn_options(body, body.max_tokens, "max_tokens", logprobs=want,
                                top_logprobs=body.logprobs or 0,
                                response=request_constraint(body.response_format,
-                                                           grammar=body.grammar))
+                                                           grammar=body.grammar,
+                                                           json_schema=body.json_schema))
         prompt = await prepare_for(request, lambda: completion_prompt(ctx, body))
         guide = None if options.response is None else await compile_constraint(
             ctx.constraint_compiler(), options.response)

@@ -37,6 +37,7 @@ class SamplingFields(GenerationFields, kw_only=True):
     # llama-server's fields, read on its OpenAI routes too (chat.logit_bias, chat.structured)
     logit_bias: Any = None
     grammar: Any = None
+    json_schema: Any = None
 
 
 class ChatCompletionRequest(SamplingFields, kw_only=True):
