@@ -223,7 +223,7 @@ def test_response_format_text_is_accepted(client):
     ({"prompt": "x", "json_schema": [1]}, "json_schema"),
     ({"prompt": "x", "logit_bias": [[1]]}, "logit_bias[0]"),
     ({"prompt": "x", "post_sampling_probs": True}, "post_sampling_probs"),
-    ({"prompt": "x", "n_cmpl": 2}, "n_cmpl"),
+    ({"prompt": "x", "n_cmpl": 0}, "n_cmpl"),
     ({"prompt": "x", "n": 3}, "n"),
     ({"prompt": "x", "lora": [{"id": 0, "scale": 1.0}]}, "lora"),
     ({"prompt": "x", "n_predict": -2}, "n_predict"),

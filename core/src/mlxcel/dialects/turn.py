@@ -30,9 +30,10 @@ from mlxcel.chat.request import (
 )
 from mlxcel.chat.structured import compile_constraint, tool_constraint
 from mlxcel.context import AppContext
+from mlxcel.dialects.choices import Choices, check_choices
 from mlxcel.dialects.prepare import prepare_for
 from mlxcel.dialects.wire import record_usage, unless_disconnected
-from mlxcel.errors import CapabilityNotSupported, InvalidRequest
+from mlxcel.errors import CapabilityNotSupported
 from mlxcel.families.media import media_kinds
 from mlxcel.media.api import MediaLimits
 from mlxcel.media.fetch import FetchPolicy
@@ -67,6 +68,7 @@ class TurnOptions(msgspec.Struct, kw_only=True):
     response: Constraint | None = None
     reasoning_budget: int | None = None
     logit_bias: Any = None  # the wire value (chat.logit_bias reads it with the tokenizer)
+    return_progress: bool = False  # prefill progress events (streamed answers only)
 
 
 def generation_request(ctx: AppContext, prompt: list[int], request_id: str,
@@ -77,8 +79,7 @@ def generation_request(ctx: AppContext, prompt: list[int], request_id: str,
                        media: MediaPrompt | None = None) -> GenerationRequest:
     """The engine's request: sampling over the server's defaults (validated), the loop
     policy, and the output limit fitted to the context."""
-    if options.n != 1:
-        raise InvalidRequest("only 'n': 1 is supported", param="n")
+    check_choices(ctx, options.n)
     ckpt = ctx.checkpoint
     sampling = sampling_params(options.sampling, server_sampling_defaults(ckpt, ctx.settings),
                                logprobs=options.logprobs, top_logprobs=options.top_logprobs)
@@ -94,7 +95,8 @@ def generation_request(ctx: AppContext, prompt: list[int], request_id: str,
                              guide=guide, guide_after=guide_after,
                              reasoning_limit=reasoning_limit, cache_marks=cache_marks,
                              media=media,
-                             media_digests=media.digest_positions() if media else ())
+                             media_digests=media.digest_positions() if media else (),
+                             return_progress=options.return_progress)
 
 
 class Turn:
@@ -158,10 +160,11 @@ async def gather_media(ctx: AppContext, prompt: PromptRequest) -> MediaInput | N
 
 async def start_turn(ctx: AppContext, request: Request, prompt: PromptRequest,
                      options: TurnOptions, request_id: str, *, priority: int = 1,
-                     rendered: PromptInput | None = None) -> Turn:
+                     rendered: PromptInput | None = None) -> Turn | Choices:
     """Render ``prompt`` (unless ``rendered`` already is), constrain a forced tool choice
     or the response's shape (the constraint starts after a reasoning block the prompt
-    opened), and submit. Every refusal is raised before the request is queued."""
+    opened), and submit (``options.n`` > 1: that many choices, ``Choices``). Every
+    refusal is raised before the request is queued."""
     ckpt = ctx.checkpoint
     budget = budget_of(ctx, options)
     if rendered is None:
@@ -179,4 +182,6 @@ async def start_turn(ctx: AppContext, request: Request, prompt: PromptRequest,
                              priority=priority, guide=guide, guide_after=after,
                              reasoning_limit=limit, cache_marks=rendered.cache_marks,
                              media=rendered.media)
+    if options.n > 1:
+        return Choices(ctx, rendered, req, options.n)
     return Turn(ctx, rendered, req, answer_machine(ckpt, req, rendered))

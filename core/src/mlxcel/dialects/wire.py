@@ -196,6 +196,10 @@ async def stream_answer(request: Request, stream: Any, machine: OutputMachine,
         async for first_event in stream:
             out: list[bytes] = []
             for event in [first_event, *stream.take_ready()]:
+                if event.progress is not None:  # a prefill chunk's (``return_progress``)
+                    progress = getattr(encoder, "progress", None)
+                    out.extend(progress(event.progress) if progress is not None else ())
+                    continue
                 deltas = machine.feed(event)
                 finish = deltas[-1] if deltas and isinstance(deltas[-1], Finish) else None
                 if finish is not None and finish.ok:

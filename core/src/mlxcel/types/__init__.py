@@ -9,7 +9,13 @@ from mlxcel.types.deltas import (
     ToolCallEnd,
     ToolCallStart,
 )
-from mlxcel.types.events import FinishReason, GenerationEvent, TokenLogprob, Usage
+from mlxcel.types.events import (
+    FinishReason,
+    GenerationEvent,
+    PromptProgress,
+    TokenLogprob,
+    Usage,
+)
 from mlxcel.types.media import MediaBlob
 from mlxcel.types.requests import (
     GenerationRequest,
@@ -20,6 +26,6 @@ from mlxcel.types.requests import (
 
 __all__ = [
     "ContentDelta", "Delta", "Finish", "FinishReason", "GenerationEvent", "GenerationRequest",
-    "LoopPolicy", "MediaBlob", "ReasoningDelta", "ReasoningLimit", "SamplingParams",
+    "LoopPolicy", "MediaBlob", "PromptProgress", "ReasoningDelta", "ReasoningLimit", "SamplingParams",
     "TokenLogprob", "ToolCallArguments", "ToolCallEnd", "ToolCallStart", "Usage",
 ]

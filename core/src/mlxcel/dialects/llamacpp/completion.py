@@ -28,6 +28,7 @@ from mlxcel.chat.request import (
     stop_strings,
 )
 from mlxcel.context import AppContext
+from mlxcel.dialects.choices import check_choices
 from mlxcel.dialects.prepare import check_token_ids, encode_prompt
 from mlxcel.errors import ContextLengthExceeded, InvalidRequest
 from mlxcel.types import GenerationRequest, ReasoningLimit, SamplingParams
@@ -71,9 +72,6 @@ def refuse_unsupported(body: NativeFields) -> None:
     if body.post_sampling_probs:
         raise InvalidRequest("'post_sampling_probs' is not supported: 'n_probs' reports the "
                              "model's own log-probabilities", param="post_sampling_probs")
-    for field in ("n_cmpl", "n"):
-        if getattr(body, field) not in (None, 1):
-            raise InvalidRequest(f"only '{field}': 1 is supported", param=field)
     if body.lora:
         raise InvalidRequest("'lora' adapters are not supported", param="lora")
 
@@ -267,8 +265,17 @@ def native_plan(ctx: AppContext, body: NativeFields, prompt: list[int], request_
         stop=stop_strings(body.stop), ignore_eos=body.ignore_eos, priority=priority,
         loop=loop, cache_prompt=body.cache_prompt is not False,
         reasoning_limit=_limit(ckpt, prompt, budget), media=media,
-        media_digests=media.digest_positions() if media is not None else ())
+        media_digests=media.digest_positions() if media is not None else (),
+        return_progress=body.return_progress and body.stream)
     return Plan(req, n_predict, n_predict == 0, n_probs, budget if budget >= 0 else None)
+
+
+def choices_of(ctx: AppContext, body: NativeFields) -> int:
+    """Completions per prompt: ``n_cmpl``, else ``n`` (llama-server's alias), else 1;
+    within what ``choices.check_choices`` allows."""
+    field = "n_cmpl" if body.n_cmpl is not None else "n"
+    value = getattr(body, field)
+    return 1 if value is None else check_choices(ctx, value, field)
 
 
 def generation_settings(ctx: AppContext, plan: Plan, stream: bool) -> dict[str, Any]:

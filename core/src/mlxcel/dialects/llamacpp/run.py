@@ -1,11 +1,17 @@
 """Submitting native completions and answering them: one object per prompt (a list when
 the request had several), or one SSE stream. Native completions are not counted in the
-request metrics (the spec's counting rule); their usage goes to the access log."""
+request metrics (the spec's counting rule); their usage goes to the access log.
+
+With ``n_cmpl`` (or ``n``) > 1 each prompt is answered that many times, its choices
+submitted together so that its prompt is prefilled once (``dialects.choices``); result
+``index`` p x n_cmpl + c is prompt p's choice c, and a streamed request interleaves its
+choices' chunks."""
 
 from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
 
@@ -16,6 +22,7 @@ from mlxcel.chat.answer import collect
 from mlxcel.chat.output import OutputMachine
 from mlxcel.chat.structured import compile_constraint, request_constraint
 from mlxcel.context import AppContext
+from mlxcel.dialects.choices import choice_requests, merged
 from mlxcel.dialects.wire import (
     SSEResponse,
     client_closed,
@@ -27,7 +34,7 @@ from mlxcel.dialects.wire import (
 from mlxcel.types import Finish, Usage
 from mlxcel.types.media import MediaPrompt
 
-from .completion import Plan, generation_settings, native_plan
+from .completion import Plan, choices_of, generation_settings, native_plan
 from .schemas import NativeFields
 from .stream import NativeEncoder, Watch
 
@@ -36,8 +43,8 @@ class _Run:
     """One submitted prompt: its watched event stream, state machine and encoder."""
 
     def __init__(self, ctx: AppContext, body: NativeFields, plan: Plan, index: int,
-                 truncated: bool) -> None:
-        self.watch = Watch(ctx.engine.submit(plan.request))
+                 truncated: bool, stream: Any) -> None:
+        self.watch = Watch(stream)
         self.machine = OutputMachine(stops=plan.request.stop)
         self.encoder = NativeEncoder(
             plan, self.watch, ctx.checkpoint.tokenizer, index=index,
@@ -65,10 +72,17 @@ def _submit(ctx: AppContext, request: Request, body: NativeFields,
     if guide is not None:
         plans = [replace(p, request=msgspec.structs.replace(p.request, guide=guide))
                  for p in plans]
+    n = choices_of(ctx, body)
     runs: list[_Run] = []
     try:
         for i, plan in enumerate(plans):
-            runs.append(_Run(ctx, body, plan, i, truncated))
+            reqs = choice_requests(plan.request, n)
+            from mlxcel.engine.fork import submit_choices  # the engine imports MLX
+
+            for c, (req, stream) in enumerate(zip(reqs, submit_choices(ctx.engine, reqs),
+                                                  strict=True)):
+                runs.append(_Run(ctx, body, replace(plan, request=req), i * n + c,
+                                 truncated, stream))
     except BaseException:
         for run in runs:
             run.watch.cancel()
@@ -84,6 +98,26 @@ async def _gather(runs: list[_Run]) -> list[tuple[dict[str, Any], Usage | None]]
         for run in runs:
             run.watch.cancel()
         raise
+
+
+async def _stream_runs(runs: list[_Run]) -> AsyncIterator[bytes]:
+    """One prompt's choices streamed together: each chunk as its choice makes it; a failed
+    choice ends the stream with its error frame (the others are cancelled)."""
+    try:
+        async for i, event in merged([run.watch for run in runs]):
+            run = runs[i]
+            if event.progress is not None:
+                yield b"".join(run.encoder.progress(event.progress))
+                continue
+            deltas = run.machine.feed(event)
+            out = run.encoder.encode(deltas)
+            if out:
+                yield b"".join(out)
+            if deltas and isinstance(deltas[-1], Finish) and not deltas[-1].ok:
+                return
+    finally:
+        for run in runs:
+            run.watch.cancel()
 
 
 def _record(request: Request, usages: list[Usage | None]) -> None:
@@ -103,6 +137,8 @@ async def respond(ctx: AppContext, request: Request, body: NativeFields,
     guide = None if constraint is None else await compile_constraint(
         ctx.constraint_compiler(), constraint)
     runs = _submit(ctx, request, body, prompts, truncated, media, guide)
+    if body.stream and len(runs) > 1:
+        return SSEResponse(_stream_runs(runs))
     if body.stream:
         run = runs[0]
         return SSEResponse(stream_answer(request, run.watch, run.machine, run.encoder))

@@ -34,13 +34,14 @@ class NativeFields(GenerationFields, kw_only=True):
     n_probs: int = 0
     return_tokens: bool = False
     timings_per_token: bool = False
+    return_progress: bool = False  # prompt_progress chunks while streaming
+    n_cmpl: int | None = None  # completions per prompt (``n`` is its alias)
+    n: int | None = None
     logit_bias: Any = None  # llama-server's forms (chat.logit_bias)
     grammar: Any = None  # a GBNF grammar, or json_schema: at most one (chat.structured)
     json_schema: Any = None
     # refused unless they ask for nothing (see ``completion.refuse_unsupported``)
     post_sampling_probs: bool = False
-    n_cmpl: int | None = None
-    n: int | None = None
     lora: list[Any] | None = None
 
 

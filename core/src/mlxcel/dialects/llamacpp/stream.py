@@ -3,79 +3,27 @@ one final object with ``stop: true`` and the stats (``stop_type``, ``stopping_wo
 ``timings``, ``generation_settings``, ...), which is also the non-streaming body.
 
 What the answer's deltas do not say is read off the engine's events as they pass
-(``Watch``): the generated token ids, and when the first and last token arrived.
+(``dialects.timings.Watch``): the generated token ids, and when the first and last token
+arrived. With ``return_progress``, chunks with ``prompt_progress`` come first, one per
+prefill chunk.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from typing import Any
 
 from mlxcel.chat.answer import failure
+from mlxcel.dialects.timings import Watch, progress_object
 from mlxcel.dialects.wire import error_frame, sse
 from mlxcel.model.tokenizer import Tokenizer
-from mlxcel.types import ContentDelta, Delta, Finish, GenerationEvent, TokenLogprob, Usage
+from mlxcel.types import ContentDelta, Delta, Finish, TokenLogprob, Usage
+from mlxcel.types.events import PromptProgress
 
 from .completion import Plan
 
 # answer finish reasons -> llama-server's stop_type ("stop" is "eos" or "word", below)
 STOP_TYPES = {"length": "limit"}
-
-
-class Watch:
-    """The engine's event stream for one request, seen on its way to the chat layer."""
-
-    def __init__(self, stream: Any) -> None:
-        self.stream = stream
-        self.submitted = time.perf_counter()
-        self.first: float | None = None
-        self.last: float | None = None
-        self.tokens: list[int] = []
-        self.unsent = 0  # how many of ``tokens`` no chunk has carried yet
-
-    def __aiter__(self) -> Watch:
-        return self
-
-    async def __anext__(self) -> GenerationEvent:
-        return self._see(await self.stream.__anext__())
-
-    def take_ready(self) -> list[GenerationEvent]:
-        return [self._see(e) for e in self.stream.take_ready()]
-
-    def cancel(self) -> None:
-        self.stream.cancel()
-
-    def _see(self, event: GenerationEvent) -> GenerationEvent:
-        now = time.perf_counter()
-        if self.first is None and (event.token_ids or event.finish_reason is not None):
-            self.first = now
-        self.last = now
-        self.tokens += event.token_ids
-        self.unsent += len(event.token_ids)
-        return event
-
-    def take_unsent(self) -> list[int]:
-        out = self.tokens[len(self.tokens) - self.unsent:] if self.unsent else []
-        self.unsent = 0
-        return out
-
-
-    def timings(self, usage: Usage, silent: bool) -> dict[str, Any]:
-        """llama-server's ``timings``: prompt from submission to the first token, predicted
-        from the first token to the last."""
-        first = self.first or self.submitted
-        prompt_n = usage.prompt_tokens - usage.cached_tokens
-        predicted_n = 0 if silent else usage.completion_tokens
-        return {"cache_n": usage.cached_tokens,
-                **_rate("prompt", prompt_n, (first - self.submitted) * 1e3),
-                **_rate("predicted", predicted_n, ((self.last or first) - first) * 1e3)}
-
-
-def _rate(name: str, n: int, ms: float) -> dict[str, Any]:
-    return {f"{name}_n": n, f"{name}_ms": ms,
-            f"{name}_per_token_ms": ms / n if n else 0.0,
-            f"{name}_per_second": n * 1e3 / ms if n and ms > 0 else 0.0}
 
 
 def probabilities(tok: Tokenizer, items: Sequence[TokenLogprob]) -> list[dict[str, Any]]:
@@ -118,13 +66,20 @@ class NativeEncoder:
                 out.append(sse(self.chunk(delta)))
         return out
 
+    def progress(self, p: PromptProgress) -> list[bytes]:
+        """A prefill chunk's progress, as llama-server streams it: an empty chunk with
+        ``prompt_progress``."""
+        return [sse({"index": self.index, "content": "", "tokens": [], "stop": False,
+                     "tokens_predicted": 0, "tokens_evaluated": self.prompt_n,
+                     "prompt_progress": progress_object(p)})]
+
     def chunk(self, delta: ContentDelta) -> dict[str, Any]:
         body: dict[str, Any] = {
             "index": self.index, "content": delta.text, "tokens": self.watch.take_unsent(),
             "stop": False, "tokens_predicted": len(self.watch.tokens),
             "tokens_evaluated": self.prompt_n}
         if self.timings_per_token:
-            body["timings"] = self.watch.timings(_running(self), False)
+            body["timings"] = self.watch.timings(self.watch.running(self.prompt_n))
         if delta.logprobs:
             body["completion_probabilities"] = probabilities(self.tok, delta.logprobs)
         return body
@@ -159,8 +114,3 @@ class NativeEncoder:
     def _context_full(self, finish: Finish, usage: Usage) -> bool:
         """Generation ended because the context window was full, not at ``n_predict``."""
         return finish.reason == "length" and usage.total_tokens >= self.context_size
-
-
-def _running(encoder: NativeEncoder) -> Usage:
-    """The usage so far, for a chunk's ``timings`` (the cache is known at the end only)."""
-    return Usage(prompt_tokens=encoder.prompt_n, completion_tokens=len(encoder.watch.tokens))

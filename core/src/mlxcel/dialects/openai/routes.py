@@ -14,15 +14,13 @@ from litestar import Request, Response, get, post
 from mlxcel.chat.output import OutputMachine
 from mlxcel.chat.structured import compile_constraint, request_constraint
 from mlxcel.context import CAPABILITIES, AppContext
+from mlxcel.dialects.choices import Choices
 from mlxcel.dialects.prepare import prepare_for
 from mlxcel.dialects.turn import Turn, generation_request, start_turn
 from mlxcel.dialects.unserved import unserved_routes
 from mlxcel.dialects.wire import (
-    SSEResponse,
-    client_closed,
     decode_body,
     request_priority,
-    stream_answer,
 )
 from mlxcel.errors import MlxcelError
 from mlxcel.families.media import media_kinds
@@ -30,6 +28,7 @@ from mlxcel.types.messages import PromptInput
 
 from . import audio, embeddings, images
 from . import schemas as s
+from .answers import answer
 from .stream import ChatEncoder, CompletionEncoder
 from .translate import (
     check_completion_options,
@@ -38,7 +37,6 @@ from .translate import (
     prompt_request,
     turn_options,
 )
-from .verbose import with_verbose
 
 UNSERVED = (("GET", "a Nemotron VoiceChat checkpoint", ("/v1/realtime",)),)
 
@@ -81,14 +79,10 @@ def build(ctx: AppContext) -> list[Any]:
         chat = await prepare_for(request, lambda: prompt_request(body))
         turn = await start_turn(ctx, request, chat, options, rid,
                                 priority=request_priority(request))
-        encoder = ChatEncoder(*_head(ctx, body, rid), include_usage=_include_usage(body),
-                              logprobs=body.logprobs)
-        if not body.stream:
-            answer = await turn.whole(ctx, request)
-            return client_closed() if answer is None else with_verbose(
-                encoder.whole(answer), answer, encoder.model, ctx.settings.verbose)
-        return SSEResponse(stream_answer(request, turn.stream, turn.machine, encoder,
-                                         on_finish=turn.on_finish(ctx)))
+        head = _head(ctx, body, rid)
+        return await answer(ctx, request, turn, lambda i, last, timed: ChatEncoder(
+            *head, include_usage=_include_usage(body), logprobs=body.logprobs, index=i,
+            last=last, timed=timed), stream=body.stream, timings=body.timings_per_token)
 
     @post("/v1/completions", status_code=200)
     async def completions(request: Request) -> Any:
@@ -107,17 +101,16 @@ def build(ctx: AppContext) -> list[Any]:
             ctx.constraint_compiler(), options.response)
         req = generation_request(ctx, prompt, rid, options,
                                  priority=request_priority(request), guide=guide)
+        rendered = PromptInput(token_ids=tuple(prompt))
+        turn = Choices(ctx, rendered, req, options.n,
+                       machine=lambda r: OutputMachine(stops=r.stop)) if options.n > 1 \
+            else Turn(ctx, rendered, req, OutputMachine(stops=req.stop))
+        head, echoed = _head(ctx, body, rid), echo_text(ctx, body, prompt) if body.echo else ""
         # streamed completions are not recorded in metrics
-        turn = Turn(ctx, PromptInput(token_ids=tuple(prompt)), req,
-                    OutputMachine(stops=req.stop))
-        encoder = CompletionEncoder(*_head(ctx, body, rid), include_usage=_include_usage(body),
-                                    logprobs=want,
-                                    echoed=echo_text(ctx, body, prompt) if body.echo else "")
-        if not body.stream:
-            answer = await turn.whole(ctx, request)
-            return client_closed() if answer is None else with_verbose(
-                encoder.whole(answer), answer, encoder.model, ctx.settings.verbose)
-        return SSEResponse(stream_answer(request, turn.stream, turn.machine, encoder))
+        return await answer(ctx, request, turn, lambda i, last, timed: CompletionEncoder(
+            *head, include_usage=_include_usage(body), logprobs=want, echoed=echoed,
+            index=i, last=last, timed=timed), stream=body.stream,
+            timings=body.timings_per_token, metrics=False)
 
     @get(["/v1/models", "/models"])
     async def models() -> Response:

@@ -38,6 +38,8 @@ class SamplingFields(GenerationFields, kw_only=True):
     logit_bias: Any = None
     grammar: Any = None
     json_schema: Any = None
+    timings_per_token: bool = False  # llama-server's: ``timings`` on every streamed chunk
+    return_progress: bool = False  # llama-server's: ``prompt_progress`` chunks first
 
 
 class ChatCompletionRequest(SamplingFields, kw_only=True):
@@ -96,6 +98,7 @@ class ChatCompletion(msgspec.Struct):
     usage: Usage
     object: str = "chat.completion"
     system_fingerprint: None = None
+    timings: dict[str, Any] | UnsetType = UNSET
 
 
 class Delta(msgspec.Struct, omit_defaults=True):
@@ -121,6 +124,7 @@ class ChatCompletionChunk(msgspec.Struct):
     object: str = "chat.completion.chunk"
     system_fingerprint: None = None
     usage: Usage | UnsetType = UNSET
+    timings: dict[str, Any] | UnsetType = UNSET  # llama-server's (``timings_per_token``)
 
 
 class CompletionChoice(msgspec.Struct):
@@ -138,3 +142,4 @@ class Completion(msgspec.Struct):
     object: str = "text_completion"
     system_fingerprint: None = None
     usage: Usage | UnsetType = UNSET
+    timings: dict[str, Any] | UnsetType = UNSET

@@ -7,9 +7,10 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
-from msgspec import UNSET
+from msgspec import UNSET, UnsetType
 
 from mlxcel.chat.answer import Answer, failure
+from mlxcel.dialects.timings import Watch, progress_object
 from mlxcel.dialects.wire import SSE_DONE, error_frame, sse
 from mlxcel.model.tokenizer import Tokenizer
 from mlxcel.types import (
@@ -21,6 +22,7 @@ from mlxcel.types import (
     ToolCallStart,
     Usage,
 )
+from mlxcel.types.events import PromptProgress
 
 from . import schemas as s
 from .logprobs import chat_logprobs, completion_logprobs
@@ -39,12 +41,39 @@ def wire_usage(u: Usage | None) -> s.Usage:
 
 
 class _Encoder:
-    """What every frame of one response repeats, and the closing frames."""
+    """What every frame of one response repeats, and the closing frames.
+
+    ``index``: the choice whose frames these are (``n`` > 1); ``last``: its finish ends
+    the stream (with one choice), else the stream's ``closing`` frames come once every
+    choice finished. ``timed``: the answer's ``Watch`` and prompt length, when the request
+    asked for ``timings_per_token``: every frame then carries llama-server's ``timings``.
+    """
 
     def __init__(self, rid: str, created: int, model: str, tok: Tokenizer,
-                 include_usage: bool) -> None:
+                 include_usage: bool, *, index: int = 0, last: bool = True,
+                 timed: tuple[Watch, int] | None = None) -> None:
         self.rid, self.created, self.model, self.tok = rid, created, model, tok
         self.include_usage = include_usage
+        self.index, self.last, self.timed = index, last, timed
+
+    def timings(self, usage: Usage | None = None) -> dict[str, Any] | UnsetType:
+        """The ``timings`` of a frame (so far, or at the end: ``usage``); UNSET when the
+        request did not ask for them."""
+        if self.timed is None:
+            return UNSET
+        watch, prompt_n = self.timed
+        return watch.timings(usage or watch.running(prompt_n))
+
+    def closing(self, usage: Usage) -> list[bytes]:
+        """The frames after the last choice's finish: usage (when asked) and ``[DONE]``."""
+        if not self.include_usage:
+            return [SSE_DONE]
+        return [sse(self.usage_frame(wire_usage(usage))), SSE_DONE]
+
+    def _progress(self, p: PromptProgress, choice: dict[str, Any], obj: str) -> list[bytes]:
+        return [sse({"choices": [choice], "created": self.created, "id": self.rid,
+                     "model": self.model, "system_fingerprint": None, "object": obj,
+                     "prompt_progress": progress_object(p)})]
 
     def encode(self, deltas: list[Delta]) -> list[bytes]:
         """The frames of some deltas; after a ``Finish``: its frame (+ usage) and
@@ -55,9 +84,7 @@ class _Encoder:
                 if not delta.ok:
                     return [*out, error_frame(failure(delta)), SSE_DONE]
                 out.append(sse(self.finish_frame(delta)))
-                if self.include_usage:
-                    out.append(sse(self.usage_frame(wire_usage(delta.usage))))
-                return [*out, SSE_DONE]
+                return [*out, *self.closing(delta.usage)] if self.last else out
             frame = self.delta_bytes(delta)
             if frame is not None:
                 out.append(frame)
@@ -93,7 +120,8 @@ class ChatEncoder(_Encoder):
         return (parts[0], parts[1]) if len(parts) == 2 else None
 
     def delta_bytes(self, delta: Delta) -> bytes | None:
-        if isinstance(delta, (ContentDelta, ReasoningDelta)) and not delta.logprobs:
+        if isinstance(delta, (ContentDelta, ReasoningDelta)) and not delta.logprobs \
+                and self.timed is None:
             around = self._text_frames[type(delta)]
             if around is not None:
                 return around[0] + _json(delta.text) + around[1]
@@ -102,10 +130,18 @@ class ChatEncoder(_Encoder):
     def _chunk(self, delta: s.Delta, finish: str | None = None,
                logprobs: dict | None = None) -> s.ChatCompletionChunk:
         return s.ChatCompletionChunk(self.rid, self.created, self.model,
-                                     [s.ChunkChoice(0, delta, finish, logprobs)])
+                                     [s.ChunkChoice(self.index, delta, finish, logprobs)],
+                                     timings=self.timings())
 
     def first(self) -> bytes:
         return sse(self._chunk(s.Delta(role="assistant")))
+
+    def progress(self, p: PromptProgress) -> list[bytes]:
+        """A prefill chunk's progress, as llama-server streams it: a role delta with
+        ``prompt_progress``."""
+        return self._progress(p, {"finish_reason": None, "index": self.index,
+                                  "delta": {"role": "assistant", "content": None}},
+                              "chat.completion.chunk")
 
     def delta_frame(self, delta: Delta) -> Any:
         if isinstance(delta, (ContentDelta, ReasoningDelta)):
@@ -124,12 +160,21 @@ class ChatEncoder(_Encoder):
 
     def finish_frame(self, finish: Finish) -> Any:
         delta = s.Delta(reasoning_only=True) if finish.reasoning_only else s.Delta()
-        return self._chunk(delta, FINISH[finish.reason])
+        chunk = self._chunk(delta, FINISH[finish.reason])
+        chunk.timings = self.timings(finish.usage)
+        return chunk
 
     def usage_frame(self, usage: s.Usage) -> Any:
         return s.ChatCompletionChunk(self.rid, self.created, self.model, [], usage=usage)
 
     def whole(self, answer: Answer) -> s.ChatCompletion:
+        finish = answer.finish
+        assert finish is not None
+        return s.ChatCompletion(self.rid, self.created, self.model, [self.choice(answer)],
+                                wire_usage(finish.usage), timings=self.timings(finish.usage))
+
+    def choice(self, answer: Answer) -> s.ChatChoice:
+        """One answer as a choice of the non-streaming body."""
         finish = answer.finish
         assert finish is not None
         calls = [{"id": c.id, "type": "function",
@@ -140,9 +185,7 @@ class ChatEncoder(_Encoder):
             tool_calls=calls or UNSET, reasoning_content=answer.reasoning or UNSET,
             reasoning_only=True if finish.reasoning_only else UNSET)
         lps = chat_logprobs(self.tok, answer.logprobs) if self.logprobs else None
-        choice = s.ChatChoice(0, message, FINISH[finish.reason], lps)
-        return s.ChatCompletion(self.rid, self.created, self.model, [choice],
-                                wire_usage(finish.usage))
+        return s.ChatChoice(self.index, message, FINISH[finish.reason], lps)
 
 
 class CompletionEncoder(_Encoder):
@@ -157,11 +200,16 @@ class CompletionEncoder(_Encoder):
         if not self.echoed:
             return None
         return sse(s.Completion(self.rid, self.created, self.model,
-                                [s.CompletionChoice(0, self.echoed, None)]))
+                                [s.CompletionChoice(self.index, self.echoed, None)]))
+
+    def progress(self, p: PromptProgress) -> list[bytes]:
+        return self._progress(p, {"text": "", "index": self.index, "logprobs": None,
+                                  "finish_reason": None}, "text_completion")
 
     def _frame(self, text: str, finish: str | None, logprobs: dict | None) -> s.Completion:
         return s.Completion(self.rid, self.created, self.model,
-                            [s.CompletionChoice(0, text, finish, logprobs)])
+                            [s.CompletionChoice(self.index, text, finish, logprobs)],
+                            timings=self.timings())
 
     def delta_frame(self, delta: Delta) -> Any:
         if not isinstance(delta, ContentDelta):
@@ -172,7 +220,9 @@ class CompletionEncoder(_Encoder):
         return self._frame(delta.text, None, lps)
 
     def finish_frame(self, finish: Finish) -> Any:
-        return self._frame("", FINISH[finish.reason], None)
+        frame = self._frame("", FINISH[finish.reason], None)
+        frame.timings = self.timings(finish.usage)
+        return frame
 
     def usage_frame(self, usage: s.Usage) -> Any:
         return s.Completion(self.rid, self.created, self.model, [], usage=usage)
@@ -180,7 +230,12 @@ class CompletionEncoder(_Encoder):
     def whole(self, answer: Answer) -> s.Completion:
         finish = answer.finish
         assert finish is not None
+        return s.Completion(self.rid, self.created, self.model, [self.choice(answer)],
+                            usage=wire_usage(finish.usage), timings=self.timings(finish.usage))
+
+    def choice(self, answer: Answer) -> s.CompletionChoice:
+        finish = answer.finish
+        assert finish is not None
         lps = completion_logprobs(self.tok, answer.logprobs) if self.logprobs else None
-        choice = s.CompletionChoice(0, self.echoed + answer.content, FINISH[finish.reason], lps)
-        return s.Completion(self.rid, self.created, self.model, [choice],
-                            usage=wire_usage(finish.usage))
+        return s.CompletionChoice(self.index, self.echoed + answer.content,
+                                  FINISH[finish.reason], lps)

@@ -228,4 +228,4 @@ def turn_options(body: SamplingFields, limit: int | None, limit_field: str, *,
         limit_field=limit_field, stop=stop_strings(body.stop), ignore_eos=body.ignore_eos,
         cache_prompt=body.cache_prompt is not False, logprobs=logprobs,
         top_logprobs=top_logprobs, n=body.n, response=response, reasoning_budget=budget,
-        logit_bias=body.logit_bias)
+        logit_bias=body.logit_bias, return_progress=body.return_progress and body.stream)

@@ -14,6 +14,7 @@ from litestar import Request
 
 from mlxcel.context import AppContext
 from mlxcel.dialects.openai.errors import error_type
+from mlxcel.dialects.timings import Watch
 from mlxcel.dialects.turn import start_turn
 from mlxcel.dialects.wire import SSEResponse, client_closed, request_priority, stream_answer
 from mlxcel.errors import MlxcelError
@@ -134,7 +135,7 @@ class Create:
             self._compacted(result)
         turn = await self._turn()
         if self.body.stream:
-            encoder = SSEEncoder(self.builder, on_done=self.done)
+            encoder = SSEEncoder(self.builder, on_done=self.done, timed=self._timed(turn))
             return SSEResponse(stream_answer(self.request, turn.stream, turn.machine, encoder,
                                              on_finish=turn.on_finish(self.ctx)))
         answer = await turn.whole(self.ctx, self.request)
@@ -143,6 +144,13 @@ class Create:
         response = self.builder.whole(answer)
         self.done(response)
         return response
+
+    def _timed(self, turn: Any) -> tuple[Watch, int] | None:
+        """The turn's stream watched for ``timings`` (``timings_per_token``), or None."""
+        if not self.body.timings_per_token:
+            return None
+        turn.stream = Watch(turn.stream)
+        return turn.stream, len(turn.request.prompt_tokens)
 
     def _failed(self, exc: MlxcelError) -> bytes:
         error = {"code": exc.code or error_type(exc), "message": exc.message}
@@ -171,7 +179,8 @@ class Create:
         except MlxcelError as exc:
             yield self._failed(exc)
             return
-        encoder = SSEEncoder(builder, started=True, on_done=self.done)
+        encoder = SSEEncoder(builder, started=True, on_done=self.done,
+                             timed=self._timed(turn))
         async for chunk in stream_answer(self.request, turn.stream, turn.machine, encoder,
                                          on_finish=turn.on_finish(self.ctx)):
             yield chunk

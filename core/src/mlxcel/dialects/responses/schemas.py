@@ -32,6 +32,8 @@ class Sampling(msgspec.Struct, kw_only=True):
     extra_body: dict[str, Any] | None = None
     max_soft_tokens: Any = None  # media knobs (``dialects.media_options``), checked there
     mm_processor_kwargs: Any = None
+    timings_per_token: bool = False  # llama-server's: ``timings`` on the stream's events
+    return_progress: bool = False  # llama-server's: ``prompt_progress`` while prefilling
 
 
 class History(Sampling, kw_only=True):

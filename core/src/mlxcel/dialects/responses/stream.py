@@ -24,6 +24,7 @@ import msgspec
 
 from mlxcel import types as mt
 from mlxcel.chat.answer import Answer, failure
+from mlxcel.dialects.timings import Watch, progress_object
 
 from . import schemas as s
 
@@ -225,17 +226,35 @@ class ResponseBuilder:
 
 class SSEEncoder:
     """The builder's events as SSE frames for ``wire.stream_answer``; ``on_done`` gets the
-    final response of an answer that ended well."""
+    final response of an answer that ended well.
+
+    llama-server's extensions, when the request asks: ``return_progress`` sends a
+    ``response.in_progress`` event with ``prompt_progress`` per prefill chunk;
+    ``timings_per_token`` (``timed``: the answer's ``Watch`` and prompt length) adds
+    ``timings`` to the last event of each batch of deltas, the final one included."""
 
     def __init__(self, builder: ResponseBuilder, *, started: bool = False,
-                 on_done: Callable[[s.Response], None] | None = None) -> None:
+                 on_done: Callable[[s.Response], None] | None = None,
+                 timed: tuple[Watch, int] | None = None) -> None:
         self.builder, self.started, self.on_done = builder, started, on_done
+        self.timed = timed
 
     def first(self) -> bytes | None:
         return None if self.started else b"".join(frame(e) for e in self.builder.start())
 
+    def progress(self, p: mt.PromptProgress) -> list[bytes]:
+        event = self.builder.event("response.in_progress",
+                                   response=self.builder.snapshot("in_progress"))
+        return [frame({**event, "prompt_progress": progress_object(p)})]
+
     def encode(self, deltas: list[mt.Delta]) -> list[bytes]:
-        out = [frame(e) for d in deltas for e in self.builder.feed(d)]
+        events = [e for d in deltas for e in self.builder.feed(d)]
+        if events and self.timed is not None:
+            watch, prompt_n = self.timed
+            end = deltas[-1].usage if isinstance(deltas[-1], mt.Finish) else None
+            events[-1] = {**events[-1],
+                          "timings": watch.timings(end or watch.running(prompt_n))}
+        out = [frame(e) for e in events]
         if self.builder.final is not None and self.on_done is not None:
             self.on_done(self.builder.final)
             self.on_done = None

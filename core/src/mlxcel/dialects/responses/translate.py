@@ -99,7 +99,8 @@ def turn_options(body: Sampling, response: Constraint | None = None) -> TurnOpti
         sampling={k: getattr(body, k, None) for k in SAMPLING_DEFAULTS},
         limit=body.max_output_tokens, limit_field="max_output_tokens",
         ignore_eos=body.ignore_eos, cache_prompt=body.cache_prompt is not False,
-        response=response, reasoning_budget=budget)
+        response=response, reasoning_budget=budget,
+        return_progress=body.return_progress and bool(getattr(body, "stream", False)))
 
 
 def prompt_request(body: Sampling, instructions: str | None, history: list[Message], *,
