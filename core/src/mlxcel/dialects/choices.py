@@ -83,9 +83,7 @@ class Choices:
         self.requests = choice_requests(req, n)
         make = machine or (lambda r: answer_machine(ctx.checkpoint, r, prompt))
         self.machines = [make(r) for r in self.requests]
-        from mlxcel.engine.fork import submit_choices  # the engine imports MLX
-
-        self.streams = submit_choices(ctx.engine, self.requests)
+        self.streams = ctx.engine.submit_choices(self.requests)
 
     def cancel(self) -> None:
         for stream in self.streams:

@@ -307,6 +307,13 @@ class EngineClient:
         room = ctx - prompt_len
         return room if max_tokens is None else min(max_tokens, room)
 
+    def submit_choices(self, reqs: list[GenerationRequest]) -> list[EventStream]:
+        """The n choices of one prompt, admitted together or refused at once; the engine
+        prefills their prompt once (``mlxcel.engine.fork``)."""
+        from mlxcel.engine.fork import submit_choices
+
+        return submit_choices(self, reqs)
+
     def submit(self, req: GenerationRequest) -> EventStream:
         """Admit a request or refuse it at once (before any response byte is sent)."""
         _ = self.checkpoint  # raises while loading / after a failed load

@@ -77,9 +77,7 @@ def _submit(ctx: AppContext, request: Request, body: NativeFields,
     try:
         for i, plan in enumerate(plans):
             reqs = choice_requests(plan.request, n)
-            from mlxcel.engine.fork import submit_choices  # the engine imports MLX
-
-            for c, (req, stream) in enumerate(zip(reqs, submit_choices(ctx.engine, reqs),
+            for c, (req, stream) in enumerate(zip(reqs, ctx.engine.submit_choices(reqs),
                                                   strict=True)):
                 runs.append(_Run(ctx, body, replace(plan, request=req), i * n + c,
                                  truncated, stream))
