@@ -200,3 +200,30 @@ def test_timings_per_token_in_responses_stream(http):
     timed = [e for e in events(r.text) if "timings" in e]
     assert timed and all(TIMINGS <= set(e["timings"]) for e in timed)
     assert timed[-1]["type"] in ("response.completed", "response.incomplete")
+
+
+def test_every_choice_makes_its_own_forced_tool_call(tmp_path_factory):
+    """Each choice parses its own answer: a forced call comes back in every choice, with
+    ``finish_reason`` ``tool_calls`` and arguments valid for the declared function."""
+    from mlxcel.testing import build_checkpoint
+
+    ckpt = build_checkpoint(tmp_path_factory.mktemp("chatml") / "ckpt", template="chatml")
+    srv = Server(["--model", str(ckpt), "--parallel", "2"])
+    try:
+        client = openai.OpenAI(base_url=srv.base_url + "/v1", api_key="x", max_retries=0)
+        schema = {"type": "object", "properties": {"tz": {"type": "string",
+                                                          "enum": ["UTC", "CET"]}},
+                  "required": ["tz"]}
+        r = client.chat.completions.create(
+            model="tiny", messages=MSG, n=2, seed=3, temperature=1.0, max_tokens=300,
+            tools=[{"type": "function", "function": {"name": "get_time",
+                                                      "parameters": schema}}],
+            tool_choice="required")
+        assert [c.index for c in r.choices] == [0, 1]
+        for choice in r.choices:
+            assert choice.finish_reason == "tool_calls"
+            (call,) = choice.message.tool_calls
+            assert call.function.name == "get_time"
+            assert json.loads(call.function.arguments)["tz"] in ("UTC", "CET")
+    finally:
+        srv.stop()

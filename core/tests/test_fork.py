@@ -133,3 +133,10 @@ def test_a_fork_waits_for_a_slot_per_row():
     # followers need slots but no prefill columns: 2 computed rows x 10 <= 20
     assert scheduler.form_group([a, b, c, d], 4, 20, limits, tail) == [a, b, c, d]
     assert scheduler.starters([a, b, c, d]) == [a, d]
+
+
+def test_a_queued_fork_is_told_when_the_engine_stops(path):
+    worker = worker_for(path)
+    sinks = _fork(worker, PROMPT, 3)
+    worker.close()
+    assert all(s.done and s.last.finish_reason == "error" for s in sinks)

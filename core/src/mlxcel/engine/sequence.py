@@ -218,5 +218,6 @@ def end_all(seqs: list[Sequence], inbox: queue.Queue | None, message: str) -> No
             item = inbox.get_nowait()
         except queue.Empty:
             return
-        if item is not None:
-            item[1].emit(error_event(message))
+        # a request, or a fork's n (``engine.fork.Fork``)
+        for _, sink in getattr(item, "members", [item] if item is not None else []):
+            sink.emit(error_event(message))
