@@ -32,6 +32,14 @@ LLAMA_ROWS = [row for row in OPTIONS if row.llama is not None]
 # (command line, Settings field, the value it must hold): every spelling of every kept,
 # mapped and pending llama-server flag (test_every_llama_server_spelling_is_exercised)
 CASES = [
+    (["--draft-max", "8"], "draft_max", 8), (["--draft", "8"], "draft_max", 8),
+    (["--draft-n", "8"], "draft_max", 8), (["--spec-draft-n-max", "8"], "draft_max", 8),
+    (["--draft-min", "2"], "draft_min", 2), (["--spec-draft-n-min", "2"], "draft_min", 2),
+    (["-md", "d"], "model_draft", "d"), (["--model-draft", "d"], "model_draft", "d"),
+    (["--draft-model", "d"], "model_draft", "d"), (["--spec-draft-model", "d"], "model_draft", "d"),
+    (["--draft-kind", "mtp"], "draft_kind", "mtp"),
+    (["--draft-block-size", "4"], "draft_block_size", 4),
+    (["--spec-type", "draft-mtp"], "spec_type", "draft-mtp"),
     (["-m", "m"], "model", "m"), (["--model", "m"], "model", "m"),
     (["-a", "one,two"], "alias", "one,two"), (["--alias", "x"], "alias", "x"),
     (["--host", "0.0.0.0"], "host", "0.0.0.0"), (["--port", "9001"], "port", 9001),

@@ -31,5 +31,5 @@ SPEC_ROWS: list[tuple[Any, ...]] = [
      "verify width of a block drafter (not served yet)", PENDING,
      "LLAMA_ARG_DRAFT_BLOCK_SIZE"),
     (("--spec-type",), "spec_type", choice("--spec-type", "none", "draft-mtp", "draft-dflash"),
-     None, None, "llama-server's drafter choice (not served yet)", PENDING),
+     None, "MLXCEL_SPEC_TYPE", "llama-server's drafter choice (not served yet)", PENDING),
 ]
