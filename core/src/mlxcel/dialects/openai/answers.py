@@ -1,6 +1,8 @@
 """Answering a chat or text completion on the OpenAI routes: one choice (a ``Turn``) or n
 (``dialects.choices.Choices``), whole or streamed, with llama-server's ``timings`` on its
-frames when the request asked for ``timings_per_token``."""
+frames when the request asked for ``timings_per_token``, and on its finish (the body, or
+the frame with ``finish_reason``) when a drafter ran a verify round for it (the spec's
+speculative timings)."""
 
 from __future__ import annotations
 
@@ -19,15 +21,15 @@ from .stream import wire_usage
 from .verbose import with_verbose
 
 # (choice index, whether its finish ends the stream, timed) -> that choice's encoder
-MakeEncoder = Callable[[int, bool, "tuple[Watch, int] | None"], Any]
+MakeEncoder = Callable[[int, bool, "tuple[Watch, int, bool] | None"], Any]
 
 
-def _timed(watch: bool, streams: list[Any], prompt_n: int) -> list[tuple[Watch, int] | None]:
-    """Each choice's ``Watch`` (wrapping its stream in place) when timings are wanted."""
-    if not watch:
-        return [None] * len(streams)
+def _timed(per_token: bool, streams: list[Any], prompt_n: int
+           ) -> list[tuple[Watch, int, bool]]:
+    """Each choice's ``Watch`` (wrapping its stream in place), its prompt length, and
+    whether every frame carries ``timings`` (``timings_per_token``)."""
     streams[:] = [Watch(s) for s in streams]
-    return [(s, prompt_n) for s in streams]
+    return [(s, prompt_n, per_token) for s in streams]
 
 
 async def answer(ctx: AppContext, request: Request, turn: Turn | Choices, make: MakeEncoder,

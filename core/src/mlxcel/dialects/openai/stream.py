@@ -45,24 +45,29 @@ class _Encoder:
 
     ``index``: the choice whose frames these are (``n`` > 1); ``last``: its finish ends
     the stream (with one choice), else the stream's ``closing`` frames come once every
-    choice finished. ``timed``: the answer's ``Watch`` and prompt length, when the request
-    asked for ``timings_per_token``: every frame then carries llama-server's ``timings``.
+    choice finished. ``timed``: the answer's ``Watch``, prompt length, and whether the
+    request asked for ``timings_per_token`` (every frame then carries llama-server's
+    ``timings``); without it only the finish carries them, when a drafter ran.
     """
 
     def __init__(self, rid: str, created: int, model: str, tok: Tokenizer,
                  include_usage: bool, *, index: int = 0, last: bool = True,
-                 timed: tuple[Watch, int] | None = None) -> None:
+                 timed: tuple[Watch, int, bool] | None = None) -> None:
         self.rid, self.created, self.model, self.tok = rid, created, model, tok
         self.include_usage = include_usage
         self.index, self.last, self.timed = index, last, timed
+        self.per_token = timed is not None and timed[2]
 
     def timings(self, usage: Usage | None = None) -> dict[str, Any] | UnsetType:
-        """The ``timings`` of a frame (so far, or at the end: ``usage``); UNSET when the
-        request did not ask for them."""
+        """The ``timings`` of a frame (so far, or at the end: ``usage``): on every frame
+        when the request asked for them, else on the finish of an answer a drafter ran
+        a verify round for (the spec: never on middle chunks); UNSET otherwise."""
         if self.timed is None:
             return UNSET
-        watch, prompt_n = self.timed
-        return watch.timings(usage or watch.running(prompt_n))
+        watch, prompt_n, per_token = self.timed
+        if per_token:
+            return watch.timings(usage or watch.running(prompt_n))
+        return watch.timings(usage) if usage is not None and usage.draft_rounds else UNSET
 
     def closing(self, usage: Usage) -> list[bytes]:
         """The frames after the last choice's finish: usage (when asked) and ``[DONE]``."""
@@ -121,7 +126,7 @@ class ChatEncoder(_Encoder):
 
     def delta_bytes(self, delta: Delta) -> bytes | None:
         if isinstance(delta, (ContentDelta, ReasoningDelta)) and not delta.logprobs \
-                and self.timed is None:
+                and not self.per_token:
             around = self._text_frames[type(delta)]
             if around is not None:
                 return around[0] + _json(delta.text) + around[1]
