@@ -63,3 +63,18 @@ def test_native_completion_timings_gain_the_draft_counters(servers):
     plain = post(off, "/completion", prompt=PROMPT, n_predict=24).json()
     assert not DRAFT & set(plain["timings"])
     assert native["content"] == plain["content"]
+
+
+def test_a_drafted_response_carries_the_draft_timings(servers):
+    on, off = servers
+    body = {"input": PROMPT, "max_output_tokens": 48, "temperature": 0}
+    with httpx.Client(base_url=on.base_url, timeout=120) as client:
+        drafted = client.post("/v1/responses", json=body).json()
+        streamed = events(client.post("/v1/responses", json={**body, "stream": True}).text)
+    assert DRAFT <= set(drafted["timings"]) and drafted["timings"]["draft_rounds"] >= 1
+    timed = [e for e in streamed if "timings" in e]
+    assert len(timed) == 1 and DRAFT <= set(timed[0]["timings"])
+    with httpx.Client(base_url=off.base_url, timeout=120) as client:
+        plain = client.post("/v1/responses", json=body).json()
+    assert "timings" not in plain
+    assert drafted["output"][-1]["content"] == plain["output"][-1]["content"]

@@ -138,19 +138,21 @@ class Create:
             encoder = SSEEncoder(self.builder, on_done=self.done, timed=self._timed(turn))
             return SSEResponse(stream_answer(self.request, turn.stream, turn.machine, encoder,
                                              on_finish=turn.on_finish(self.ctx)))
+        watch, prompt_n, _ = self._timed(turn)
         answer = await turn.whole(self.ctx, self.request)
         if answer is None:
             return client_closed()
         response = self.builder.whole(answer)
+        if answer.finish.usage.draft_rounds:  # the spec's speculative timings
+            response.timings = watch.timings(answer.finish.usage)
         self.done(response)
         return response
 
-    def _timed(self, turn: Any) -> tuple[Watch, int] | None:
-        """The turn's stream watched for ``timings`` (``timings_per_token``), or None."""
-        if not self.body.timings_per_token:
-            return None
+    def _timed(self, turn: Any) -> tuple[Watch, int, bool]:
+        """The turn's stream watched for ``timings``: its ``Watch``, the prompt's length,
+        and whether every batch of events carries them (``timings_per_token``)."""
         turn.stream = Watch(turn.stream)
-        return turn.stream, len(turn.request.prompt_tokens)
+        return turn.stream, len(turn.request.prompt_tokens), self.body.timings_per_token
 
     def _failed(self, exc: MlxcelError) -> bytes:
         error = {"code": exc.code or error_type(exc), "message": exc.message}

@@ -166,6 +166,8 @@ class Response(msgspec.Struct, kw_only=True):
     background: bool = False
     completed_at: int | None = None
     object: str = "response"
+    # llama-server's timings with the speculative counters, when a drafter ran for it
+    timings: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
 
 
 class CompactedResponse(msgspec.Struct, kw_only=True):

@@ -230,12 +230,13 @@ class SSEEncoder:
 
     llama-server's extensions, when the request asks: ``return_progress`` sends a
     ``response.in_progress`` event with ``prompt_progress`` per prefill chunk;
-    ``timings_per_token`` (``timed``: the answer's ``Watch`` and prompt length) adds
-    ``timings`` to the last event of each batch of deltas, the final one included."""
+    ``timings_per_token`` (``timed``: the answer's ``Watch``, prompt length and that flag)
+    adds ``timings`` to the last event of each batch of deltas, the final one included;
+    without it only the final batch carries them, when a drafter ran a verify round."""
 
     def __init__(self, builder: ResponseBuilder, *, started: bool = False,
                  on_done: Callable[[s.Response], None] | None = None,
-                 timed: tuple[Watch, int] | None = None) -> None:
+                 timed: tuple[Watch, int, bool] | None = None) -> None:
         self.builder, self.started, self.on_done = builder, started, on_done
         self.timed = timed
 
@@ -250,10 +251,11 @@ class SSEEncoder:
     def encode(self, deltas: list[mt.Delta]) -> list[bytes]:
         events = [e for d in deltas for e in self.builder.feed(d)]
         if events and self.timed is not None:
-            watch, prompt_n = self.timed
+            watch, prompt_n, per_token = self.timed
             end = deltas[-1].usage if isinstance(deltas[-1], mt.Finish) else None
-            events[-1] = {**events[-1],
-                          "timings": watch.timings(end or watch.running(prompt_n))}
+            if per_token or (end is not None and end.draft_rounds):
+                events[-1] = {**events[-1],
+                              "timings": watch.timings(end or watch.running(prompt_n))}
         out = [frame(e) for e in events]
         if self.builder.final is not None and self.on_done is not None:
             self.on_done(self.builder.final)
