@@ -18,7 +18,7 @@ DRAFT = {"draft_n", "draft_n_accepted", "draft_rounds", "draft_kind"}
 
 @pytest.fixture(scope="module")
 def servers(tiny_checkpoint):
-    on = Server(["--model", str(tiny_checkpoint), "--prompt-lookup", "on"])
+    on = Server(["--model", str(tiny_checkpoint), "--prompt-lookup", "on", "--metrics"])
     off = Server(["--model", str(tiny_checkpoint), "--prompt-lookup", "off"])
     yield on, off
     on.stop()
@@ -78,3 +78,18 @@ def test_a_drafted_response_carries_the_draft_timings(servers):
         plain = client.post("/v1/responses", json=body).json()
     assert "timings" not in plain
     assert drafted["output"][-1]["content"] == plain["output"][-1]["content"]
+
+
+def test_metrics_and_health_count_the_verify_rounds(servers):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    on, _ = servers
+    post(on, "/v1/completions", prompt=PROMPT)
+    with httpx.Client(base_url=on.base_url, timeout=60) as client:
+        text = client.get("/metrics").text
+        health = client.get("/health").json()["observability"]
+    values = {s.name: s.value for f in text_string_to_metric_families(text)
+              for s in f.samples}
+    assert values["mlxcel_draft_rounds_total"] >= 1
+    assert 0 < values["mlxcel_draft_accepted_total"] <= values["mlxcel_draft_tokens_total"]
+    assert health["draft_rounds"] == values["mlxcel_draft_rounds_total"]

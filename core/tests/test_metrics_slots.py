@@ -13,7 +13,7 @@ from apphelpers import make_client, wait_ready
 from litestar.testing import TestClient
 from mlxcel.app import create_app
 from mlxcel.engine.client import EngineClient
-from mlxcel.metrics import SPEC
+from mlxcel.metrics import DRAFTS, SPEC
 from mlxcel.metrics_llamacpp import SPEC as LLAMACPP
 from mlxcel.settings import Settings
 from prometheus_client.parser import text_string_to_metric_families
@@ -48,10 +48,12 @@ SPEC_HEADERS = """\
 # TYPE mlxcel_cache_pool_active gauge
 """.splitlines()
 NAMES = [line.split()[2] for line in SPEC_HEADERS if line.startswith("# TYPE")]
-# llama-server's families follow, counters first (mlxcel.metrics_llamacpp)
-LLAMACPP_HEADERS = [line for name, type_, help_ in LLAMACPP
+# speculative decoding's counters, then llama-server's families, counters first
+# (mlxcel.metrics_llamacpp)
+EXTRA = [(name, "counter", help_) for name, help_, _ in DRAFTS] + list(LLAMACPP)
+LLAMACPP_HEADERS = [line for name, type_, help_ in EXTRA
                     for line in (f"# HELP {name} {help_}", f"# TYPE {name} {type_}")]
-ALL_NAMES = NAMES + [name for name, _, _ in LLAMACPP]
+ALL_NAMES = NAMES + [name for name, _, _ in EXTRA]
 CHAT = {"messages": [{"role": "user", "content": "Say something."}], "max_tokens": 5,
         "temperature": 0, "ignore_eos": True}
 COMPLETION = {"prompt": "Once upon a time", "max_tokens": 4, "temperature": 0,
@@ -97,8 +99,8 @@ def test_exposition_has_every_spec_metric_in_order(mclient):
     assert samples == ALL_NAMES  # one unlabelled sample per family, no _created series
     assert [name for name, _, _ in SPEC] == NAMES
     families = list(text_string_to_metric_families(r.text))
-    assert len(families) == len(SPEC) + len(LLAMACPP)
-    for family, (name, type_, help_) in zip(families, SPEC + LLAMACPP, strict=True):
+    assert len(families) == len(SPEC) + len(EXTRA)
+    for family, (name, type_, help_) in zip(families, list(SPEC) + EXTRA, strict=True):
         assert family.type == type_ and family.documentation == help_
         # the parser folds a counter's name to its base and its sample to ``<base>_total``
         assert family.name == (name.removesuffix("_total") if type_ == "counter" else name)

@@ -114,6 +114,13 @@ class RequestCounters:
             return (self.requests, self.prompt_tokens, self.completion_tokens,
                     self.generation_seconds)
 
+# speculative decoding's counters (mlxcel.engine.verify), after the spec's families
+DRAFTS: tuple[tuple[str, str, str], ...] = (
+    ("mlxcel_draft_rounds_total", "Rows' speculative verify rounds", "draft_rounds"),
+    ("mlxcel_draft_tokens_total", "Tokens drafted for verify rounds", "draft_tokens"),
+    ("mlxcel_draft_accepted_total", "Drafted tokens the target accepted", "draft_accepted"),
+)
+
 
 def engine_values(engine: Any) -> dict[str, int]:
     """Engine gauges and batch counters; all 0 without a chat model, while it loads, or if
@@ -156,6 +163,9 @@ class MlxcelCollector:
                   e["active"])  # cache_pool_active: one cache per active sequence
         for (name, type_, help_), value in zip(SPEC, values, strict=True):
             yield _family(name, type_, help_, value)
+        stats = getattr(self.engine, "stats", None) if self.engine is not None else None
+        for name, help_, field in DRAFTS:
+            yield _family(name, "counter", help_, int(getattr(stats, field, 0) or 0))
 
 
 class Metrics:

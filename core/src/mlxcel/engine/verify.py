@@ -80,6 +80,9 @@ def verify_step(batch: DecodeBatch, drafts: list[list[int]], spec: Speculation,
     # the counters first: a row that finishes below reports them in its usage
     emitted = sum(n + 1 for s, n in zip(rows, accepted, strict=True) if not s.finished)
     spec.settle(rows, drafts, accepted, time.perf_counter() - started, emitted)
+    stats.draft_rounds += sum(1 for d in drafts if d)
+    stats.draft_tokens += sum(len(d) for d in drafts)
+    stats.draft_accepted += sum(n for d, n in zip(drafts, accepted, strict=True) if d)
     return _hand_out(rows, tokens, accepted, positions, stats)
 
 

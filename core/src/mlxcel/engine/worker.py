@@ -50,6 +50,10 @@ class EngineStats(msgspec.Struct, kw_only=True):
     total_decode_tokens: int = 0
     decode_steps_processed: int = 0
     prefill_chunks_processed: int = 0
+    # speculative decoding: rows' verify rounds, tokens drafted, of them accepted
+    draft_rounds: int = 0
+    draft_tokens: int = 0
+    draft_accepted: int = 0
 
 
 class EngineWorker(EngineSetup, Admission, threading.Thread):

@@ -36,7 +36,8 @@ from .slots import slots_payload
 
 TOKENIZE_MAX_TOKENS = 1 << 20
 OBSERVABILITY = ("sequences_started", "sequences_completed", "total_prefill_tokens",
-                 "total_decode_tokens", "decode_steps_processed", "prefill_chunks_processed")
+                 "total_decode_tokens", "decode_steps_processed", "prefill_chunks_processed",
+                 "draft_rounds", "draft_tokens", "draft_accepted")
 
 
 def _engine_error(message: str) -> tuple[int, dict[str, Any]]:
