@@ -30,7 +30,7 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     # and --prompt-lookup's mode (on: the batch governor stays out)
     drafter: Any = None  # the factory itself, or its "module:attr"
     drafter_kind: str = "prompt-lookup"
-    prompt_lookup: str = "off"
+    prompt_lookup: str = "auto"
     draft_max: int = 16
     draft_min: int = 0
 

@@ -1,0 +1,102 @@
+"""Probe: what does prompt lookup give inside the batch, engine only (no HTTP)?
+
+Greedy requests on a bench checkpoint at concurrency 1 and 8, each run three ways in one
+process, in turn: ``--prompt-lookup off``, ``on`` (row governor only) and ``auto`` (row and
+batch governors). Two workloads: ``copy`` (prompts that repeat a passage, the case prompt
+lookup is for; random weights also fall into loops that it copies) and ``fresh`` (prompts
+with no repeat). Reports aggregate tokens/s, the speed-up over ``off``, the acceptance
+(accepted / drafted) and whether the outputs equal ``off``'s, per pass; the median pass
+is the answer.
+
+    .venv/bin/python bench/probes/speculative.py --checkpoint 30m --passes 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import time
+
+from mlxcel.engine.config import EngineConfig
+from mlxcel.testing.bench_checkpoints import named_checkpoint
+from mlxcel.testing.engine import ListSink, request, run_until_done, worker_for
+
+LOOKUP = "mlxcel.drafters.lookup:new_session"
+MODES = {"off": None, "on": "on", "auto": "auto"}
+
+
+def prompts(kind: str, n: int, vocab: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        if kind == "copy":
+            passage = [rng.randrange(100, vocab) for _ in range(48)]
+            out.append(passage * 4)
+        else:
+            out.append([rng.randrange(100, vocab) for _ in range(192)])
+    return out
+
+
+def one_run(path, mode, batch, max_tokens):
+    lookup = MODES[mode]
+    config = EngineConfig() if lookup is None else EngineConfig(
+        drafter=LOOKUP, prompt_lookup=lookup, draft_max=16)
+    worker = worker_for(path, parallel=len(batch), config=config)
+    sinks = []
+    start = time.perf_counter()
+    for p in batch:
+        sink = ListSink()
+        worker.enqueue(request(p, max_tokens), sink)
+        sinks.append(sink)
+    run_until_done(worker, sinks)
+    wall = time.perf_counter() - start
+    usages = [s.last.usage for s in sinks]
+    tokens = sum(u.completion_tokens for u in usages)
+    drafted = sum(u.draft_n for u in usages)
+    accepted = sum(u.draft_n_accepted for u in usages)
+    return {"tok_s": tokens / wall, "drafted": drafted, "accepted": accepted,
+            "acceptance": accepted / drafted if drafted else None,
+            "steps": worker.stats.decode_steps_processed,
+            "outputs": [s.tokens for s in sinks]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--checkpoint", default="30m")
+    ap.add_argument("--passes", type=int, default=3)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--concurrency", default="1,8")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    path = named_checkpoint(args.checkpoint)
+    vocab = json.loads((path / "config.json").read_text())["vocab_size"]
+    results = []
+    for kind in ("copy", "fresh"):
+        for c in (int(x) for x in args.concurrency.split(",")):
+            batch = prompts(kind, c, vocab, seed=c)
+            one_run(path, "off", batch, 8)  # warm
+            passes = {m: [] for m in MODES}
+            for _ in range(args.passes):
+                for mode in MODES:
+                    passes[mode].append(one_run(path, mode, batch, args.max_tokens))
+            base = statistics.median(r["tok_s"] for r in passes["off"])
+            for mode, runs in passes.items():
+                rate = statistics.median(r["tok_s"] for r in runs)
+                acc = [r["acceptance"] for r in runs if r["acceptance"] is not None]
+                same = all(r["outputs"] == passes["off"][0]["outputs"] for r in runs)
+                row = {"workload": kind, "c": c, "mode": mode, "tok_s": round(rate, 1),
+                       "vs_off": round(rate / base, 2),
+                       "acceptance": round(statistics.median(acc), 2) if acc else None,
+                       "passes_tok_s": [round(r["tok_s"], 1) for r in runs],
+                       "same_output_as_off": same}
+                results.append(row)
+                print(json.dumps(row), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"checkpoint": args.checkpoint, "results": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
