@@ -14,6 +14,7 @@ metadata is written too, so its plugin's entry point is found the same way.
 from __future__ import annotations
 
 import pathlib
+import re
 import sys
 
 import tomllib
@@ -30,7 +31,11 @@ def main() -> int:
 
 def write(out: pathlib.Path, folder: pathlib.Path) -> None:
     project = tomllib.loads((folder / "pyproject.toml").read_text())["project"]
-    info = out / f"{project['name']}-{project['version']}.dist-info"
+    # The folder's name is the wheel's escaped one (dashes to underscores): importlib.metadata
+    # takes a distribution's name from the stem before its first dash and keeps one
+    # distribution per name, so "mlxcel-family-x-0.1.0" would hide behind "mlxcel".
+    stem = re.sub(r"[-_.]+", "_", project["name"]).lower()
+    info = out / f"{stem}-{project['version']}.dist-info"
     info.mkdir(parents=True, exist_ok=True)
     (info / "METADATA").write_text(
         f"Metadata-Version: 2.1\nName: {project['name']}\nVersion: {project['version']}\n"
