@@ -83,6 +83,27 @@ PRESETS = {
         "vocab_size": 128256,
         "dtype": "bfloat16",
     },
+    # Llama-3.2-1B-shaped, the target's vocabulary: bench/speculative.py's draft model
+    "llama3-1b": {
+        "shape": "llama",
+        "hidden_size": 2048,
+        "num_layers": 16,
+        "num_heads": 32,
+        "num_kv_heads": 8,
+        "intermediate_size": 8192,
+        "vocab_size": 128256,
+        "dtype": "bfloat16",
+    },
+    # a draft for the "30m" bench checkpoint (same shape family and vocabulary): CPU runs
+    "tiny-draft": {
+        "shape": "qwen3",
+        "hidden_size": 64,
+        "num_layers": 2,
+        "num_heads": 4,
+        "num_kv_heads": 2,
+        "intermediate_size": 128,
+        "vocab_size": 8192,
+    },
     "gemma4-e4b": gemma4(2560, 8, 2, 256, 10240, 262144, 42, 18, 512, 256, "bfloat16"),
     # Llama-3-8B's layer structure (32 layers, 32/8 heads: the same ops per step) at tiny
     # width: a CPU proxy for the host-side cost of a decode step
