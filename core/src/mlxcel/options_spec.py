@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlxcel.option_types import KEPT, PENDING, choice, path
+from mlxcel.option_types import KEPT, PENDING, Toggle, choice, path
 
 SPEC_ROWS: list[tuple[Any, ...]] = [
     (("--prompt-lookup",), "prompt_lookup", choice("--prompt-lookup", "auto", "on", "off"),
@@ -22,8 +22,12 @@ SPEC_ROWS: list[tuple[Any, ...]] = [
      "fewest tokens a draft must have to be verified", KEPT),
     (("-md", "--model-draft", "--draft-model", "--spec-draft-model"), "model_draft", path,
      None, "LLAMA_ARG_SPEC_DRAFT_MODEL",
-     "draft model checkpoint for speculative decoding (not served yet: decoding runs "
-     "without it)", PENDING, "LLAMA_ARG_MODEL_DRAFT"),
+     "draft model checkpoint for speculative decoding (a directory or a Hugging Face id; "
+     "its tokenizer must be the target's); rows draft with it instead of prompt lookup",
+     KEPT, "LLAMA_ARG_MODEL_DRAFT"),
+    (("--draft-force",), "draft_force", Toggle(), False, "MLXCEL_DRAFT_FORCE",
+     "serve a drafter whose startup exactness probe failed (greedy output with it differed "
+     "from the target's own); without it such a pairing refuses to start"),
     (("--draft-kind",), "draft_kind", choice("--draft-kind", "dflash", "mtp"), None,
      "MLXCEL_DRAFT_KIND", "the drafter checkpoint's kind (not served yet)", PENDING,
      "LLAMA_ARG_DRAFT_KIND"),

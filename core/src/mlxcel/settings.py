@@ -59,6 +59,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     draft_max: int = 16
     draft_min: int = 0
     model_draft: str | None = None
+    draft_force: bool = False
     draft_kind: str | None = None
     draft_block_size: int = 0
     spec_type: str | None = None

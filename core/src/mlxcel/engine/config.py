@@ -33,6 +33,8 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     prompt_lookup: str = "auto"
     draft_max: int = 16
     draft_min: int = 0
+    model_draft: str | None = None  # -md: the draft-model drafter's checkpoint
+    draft_force: bool = False  # serve a drafter that fails the startup exactness probe
 
     @classmethod
     def from_settings(cls, settings: Any) -> EngineConfig:

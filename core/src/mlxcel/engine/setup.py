@@ -22,6 +22,7 @@ from mlxcel.engine.cache.kvcache import BatchCache, shared_position_rope
 from mlxcel.engine.memory import compute_dtype_bytes, request_budget
 from mlxcel.engine.policy import resolve_policy
 from mlxcel.engine.side import load_sides
+from mlxcel.engine.spec_probe import check_pairing
 from mlxcel.engine.speculative import Speculation
 from mlxcel.engine.trace import Trace
 from mlxcel.lazy import resolve
@@ -108,9 +109,13 @@ class EngineSetup:
                      else "the model's caches cannot roll back per row yet")
             return None
         ckpt = self.checkpoint
-        options = DraftOptions(draft_max=max(1, cfg.draft_max), draft_min=max(0, cfg.draft_min))
+        options = DraftOptions(draft_max=max(1, cfg.draft_max), draft_min=max(0, cfg.draft_min),
+                               model=cfg.model_draft)
         target = DraftTarget(model, ckpt.tokenizer, str(ckpt.path), dict(ckpt.config))
         session = resolve(cfg.drafter)(target, options)
+        if cfg.drafter_kind != "prompt-lookup":  # lookup copies the context: exact as built
+            check_pairing(model, ckpt.tokenizer, session, options, cfg.drafter_kind,
+                          cfg.draft_force)
         log.info("speculation_on", drafter=cfg.drafter_kind, draft_max=options.draft_max,
                  governed=cfg.prompt_lookup != "on")
         return Speculation(session, cfg.drafter_kind, options,

@@ -1,0 +1,156 @@
+"""The startup exactness probe of a (target, drafter) pairing.
+
+Verification keeps a draft token only where it equals the target's own choice, so a
+correct verify step gives the target's output whatever the drafter proposes. What can
+still differ is the arithmetic: a verify forward reads 1 + k positions at once where a
+decode step reads one, and another kernel or reduction order can flip a greedy choice
+that is nearly tied; a drafter can also break its contract (ids outside the vocabulary,
+changed contexts). The probe runs a short greedy generation of the target on a fixed
+prompt twice -- one token per forward, then through the drafter's proposals and
+multi-token verify forwards on the same kind of caches -- and compares the tokens. It
+costs a handful of small forwards at startup.
+
+Prompt lookup copies from the context and calls no model of its own: it is exact by
+construction, and the engine does not probe it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import mlx.core as mx
+
+from mlxcel.drafters.api import DraftOptions, DraftRow
+
+PROMPT = "The quick brown fox jumps over the lazy dog. The quick brown fox"
+PROMPT_TOKENS = 12  # the most prompt tokens the probe feeds
+NEW_TOKENS = 16  # greedy tokens generated each way
+DRAFT_MAX = 4  # the widest verify forward the probe builds
+KEY = -1  # the probe's row key in the drafter's session
+
+
+class ProbeResult(NamedTuple):
+    """``plain``: the target's tokens one forward each; ``speculative``: the same through
+    the drafter (equal when ``exact``); ``drafted`` / ``accepted``: the drafter's tokens
+    over the probe's verify rounds."""
+
+    exact: bool
+    plain: list[int]
+    speculative: list[int]
+    drafted: int
+    accepted: int
+
+
+def _caches(model: Any) -> list[Any]:
+    if hasattr(model, "make_cache"):
+        return model.make_cache()
+    from mlx_lm.models.cache import make_prompt_cache
+
+    return make_prompt_cache(model)
+
+
+def prompt_ids(tokenizer: Any) -> list[int]:
+    """The probe's prompt in the target's ids (some ids of the vocabulary if the text
+    encodes to fewer than two tokens)."""
+    ids = list(tokenizer.encode(PROMPT))[:PROMPT_TOKENS]
+    if len(ids) < 2:
+        ids = [i % tokenizer.vocab_size for i in range(5, 5 + PROMPT_TOKENS)]
+    return ids
+
+
+def _greedy(logits: mx.array) -> list[int]:
+    return mx.argmax(logits[0], axis=-1).tolist()
+
+
+def plain_tokens(model: Any, prompt: list[int], n: int) -> list[int]:
+    """``n`` greedy tokens after ``prompt``, one forward each."""
+    cache = _caches(model)
+    out = [_greedy(model(mx.array([prompt], dtype=mx.uint32), cache)[:, -1:])[0]]
+    while len(out) < n:
+        out.append(_greedy(model(mx.array([[out[-1]]], dtype=mx.uint32), cache))[0])
+    return out
+
+
+def _forget(model: Any, cache: list[Any], context: list[int], n: int) -> list[Any]:
+    """``cache`` without its last ``n`` positions: trimmed, or (a window or a recurrent
+    state) rebuilt from ``context``, the tokens it must then hold."""
+    from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
+
+    if not n:
+        return cache
+    if can_trim_prompt_cache(cache):
+        trim_prompt_cache(cache, n)
+        return cache
+    cache = _caches(model)
+    if context:
+        model(mx.array([context], dtype=mx.uint32), cache)
+    return cache
+
+
+def speculative_tokens(model: Any, session: Any, prompt: list[int], n: int,
+                       draft_max: int) -> tuple[list[int], int, int]:
+    """``n`` greedy tokens after ``prompt`` through ``session``'s drafts and verify
+    forwards; with the tokens drafted and accepted."""
+    cache = _caches(model)
+    first = _greedy(model(mx.array([prompt], dtype=mx.uint32), cache)[:, -1:])[0]
+    out, drafted, accepted = [first], 0, 0
+    try:
+        while len(out) < n:
+            context = prompt + out
+            limit = min(draft_max, n - len(out) - 1)
+            draft = [int(t) for t in session.propose([DraftRow(KEY, list(context))],
+                                                     [limit])[0][:limit]] if limit else []
+            got = _greedy(model(mx.array([[out[-1], *draft]], dtype=mx.uint32), cache))
+            kept = 0
+            while kept < len(draft) and got[kept] == draft[kept]:
+                kept += 1
+            drafted, accepted = drafted + len(draft), accepted + kept
+            out += draft[:kept] + [got[kept]]
+            if draft:
+                session.commit([DraftRow(KEY, list(prompt + out))], [kept])
+            cache = _forget(model, cache, (prompt + out)[:-1], len(draft) - kept)
+    finally:
+        session.release([KEY])
+    return out[:n], drafted, accepted
+
+
+def probe(model: Any, tokenizer: Any, session: Any, options: DraftOptions) -> ProbeResult:
+    """The probe's verdict on ``session`` drafting for ``model`` (see the module
+    docstring); exceptions are the caller's to report."""
+    prompt = prompt_ids(tokenizer)
+    plain = plain_tokens(model, prompt, NEW_TOKENS)
+    spec, drafted, accepted = speculative_tokens(
+        model, session, prompt, NEW_TOKENS, max(1, min(DRAFT_MAX, options.draft_max)))
+    return ProbeResult(spec == plain, plain, spec, drafted, accepted)
+
+
+def check_pairing(model: Any, tokenizer: Any, session: Any, options: DraftOptions,
+                  kind: str, force: bool) -> None:
+    """Probe ``session`` (a drafter of ``kind``) on ``model`` at startup and log the
+    outcome; an inexact pairing, or a probe that fails, is refused unless ``force``
+    (``--draft-force``)."""
+    import structlog
+
+    from mlxcel.errors import StartupError
+
+    log = structlog.get_logger("mlxcel.engine")
+    try:
+        result = probe(model, tokenizer, session, options)
+    except Exception as exc:
+        reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc) else ''}"
+        log.warning("speculation_probe", drafter=kind, exact=None, error=reason, forced=force)
+        if force:
+            return
+        raise StartupError(f"the {kind} drafter failed its startup exactness probe "
+                           f"({reason[:200]}); pass --draft-force to serve with it "
+                           "anyway") from exc
+    log.info("speculation_probe", drafter=kind, exact=result.exact, tokens=len(result.plain),
+             drafted=result.drafted, accepted=result.accepted, forced=force)
+    if result.exact or force:
+        return
+    pairs = zip(result.plain, result.speculative, strict=True)
+    at = next(i for i, (a, b) in enumerate(pairs) if a != b)
+    raise StartupError(f"the {kind} drafter is inexact with this model: greedy token {at} of "
+                       f"the startup probe is {result.speculative[at]} with it and "
+                       f"{result.plain[at]} without; pass --draft-force to serve with it "
+                       "anyway")
