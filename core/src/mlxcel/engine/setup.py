@@ -19,6 +19,7 @@ from mlxcel.engine.accel import attention, cpu_blas, fused_proj, lean_decode, mo
 from mlxcel.engine.accel.warmup import warm_mixed, warm_up
 from mlxcel.engine.cache.kinds import reuse_rule
 from mlxcel.engine.cache.kvcache import BatchCache, shared_position_rope
+from mlxcel.engine.cache.rollback import rollback_reason
 from mlxcel.engine.memory import compute_dtype_bytes, request_budget
 from mlxcel.engine.policy import resolve_policy
 from mlxcel.engine.side import load_sides
@@ -28,6 +29,15 @@ from mlxcel.engine.trace import Trace
 from mlxcel.lazy import resolve
 
 log = structlog.get_logger("mlxcel.engine")
+
+
+def _rollback_off(path: str, model: Any, checkpoint: Any) -> str | None:
+    """Why verify steps cannot roll this model's caches back per row, or None."""
+    if path == "shared":
+        return None
+    if path == "single":
+        return "the model's caches cannot be batched"
+    return rollback_reason(model, checkpoint.family, mixed_batch.pads_state(model))
 
 
 class EngineSetup:
@@ -99,14 +109,15 @@ class EngineSetup:
 
     def _speculation(self, model: Any) -> Speculation | None:
         """The drafter's session (``EngineConfig.drafter``), where verify steps can roll
-        the caches back: the shared path's ``BatchCache``, one process."""
+        the caches back per row, in one process: the shared path's ``BatchCache``, and the
+        mixed path where every cache the model makes can (``cache.rollback``)."""
         cfg = self.config
         if cfg.drafter is None:
             return None
-        if self.path != "shared" or self.dist.active:
-            log.info("speculation_off", drafter=cfg.drafter_kind,
-                     reason="--distributed" if self.dist.active
-                     else "the model's caches cannot roll back per row yet")
+        reason = "--distributed" if self.dist.active else _rollback_off(self.path, model,
+                                                                         self.checkpoint)
+        if reason is not None:
+            log.info("speculation_off", drafter=cfg.drafter_kind, reason=reason)
             return None
         ckpt = self.checkpoint
         options = DraftOptions(draft_max=max(1, cfg.draft_max), draft_min=max(0, cfg.draft_min),

@@ -23,6 +23,7 @@ from typing import Any
 import mlx.core as mx
 
 from mlxcel.engine.batch import DecodeBatch, row_logprobs
+from mlxcel.engine.cache.rollback import begin_verify
 from mlxcel.engine.sequence import Sequence
 from mlxcel.engine.speculative import Speculation
 
@@ -47,6 +48,7 @@ def verify_step(batch: DecodeBatch, drafts: list[list[int]], spec: Speculation,
     inputs = mx.array([[s.context[-1], *d, *[0] * (width - 1 - len(d))]
                        for s, d in zip(rows, drafts, strict=True)], dtype=mx.uint32)
     plan, guided = batch.prepare()
+    begin_verify(batch.model, batch.cache, inputs)  # mixed path: each layer's rollback
     logits = batch.model(inputs, batch.cache)  # [B, width, V]
     keys = [s.random.key for s in rows]
     positions, chains = [], []
