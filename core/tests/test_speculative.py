@@ -71,7 +71,7 @@ def test_greedy_output_is_the_same_with_and_without_speculation(tiny_checkpoint,
     assert fast == plain
     accepted = [u.draft_n_accepted for u in usages]
     assert sum(accepted[:4]) > 0 and len(set(accepted[:4])) > 1  # ragged acceptance
-    assert usages[4].draft_rounds == 0  # a penalised row decodes one token at a time
+    assert usages[4].draft_rounds > 0  # a penalised row drafts too (test_speculative_rows)
 
 
 def test_a_seeded_request_gives_the_same_tokens_with_and_without_speculation(tiny_checkpoint):

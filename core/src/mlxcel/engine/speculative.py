@@ -16,9 +16,16 @@ governors decide:
   tries again after ``BATCH_RETRY`` plain steps: large batches and MoE models, whose
   verify forward costs more than the tokens it saves, turn speculation off by themselves.
 
-Rows with an output constraint (JSON schema, a forced tool call) or active penalties do
-not draft: they decode one token per step beside the drafting rows, in the same forward.
-While a row with media decodes, the batch takes one-token steps.
+Rows with an output constraint (JSON schema, a grammar, a forced tool call) and rows with
+penalties or a logit bias draft too: the verify step gives each position the masks and
+penalties of the tokens before it (``engine.verify``). A constraint that cannot be rewound
+(a plugin's without ``Rewindable``, a reasoning budget's), or that waits for the end of a
+reasoning block, keeps its row to one token per step beside the drafting rows, in the same
+forward. While a row with media decodes, the batch takes one-token steps.
+
+A request's own ``speculative.n_max`` / ``speculative.n_min`` (``GenerationRequest.
+draft_max`` / ``draft_min``) cap and floor its drafts within ``--draft-max``; an
+``n_max`` of 0 keeps it from drafting.
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ from typing import Any
 import structlog
 
 from mlxcel.drafters.api import DraftOptions, DraftRow
-from mlxcel.engine.penalties import penalty_row
+from mlxcel.engine.constraints.speculate import drafts_with
 from mlxcel.engine.sequence import Sequence
 
 log = structlog.get_logger("mlxcel.engine")
@@ -126,19 +133,24 @@ class Speculation:
         self.options = options
         self.governed = governed
         self.rows: dict[int, RowGovernor] = {}
-        self.penalised: dict[int, bool] = {}
         self.batch = BatchGovernor()
         self.failed = False
         self.rounds = self.drafted = self.accepted = 0  # totals, for /metrics and /slots
 
+    def limits(self, seq: Sequence) -> tuple[int, int]:
+        """The most and fewest tokens ``seq`` drafts in a round: its request's
+        ``draft_max`` / ``draft_min`` within ``--draft-max``, else the server's; the floor
+        never above the cap, as llama-server clamps them."""
+        req, opts = seq.req, self.options
+        cap = opts.draft_max if req.draft_max is None else min(req.draft_max, opts.draft_max)
+        floor = opts.draft_min if req.draft_min is None else req.draft_min
+        return max(0, cap), max(0, min(floor, cap))
+
     def eligible(self, seq: Sequence) -> bool:
         """Whether ``seq`` may draft now (see the module docstring)."""
-        if seq.finished or seq.matcher is not None or seq.req.media is not None:
+        if seq.finished or seq.req.media is not None or not drafts_with(seq.matcher):
             return False
-        penalised = self.penalised.get(id(seq))
-        if penalised is None:
-            penalised = self.penalised[id(seq)] = penalty_row(seq.req.sampling).active
-        if penalised:
+        if self.limits(seq)[0] < 1:  # speculative.n_max 0
             return False
         if seq.req.max_tokens - seq.generated < 2:  # room for a draft and its bonus token
             return False
@@ -157,12 +169,14 @@ class Speculation:
         """Each row's draft ([] for none), or None when no row drafts this step."""
         self._forget_departed(rows)
         picked = [i for i, s in enumerate(rows) if self.eligible(s)]
-        limits = []
+        limits, floors = [], []
         for i in picked:
             seq = rows[i]
-            gov = self.rows.setdefault(id(seq), RowGovernor(self.options.draft_max))
-            limits.append(min(gov.length, self.options.draft_max,
-                              seq.req.max_tokens - seq.generated - 1))
+            cap, floor = self.limits(seq)
+            gov = self.rows.setdefault(id(seq), RowGovernor(cap))
+            room = seq.req.max_tokens - seq.generated - 1
+            limits.append(min(max(min(gov.length, cap), floor), room))
+            floors.append(max(1, floor))
         try:
             got = self.session.propose([DraftRow(id(rows[i]), rows[i].context) for i in picked],
                                        limits)
@@ -171,12 +185,13 @@ class Speculation:
             self.failed = True
             return None
         drafts: list[list[int]] = [[] for _ in rows]
-        for i, limit, draft in zip(picked, limits, got, strict=True):
+        for i, limit, floor, draft in zip(picked, limits, floors, got, strict=True):
             draft = [int(t) for t in draft[:limit]]
-            drafts[i] = draft if len(draft) >= max(1, self.options.draft_min) else []
+            drafts[i] = draft if len(draft) >= floor else []
         for i in picked:  # rows with nothing to verify count a miss now
             if not drafts[i]:
-                self.rows[id(rows[i])].settle(self.batch.steps, 0, 0, self.options.draft_max)
+                self.rows[id(rows[i])].settle(self.batch.steps, 0, 0,
+                                              self.limits(rows[i])[0])
         return drafts if any(drafts) else None
 
     def settle(self, rows: list[Sequence], drafts: list[list[int]], accepted: list[int],
@@ -192,7 +207,7 @@ class Speculation:
             self.rounds += 1
             self.drafted += len(draft)
             self.accepted += n
-            self.rows[id(seq)].settle(self.batch.steps, len(draft), n, self.options.draft_max)
+            self.rows[id(seq)].settle(self.batch.steps, len(draft), n, self.limits(seq)[0])
             committed.append((DraftRow(id(seq), seq.context), n))
         self.batch.verified(sum(not s.finished for s in rows) or len(rows), seconds, emitted)
         if committed:
@@ -205,8 +220,6 @@ class Speculation:
     def _forget_departed(self, rows: list[Sequence]) -> None:
         """Rows that left the batch since the last round lose their state here."""
         live = {id(s) for s in rows if not s.finished}
-        for k in [k for k in self.penalised if k not in live]:
-            del self.penalised[k]
         keys = [k for k in self.rows if k not in live]
         for k in keys:
             del self.rows[k]

@@ -2,17 +2,23 @@
 
 Row i feeds ``[last_i, d_i1 .. d_ik]``, right-padded to the batch's widest draft. Position
 j's logits give the token the target itself produces after ``d_i1 .. d_ij``: the batch's
-own chain (constraints and penalties at position 0, where only non-drafting rows have
-them; then each row's sampler) at every position. A row keeps its drafts up to the first
-one that differs from the target's token there, and then that token (the "bonus"): the
-output is exactly what decoding one token per step would give, greedy or sampled, since
-each kept token is the target's own draw given the tokens before it.
+own chain at every position, each row as a one-token step would see it there (``Chain``):
+its output constraint in the state after ``d_i1 .. d_ij`` (``constraints.speculate``), its
+penalties over its tokens plus ``d_i1 .. d_ij``, its logit bias, then its sampler. A row
+keeps its drafts up to the first one that differs from the target's token there, and then
+that token (the "bonus"): the output is exactly what decoding one token per step would
+give, greedy or sampled, since each kept token is the target's own draw given the tokens
+before it. A draft token the constraint forbids is cut before the forward (it could not
+be kept), and counts as drafted and rejected.
 
 A seeded row's key chain advances once per kept token, as one-token steps advance it, so
 a seeded request gives the same output with and without speculation.
 
 The caches then forget each row's rejected positions (``BatchCache.rollback``), so every
-row's cache holds its context but the bonus token, which is the next step's input.
+row's cache holds its context but the bonus token, which is the next step's input. The
+kept tokens go to the rows one by one (``Sequence.accept``), so stop strings, EOS, the
+matcher's own state and logprobs are handled as after one-token steps; a row that ends
+inside its kept tokens takes none after the end.
 """
 
 from __future__ import annotations
@@ -21,10 +27,13 @@ import time
 from typing import Any
 
 import mlx.core as mx
+import numpy as np
 
 from mlxcel.engine.batch import DecodeBatch, row_logprobs
 from mlxcel.engine.cache.rollback import begin_verify
-from mlxcel.engine.sequence import Sequence
+from mlxcel.engine.constraints.protocol import mask_words
+from mlxcel.engine.constraints.speculate import draft_masks
+from mlxcel.engine.sequence import Sequence, fail_alone
 from mlxcel.engine.speculative import Speculation
 
 
@@ -44,26 +53,23 @@ def verify_step(batch: DecodeBatch, drafts: list[list[int]], spec: Speculation,
     finished, their finish events held (``Sequence.defer_finish``) as ``read_back`` does."""
     started = time.perf_counter()
     rows = list(batch.rows)
-    width = 1 + max(len(d) for d in drafts)
+    chain = Chain(batch, drafts)  # the host work, before the forward
+    fed = chain.fed
+    width = 1 + max(len(d) for d in fed)
     inputs = mx.array([[s.context[-1], *d, *[0] * (width - 1 - len(d))]
-                       for s, d in zip(rows, drafts, strict=True)], dtype=mx.uint32)
-    plan, guided = batch.prepare()
+                       for s, d in zip(rows, fed, strict=True)], dtype=mx.uint32)
     begin_verify(batch.model, batch.cache, inputs)  # mixed path: each layer's rollback
     logits = batch.model(inputs, batch.cache)  # [B, width, V]
     keys = [s.random.key for s in rows]
     positions, chains = [], []
     for j in range(width):
-        if j == 0:
-            sampled, extras = batch.sample(logits[:, 0, :], plan, guided)
-        else:  # drafting rows only read these: they have no constraint nor penalty
-            sampled = batch.sampler(logits[:, j, :]).astype(mx.uint32)
-            extras = _logprobs(batch, logits[:, j, :], sampled)
+        sampled, extras = chain.sample(logits[:, j, :], j)
         positions.append(_Position(sampled, extras, batch.top))
         chains.append([s.random.key for s in rows])
     mx.eval([p.sampled for p in positions], [p.logprobs for p in positions])
     tokens = mx.stack([p.sampled for p in positions], axis=1).tolist()  # [B, width]
     accepted = []
-    for i, draft in enumerate(drafts):
+    for i, draft in enumerate(fed):
         n = 0
         while n < len(draft) and tokens[i][n] == draft[n]:
             n += 1
@@ -86,6 +92,68 @@ def verify_step(batch: DecodeBatch, drafts: list[list[int]], spec: Speculation,
     stats.draft_tokens += sum(len(d) for d in drafts)
     stats.draft_accepted += sum(n for d, n in zip(drafts, accepted, strict=True) if d)
     return _hand_out(rows, tokens, accepted, positions, stats)
+
+
+class Chain:
+    """Each verify position's logits chain, row by row as a one-token step there would
+    run it (module docstring). Built before the forward: the batch's composition, every
+    constrained row's masks over its draft (``fed``: each draft cut to what its constraint
+    allows), and the penalty walks of each position."""
+
+    def __init__(self, batch: DecodeBatch, drafts: list[list[int]]) -> None:
+        self.batch = batch
+        rows = batch.rows
+        plan, guided = batch.prepare()
+        guard = lambda i, fn, *args: fail_alone(rows[i], fn, *args)  # noqa: E731
+        self.fed = [list(d) for d in drafts]
+        self.masks: np.ndarray | None = None  # [B, positions, words]
+        self.guided = guided
+        if guided:
+            depth = 1 + max(len(d) for d in drafts)
+            self.masks = np.full((len(rows), depth, mask_words(batch.vocab)), -1,
+                                 dtype=np.int32)
+            for i in guided:
+                taken = guard(i, draft_masks, rows[i].matcher, self.fed[i],
+                                     self.masks[i])
+                self.fed[i] = self.fed[i][:taken or 0]
+        self.plans = [plan]
+        if batch.penalties is not None:
+            for j in range(1, 1 + max(len(d) for d in self.fed)):
+                walk = [s.context + d[:j] if len(d) >= j and not s.finished else None
+                        for s, d in zip(rows, self.fed, strict=True)]
+                gen = [s.generated_ids + d[:j] for s, d in zip(rows, self.fed, strict=True)]
+                self.plans.append(batch.penalties.prepare(walk, gen, guard))
+
+    def sample(self, logits: mx.array, j: int) -> tuple[mx.array, tuple[mx.array, ...]]:
+        """Position ``j``'s logits [B, V] -> its sampled tokens [B] and logprob arrays."""
+        batch = self.batch
+        if self.masks is not None and self.masks.shape[-1] < mask_words(logits.shape[-1]):
+            self.masks = _widened(self.masks, mask_words(logits.shape[-1]), self.guided)
+        scored = logits if self.masks is None else _masked(logits, self.masks[:, j])
+        if batch.penalties is not None:
+            scored = batch.penalties(scored, plan=self.plans[j])
+        sampled = batch.sampler(scored).astype(mx.uint32)
+        if batch.share is not None:
+            sampled = batch.share(sampled)
+        return sampled, _logprobs(batch, logits, sampled)
+
+
+def _widened(masks: np.ndarray, words: int, guided: list[int]) -> np.ndarray:
+    """``masks`` over ``words`` words: a guided row allows no id past its vocabulary (as
+    its matcher writes it), another row every id."""
+    wide = np.full((*masks.shape[:2], words), -1, dtype=np.int32)
+    wide[:, :, :masks.shape[-1]] = masks
+    wide[guided, :, masks.shape[-1]:] = 0
+    return wide
+
+
+def _masked(logits: mx.array, words: np.ndarray) -> mx.array:
+    """``logits`` [B, V] with what the mask words [B, W] disallow at -inf (as
+    ``masks.apply_masks``)."""
+    batch, width = logits.shape
+    bits = (mx.array(words)[:, :, None] >> mx.arange(32, dtype=mx.int32)) & 1
+    allowed = bits.reshape(batch, -1)[:, :width].astype(mx.bool_)
+    return mx.where(allowed, logits, mx.array(-float("inf"), dtype=logits.dtype))
 
 
 def _logprobs(batch: DecodeBatch, logits: mx.array, sampled: mx.array) -> tuple[mx.array, ...]:

@@ -108,3 +108,7 @@ class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
     reasoning_limit: ReasoningLimit | None = None
     # send a ``progress`` event after each prefill chunk (llama-server's ``return_progress``)
     return_progress: bool = False
+    # llama-server's ``speculative.n_max`` / ``speculative.n_min``: this request's draft
+    # length cap and floor (None: ``--draft-max`` / ``--draft-min``; 0 cap: no drafts)
+    draft_max: int | None = None
+    draft_min: int | None = None

@@ -38,6 +38,7 @@ MESSAGE_CHARS = 240  # of a grammar error quoted back to the client
 RULES_VERSION = "1"  # bump when what this backend hands llguidance changes
 TOKENIZERS = 4  # llguidance tokenizers kept: one per vocabulary
 PARAM = "grammar"
+ROLLBACK = 256  # advances a matcher takes back at most (a speculative row's draft)
 
 
 def _short(message: str) -> str:
@@ -144,7 +145,11 @@ class LLGuidanceCompiled:
 class LLGuidanceMatcher:
     """``Matcher`` over an ``LLMatcher``: see the protocol for the rules. A token the
     grammar refuses leaves the parser where it was (``try_consume_tokens`` consumes only
-    a valid one), so ``advance`` can answer False without breaking the row's state."""
+    a valid one), so ``advance`` can answer False without breaking the row's state. It is
+    ``Rewindable`` through ``LLMatcher.rollback``; an accepted EOS (never handed to the
+    parser) is undone by clearing ``finished``."""
+
+    max_rollback = ROLLBACK
 
     def __init__(self, compiled: LLGuidanceCompiled, matcher: llguidance.LLMatcher,
                  active: bool) -> None:
@@ -191,3 +196,11 @@ class LLGuidanceMatcher:
             self._finished = self.accepting
             return self._finished
         return self._matcher.try_consume_tokens([token]) == 1
+
+    def rollback(self, n: int) -> None:
+        if n <= 0 or not self._active:
+            return
+        if self._finished:
+            self._finished, n = False, n - 1
+        if n and not self._matcher.rollback(n):
+            raise RuntimeError(f"the grammar matcher could not take back {n} tokens")

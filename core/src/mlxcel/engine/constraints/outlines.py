@@ -37,6 +37,7 @@ MASK_CACHE_BYTES = 32 << 20
 _FORMATS = "date, date-time, time, email, uri, uuid"
 RULES_VERSION = "2"  # bump when what this backend hands outlines-core changes
 VOCABULARIES = 8  # outlines-core vocabularies kept: one per set of marker tokens
+ROLLBACK = 256  # states a guide keeps for ``rollback`` (a speculative row's draft)
 
 
 def _build_index(regex: str, vocabulary: outlines_core.Vocabulary) -> outlines_core.Index:
@@ -194,11 +195,15 @@ def set_tokens(mask: np.ndarray, tokens: tuple[int, ...]) -> None:
 
 
 class OutlinesMatcher:
-    """``Matcher`` over an outlines-core ``Guide``: see the protocol for the rules."""
+    """``Matcher`` over an outlines-core ``Guide``: see the protocol for the rules. It is
+    ``Rewindable``: the guide keeps its last ``ROLLBACK`` states, and an accepted EOS (the
+    last advance there can be) is undone by clearing ``finished``."""
+
+    max_rollback = ROLLBACK
 
     def __init__(self, compiled: OutlinesCompiled, active: bool) -> None:
         self._compiled = compiled
-        self._guide = outlines_core.Guide(compiled.index, max_rollback=0)
+        self._guide = outlines_core.Guide(compiled.index, max_rollback=ROLLBACK)
         self._active = active
         self._finished = False
 
@@ -247,3 +252,11 @@ class OutlinesMatcher:
         except ValueError:
             return False
         return True
+
+    def rollback(self, n: int) -> None:
+        if n <= 0 or not self._active:
+            return
+        if self._finished:
+            self._finished, n = False, n - 1
+        if n:
+            self._guide.rollback_state(n)

@@ -72,6 +72,23 @@ class Matcher(Protocol):
 
 
 @runtime_checkable
+class Rewindable(Protocol):
+    """A ``Matcher`` that can take its last advances back, so that a speculative verify
+    step can read the masks after each draft token (``speculate.draft_masks``) and leave
+    the row where it was: the row's own tokens then advance it as usual. A matcher
+    without it (a plugin's, a reasoning budget's) never drafts."""
+
+    @property
+    def max_rollback(self) -> int:
+        """How many advances ``rollback`` can take back."""
+        ...
+
+    def rollback(self, n: int) -> None:
+        """Undo the last ``n`` successful advances (an accepted EOS included)."""
+        ...
+
+
+@runtime_checkable
 class Compiled(Protocol):
     """A constraint compiled for one vocabulary; shared by every row that uses it."""
 
