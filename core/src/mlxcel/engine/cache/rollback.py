@@ -31,9 +31,10 @@ works on both paths. What each kind does:
   rest of a forward of ``max(kept)`` tokens per verify step, which the batch governor
   weighs like the rest of a verify step's cost.
 
-Rows that may not be padded together (``mixed_batch.pads_state``) cannot be replayed
-together, and a family's own batch caches are unknown here: ``rollback_reason`` says so,
-and speculation stays off for those models.
+Rows that may not be padded together (``mixed_batch.pads_state``), or whose recurrent
+layers lose state under right padding (``replays_padded``, checked on the model), cannot
+be replayed together, and a family's own batch caches are unknown here:
+``rollback_reason`` says so, and speculation stays off for those models.
 """
 
 from __future__ import annotations
@@ -80,7 +81,46 @@ def rollback_reason(model: Any, family: Any, pads_state: bool) -> str | None:
                         "ragged acceptance")
             continue
         return f"{kind.__name__} layers cannot roll back per row"
+    if any(type(leaf) is ArraysCache for c in model.make_cache() for leaf in leaves(c)) \
+            and not replays_padded(model):
+        return ("recurrent layers that lose their state under right padding cannot "
+                "replay ragged acceptance")
     return None
+
+
+def replays_padded(model: Any) -> bool:
+    """Whether a right-padded replay leaves a row the recurrent state an unpadded one
+    does: two rows, each prefilled alone and merged, fed 4 and 2 tokens in one padded
+    forward, against the short row fed its 2 tokens alone. Masking padding is not
+    enough: a state update may also drop what a row fed before its padding (mlx-lm's
+    Nemotron-H SSM, which reads the mask but not the lengths, ends such a row at zero).
+    The rule is checked on the model itself, once, as the engine's other equivalences
+    are (``lean_decode``)."""
+
+    def alone(tokens: list[int]) -> list[Any]:
+        caches = model.make_cache()
+        model(mx.array([tokens], dtype=mx.uint32), caches)
+        return caches
+
+    rows = [alone(list(range(1, 9))), alone(list(range(9, 13)))]
+    batch = [type(layer[0]).merge(list(layer)) for layer in zip(*rows, strict=True)]
+    for c in batch:
+        c.prepare(lengths=[4, 2], right_padding=[0, 2])
+    model(mx.array([[13, 14, 15, 16], [17, 18, 0, 0]], dtype=mx.uint32), batch)
+    for c in batch:
+        c.finalize()
+    ref = alone([*range(9, 13), 17, 18])
+    for mine, theirs in zip(batch, ref, strict=True):
+        for a, b in zip(leaves(mine), leaves(theirs), strict=True):
+            if type(b) is not ArraysCache:
+                continue
+            for x, y in zip(a.cache, b.cache, strict=True):
+                if x is None or y is None:
+                    continue
+                scale = mx.abs(y).max().item()
+                if mx.abs(x[1:2].astype(mx.float32) - y).max().item() > 0.05 * scale + 1e-3:
+                    return False
+    return True
 
 
 def begin_verify(model: Any, caches: list[Any], inputs: mx.array) -> None:
