@@ -13,7 +13,7 @@ from apphelpers import make_client, wait_ready
 from litestar.testing import TestClient
 from mlxcel.app import create_app
 from mlxcel.engine.client import EngineClient
-from mlxcel.metrics import DRAFTS, SPEC
+from mlxcel.metrics import DRAFTS, GOVERNOR, SPEC
 from mlxcel.metrics_llamacpp import SPEC as LLAMACPP
 from mlxcel.settings import Settings
 from prometheus_client.parser import text_string_to_metric_families
@@ -48,9 +48,10 @@ SPEC_HEADERS = """\
 # TYPE mlxcel_cache_pool_active gauge
 """.splitlines()
 NAMES = [line.split()[2] for line in SPEC_HEADERS if line.startswith("# TYPE")]
-# speculative decoding's counters, then llama-server's families, counters first
-# (mlxcel.metrics_llamacpp)
-EXTRA = [(name, "counter", help_) for name, help_, _ in DRAFTS] + list(LLAMACPP)
+# speculative decoding's counters and governor gauges, then llama-server's families,
+# counters first (mlxcel.metrics_llamacpp)
+EXTRA = [(name, "counter", help_) for name, help_, _ in DRAFTS] + \
+    [(name, "gauge", help_) for name, help_ in GOVERNOR] + list(LLAMACPP)
 LLAMACPP_HEADERS = [line for name, type_, help_ in EXTRA
                     for line in (f"# HELP {name} {help_}", f"# TYPE {name} {type_}")]
 ALL_NAMES = NAMES + [name for name, _, _ in EXTRA]

@@ -289,3 +289,105 @@ def test_sampled_outputs_keep_the_target_distribution_chi_squared(small_vocab, f
     table = [[a[c] for c in cells], [b[c] for c in cells]]
     _, p, _, _ = chi2_contingency(table)
     assert p > 0.001, (a, b)
+
+
+# -- the governors' state in /slots and /metrics -------------------------------------------
+
+class Wrong(Fixed):
+    """Proposes a token the model never picks, so every round is rejected."""
+
+    def propose(self, rows, limits):
+        return [[self.n] * limit for limit in limits]
+
+
+def test_slots_and_metrics_show_each_rows_drafting_and_the_governors(tiny_checkpoint):
+    from types import SimpleNamespace
+
+    from mlxcel.dialects.llamacpp.slots import running
+    from mlxcel.metrics import MlxcelCollector, RequestCounters
+
+    prompt = list(range(40, 60))
+    (plain,), _ = run(tiny_checkpoint, [gen_request(prompt, 60, ignore_eos=True)])
+    wrong = next(t for t in range(1000) if t not in plain.tokens)
+    worker = worker_for(tiny_checkpoint, parallel=2, config=spec(Wrong(wrong), draft_max=4))
+    sinks = [ListSink(), ListSink()]
+    worker.enqueue(gen_request(prompt, 60, ignore_eos=True), sinks[0])
+    worker.enqueue(gen_request(prompt[1:], 60, ignore_eos=True, draft_max=0), sinks[1])
+    for _ in range(40):
+        worker.step()
+        rows = worker.batch.rows
+        if rows and rows[0].drafts.rounds >= 2:
+            break
+    tok = worker.checkpoint.tokenizer
+    spec_state = worker.spec
+    drafting, off = (running(s, tok, spec_state, 2) for s in worker.batch.rows)
+    state = drafting["draft"]
+    assert state["state"] == "backed_off" and state["resume_step"] > state["step"]
+    assert state["rounds"] == 2 and state["drafted"] > 0 and state["accepted"] == 0
+    assert state["kind"] == "prompt-lookup" and 1 <= state["length"] <= 4
+    assert drafting["params"]["speculative.n_max"] == 4
+    assert off["draft"]["state"] == "off" and off["params"]["speculative.n_max"] == 0
+    assert off["draft"]["rounds"] == 0
+
+    engine = SimpleNamespace(state="ready", parallel=2, active_count=2, queue_depth=0,
+                             stats=worker.stats, speculation=spec_state)
+
+    def gauges():
+        return {m.name: m.samples[0].value
+                for m in MlxcelCollector(RequestCounters(), engine).collect()}
+
+    assert gauges()["mlxcel_draft_paused"] == 0 and gauges()["mlxcel_draft_rows_backed_off"] == 1
+    spec_state.governed = True  # the batch governor stops this batch size for a while
+    spec_state.batch.off_until[spec_state.batch.bucket(2)] = spec_state.batch.steps + 50
+    paused = running(worker.batch.rows[0], tok, spec_state, 2)["draft"]
+    assert paused["state"] == "paused" and paused["resume_step"] == paused["step"] + 50
+    assert gauges()["mlxcel_draft_paused"] == 1
+    run_until_done(worker, sinks)
+    assert sinks[0].tokens == plain.tokens
+
+
+# -- the request fields --------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def client(tiny_checkpoint):
+    from mlxcel.testing.engine import app_client
+
+    with app_client(tiny_checkpoint, prompt_lookup="on", draft_max=6) as c:
+        yield c
+
+
+PROMPT = "alpha beta gamma delta " * 8
+ROUTES = [("/completion", {"prompt": PROMPT, "n_predict": 24}),
+          ("/completions", {"prompt": PROMPT, "n_predict": 24}),
+          ("/v1/completions", {"prompt": PROMPT, "max_tokens": 24}),
+          ("/v1/chat/completions", {"messages": [{"role": "user", "content": PROMPT}],
+                                    "max_tokens": 24})]
+
+
+@pytest.mark.parametrize(("path", "body"), ROUTES, ids=[r[0] for r in ROUTES])
+@pytest.mark.parametrize("bad", [-1, "4", 2.5, True, 5000])
+def test_bad_draft_limits_are_the_dialects_400(client, path, body, bad):
+    for field in ("speculative.n_max", "speculative.n_min"):
+        r = client.post(path, json={**body, field: bad})
+        assert r.status_code == 400, (field, r.text)
+        assert field in r.text
+
+
+@pytest.mark.parametrize(("path", "body"), ROUTES, ids=[r[0] for r in ROUTES])
+def test_n_max_zero_drafts_nothing_and_two_caps_each_round(client, path, body):
+    base = {**body, "temperature": 0, "cache_prompt": False, "ignore_eos": True}
+    none = client.post(path, json={**base, "speculative.n_max": 0}).json()
+    assert "draft_n" not in none.get("timings", {})
+    capped = client.post(path, json={**base, "speculative.n_max": 2,
+                                     "speculative.n_min": 9}).json()["timings"]
+    assert capped["draft_rounds"] >= 1 and capped["draft_n"] <= 2 * capped["draft_rounds"]
+    free = client.post(path, json=base).json()
+    assert answer(none) == answer(free) and answer(free)
+
+
+def answer(body):
+    """The generated text of a native, completion or chat completion body."""
+    if "content" in body:
+        return body["content"]
+    choice = body["choices"][0]
+    return choice["text"] if "text" in choice else choice["message"]["content"]

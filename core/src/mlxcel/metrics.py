@@ -120,6 +120,26 @@ DRAFTS: tuple[tuple[str, str, str], ...] = (
     ("mlxcel_draft_tokens_total", "Tokens drafted for verify rounds", "draft_tokens"),
     ("mlxcel_draft_accepted_total", "Drafted tokens the target accepted", "draft_accepted"),
 )
+# the governors' state (mlxcel.engine.speculative), read at scrape time
+GOVERNOR: tuple[tuple[str, str], ...] = (
+    ("mlxcel_draft_paused", "1 while the batch governor keeps a batch of the current size "
+     "from drafting (verify steps cost more per token than plain ones), else 0"),
+    ("mlxcel_draft_rows_backed_off", "Rows whose governor waits before probing again"),
+)
+
+
+def governor_values(engine: Any) -> tuple[int, int]:
+    """(paused, rows backed off); 0s without a drafter, while loading, or if a read fails."""
+    if engine is None or engine.state != "ready":
+        return 0, 0
+    try:
+        spec = getattr(engine, "speculation", None)
+        if spec is None:
+            return 0, 0
+        return int(bool(spec.paused(int(engine.active_count)))), int(spec.backed_off())
+    except Exception:  # a scrape must never fail because of the engine's state
+        log.warning("engine_read_failed", exc_info=True)
+        return 0, 0
 
 
 def engine_values(engine: Any) -> dict[str, int]:
@@ -166,6 +186,8 @@ class MlxcelCollector:
         stats = getattr(self.engine, "stats", None) if self.engine is not None else None
         for name, help_, field in DRAFTS:
             yield _family(name, "counter", help_, int(getattr(stats, field, 0) or 0))
+        for (name, help_), value in zip(GOVERNOR, governor_values(self.engine), strict=True):
+            yield _family(name, "gauge", help_, value)
 
 
 class Metrics:

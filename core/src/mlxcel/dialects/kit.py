@@ -66,6 +66,9 @@ class GenerationFields(msgspec.Struct, kw_only=True):
     reasoning_budget_tokens: int | None = None
     thinking_budget: int | None = None
     response_format: dict[str, Any] | None = None
+    # llama-server's per-request draft length cap and floor (``dialects.draft_fields``)
+    speculative_n_max: Any = msgspec.field(default=None, name="speculative.n_max")
+    speculative_n_min: Any = msgspec.field(default=None, name="speculative.n_min")
 
 
 def register(*dialects: Dialect) -> Callable[[Any], None]:

@@ -69,6 +69,7 @@ class TurnOptions(msgspec.Struct, kw_only=True):
     reasoning_budget: int | None = None
     logit_bias: Any = None  # the wire value (chat.logit_bias reads it with the tokenizer)
     return_progress: bool = False  # prefill progress events (streamed answers only)
+    draft: dict[str, int | None] = {}  # GenerationRequest's draft_max / draft_min
 
 
 def generation_request(ctx: AppContext, prompt: list[int], request_id: str,
@@ -96,7 +97,7 @@ def generation_request(ctx: AppContext, prompt: list[int], request_id: str,
                              reasoning_limit=reasoning_limit, cache_marks=cache_marks,
                              media=media,
                              media_digests=media.digest_positions() if media else (),
-                             return_progress=options.return_progress)
+                             return_progress=options.return_progress, **options.draft)
 
 
 class Turn:

@@ -372,6 +372,12 @@ class EngineClient:
         """Whether a drafter may draft for the slots' rows (``/slots``' ``speculative``)."""
         return self.worker.spec is not None
 
+    @property
+    def speculation(self) -> Any:
+        """The engine's ``Speculation`` (None without a drafter): its governors' state for
+        ``/slots`` and ``/metrics`` (plain reads)."""
+        return self.worker.spec
+
     def slot_rows(self) -> list[Any]:
         """The sequences holding slots (``Sequence``: its request, tokens generated and
         from the prompt cache), in the order ``slot_states`` counts them busy."""

@@ -217,6 +217,43 @@ class Speculation:
                 log.exception("drafter_failed", kind=self.kind)
                 self.failed = True
 
+    # -- observability (read from the event loop: plain reads, copies of the dicts) --------
+    def paused(self, rows: int) -> int:
+        """The step until which the batch governor keeps a batch of ``rows`` from drafting
+        (0: it does not)."""
+        if not self.governed:
+            return 0
+        until = dict(self.batch.off_until).get(self.batch.bucket(rows), 0)
+        return until if until > self.batch.steps else 0
+
+    def row_state(self, seq: Sequence, rows: int) -> dict[str, Any]:
+        """``seq``'s drafting for ``/slots``: its counters, its limits, and its state:
+        ``off`` (it cannot draft: ``n_max`` 0, a constraint that cannot rewind, media),
+        ``paused`` (the batch governor stopped the batch's drafting until ``resume_step``),
+        ``backed_off`` (its governor waits until ``resume_step``) or ``drafting``, with the
+        draft length its governor allows now (``length``). ``step`` is the governors'
+        clock (verify and plain steps)."""
+        cap, floor = self.limits(seq)
+        gov = self.rows.get(id(seq))
+        step = self.batch.steps
+        state, resume = "drafting", 0
+        if self.failed or cap < 1 or seq.req.media is not None or not drafts_with(seq.matcher):
+            state = "off"
+        elif until := self.paused(rows):
+            state, resume = "paused", until
+        elif gov is not None and gov.resume_at > step:
+            state, resume = "backed_off", gov.resume_at
+        d = seq.drafts
+        return {"kind": self.kind, "state": state, "step": step, "resume_step": resume,
+                "length": min(gov.length, cap) if gov is not None else cap,
+                "n_max": cap, "n_min": floor, "rounds": d.rounds, "drafted": d.drafted,
+                "accepted": d.accepted}
+
+    def backed_off(self) -> int:
+        """Rows whose governor waits before its next probe."""
+        step = self.batch.steps
+        return sum(1 for gov in list(self.rows.values()) if gov.resume_at > step)
+
     def _forget_departed(self, rows: list[Sequence]) -> None:
         """Rows that left the batch since the last round lose their state here."""
         live = {id(s) for s in rows if not s.finished}

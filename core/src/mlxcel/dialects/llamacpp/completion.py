@@ -29,6 +29,7 @@ from mlxcel.chat.request import (
 )
 from mlxcel.context import AppContext
 from mlxcel.dialects.choices import check_choices
+from mlxcel.dialects.draft_fields import draft_limits
 from mlxcel.dialects.prepare import check_token_ids, encode_prompt
 from mlxcel.errors import ContextLengthExceeded, InvalidRequest
 from mlxcel.types import GenerationRequest, ReasoningLimit, SamplingParams
@@ -266,7 +267,7 @@ def native_plan(ctx: AppContext, body: NativeFields, prompt: list[int], request_
         loop=loop, cache_prompt=body.cache_prompt is not False,
         reasoning_limit=_limit(ckpt, prompt, budget), media=media,
         media_digests=media.digest_positions() if media is not None else (),
-        return_progress=body.return_progress and body.stream)
+        return_progress=body.return_progress and body.stream, **draft_limits(body))
     return Plan(req, n_predict, n_predict == 0, n_probs, budget if budget >= 0 else None)
 
 

@@ -8,6 +8,12 @@ request ``id_task``, ``n_prompt_tokens``, ``n_prompt_tokens_processed``,
 names) and ``next_token`` (a one-element array, as llama-server writes it). Sampling
 features this engine does not have carry the value that turns them off in llama-server
 (``mirostat: 0``, ``typical_p: 1.0``, ...), so a client reads what the slot really does.
+
+With a drafter (``--prompt-lookup``, ``-md``, ...), ``params`` holds the row's draft
+limits under llama-server's ``speculative.n_max`` / ``speculative.n_min``, and a decoding
+slot carries ``draft``: its row's verify rounds, drafted and accepted tokens, and its
+governors' state (``Speculation.row_state``: drafting, backed off or paused until a step,
+or off, and the draft length allowed now), an mlxcel field llama-server does not have.
 """
 
 from __future__ import annotations
@@ -45,12 +51,13 @@ def params(req: Any) -> dict[str, Any]:
     }
 
 
-def running(seq: Any, tokenizer: Any) -> dict[str, Any]:
-    """The fields of a slot that holds ``seq`` (an engine ``Sequence``)."""
+def running(seq: Any, tokenizer: Any, spec: Any = None, rows: int = 1) -> dict[str, Any]:
+    """The fields of a slot that holds ``seq`` (an engine ``Sequence``); ``spec``: the
+    engine's ``Speculation`` (None: no drafter), ``rows``: the rows decoding now."""
     req = seq.req
     prompt, cached, generated = len(req.prompt_tokens), seq.cached, seq.generated
     text = tokenizer.decode(seq.generated_ids) if generated else ""
-    return {
+    out = {
         "id_task": seq.order, "n_prompt_tokens": prompt,
         "n_prompt_tokens_processed": prompt - cached, "n_prompt_tokens_cache": cached,
         "params": params(req),
@@ -58,6 +65,12 @@ def running(seq: Any, tokenizer: Any) -> dict[str, Any]:
                         "n_remain": max(0, req.max_tokens - generated),
                         "n_decoded": generated}],
     }
+    if spec is not None:
+        draft = spec.row_state(seq, rows)
+        out["params"].update({"speculative.n_max": draft["n_max"],
+                              "speculative.n_min": draft["n_min"]})
+        out["draft"] = draft
+    return out
 
 
 def slots_payload(ctx: Any) -> list[dict[str, Any]]:
@@ -67,6 +80,7 @@ def slots_payload(ctx: Any) -> list[dict[str, Any]]:
     rows = engine.slot_rows()
     states = [*engine.slot_states(), *["queued"] * engine.queue_depth]
     speculative = engine.speculative
+    spec = getattr(engine, "speculation", None)
     tokenizer = ctx.checkpoint.tokenizer
     out = []
     for i, state in enumerate(states):
@@ -74,6 +88,6 @@ def slots_payload(ctx: Any) -> list[dict[str, Any]]:
                 "context_size": context_size, "n_ctx": context_size,
                 "speculative": speculative, "is_processing": state == "decoding"}
         if state == "decoding" and i < len(rows):
-            slot.update(running(rows[i], tokenizer))
+            slot.update(running(rows[i], tokenizer, spec, len(rows)))
         out.append(slot)
     return out

@@ -15,6 +15,7 @@ from mlxcel.chat.request import (
     stop_strings,
 )
 from mlxcel.context import AppContext
+from mlxcel.dialects.draft_fields import draft_limits
 from mlxcel.dialects.jsondepth import call_arguments
 from mlxcel.dialects.media_options import media_options
 from mlxcel.dialects.prepare import check_token_ids, encode_prompt
@@ -228,4 +229,5 @@ def turn_options(body: SamplingFields, limit: int | None, limit_field: str, *,
         limit_field=limit_field, stop=stop_strings(body.stop), ignore_eos=body.ignore_eos,
         cache_prompt=body.cache_prompt is not False, logprobs=logprobs,
         top_logprobs=top_logprobs, n=body.n, response=response, reasoning_budget=budget,
-        logit_bias=body.logit_bias, return_progress=body.return_progress and body.stream)
+        logit_bias=body.logit_bias, return_progress=body.return_progress and body.stream,
+        draft=draft_limits(body))
