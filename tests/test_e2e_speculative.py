@@ -93,3 +93,65 @@ def test_metrics_and_health_count_the_verify_rounds(servers):
     assert values["mlxcel_draft_rounds_total"] >= 1
     assert 0 < values["mlxcel_draft_accepted_total"] <= values["mlxcel_draft_tokens_total"]
     assert health["draft_rounds"] == values["mlxcel_draft_rounds_total"]
+
+
+# -- constrained and penalised rows, per-request draft limits -----------------------------
+
+WORDS = "alpha beta gamma delta alpha beta gamma delta"  # a constraint that copies the prompt
+SCHEMA = {"type": "object", "properties": {"text": {"type": "string", "enum": [WORDS]}},
+          "required": ["text"]}
+TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": SCHEMA}}]
+CHAT = [{"role": "user", "content": PROMPT}]
+MIXED = [
+    ("/v1/chat/completions", {"messages": CHAT, "max_tokens": 80, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "words", "schema": SCHEMA}}}),
+    ("/v1/chat/completions", {"messages": CHAT, "max_tokens": 80, "tools": TOOLS,
+                              "tool_choice": "required"}),
+    ("/completion", {"prompt": PROMPT, "n_predict": 24, "repeat_penalty": 1.05,
+                     "frequency_penalty": 0.05, "logit_bias": [[7, 1.5]]}),
+    ("/v1/completions", {"prompt": PROMPT}),
+]
+
+
+def answer(body):
+    """What a body generated: text, or a chat message's content and tool calls."""
+    if "content" in body:
+        return body["content"]
+    choice = body["choices"][0]
+    if "text" in choice:
+        return choice["text"]
+    message = choice["message"]
+    calls = [c["function"] for c in message.get("tool_calls") or []]  # ids are random
+    return message.get("content"), calls
+
+
+def all_at_once(server, requests):
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(len(requests)) as pool:
+        return list(pool.map(lambda r: post(server, r[0], **r[1]).json(), requests))
+
+
+def test_constrained_and_penalised_rows_draft_beside_plain_ones_and_match(servers):
+    """A JSON-schema row, a forced tool call, a penalised row and a plain one sent
+    together: the same greedy answers as without speculation, and every row drafted."""
+    on, off = servers
+    fast, plain = all_at_once(on, MIXED), all_at_once(off, MIXED)
+    assert [answer(b) for b in fast] == [answer(b) for b in plain]
+    for body in fast:
+        assert body["timings"]["draft_rounds"] >= 1, body
+    calls = fast[1]["choices"][0]["message"]["tool_calls"]
+    assert json.loads(calls[0]["function"]["arguments"]) == {"text": WORDS}
+    assert json.loads(fast[0]["choices"][0]["message"]["content"]) == {"text": WORDS}
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/completion", "/v1/chat/completions"])
+def test_per_request_n_max_switches_drafting_off_or_caps_it(servers, path):
+    on, _ = servers
+    body = {"messages": CHAT} if path == "/v1/chat/completions" else {"prompt": PROMPT}
+    none = post(on, path, **body, **{"speculative.n_max": 0}).json()
+    assert not DRAFT & set(none.get("timings", {}))
+    capped = post(on, path, **body, **{"speculative.n_max": 2}).json()["timings"]
+    assert capped["draft_rounds"] >= 1 and capped["draft_n"] <= 2 * capped["draft_rounds"]
+    bad = post(on, path, **body, **{"speculative.n_min": -1})
+    assert bad.status_code == 400 and "speculative.n_min" in bad.text
