@@ -4,7 +4,7 @@
 # random draft with its vocabulary (llama3-1b: unrelated to the target, so almost always
 # wrong), the target's first TRUNC layers as a self-draft; mlxcel off / prompt lookup /
 # -md draft / -md self at concurrency 1, 8 and 64, mlx_lm.server off / --draft-model at 1;
-# then the raw MLX loop at batch 1 on the target, the ceiling of the c = 1 step.
+# first the raw MLX loop at batch 1 on the target, the ceiling of the c = 1 step.
 # Wheels as for run.sh (../shared/tools/gpu/fetch-wheels.sh with mlx-lm and mlxcel's
 # runtime imports), installed by install-on-device.sh into /tmp/site.
 # Results in $OUT: speculative_gpu.json / .md, raw_loop.json, run.log, logs.tgz.
@@ -20,7 +20,7 @@ PY=${PY:-python3}
 TARGET=${TARGET:-llama3-8b}
 DRAFT=${DRAFT:-llama3-1b}
 TRUNC=${TRUNC:-4}
-CONFIGS=${CONFIGS:-mlxcel-off,mlxcel-lookup,mlxcel-draft,mlxcel-self,mlx_lm-off,mlx_lm-draft,mlx_lm-self}
+CONFIGS=${CONFIGS:-mlxcel-off,mlxcel-lookup,mlxcel-self,mlxcel-draft,mlx_lm-off,mlx_lm-self,mlx_lm-draft}
 CONC=${CONC:-1,8,64}
 MAXTOK=${MAXTOK:-128}
 CKDIR=${CKDIR:-/tmp/bench-ckpts}
@@ -35,14 +35,14 @@ export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 EXTRA=(); [ "$MLXCEL_SPAWN" = 1 ] && EXTRA+=(--mlxcel-spawn)
 {
   nvidia-smi 2>&1 | head -12 || true
-  "$PY" bench/speculative.py --target "$TARGET" --draft-preset "$DRAFT" --truncate "$TRUNC" \
-      --configs "$CONFIGS" --concurrency "$CONC" --max-tokens "$MAXTOK" --cache-dir "$CKDIR" \
-      --out "$OUT/speculative_gpu.json" "${EXTRA[@]}"
   if [ "$RAW" = 1 ]; then
     path=$("$PY" bench/gpu/build_checkpoint.py --preset "$TARGET" --cache-dir "$CKDIR" | tail -1)
     "$PY" bench/gpu/raw_loop.py --model "$path" --batches 1 --steps "$MAXTOK" \
         --out "$OUT/raw_loop.json"
   fi
+  "$PY" bench/speculative.py --target "$TARGET" --draft-preset "$DRAFT" --truncate "$TRUNC" \
+      --configs "$CONFIGS" --concurrency "$CONC" --max-tokens "$MAXTOK" --cache-dir "$CKDIR" \
+      --out "$OUT/speculative_gpu.json" "${EXTRA[@]}"
 } 2>&1 | tee "$OUT/run.log"
 tar czf "$OUT/logs.tgz" -C /tmp $(cd /tmp && ls -d mlxcel-bench-spec-* 2>/dev/null) 2>/dev/null
 exit 0
