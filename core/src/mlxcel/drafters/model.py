@@ -10,8 +10,8 @@ row's cache always covers a prefix of its context and ``commit`` has nothing to 
 
 Every row of a round drafts in the same forward per draft position: the rows share one
 batched cache per layer (``mlxcel.engine.cache.kvcache.BatchCache`` in absolute
-positions: each row's RoPE positions are its own, rows left-padded to one write index),
-whose per-row rollback forgets what each row rejected. Rows of different catch-up
+positions: each row's RoPE positions are its own, rows left-padded to one write index);
+a row forgets its last tokens by moving right into padding of its own (``_drop``). Rows of different catch-up
 lengths are fed right-padded in one forward and their padding rolled back; rows in the
 batch that do not draft this round ride along and forget all they were fed. A row that
 joins is prefilled with the other rows that join, in a group of its own, then appended.
@@ -52,6 +52,26 @@ def _common(a: list[int], b: list[int]) -> int:
     while i < n and a[i] == b[i]:
         i += 1
     return i
+
+
+def _drop(caches: list[Any], drops: list[int]) -> None:
+    """Forget the last ``drops[r]`` tokens of row r in every layer's ``BatchCache``
+    (absolute positions). What every row drops moves the write index back; each row is
+    then moved right by the rest of its drop, into padding of its own, so that every row
+    ends at the write index again: one gather per layer and side for the whole batch
+    (``BatchCache.rollback`` writes row by row, a copy of the buffer for each)."""
+    from mlx_lm.models.cache import dynamic_roll
+
+    common = min(drops, default=0)
+    extra = [d - common for d in drops]
+    shifts = mx.array(extra)[:, None] if any(extra) else None
+    for c in caches:
+        c._idx -= common
+        if shifts is None or c.keys is None:
+            continue
+        c.keys = dynamic_roll(c.keys, shifts, axis=2)
+        c.values = dynamic_roll(c.values, shifts, axis=2)
+        c._set_pads([p + e for p, e in zip(c.pads, extra, strict=True)])
 
 
 class BatchedDraft:
@@ -143,9 +163,8 @@ class BatchedDraft:
             self.covered[r.key] = list(r.tokens[:-1])
 
     def _rollback(self, drops: list[int]) -> None:
-        if self.cache is not None and any(drops):
-            for c in self.cache:
-                c.rollback(drops)
+        if self.cache is not None:
+            _drop(self.cache, drops)
 
     def _feed(self, cache: list[Any], rests: list[list[int]],
               logits: bool = True) -> mx.array | None:
@@ -165,10 +184,7 @@ class BatchedDraft:
             ends = [lo <= len(r) - 1 < hi for r in rests]
             here = self._pick(out[mx.arange(len(rests)), mx.array(last)])
             picked = here if picked is None else mx.where(mx.array(ends), here, picked)
-        pads = [width - len(r) for r in rests]
-        if any(pads):
-            for c in cache:
-                c.rollback(pads)
+        _drop(cache, [width - len(r) for r in rests])
         return picked
 
     def _pick(self, logits: mx.array) -> mx.array:
