@@ -106,16 +106,20 @@ class Chain:
         plan, guided = batch.prepare()
         guard = lambda i, fn, *args: fail_alone(rows[i], fn, *args)  # noqa: E731
         self.fed = [list(d) for d in drafts]
-        self.masks: np.ndarray | None = None  # [B, positions, words]
         self.guided = guided
+        self.masks: np.ndarray | None = None  # [guided rows, positions, words]
+        self.reach = 0  # positions a guided row's mask applies to
         if guided:
-            depth = 1 + max(len(d) for d in drafts)
-            self.masks = np.full((len(rows), depth, mask_words(batch.vocab)), -1,
-                                 dtype=np.int32)
-            for i in guided:
-                taken = guard(i, draft_masks, rows[i].matcher, self.fed[i],
-                                     self.masks[i])
+            depth = 1 + max(len(self.fed[i]) for i in guided)
+            # the built-in backends' compiled constraints know their mask width, which
+            # exceeds the tokenizer's count where its ids have gaps
+            words = max([mask_words(batch.vocab)]
+                        + [getattr(rows[i].req.guide, "words", 0) for i in guided])
+            self.masks = np.full((len(guided), depth, words), -1, dtype=np.int32)
+            for k, i in enumerate(guided):
+                taken = guard(i, draft_masks, rows[i].matcher, self.fed[i], self.masks[k])
                 self.fed[i] = self.fed[i][:taken or 0]
+            self.reach = 1 + max(len(self.fed[i]) for i in guided)
         self.plans = [plan]
         if batch.penalties is not None:
             for j in range(1, 1 + max(len(d) for d in self.fed)):
@@ -127,9 +131,7 @@ class Chain:
     def sample(self, logits: mx.array, j: int) -> tuple[mx.array, tuple[mx.array, ...]]:
         """Position ``j``'s logits [B, V] -> its sampled tokens [B] and logprob arrays."""
         batch = self.batch
-        if self.masks is not None and self.masks.shape[-1] < mask_words(logits.shape[-1]):
-            self.masks = _widened(self.masks, mask_words(logits.shape[-1]), self.guided)
-        scored = logits if self.masks is None else _masked(logits, self.masks[:, j])
+        scored = logits if j >= self.reach else _masked(logits, self._words(j, logits.shape))
         if batch.penalties is not None:
             scored = batch.penalties(scored, plan=self.plans[j])
         sampled = batch.sampler(scored).astype(mx.uint32)
@@ -137,14 +139,15 @@ class Chain:
             sampled = batch.share(sampled)
         return sampled, _logprobs(batch, logits, sampled)
 
-
-def _widened(masks: np.ndarray, words: int, guided: list[int]) -> np.ndarray:
-    """``masks`` over ``words`` words: a guided row allows no id past its vocabulary (as
-    its matcher writes it), another row every id."""
-    wide = np.full((*masks.shape[:2], words), -1, dtype=np.int32)
-    wide[:, :, :masks.shape[-1]] = masks
-    wide[guided, :, masks.shape[-1]:] = 0
-    return wide
+    def _words(self, j: int, shape: tuple[int, int]) -> np.ndarray:
+        """Position ``j``'s mask words [B, W] for logits of ``shape``: each guided row's,
+        no id past its vocabulary (as its matcher writes it); every id for the others."""
+        rows, words = shape[0], mask_words(shape[1])
+        out = np.full((rows, words), -1, dtype=np.int32)
+        n = min(words, self.masks.shape[-1])
+        out[self.guided, :n] = self.masks[:, j, :n]
+        out[self.guided, n:] = 0
+        return out
 
 
 def _masked(logits: mx.array, words: np.ndarray) -> mx.array:
