@@ -3,7 +3,9 @@ side, run padded batches on the engine thread.
 
 Rows are padded on the right with the model's pad id and an attention mask, and each
 row's pooling reads only its own tokens (last-token pooling takes its last real token),
-so a row's result does not depend on the rows batched with it.
+so a row's result does not depend on the rows batched with it. A batch's rows and width
+are rounded up to the buckets of ``shapes`` (few distinct shapes on a GPU, where each new
+one compiles); the padding rows' results are dropped.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import mlx.core as mx
 import numpy as np
 from mlxcel.families.api import Loaded
 from mlxcel.families.tasks import Encoded, TaskOptions
+
+from mlxcel_family_embeddings.shapes import Shapes, on_gpu
 
 MAX_LENGTH_CAP = 8192
 RERANK_INSTRUCTION = "Given a web search query, retrieve relevant passages that answer the query"
@@ -31,14 +35,16 @@ def _max_length(model: Any, options: TaskOptions) -> int:
     return min(options.max_length, model.max_length) if options.max_length > 0 else ceiling
 
 
-def _batch(model: Any, inputs: Sequence[Encoded]) -> tuple[mx.array, mx.array, mx.array,
-                                                            np.ndarray]:
-    """(ids, attention mask, type ids, lengths) of the rows padded on the right."""
-    lengths = np.array([len(e.ids) for e in inputs])
-    width = int(lengths.max())
-    ids = np.full((len(inputs), width), model.pad_id, dtype=np.int32)
-    types = np.zeros((len(inputs), width), dtype=np.int32)
-    for row, enc in enumerate(inputs):
+def _batch(model: Any, inputs: Sequence[Encoded], shapes: Shapes
+           ) -> tuple[mx.array, mx.array, mx.array, np.ndarray]:
+    """(ids, attention mask, type ids, lengths) of the rows padded on the right, in the
+    bucketed shape: rows past ``len(inputs)`` repeat the first input."""
+    rows = [*inputs, *[inputs[0]] * (shapes.row_count(len(inputs)) - len(inputs))]
+    lengths = np.array([len(e.ids) for e in rows])
+    width = shapes.width(int(lengths.max()), model.max_length)
+    ids = np.full((len(rows), width), model.pad_id, dtype=np.int32)
+    types = np.zeros((len(rows), width), dtype=np.int32)
+    for row, enc in enumerate(rows):
         ids[row, :len(enc.ids)] = enc.ids
         if enc.type_ids is not None:
             types[row, :len(enc.type_ids)] = enc.type_ids
@@ -73,6 +79,7 @@ class Embedder:
         hidden = int(loaded.config.get("hidden_size") or 0)
         last = self.dense[-1].weight.shape[0] if self.dense else hidden
         self.dimensions = int(last)
+        self.shapes = Shapes.for_device(on_gpu())  # built on the engine thread
 
     def tokenize(self, text: str) -> Encoded:
         enc = self.tokenizer.encode(text)
@@ -84,14 +91,15 @@ class Embedder:
         return Encoded(ids, types[:len(ids)] if types is not None else None)
 
     def embed(self, inputs: Sequence[Encoded], pooling: str) -> list[np.ndarray]:
-        ids, mask, types, lengths = _batch(self.model, inputs)
+        ids, mask, types, lengths = _batch(self.model, inputs, self.shapes)
         out = self.model.module(ids, attention_mask=mask, token_type_ids=types)
         hidden = out.last_hidden_state.astype(mx.float32)
+        n = len(inputs)
         if pooling == "none":
             mx.eval(hidden)
-            rows = np.array(hidden)
-            return [rows[i, :n].copy() for i, n in enumerate(lengths)]
-        pooled = pool(hidden, mask, lengths, pooling)
+            rows = np.array(hidden[:n])
+            return [rows[i, :k] for i, k in enumerate(lengths[:n])]
+        pooled = pool(hidden, mask, lengths, pooling)[:n]
         for layer in self.dense:
             pooled = layer(pooled.astype(layer.weight.dtype)).astype(mx.float32)
         mx.eval(pooled)
@@ -113,6 +121,7 @@ class Reranker:
                 raise ValueError("a generative reranker needs 'yes' and 'no' tokens")
         elif self.model.kind != "cross":
             raise ValueError("this checkpoint is an embedder, not a reranker")
+        self.shapes = Shapes.for_device(on_gpu())  # built on the engine thread
 
     def encode_pair(self, query: str, document: str) -> Encoded:
         if self.model.kind == "cross":
@@ -124,7 +133,7 @@ class Reranker:
         return Encoded(list(self.tokenizer.encode(text, add_special_tokens=False).ids))
 
     def score(self, pairs: Sequence[Encoded]) -> list[float]:
-        ids, mask, types, lengths = _batch(self.model, pairs)
+        ids, mask, types, lengths = _batch(self.model, pairs, self.shapes)
         if self.model.kind == "cross":
             logits = self.model.module(ids, attention_mask=mask, token_type_ids=types).logits
             margin = logits.astype(mx.float32)[:, 0]
@@ -132,7 +141,7 @@ class Reranker:
             logits = self.model.module(ids)
             last = logits[mx.arange(ids.shape[0]), mx.array(lengths - 1)].astype(mx.float32)
             margin = last[:, self.yes] - last[:, self.no]
-        scores = mx.sigmoid(margin)
+        scores = mx.sigmoid(margin[:len(pairs)])
         mx.eval(scores)
         return [float(s) for s in np.array(scores)]
 
