@@ -254,3 +254,17 @@ def test_the_engine_refuses_an_inexact_pairing_unless_forced(pair):
                           config=draft_config(draft, draft_force=True))
     assert forced.setup(), forced.error
     assert forced.spec is not None and forced.spec.kind == "draft"
+
+
+def test_the_draft_computes_in_the_targets_dtype(pair):
+    from mlxcel.backend import model_dtype
+
+    target, draft = pair
+    ckpt = load_checkpoint(str(target), load_plugins().families, dtype="float16")
+    t = DraftTarget(ckpt.model, ckpt.tokenizer, str(ckpt.path), dict(ckpt.config))
+    session = draft_model.new_session(t, DraftOptions(model=str(draft)))
+    want = model_dtype(t.model.model)
+    assert want == "float16"
+    stored, _, _ = draft_model.load_draft(str(draft))
+    assert model_dtype(session.model) == want
+    assert model_dtype(stored) == "bfloat16"  # as saved: only the session's copy is cast

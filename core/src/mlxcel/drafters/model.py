@@ -283,9 +283,12 @@ def vocab_difference(target: Any, draft: Any) -> str | None:
     return None
 
 
-def load_draft(model: str) -> tuple[Any, Any, Path]:
+def load_draft(model: str, dtype: str | None = None) -> tuple[Any, Any, Path]:
     """The draft checkpoint's (model, tokenizer, path), from a local directory or a
-    Hugging Face id; anything that stops it loading is one ``StartupError`` line."""
+    Hugging Face id; anything that stops it loading is one ``StartupError`` line.
+    ``dtype`` (the target's compute dtype): an unquantized draft computes in it too, so it
+    takes the same matmul paths as the target (``--dtype`` on a CPU casts bfloat16 to
+    float32, whose matmuls are the fast ones there)."""
     from mlx_lm.utils import load_model
 
     from mlxcel.model.loader import resolve_model_path
@@ -294,7 +297,9 @@ def load_draft(model: str) -> tuple[Any, Any, Path]:
     try:
         path = resolve_model_path(model)
         tokenizer = Tokenizer.from_dir(path)
-        loaded, _ = load_model(path)
+        loaded, config = load_model(path)
+        if dtype in ("float32", "float16", "bfloat16") and "quantization" not in config:
+            loaded.set_dtype(getattr(mx, dtype))
     except Exception as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise StartupError(f"--model-draft {model}: cannot load the draft model: "
@@ -306,7 +311,10 @@ def new_session(target: DraftTarget, options: DraftOptions) -> BatchedDraft | Ro
     """The draft model's session: loaded, its vocabulary checked against the target's."""
     if not options.model:
         raise StartupError("the draft-model drafter needs a checkpoint: -md / --model-draft")
-    model, tokenizer, path = load_draft(options.model)
+    from mlxcel.backend import model_dtype
+
+    model, tokenizer, path = load_draft(
+        options.model, model_dtype(getattr(target.model, "model", target.model)))
     if (diff := vocab_difference(target.tokenizer, tokenizer)) is not None:
         raise StartupError(f"--model-draft {options.model}: its tokenizer differs from the "
                            f"target's ({diff}); a draft model must share the target's "
