@@ -84,6 +84,8 @@ def test_batched_drafts_are_the_draft_models_greedy_tokens_as_rows_join_and_leav
         ([DraftRow(i, p + [9, 8]) for i, p in enumerate(PROMPTS[:4]) if i != 0], [4, 0, 2]),
         ([DraftRow(0, PROMPTS[0] + [1]), DraftRow(3, PROMPTS[3] + [9, 8, 7, 6, 5]),
           DraftRow(4, PROMPTS[4])], [3, 6, 2]),
+        # row 3's key comes back with another context (a new row that got a departed key)
+        ([DraftRow(3, PROMPTS[5] * 3), DraftRow(4, PROMPTS[4] + [2])], [4, 3]),
     ]
     for n, (rows, limits) in enumerate(rounds):
         got = batched.propose(rows, limits)

@@ -94,6 +94,11 @@ class BatchedDraft:
                 if n > 0 and r.tokens]
         if not live:
             return out
+        # a row whose cache holds less than half of its context (the context was replaced,
+        # its key was a departed row's, or it sat out many rounds) starts again: prefilled
+        # with the rows that join, not fed beside every row of the batch
+        self.release([r.key for _, r, _ in live if r.key in self.covered
+                      and 2 * _common(self.covered[r.key], r.tokens) < len(r.tokens)])
         self._admit([r for _, r, _ in live if r.key not in self.covered])
         want = {r.key: r for _, r, _ in live}
         rests, drops = [], []
