@@ -146,7 +146,8 @@ def build_engines(settings: Settings, plugins: Plugins,
             ctx_size=settings.ctx_size, prefill_chunk=settings.prefill_chunk(),
             max_queue_depth=settings.max_queue_depth, prompt_cache=prompt_cache_from(settings),
             config=engine_config(settings, plugins))
-    lane_worker = None if chat is not None or not side_models else LaneWorker([])
+    lane_worker = None if chat is not None or not side_models \
+        else LaneWorker([], trace=settings.engine_trace)
     lanes = chat.lanes if chat is not None else \
         lane_worker.client() if lane_worker is not None else None
     sides = {task: side_engine(settings, plugins, task, model, lanes)

@@ -12,15 +12,18 @@ import structlog
 from mlxcel.engine.lanes import JobLane, LaneClient
 from mlxcel.engine.parts import BufferRelease
 from mlxcel.engine.side import SideEngine, load_sides
+from mlxcel.engine.trace import Trace
 
 log = structlog.get_logger("mlxcel.engine")
 
 
 class LaneWorker(threading.Thread):
     """Owns every MLX array of its side models. ``state``: loading, ready, failed or
-    stopped, as the ``EngineWorker``'s; ``ready`` is set once loading ended either way."""
+    stopped, as the ``EngineWorker``'s; ``ready`` is set once loading ended either way.
+    ``trace``: the ``--engine-trace`` file, which gets the lane's line per batch."""
 
-    def __init__(self, sides: list[SideEngine], lane: JobLane | None = None) -> None:
+    def __init__(self, sides: list[SideEngine], lane: JobLane | None = None,
+                 trace: str | None = None) -> None:
         super().__init__(name="mlxcel-side-engine", daemon=True)
         self.sides = sides
         self.lane = lane or JobLane()
@@ -30,6 +33,7 @@ class LaneWorker(threading.Thread):
         self._wakeup = threading.Event()
         self._stopping = threading.Event()
         self.buffers = BufferRelease()
+        self.trace_path = trace
 
     def client(self) -> LaneClient:
         return LaneClient(self.lane, self.wake)
@@ -44,16 +48,23 @@ class LaneWorker(threading.Thread):
             self.join(timeout)
 
     def step(self, block: bool = True) -> bool:
-        """Run one batch of queued jobs, waiting (up to the idle-release time) for one when
-        ``block``; True when a batch ran."""
-        if block and not self.lane.pending():
-            self._wakeup.wait(self.buffers.idle_s)
+        """Run one batch of queued jobs once one is due (``JobLane.due_in``: at once, or
+        when a batch that is not full has gathered), waiting for that (up to the
+        idle-release time) when ``block``; True when a batch ran. A job's submit wakes the
+        wait, so a batch that fills runs at once."""
+        if block:
+            wait = self.lane.due_in()
+            if wait > 0:
+                self._wakeup.wait(min(wait, self.buffers.idle_s))
         self._wakeup.clear()
+        if self.lane.due_in() > 0:
+            return False
         return self.lane.run_one()
 
     def run(self) -> None:
         try:
             load_sides(self.sides)
+            self.lane.trace = Trace.to(self.trace_path)
             self.state = "ready"
         except Exception as exc:
             self.state, self.error = "failed", f"{type(exc).__name__}: {exc}"
@@ -74,5 +85,6 @@ class LaneWorker(threading.Thread):
             log.critical("engine_thread_died", error=self.error, exc_info=True)
         else:
             self.state = "stopped"
+        self.lane.trace.flush()
         self.lane.close("server shutting down" if self.state == "stopped"
                         else f"engine stopped: {self.error}")

@@ -8,11 +8,25 @@ forward; tasks take turns. While streams decode, side jobs get at most ``SIDE_SH
 engine thread's time (``run_due``): after a batch that took t seconds the next waits
 t * (1 - share) / share, so a flood of embeddings stretches decoding by a bounded factor,
 and runs back to back once nothing decodes.
+
+Gathering (``due_in``, which a side-only ``LaneWorker`` waits out): when jobs of a task
+arrived while its last batch ran, a batch that is not full waits for more, until one
+forward time (at most ``GATHER_MAX_S``) after that batch ended, or until it is full. A
+forward costs the engine thread its graph building, under the GIL the HTTP side needs to
+take requests in, and a launch-bound GPU forward costs about the same for 1 row as for
+16: one-item batches back to back would spend the thread on forwards instead of on
+intake. A lone client (nothing arrives while its batch runs) never waits.
+
+``trace`` (``--engine-trace``) gets one line per batch: items, jobs, how long its oldest
+job queued (``wait_ms``), the HTTP side's time from the request to its submit
+(``intake_ms``), the forward (``side_ms``), and the longest hand-back to a caller since
+the last line, from a batch's end to the caller running again (``deliver_ms``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 import time
 from collections import deque
@@ -22,10 +36,12 @@ from typing import Any
 import msgspec
 import structlog
 
+from mlxcel.engine.trace import NullTrace
 from mlxcel.errors import GenerationFailed, MlxcelError, Overloaded, RequestTimedOut
 
 log = structlog.get_logger("mlxcel.engine.lanes")
 SIDE_SHARE = 0.1  # of the engine thread's time while streams decode
+GATHER_MAX_S = 0.01  # the longest a batch that is not full waits for more jobs
 
 
 class LaneLimits(msgspec.Struct, frozen=True, kw_only=True):
@@ -39,14 +55,17 @@ class LaneLimits(msgspec.Struct, frozen=True, kw_only=True):
 
 class Job:
     """One request's items of one task. ``fn(batch)`` runs on the engine thread and returns
-    one result per item of ``batch``, which may hold items of other jobs of equal ``key``."""
+    one result per item of ``batch``, which may hold items of other jobs of equal ``key``.
+    ``since``: when its request arrived (``perf_counter``), for the trace."""
 
     __slots__ = ("task", "key", "items", "fn", "results", "next", "done_count", "deadline",
-                 "cancelled", "_loop", "_future")
+                 "cancelled", "since", "submitted", "settled", "_loop", "_future")
 
     def __init__(self, task: str, key: Hashable, items: list[Any],
-                 fn: Callable[[list[Any]], list[Any]]) -> None:
+                 fn: Callable[[list[Any]], list[Any]], since: float | None = None) -> None:
         self.task, self.key, self.items, self.fn = task, key, list(items), fn
+        self.since = since
+        self.submitted = self.settled = 0.0  # perf_counter
         self.results: list[Any] = [None] * len(self.items)
         self.next = 0  # the first item not yet taken into a batch
         self.done_count = 0
@@ -57,6 +76,7 @@ class Job:
 
     def _settle(self, result: list[Any] | None, error: BaseException | None) -> None:
         """Hand the outcome to the caller's event loop (from the engine thread)."""
+        self.settled = time.perf_counter()
         fut, loop = self._future, self._loop
         if fut is None or loop is None:
             return
@@ -87,6 +107,10 @@ class JobLane:
         self.closed: str | None = None  # why the lane takes no more jobs
         self.share = SIDE_SHARE
         self._next_turn = 0.0  # while decoding, no batch before this (perf_counter)
+        self._submits: dict[str, int] = {}  # jobs ever submitted, per task
+        self._gather_until: dict[str, float] = {}  # a partial batch waits until (perf_counter)
+        self._delivered: list[float] = []  # hand-back times (ms) not yet traced
+        self.trace: NullTrace = NullTrace()  # --engine-trace (mlxcel.engine.trace)
 
     def pending(self) -> bool:
         return any(self._queues.values())
@@ -103,11 +127,36 @@ class JobLane:
                 raise Overloaded(f"the {job.task} queue is full ({limits.depth} requests); "
                                  "try again later")
             self._open[job.task] = self._open.get(job.task, 0) + 1
+            self._submits[job.task] = self._submits.get(job.task, 0) + 1
+            job.submitted = time.perf_counter()
             self._limits[job.task] = limits
             queue = self._queues.setdefault(job.task, deque())
             if job.task not in self._turn:
                 self._turn.append(job.task)
             queue.append(job)
+
+    def due_in(self) -> float:
+        """Seconds until the next batch should run: 0 for now, ``math.inf`` with nothing
+        queued, else how long a batch that is not full still gathers (module docstring)."""
+        now = time.perf_counter()
+        with self._lock:
+            for task in self._turn:
+                queue = self._queues.get(task)
+                if not queue:
+                    continue
+                until = self._gather_until.get(task, 0.0)
+                if until <= now:
+                    return 0.0
+                key, limit = queue[0].key, max(1, self._limits[task].batch_items)
+                queued = sum(len(job.items) - job.next for job in queue if job.key == key)
+                return 0.0 if queued >= limit else until - now
+        return math.inf
+
+    def delivered(self, seconds: float) -> None:
+        """A caller ran again ``seconds`` after its job settled (for the trace)."""
+        if self.trace.enabled:
+            with self._lock:
+                self._delivered.append(round(seconds * 1e3, 3))
 
     def close(self, message: str) -> None:
         """Refuse new jobs and fail every queued one with ``message`` (the engine thread
@@ -175,12 +224,40 @@ class JobLane:
         return ran
 
     def run_one(self) -> bool:
-        """Run one batch, if any is queued; True when one ran. An exception from ``fn``
-        fails the jobs of that batch only."""
+        """Run one batch, if any is queued, gathering or not; True when one ran. An
+        exception from ``fn`` fails the jobs of that batch only."""
         picked, fn = self._take()
         if not picked:
             return False
         jobs = list(dict.fromkeys(job for job, _ in picked))
+        task, trace = jobs[0].task, self.trace
+        submits, started = self._submits.get(task, 0), time.perf_counter()
+        if trace.enabled:
+            self._trace_batch(picked, jobs, started)
+        try:
+            trace.timed("side_ms", lambda: self._run(picked, jobs, fn))
+        finally:
+            ended = time.perf_counter()
+            arrived = self._submits.get(task, 0) != submits  # others came while it ran
+            self._gather_until[task] = ended + min(ended - started, GATHER_MAX_S) \
+                if arrived else 0.0
+            trace.end()
+        return True
+
+    def _trace_batch(self, picked: list[tuple[Job, int]], jobs: list[Job],
+                     started: float) -> None:
+        intake = [job.submitted - job.since for job in jobs if job.since is not None]
+        with self._lock:
+            delivered, self._delivered = self._delivered, []
+        self.trace.begin()
+        self.trace.note(side=jobs[0].task, items=len(picked), jobs=len(jobs),
+                        wait_ms=round((started - min(j.submitted for j in jobs)) * 1e3, 3))
+        if intake:
+            self.trace.note(intake_ms=round(max(intake) * 1e3, 3))
+        if delivered:
+            self.trace.note(deliver_ms=max(delivered), delivered=len(delivered))
+
+    def _run(self, picked: list[tuple[Job, int]], jobs: list[Job], fn: Any) -> None:
         try:
             results = fn([job.items[i] for job, i in picked])
             if len(results) != len(picked):
@@ -198,14 +275,13 @@ class JobLane:
                         queue.remove(job)
             for job in jobs:
                 self._finish(job, None, error)
-            return True
+            return
         for (job, i), value in zip(picked, results, strict=True):
             job.results[i] = value
             job.done_count += 1
         for job in jobs:  # a cancelled job's future is cancelled: settling it is a no-op
             if job.done_count == len(job.items):
                 self._finish(job, job.results, None)
-        return True
 
 
 class LaneClient:
@@ -223,7 +299,9 @@ class LaneClient:
         self.lane.submit(job, limits)
         self.wake()
         try:
-            return await asyncio.wait_for(asyncio.shield(job._future), limits.timeout_s)
+            results = await asyncio.wait_for(asyncio.shield(job._future), limits.timeout_s)
+            self.lane.delivered(time.perf_counter() - job.settled)
+            return results
         except asyncio.TimeoutError:
             job.cancelled = True
             job._future.cancel()

@@ -60,6 +60,7 @@ class EngineSetup:
             self.memory_budget = request_budget(cfg.request_memory_budget)
             self.dtype_bytes = compute_dtype_bytes(self.checkpoint.model.model)
             self.trace = Trace.to(cfg.engine_trace)
+            self.lane.trace = self.trace  # one line per side batch, between iterations
             load_sides(self.sides)
             self.state = "ready"
         except Exception as exc:

@@ -53,17 +53,18 @@ class SideEngine:
         return self._runner
 
     async def run(self, items: list[Any], key: Hashable,
-                  fn: Callable[[list[Any]], list[Any]]) -> list[Any]:
+                  fn: Callable[[list[Any]], list[Any]], since: float | None = None
+                  ) -> list[Any]:
         """``fn(batch)`` on the engine thread over ``items`` (maybe beside other requests'
         items of the same ``key``, in batches of at most ``batch_items``); one result per
         item, in order. ``Overloaded`` (503) when this task's queue is full,
         ``RequestTimedOut`` (504) past its timeout; an exception ``fn`` raises is raised
-        here."""
+        here. ``since``: when the request arrived (``perf_counter``), for the trace."""
         _ = self.runner  # ModelLoading / GenerationFailed before queueing
         if self.task in PROMPT_TASKS:
             fn = self._counted(fn)
-        return await self.lane.call(Job(task=self.task, key=key, items=items, fn=fn),
-                                    self.limits)
+        return await self.lane.call(Job(task=self.task, key=key, items=items, fn=fn,
+                                        since=since), self.limits)
 
     def _counted(self, fn: Callable[[list[Any]], list[Any]]
                  ) -> Callable[[list[Any]], list[Any]]:

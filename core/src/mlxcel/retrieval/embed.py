@@ -63,11 +63,12 @@ def encode(runner: Any, items: list[str | list[int]], param: str = "input") -> l
     return out
 
 
-async def embed(side: SideEngine, encoded: list[Encoded], pooling: str) -> list[np.ndarray]:
+async def embed(side: SideEngine, encoded: list[Encoded], pooling: str,
+                since: float | None = None) -> list[np.ndarray]:
     """The model's vectors (not yet normalized), one per input, in order; batched on the
-    job lane with other requests of the same pooling."""
+    job lane with other requests of the same pooling. ``since``: the request's arrival."""
     runner = side.runner
     vectors = await side.run(encoded, ("embed", pooling),
-                             lambda batch: runner.embed(batch, pooling))
+                             lambda batch: runner.embed(batch, pooling), since)
     check_finite(vectors)
     return vectors

@@ -63,9 +63,10 @@ def encode_pairs(runner: Any, query: str, texts: list[str], param: str) -> list[
 
 
 async def rank(side: SideEngine, pairs: list[Encoded], texts: list[str],
-               top_n: int | None) -> tuple[list[Ranked], int]:
-    """The documents by score (highest first), at most ``top_n``, and the tokens read."""
-    scores = await side.run(pairs, ("rerank",), side.runner.score)
+               top_n: int | None, since: float | None = None) -> tuple[list[Ranked], int]:
+    """The documents by score (highest first), at most ``top_n``, and the tokens read.
+    ``since``: the request's arrival (``perf_counter``)."""
+    scores = await side.run(pairs, ("rerank",), side.runner.score, since)
     if not all(math.isfinite(s) for s in scores):  # the model's failure, never the client's
         raise ServerError("the reranking model produced a non-finite score")
     ranked = sorted((Ranked(i, float(s), texts[i]) for i, s in enumerate(scores)),

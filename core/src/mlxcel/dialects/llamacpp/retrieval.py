@@ -6,6 +6,7 @@ per token with ``--pooling none``), and the rerank routes ``/rerank``, ``/rerank
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import msgspec
@@ -42,6 +43,7 @@ class RerankRequest(msgspec.Struct, kw_only=True):
 def build(ctx: AppContext) -> list[Any]:
     @post(["/embedding", "/embeddings"], status_code=200)
     async def embedding(request: Request) -> Response:
+        since = time.perf_counter()
         side = side_model(ctx, "embed", request.url.path)
         body = await decode_body(request, EmbeddingRequest)
         if body.content is None and body.input is None:
@@ -50,7 +52,7 @@ def build(ctx: AppContext) -> list[Any]:
         items = emb.inputs_of(body.content if body.content is not None else body.input, param)
         runner = side.runner
         encoded = await prepare_for(request, lambda: emb.encode(runner, items, param))
-        vectors = await emb.embed(side, encoded, runner.pooling)
+        vectors = await emb.embed(side, encoded, runner.pooling, since)
         code = ctx.settings.embd_normalize if body.embd_normalize is None \
             else body.embd_normalize
         rows = [v.tolist() if runner.pooling == "none"  # per token: as the model gave them
@@ -59,6 +61,7 @@ def build(ctx: AppContext) -> list[Any]:
 
     @post(RERANK_PATHS, status_code=200)
     async def rerank(request: Request) -> Response:
+        since = time.perf_counter()
         side = side_model(ctx, "rerank", request.url.path)
         body = await decode_body(request, RerankRequest)
         tei = body.documents is None and body.texts is not None
@@ -71,7 +74,7 @@ def build(ctx: AppContext) -> list[Any]:
         rr.check_top_n(body.top_n)
         runner = side.runner
         pairs = await prepare_for(request, lambda: rr.encode_pairs(runner, query, texts, param))
-        ranked, tokens = await rr.rank(side, pairs, texts, body.top_n)
+        ranked, tokens = await rr.rank(side, pairs, texts, body.top_n, since)
         if tei:
             return Response([{"index": r.index, "score": r.score,
                               **({"text": r.text} if body.return_text else {})}

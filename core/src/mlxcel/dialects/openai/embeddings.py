@@ -4,6 +4,7 @@ re-normalized), ``usage``."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import msgspec
@@ -31,6 +32,7 @@ class EmbeddingsRequest(msgspec.Struct, kw_only=True):
 def build(ctx: AppContext) -> list[Any]:
     @post("/v1/embeddings", status_code=200)
     async def embeddings(request: Request) -> dict[str, Any]:
+        since = time.perf_counter()
         side = side_model(ctx, "embed", "/v1/embeddings")
         body = await decode_body(request, EmbeddingsRequest)
         if body.encoding_format not in FORMATS:
@@ -44,7 +46,7 @@ def build(ctx: AppContext) -> list[Any]:
         check_dimensions(body.dimensions, runner.dimensions)
         items = emb.inputs_of(body.input)
         encoded = await prepare_for(request, lambda: emb.encode(runner, items))
-        vectors = await emb.embed(side, encoded, runner.pooling)
+        vectors = await emb.embed(side, encoded, runner.pooling, since)
         code = ctx.settings.embd_normalize
         out = [normalize(truncate(v, body.dimensions, runner.dimensions), code)
                for v in vectors]
