@@ -28,8 +28,9 @@ def pair(mlxcel_checkpoint_cache):
 @pytest.fixture(scope="module")
 def servers(pair):
     target, draft = pair
+    # --prompt-lookup on: the batch governor stays out, so every request drafts
     on = Server(["--model", str(target), "-md", str(draft), "--parallel", "4",
-                 "--draft-max", "4"])
+                 "--draft-max", "4", "--prompt-lookup", "on"])
     off = Server(["--model", str(target), "--parallel", "4", "--prompt-lookup", "off"])
     yield on, off
     on.stop()
