@@ -241,15 +241,18 @@ class BatchCache:
         extra = [d - common for d in drops]
         if not any(extra) or self.keys is None:
             return
+        # one gather for the whole batch (slot t of row r reads slot t - extra[r]), not one
+        # copy per row: a per-row slice update that reads its own buffer cannot be done in
+        # place, so each would copy every row
         end = self._idx
-        for i, e in enumerate(extra):
-            if not e:
-                continue
-            keys = self.keys[i:i + 1, :, :end - e]
-            if self.rope is not None:
-                keys = rotate(self.rope, keys, e)
-            self.keys[i:i + 1, :, e:end] = keys
-            self.values[i:i + 1, :, e:end] = self.values[i:i + 1, :, :end - e]
+        src = mx.maximum(mx.arange(end)[None, :] - mx.array(extra)[:, None], 0)
+        src = src[:, None, :, None]
+        keys = mx.take_along_axis(self.keys[..., :end, :], src, axis=2)
+        values = mx.take_along_axis(self.values[..., :end, :], src, axis=2)
+        if self.rope is not None:
+            keys = rotate(self.rope, keys, extra)
+        self.keys[..., :end, :] = keys
+        self.values[..., :end, :] = values
         self._set_pads([p + e for p, e in zip(self.pads, extra, strict=True)])
 
     def filter(self, keep: list[int]) -> None:
