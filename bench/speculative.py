@@ -28,6 +28,7 @@ import os
 import pathlib
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -256,15 +257,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="bench/results/speculative_gpu.json")
     args = ap.parse_args(argv)
 
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent / "gpu"))
-    from build_checkpoint import PRESETS  # noqa: E402  (bench/gpu's presets)
     from mlxcel.testing.bench_checkpoints import CHECKPOINTS, bench_checkpoint
 
     def build(name: str) -> pathlib.Path:
+        """A path, a bench checkpoint name, or a bench/gpu/build_checkpoint.py preset (built
+        by that script, which prints the path last)."""
         if pathlib.Path(name).exists():
             return pathlib.Path(name)
-        kw = dict(PRESETS.get(name) or CHECKPOINTS[name])
-        return bench_checkpoint(kw.pop("shape"), cache_dir=args.cache_dir, **kw)
+        if name in CHECKPOINTS:
+            kw = dict(CHECKPOINTS[name])
+            return bench_checkpoint(kw.pop("shape"), cache_dir=args.cache_dir, **kw)
+        script = pathlib.Path(__file__).resolve().parent / "gpu" / "build_checkpoint.py"
+        argv = [sys.executable, str(script), "--preset", name]
+        argv += ["--cache-dir", args.cache_dir] if args.cache_dir else []
+        done = subprocess.run(argv, check=True, capture_output=True, text=True)
+        return pathlib.Path(done.stdout.strip().splitlines()[-1])
 
     t = time.perf_counter()
     target = build(args.target)

@@ -1,4 +1,4 @@
-"""bench/ keeps its layout: six harnesses, indexed probes, no sys.path imports.
+"""bench/ keeps its layout: seven harnesses, indexed probes, no sys.path imports.
 
 A harness or probe that is not where bench/README.md and bench/probes/README.md say it is
 gets lost or duplicated, so the layout is checked rather than remembered.
@@ -20,6 +20,7 @@ TOP = {
     "embeddings.py",
     "vision.py",
     "audio.py",
+    "speculative.py",
     "gpu",
     "probes",
     "results",
@@ -37,7 +38,7 @@ def _tracked(folder: Path) -> list[Path]:
     return [ROOT / line for line in out.stdout.splitlines() if (ROOT / line).exists()]
 
 
-def test_bench_top_level_holds_the_six_harnesses_and_four_entries():
+def test_bench_top_level_holds_the_seven_harnesses_and_four_entries():
     names = {p.relative_to(BENCH).parts[0] for p in _tracked(BENCH)}
     assert names == TOP
 
