@@ -66,7 +66,14 @@ import zlib
 from typing import Any
 
 import httpx
-from mlxcel.testing.servers import Server, loadavg, machine, same_blas_env, versions
+from mlxcel.testing.servers import (
+    Server,
+    loadavg,
+    machine,
+    same_blas_env,
+    spawn_env,
+    versions,
+)
 
 RATE = 16000
 CLIP_S = 30.0
@@ -347,16 +354,6 @@ def shim_env(logdir: pathlib.Path) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")]))
     return env
 
-
-def spawn_env(logdir: pathlib.Path) -> dict[str, str]:
-    """Granian's worker started with 'spawn' (serving.py's CUDA workaround)."""
-    site = logdir / "spawn-site"
-    site.mkdir(exist_ok=True)
-    (site / "sitecustomize.py").write_text(
-        "import multiprocessing\nmultiprocessing.set_start_method('spawn', force=True)\n")
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")]))
-    return env
 
 
 def start(name: str, path: pathlib.Path, mode: str, args: argparse.Namespace,

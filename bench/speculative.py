@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import pathlib
 import shutil
 import statistics
@@ -34,7 +33,7 @@ import tempfile
 import time
 from typing import Any
 
-from mlxcel.testing.servers import Server, machine, server_argv, versions
+from mlxcel.testing.servers import Server, machine, server_argv, spawn_env, versions
 
 WORDS = ("river stone lantern orchard cobalt meadow harbor violet quarry ember willow "
          "garnet thistle canyon pebble saffron tundra beacon marble juniper").split()
@@ -148,16 +147,8 @@ def run_config(cfg: dict[str, Any], args: argparse.Namespace, logdir: pathlib.Pa
                model: pathlib.Path) -> dict[str, Any]:
     argv, ready = server_argv(cfg["server"], model, parallel=max(args.concurrency),
                               extra=cfg["args"])
-    env = None
-    if cfg["server"] == "mlxcel" and args.mlxcel_spawn:
-        # Granian may fork its worker after the parent initialised CUDA: a sitecustomize
-        # that selects 'spawn' avoids that (bench/serving.py's --mlxcel-spawn)
-        site = logdir / "spawn-site"
-        site.mkdir(exist_ok=True)
-        (site / "sitecustomize.py").write_text(
-            "import multiprocessing\nmultiprocessing.set_start_method('spawn', force=True)\n")
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")]))
+    # Granian's worker by 'spawn' on CUDA (see spawn_env)
+    env = spawn_env(logdir) if cfg["server"] == "mlxcel" and args.mlxcel_spawn else None
     srv = Server(cfg["server"], argv, ready, logdir, cfg["label"], env=env)
     out: dict[str, Any] = {"label": cfg["label"], "server": cfg["server"], "args": cfg["args"],
                            "levels": []}

@@ -66,6 +66,7 @@ from mlxcel.testing.servers import (
     machine,
     same_blas_env,
     server_argv,
+    spawn_env,
     stream_chat,
     versions,
 )
@@ -268,16 +269,6 @@ def serve(name: str, argv: list[str], ready: str, logdir: pathlib.Path, tag: str
         server.stop()
         raise
 
-
-def spawn_env(logdir: pathlib.Path) -> dict[str, str]:
-    """Granian's worker started with 'spawn' (serving.py's CUDA workaround)."""
-    site = logdir / "spawn-site"
-    site.mkdir(exist_ok=True)
-    (site / "sitecustomize.py").write_text(
-        "import multiprocessing\nmultiprocessing.set_start_method('spawn', force=True)\n")
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")]))
-    return env
 
 
 def run_server(name: str, path: pathlib.Path, args: argparse.Namespace,

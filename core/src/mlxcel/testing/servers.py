@@ -180,6 +180,19 @@ def same_blas_env() -> dict[str, str] | None:
     return backend.preload_env(os.environ, blas) if go and blas else None
 
 
+def spawn_env(logdir: str | os.PathLike) -> dict[str, str]:
+    """This environment plus a ``sitecustomize`` that makes multiprocessing 'spawn': Granian
+    may fork its worker after the parent initialised CUDA ("cudaSetDevice(device_) failed:
+    initialization error" on the lent GPUs), which a spawned worker avoids."""
+    site = pathlib.Path(logdir) / "spawn-site"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(
+        "import multiprocessing\nmultiprocessing.set_start_method('spawn', force=True)\n")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")]))
+    return env
+
+
 def server_exe() -> str:
     """The ``mlxcel-server`` console script of this interpreter's environment."""
     exe = pathlib.Path(sys.executable).parent / "mlxcel-server"
