@@ -84,35 +84,37 @@ def test_trickling_requests_gather_into_fewer_batches(monkeypatch):
     assert max(gathered) <= 16
 
 
-def _run(lane: JobLane, arrive: list[Job] = ()) -> None:
-    """One batch; the ``arrive`` jobs are submitted while it runs."""
+def _batch_of(lane: JobLane, seconds: float, arrive: int = 0) -> None:
+    """Queue one job and run it as a batch that takes ``seconds``, during which
+    ``arrive`` more jobs are submitted."""
     def fn(batch: list[int]) -> list[int]:
-        for job in arrive:
-            lane.submit(job, LIMITS)
+        for i in range(arrive):
+            lane.submit(Job("embed", "k", [i], lambda b: b), LIMITS)
+        time.sleep(seconds)
         return batch
     lane.submit(Job("embed", "k", [0], fn), LIMITS)
-    assert lane.due_in() == 0.0
-    assert lane.run_one()
+    assert lane.due_in() == 0.0 and lane.run_one()
 
 
-def test_a_partial_batch_waits_only_after_others_arrived_during_a_forward():
+def test_a_partial_batch_waits_only_while_jobs_arrive_densely():
     lane, noop = JobLane(), (lambda batch: batch)
     assert lane.due_in() == float("inf")
-    _run(lane)  # a lone client: nothing came while its batch ran
+    for _ in range(3):  # a lone client: one job per forward, each after the last ended
+        _batch_of(lane, 0.005)
     lane.submit(Job("embed", "k", [1], noop), LIMITS)
     assert lane.due_in() == 0.0  # runs at once
     assert lane.run_one()
 
-    _run(lane, arrive=[Job("embed", "k", [1], noop)])
+    _batch_of(lane, 0.005, arrive=2)  # three submits within one forward's time
     wait = lane.due_in()
-    assert 0.0 < wait <= lanes.GATHER_MAX_S  # one item of 16: it gathers
-    for i in range(15):
+    assert 0.0 < wait <= 0.006  # 2 items of 16: the batch gathers, about one forward
+    for i in range(14):
         lane.submit(Job("embed", "k", [i], noop), LIMITS)
     assert lane.due_in() == 0.0  # full: no reason to wait
     assert lane.run_one() and not lane.pending()
-    time.sleep(lanes.GATHER_MAX_S)
     lane.submit(Job("embed", "k", [1], noop), LIMITS)
-    assert lane.due_in() == 0.0  # the gathering window is over
+    time.sleep(0.005)
+    assert lane.due_in() == 0.0  # the window (the last batch's time) is over
 
 
 @pytest.mark.parametrize("fails", [False, True])

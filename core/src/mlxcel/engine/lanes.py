@@ -9,13 +9,14 @@ engine thread's time (``run_due``): after a batch that took t seconds the next w
 t * (1 - share) / share, so a flood of embeddings stretches decoding by a bounded factor,
 and runs back to back once nothing decodes.
 
-Gathering (``due_in``, which a side-only ``LaneWorker`` waits out): when jobs of a task
-arrived while its last batch ran, a batch that is not full waits for more, until one
-forward time (at most ``GATHER_MAX_S``) after that batch ended, or until it is full. A
-forward costs the engine thread its graph building, under the GIL the HTTP side needs to
-take requests in, and a launch-bound GPU forward costs about the same for 1 row as for
-16: one-item batches back to back would spend the thread on forwards instead of on
-intake. A lone client (nothing arrives while its batch runs) never waits.
+Gathering (``due_in``, which a side-only ``LaneWorker`` waits out): while a task's jobs
+arrive faster than two per forward (its last ``DENSE_ARRIVALS`` submits fell within its
+last batch's time), a batch that is not full waits for more, until one forward time (at
+most ``GATHER_MAX_S``) after that batch ended, or until it is full. A forward costs the
+engine thread its graph building, under the GIL the HTTP side needs to take requests in,
+and a launch-bound GPU forward costs about the same for 1 row as for 16: one-item batches
+back to back would spend the thread on forwards instead of on intake. Jobs that arrive
+slower than that would not fill a batch in the wait, and a lone client never waits.
 
 ``trace`` (``--engine-trace``) gets one line per batch: items, jobs, how long its oldest
 job queued (``wait_ms``), the HTTP side's time from the request to its submit
@@ -42,6 +43,7 @@ from mlxcel.errors import GenerationFailed, MlxcelError, Overloaded, RequestTime
 log = structlog.get_logger("mlxcel.engine.lanes")
 SIDE_SHARE = 0.1  # of the engine thread's time while streams decode
 GATHER_MAX_S = 0.01  # the longest a batch that is not full waits for more jobs
+DENSE_ARRIVALS = 3  # submits that must fall within one forward time for a batch to gather
 
 
 class LaneLimits(msgspec.Struct, frozen=True, kw_only=True):
@@ -107,8 +109,8 @@ class JobLane:
         self.closed: str | None = None  # why the lane takes no more jobs
         self.share = SIDE_SHARE
         self._next_turn = 0.0  # while decoding, no batch before this (perf_counter)
-        self._submits: dict[str, int] = {}  # jobs ever submitted, per task
-        self._gather_until: dict[str, float] = {}  # a partial batch waits until (perf_counter)
+        self._arrivals: dict[str, deque[float]] = {}  # the last submits' times, per task
+        self._last_batch: dict[str, tuple[float, float]] = {}  # task -> (end, seconds)
         self._delivered: list[float] = []  # hand-back times (ms) not yet traced
         self.trace: NullTrace = NullTrace()  # --engine-trace (mlxcel.engine.trace)
 
@@ -127,8 +129,9 @@ class JobLane:
                 raise Overloaded(f"the {job.task} queue is full ({limits.depth} requests); "
                                  "try again later")
             self._open[job.task] = self._open.get(job.task, 0) + 1
-            self._submits[job.task] = self._submits.get(job.task, 0) + 1
             job.submitted = time.perf_counter()
+            self._arrivals.setdefault(job.task, deque(maxlen=DENSE_ARRIVALS)).append(
+                job.submitted)
             self._limits[job.task] = limits
             queue = self._queues.setdefault(job.task, deque())
             if job.task not in self._turn:
@@ -144,13 +147,21 @@ class JobLane:
                 queue = self._queues.get(task)
                 if not queue:
                     continue
-                until = self._gather_until.get(task, 0.0)
+                until = self._gather_until(task)
                 if until <= now:
                     return 0.0
                 key, limit = queue[0].key, max(1, self._limits[task].batch_items)
                 queued = sum(len(job.items) - job.next for job in queue if job.key == key)
                 return 0.0 if queued >= limit else until - now
         return math.inf
+
+    def _gather_until(self, task: str) -> float:
+        """When a batch of ``task`` that is not full stops waiting for more (0: it does not
+        wait): its last batch's end plus that batch's time, while jobs arrive densely."""
+        end, spent = self._last_batch.get(task, (0.0, 0.0))
+        arrivals = self._arrivals.get(task, ())
+        dense = len(arrivals) == DENSE_ARRIVALS and arrivals[-1] - arrivals[0] <= spent
+        return end + min(spent, GATHER_MAX_S) if dense else 0.0
 
     def delivered(self, seconds: float) -> None:
         """A caller ran again ``seconds`` after its job settled (for the trace)."""
@@ -231,16 +242,14 @@ class JobLane:
             return False
         jobs = list(dict.fromkeys(job for job, _ in picked))
         task, trace = jobs[0].task, self.trace
-        submits, started = self._submits.get(task, 0), time.perf_counter()
+        started = time.perf_counter()
         if trace.enabled:
             self._trace_batch(picked, jobs, started)
         try:
             trace.timed("side_ms", lambda: self._run(picked, jobs, fn))
         finally:
             ended = time.perf_counter()
-            arrived = self._submits.get(task, 0) != submits  # others came while it ran
-            self._gather_until[task] = ended + min(ended - started, GATHER_MAX_S) \
-                if arrived else 0.0
+            self._last_batch[task] = (ended, ended - started)
             trace.end()
         return True
 
