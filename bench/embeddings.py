@@ -3,7 +3,9 @@ raw mlx-vlm loop, on the same random-weight embedder.
 
 Rules, and why:
 
-- Servers run one at a time, alone, on the same checkpoint, each warmed up first.
+- Servers run one at a time, alone, on the same checkpoint, each warmed up first, and each
+  level is run once untimed (2C requests of its shape) before it is timed: a GPU compiles
+  each new batch shape once, and the bench measures the steady state after that.
 - Inputs are ~100 tokens of text, unique per request (no cache can help anyone).
 - Levels: concurrency C (closed loop: each client sends its next request when its last one
   ended) x inputs per request N, with C, N in {1, 16}; inputs/s = inputs / level wall time.
@@ -14,6 +16,10 @@ Rules, and why:
   embeddings route, on one mlxcel server holding both models; the ratio is the cost of the
   side jobs to decoding.
 - Report ratios and medians, never one absolute time.
+- mlxcel runs with ``--engine-trace``; its job lane writes a line per batch, from which
+  each timed level gets its batches, items per batch and the median forward, queue wait,
+  intake (request to submit) and hand-back (batch end to caller) times (``lane``).
+- ``--itl-rounds 0`` skips the ITL part (throughput only).
 
     python bench/embeddings.py                                # CPU: tiny + 30m BERT
     python bench/embeddings.py --checkpoint bert-base,qwen3-emb-0.6b --dtype bfloat16 \
@@ -25,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import pathlib
 import statistics
 import subprocess
@@ -148,13 +155,54 @@ def serve(name: str, argv: list[str], logdir: pathlib.Path, tag: str,
     return server
 
 
+WARMUP = (2, 2, 4)  # C, N, requests: the server's first requests, untimed
+
+
+def level_requests(c: int) -> int:
+    return max(8, 4 * c)
+
+
 def server_levels(base: str, levels: list[tuple[int, int]], tag: str,
                   model: str) -> list[dict]:
-    """Each (C, N) level after a warm-up; ``model`` is the checkpoint's path, which
-    mlx_vlm.server needs in every request (it keys its model cache by it)."""
-    asyncio.run(level(base, 2, 2, 4, f"warm-{tag}", model))
-    return [asyncio.run(level(base, c, n, max(8, 4 * c), f"{tag}-{c}-{n}", model))
-            for c, n in levels]
+    """Each (C, N) level, run once untimed and then timed, after a warm-up; ``model`` is
+    the checkpoint's path, which mlx_vlm.server needs in every request (it keys its
+    model cache by it)."""
+    asyncio.run(level(base, *WARMUP, f"warm-{tag}", model))
+    out = []
+    for c, n in levels:
+        asyncio.run(level(base, c, n, 2 * c, f"warm-{tag}-{c}-{n}", model))
+        out.append(asyncio.run(level(base, c, n, level_requests(c), f"{tag}-{c}-{n}",
+                                     model)))
+    return out
+
+
+def lane_stats(trace: pathlib.Path, levels: list[tuple[int, int]]) -> list[dict]:
+    """Per timed level, its side batches from mlxcel's engine trace. Levels run one after
+    another and a batch never spans two, so the lines split by their items: the warm-up's,
+    then per level its untimed run's and its timed run's."""
+    rows = [json.loads(line) for line in trace.read_text().splitlines() if line.strip()]
+    rows = [r for r in rows if "side" in r]
+    spans = [(None, WARMUP[1] * WARMUP[2])]
+    for c, n in levels:
+        spans += [(None, 2 * c * n), ((c, n), level_requests(c) * n)]
+    out, i = [], 0
+    for key, items in spans:
+        batch: list[dict] = []
+        while i < len(rows) and sum(r["items"] for r in batch) < items:
+            batch.append(rows[i])
+            i += 1
+        if key is None or not batch:
+            continue
+
+        def med(field: str, rows: list[dict] = batch) -> float | None:
+            values = [r[field] for r in rows if field in r]
+            return round(statistics.median(values), 3) if values else None
+
+        out.append({"concurrency": key[0], "per_request": key[1], "batches": len(batch),
+                    "items_per_batch": round(sum(r["items"] for r in batch) / len(batch), 2),
+                    "forward_ms_p50": med("side_ms"), "wait_ms_p50": med("wait_ms"),
+                    "intake_ms_p50": med("intake_ms"), "deliver_ms_p50": med("deliver_ms")})
+    return out
 
 
 def throughput(label: str, path: pathlib.Path, args: argparse.Namespace,
@@ -162,15 +210,18 @@ def throughput(label: str, path: pathlib.Path, args: argparse.Namespace,
     levels = [(c, n) for c in args.concurrency for n in args.per_request]
     result: dict[str, Any] = {"label": label, "raw": raw_loop(path, args.per_request,
                                                               args.raw_rounds)}
+    trace = logdir / f"{label}-lane.jsonl"
     mlxcel = [sys.executable, "-m", "mlxcel.cli", "--model", str(path),
-              "--embedding-batch-size", str(max(args.per_request)),
+              "--embedding-batch-size", str(args.batch_size),
               "--embedding-queue-depth", str(2 * max(args.concurrency)),
-              "--dtype", args.dtype]
-    srv = serve("mlxcel", mlxcel, logdir, label, "/health")
+              "--dtype", args.dtype, "--engine-trace", str(trace)]
+    srv = serve("mlxcel", mlxcel, logdir, label, "/health", args.server_env)
     try:
         result["mlxcel"] = server_levels(srv.base, levels, f"{label}-x", str(path))
     finally:
         srv.stop()
+    if trace.exists():
+        result["lane"] = lane_stats(trace, levels)
     if "mlx_vlm" in args.servers:
         vlm = [sys.executable, "-m", "mlx_vlm.server", "--embedding-model", str(path)]
         srv = serve("mlx_vlm", vlm, logdir, label, "/health", same_blas_env())
@@ -254,6 +305,15 @@ def render(report: dict[str, Any]) -> str:
                 f"{other['inputs_per_s'] if other else 0:.0f} | {raw:.0f} ({batch}) | "
                 f"{r['inputs_per_s'] / raw:.2f} | {ratio} |"
                 + (f" {len(r['failures'])} failed" if r["failures"] else ""))
+    lines += ["", "| model | C | inputs/request | batches | items/batch | forward p50 (ms) | "
+              "queue wait p50 (ms) | intake p50 (ms) | hand-back p50 (ms) |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {run['label']} | {s['concurrency']} | {s['per_request']} | {s['batches']} "
+              f"| {s['items_per_batch']} | {s['forward_ms_p50']} | {s['wait_ms_p50']} | "
+              f"{s['intake_ms_p50']} | {s['deliver_ms_p50']} |"
+              for run in report["runs"] for s in run.get("lane", [])]
+    if not report["itl"]:
+        return "\n".join(lines) + "\n"
     lines += ["", "| model | chat streams | ITL p50 alone (ms) | ITL p50 under an embedding "
               "flood (ms) | ratio |", "|---|---|---|---|---|"]
     lines += [f"| {i['label']} | {i['streams']} | {i['itl_alone_ms']:.2f} | "
@@ -272,12 +332,18 @@ def main() -> int:
     ap.add_argument("--chat-checkpoint", default="tiny")
     ap.add_argument("--streams", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--itl-rounds", type=int, default=3)
+    ap.add_argument("--itl-rounds", type=int, default=3, help="0: no ITL part")
+    ap.add_argument("--batch-size", type=int, default=16, help="mlxcel's --embedding-batch-size")
+    ap.add_argument("--mlxcel-pythonpath", default="",
+                    help="PYTHONPATH for the mlxcel server (another checkout's sources, "
+                         "for a before/after run on one machine)")
     ap.add_argument("--out", default="bench/results/embeddings.json")
     args = ap.parse_args()
     args.concurrency = [int(x) for x in args.concurrency.split(",")]
     args.per_request = [int(x) for x in args.per_request.split(",")]
     args.servers = args.servers.split(",")
+    args.server_env = ({**os.environ, "PYTHONPATH": args.mlxcel_pythonpath}
+                       if args.mlxcel_pythonpath else None)
     root = pathlib.Path(tempfile.gettempdir()) / "mlxcel-bench-embedders"
     logdir = pathlib.Path(tempfile.mkdtemp(prefix="mlxcel-bench-emb-"))
     report: dict[str, Any] = {"machine": machine(), "versions": versions(),
@@ -285,8 +351,9 @@ def main() -> int:
     for label in args.checkpoint.split(","):
         path = build(label, root, args.dtype)
         report["runs"].append(throughput(label, path, args, logdir))
-        report["itl"].append(itl(label, path, args, logdir))
-        print(json.dumps(report["runs"][-1]), json.dumps(report["itl"][-1]), flush=True)
+        if args.itl_rounds > 0:
+            report["itl"].append(itl(label, path, args, logdir))
+        print(json.dumps(report["runs"][-1]), flush=True)
     report["loadavg_end"] = loadavg()
     out = pathlib.Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
