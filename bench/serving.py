@@ -47,7 +47,6 @@ import datetime as dt
 import json
 import math
 import multiprocessing as mp
-import os
 import pathlib
 import shlex
 import signal
@@ -74,6 +73,7 @@ from mlxcel.testing.servers import (
     machine,
     ratio,
     server_argv,
+    spawn_env,
     stream_chat,
     versions,
 )
@@ -266,17 +266,8 @@ def run_server(
     if name == DIST:
         argv = dist_argv(argv, args.distributed)
     env = None
-    if name == "mlxcel" and args.mlxcel_spawn:
-        # Granian forks its worker after the parent process may have initialised CUDA
-        # (seen on the H200: "cudaSetDevice(device_) failed: initialization error");
-        # a sitecustomize that selects the 'spawn' start method works around it.
-        site = logdir / "spawn-site"
-        site.mkdir(exist_ok=True)
-        (site / "sitecustomize.py").write_text(
-            "import multiprocessing\nmultiprocessing.set_start_method('spawn', force=True)\n"
-        )
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")]))
+    if name == "mlxcel" and args.mlxcel_spawn:  # seen on the H200: cudaSetDevice failed
+        env = spawn_env(logdir)
     srv = Server(name, argv, ready, logdir, tag, env, cwd=ROOT)
     timeout = {"connect": args.connect_timeout, "read": args.read_timeout}
     out: dict[str, Any] = {

@@ -166,9 +166,8 @@ class Server:
 
 def same_blas_env() -> dict[str, str] | None:
     """The environment mlxcel gives itself on a Linux CPU (OpenBLAS preloaded,
-    ``mlxcel.backend``), for a peer server or a raw loop, so that both sides of a benchmark
-    compute on the same BLAS (without it a peer's prefill is several times slower); None
-    where mlxcel preloads nothing (a GPU, macOS)."""
+    ``mlxcel.backend``), for a peer server or a raw loop, so both sides of a benchmark use
+    one BLAS; None where mlxcel preloads nothing (a GPU, macOS)."""
     from mlxcel import backend
 
     blas = backend.find_fast_blas()
@@ -181,9 +180,8 @@ def same_blas_env() -> dict[str, str] | None:
 
 
 def spawn_env(logdir: str | os.PathLike) -> dict[str, str]:
-    """This environment plus a ``sitecustomize`` that makes multiprocessing 'spawn': Granian
-    may fork its worker after the parent initialised CUDA ("cudaSetDevice(device_) failed:
-    initialization error" on the lent GPUs), which a spawned worker avoids."""
+    """This environment with a ``sitecustomize`` making multiprocessing 'spawn': Granian may
+    fork its worker after the parent initialised CUDA, which a spawned worker avoids."""
     site = pathlib.Path(logdir) / "spawn-site"
     site.mkdir(exist_ok=True)
     (site / "sitecustomize.py").write_text(
@@ -351,7 +349,6 @@ def _finish_record(rec: dict[str, Any], times: list[float], usage: Any, t0: floa
         rec["tpot_ms"] = span * 1e3 / (n - 1)
 
 
-# -- checkpoints ---------------------------------------------------------------------------
 # -- environment ---------------------------------------------------------------------------
 def versions() -> dict[str, str]:
     out = {}
