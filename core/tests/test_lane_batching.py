@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 
 import mlxcel.engine.lanes as lanes
@@ -50,14 +51,38 @@ def test_sixteen_one_input_jobs_submitted_together_run_in_at_most_two_batches():
     assert sum(sizes) == 16 and len(sizes) <= 2
 
 
-def _trickle(total: int, every_s: float, forward_s: float) -> list[int]:
-    """One-input jobs submitted ``every_s`` apart (requests arriving one by one, as the
-    HTTP side hands them over) to a side-only ``LaneWorker``; the batch sizes it ran."""
-    sizes: list[int] = []
-    fn = _flat(forward_s, sizes)
+class _Stepping(threading.Thread):
+    """A chat ``EngineWorker`` with nothing to decode, its thread driven by ``step()``."""
+
+    def __init__(self, worker) -> None:
+        super().__init__(daemon=True)
+        self.worker, self.stop = worker, threading.Event()
+        self.lane, self.wake = worker.lane, worker.wake
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            self.worker.step()
+
+    def shutdown(self) -> None:
+        self.stop.set()
+        self.wake()
+        self.join(10)
+
+
+def _side_only() -> LaneWorker:
     worker = LaneWorker([])
     worker.start()
     assert worker.ready.wait(10)
+    return worker
+
+
+def _trickle(total: int, every_s: float, forward_s: float, started=_side_only) -> list[int]:
+    """One-input jobs submitted ``every_s`` apart (requests arriving one by one, as the
+    HTTP side hands them over) to a started worker (a side-only ``LaneWorker`` unless
+    ``started`` gives another); the batch sizes it ran."""
+    sizes: list[int] = []
+    fn = _flat(forward_s, sizes)
+    worker = started()
     try:
         for i in range(total):
             worker.lane.submit(Job("embed", "k", [i], fn), LIMITS)
@@ -80,6 +105,24 @@ def test_trickling_requests_gather_into_fewer_batches(monkeypatch):
     at_once = _trickle(64, every_s=0.001, forward_s=0.004)
     monkeypatch.undo()
     gathered = _trickle(64, every_s=0.001, forward_s=0.004)
+    assert len(gathered) <= 0.75 * len(at_once), (gathered, at_once)
+    assert max(gathered) <= 16
+
+
+def test_a_chat_engine_with_nothing_to_decode_gathers_side_batches_too(path, monkeypatch):
+    """A chat model's engine thread serves the lane between steps; while no stream
+    decodes it waits out a gathering batch instead of running each arrival at once."""
+    from mlxcel.testing.engine import worker_for
+
+    def started() -> _Stepping:
+        stepping = _Stepping(worker_for(path))
+        stepping.start()
+        return stepping
+
+    monkeypatch.setattr(lanes, "GATHER_MAX_S", 0.0)
+    at_once = _trickle(64, every_s=0.001, forward_s=0.004, started=started)
+    monkeypatch.undo()
+    gathered = _trickle(64, every_s=0.001, forward_s=0.004, started=started)
     assert len(gathered) <= 0.75 * len(at_once), (gathered, at_once)
     assert max(gathered) <= 16
 

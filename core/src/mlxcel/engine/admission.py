@@ -41,13 +41,14 @@ class Admission:
     batchable: bool
     _prefill_started = 0.0  # when the prefilling group started (its progress reports)
 
-    def _drain(self, block: bool) -> int:
-        """Move submitted requests to the waiting heap; how many arrived."""
+    def _drain(self, block: bool, timeout: float = 0.5) -> int:
+        """Move submitted requests to the waiting heap; how many arrived. ``block`` waits
+        up to ``timeout`` seconds for the first."""
         arrived = 0
         if not block and not self.inbox.queue:  # the usual busy step: nothing arrived
             return 0  # (an item put right after this is taken next iteration)
         try:
-            item = self.inbox.get(timeout=0.5) if block else self.inbox.get_nowait()
+            item = self.inbox.get(timeout=timeout) if block else self.inbox.get_nowait()
             while True:
                 for seq in self._arrivals(item):
                     heapq.heappush(self.waiting, seq)

@@ -9,7 +9,7 @@ engine thread's time (``run_due``): after a batch that took t seconds the next w
 t * (1 - share) / share, so a flood of embeddings stretches decoding by a bounded factor,
 and runs back to back once nothing decodes.
 
-Gathering (``due_in``, which a side-only ``LaneWorker`` waits out): while a task's jobs
+Gathering (``due_in``, which the engine thread waits out when nothing decodes): while a task's jobs
 arrive faster than two per forward (its last ``DENSE_ARRIVALS`` submits fell within its
 last batch's time), a batch that is not full waits for more, until one forward time (at
 most ``GATHER_MAX_S``) after that batch ended, or until it is full. A forward costs the
@@ -224,9 +224,12 @@ class JobLane:
             job._settle(None, RequestTimedOut(f"the {job.task} request timed out"))
 
     def run_due(self, decoding: bool) -> bool:
-        """``run_one`` when side jobs are due: always when nothing decodes, else once their
-        share of the time since the last batch allows; True when one ran."""
-        if not self.pending() or (decoding and time.perf_counter() < self._next_turn):
+        """``run_one`` when side jobs are due: while streams decode, once their share of
+        the time since the last batch allows; otherwise once a batch has gathered
+        (``due_in``). True when one ran."""
+        if not self.pending():
+            return False
+        if time.perf_counter() < self._next_turn if decoding else self.due_in() > 0:
             return False
         started = time.perf_counter()
         ran = self.run_one()

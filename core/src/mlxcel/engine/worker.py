@@ -238,10 +238,12 @@ class EngineWorker(EngineSetup, Admission, threading.Thread):
     def step(self) -> None:
         """One loop of the engine thread: take what arrived (waiting for it when idle),
         plan, execute, then at most one batch of side jobs, within their share of the
-        time while streams decode (``JobLane.run_due``)."""
-        busy = bool(self.batch or self.prefilling or self.prefilled or self.waiting
-                    or self.lane.pending())
-        arrived = self._drain(block=not busy)
+        time while streams decode (``JobLane.run_due``). With nothing else to do, a side
+        batch that is still gathering (``JobLane.due_in``) is waited for here, as a
+        side-only ``LaneWorker`` does: a submit or a request wakes the wait."""
+        busy = bool(self.batch or self.prefilling or self.prefilled or self.waiting)
+        side = 0.0 if busy else self.lane.due_in()
+        arrived = self._drain(block=side > 0, timeout=min(side, 0.5))
         self.trace.begin()
         self.trace.note(arrived=arrived, waiting=len(self.waiting))
         self.execute(self._plan())
