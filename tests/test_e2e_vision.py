@@ -31,23 +31,22 @@ image rows in the continuous batch and the prompt cache.
 from __future__ import annotations
 
 import base64
-import http.server
 import io
 import json
 import os
-import socket
 import struct
 import threading
 import time
 import zlib
 from concurrent.futures import ThreadPoolExecutor
-from urllib.parse import parse_qs, quote, urlsplit
+from urllib.parse import quote
 
 import anthropic
 import httpx
 import numpy as np
 import openai
 import pytest
+from mlxcel.testing.media_hosts import RecordingHandler, loopback_hosts
 from mlxcel.testing.servers import MlxcelServer
 from PIL import Image
 
@@ -106,46 +105,14 @@ assert len(BIG) > MAX_BYTES
 # --- the canary and the simulated public origin ------------------------------------------
 
 
-class Handler(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, *args):
-        pass
-
-    def _send(self, status, body=b"", **headers):
-        self.send_response(status)
-        for name, value in {"Content-Length": str(len(body)), **headers}.items():
-            self.send_header(name.replace("_", "-"), value)
-        self.end_headers()
-        self.wfile.write(body)
-
-    def do_GET(self):  # noqa: N802
-        self.server.hits.append(self.path)
-        url = urlsplit(self.path)
+class Handler(RecordingHandler):
+    def route(self, url):
         if url.path == "/x.png":
-            self._send(200, png(11), Content_Type="image/png")
+            self.send(200, png(11), Content_Type="image/png")
         elif url.path == "/big.png":
-            self._send(200, BIG, Content_Type="image/png")
-        elif url.path == "/to":  # a redirect to ?u=
-            self._send(302, Location=parse_qs(url.query)["u"][0])
+            self.send(200, BIG, Content_Type="image/png")
         else:
-            self._send(404)
-
-
-class Recorder(http.server.ThreadingHTTPServer):
-    """An HTTP server on loopback that records the path of every request it gets."""
-
-    daemon_threads = True
-
-    def __init__(self, host="127.0.0.1", family=socket.AF_INET):
-        self.address_family = family
-        self.hits: list[str] = []
-        super().__init__((host, 0), Handler)
-        threading.Thread(target=self.serve_forever, daemon=True).start()
-
-    @property
-    def port(self) -> int:
-        return self.server_address[1]
+            super().route(url)  # /to?u=: a redirect to u; else 404
 
 
 # The server process's seam: ``media.example`` resolves to PUBLIC_IP, and a dial to
@@ -154,43 +121,9 @@ class Recorder(http.server.ThreadingHTTPServer):
 SITECUSTOMIZE = f'''
 import os
 if os.environ.get("E2E_VISION_ORIGIN_PORT"):
-    import httpcore
-    from mlxcel.media import addresses
+    from mlxcel.testing.media_hosts import install_public_host
 
-    _ORIGIN = int(os.environ["E2E_VISION_ORIGIN_PORT"])
-    _HOST, _IP = {PUBLIC_HOST!r}, {PUBLIC_IP!r}
-    _resolve, _open = addresses.resolve, addresses.open_tcp
-
-    class _Reported(httpcore.AsyncNetworkStream):
-        def __init__(self, stream, peer):
-            self._stream, self._peer = stream, peer
-
-        async def read(self, max_bytes, timeout=None):
-            return await self._stream.read(max_bytes, timeout)
-
-        async def write(self, buffer, timeout=None):
-            await self._stream.write(buffer, timeout)
-
-        async def aclose(self):
-            await self._stream.aclose()
-
-        async def start_tls(self, ssl_context, server_hostname=None, timeout=None):
-            raise RuntimeError("no TLS to the simulated origin")
-
-        def get_extra_info(self, info):
-            return self._peer if info == "server_addr" else self._stream.get_extra_info(info)
-
-    async def resolve(host, port):
-        if host.rstrip(".").lower() == _HOST:
-            return [addresses.ip_address(_IP)]
-        return await _resolve(host, port)
-
-    async def open_tcp(ip, port, timeout):
-        if ip == _IP:
-            return _Reported(await _open("127.0.0.1", _ORIGIN, timeout), (_IP, port))
-        return await _open(ip, port, timeout)
-
-    addresses.resolve, addresses.open_tcp = resolve, open_tcp
+    install_public_host({PUBLIC_HOST!r}, {PUBLIC_IP!r}, int(os.environ["E2E_VISION_ORIGIN_PORT"]))
 '''
 
 
@@ -198,16 +131,8 @@ if os.environ.get("E2E_VISION_ORIGIN_PORT"):
 def hosts():
     """``canary`` (the private target, 127.0.0.1), ``canary6`` (on ::1 where the machine
     has it, else None) and ``origin`` (the simulated public host)."""
-    made = {"canary": Recorder(), "origin": Recorder()}
-    try:
-        made["canary6"] = Recorder("::1", socket.AF_INET6)
-    except OSError:
-        made["canary6"] = None
-    yield made
-    for server in made.values():
-        if server is not None:
-            server.shutdown()
-            server.server_close()
+    with loopback_hosts(Handler) as made:
+        yield made
 
 
 def canary_hits(hosts) -> list[str]:

@@ -13,11 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import http.server
-import socket
-import threading
 import time
-from urllib.parse import parse_qs, quote, urlsplit
+from urllib.parse import quote
 
 import httpcore
 import pytest
@@ -25,6 +22,7 @@ from mlxcel.errors import InvalidRequest
 from mlxcel.media import addresses
 from mlxcel.media.addresses import is_public
 from mlxcel.media.fetch import FetchPolicy, fetch
+from mlxcel.testing.media_hosts import RecordingHandler, loopback_hosts, public_host_seams
 
 PART = "messages[0].content[1]"
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 8
@@ -32,32 +30,16 @@ PUBLIC_IP = "93.184.216.34"  # a public address no test ever reaches: dials to i
 SECRET = b"TOP-SECRET-CONTENTS"
 
 
-class Handler(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, *args):
-        pass
-
-    def _send(self, status, body=b"", **headers):
-        self.send_response(status)
-        for name, value in {"Content-Length": str(len(body)), **headers}.items():
-            self.send_header(name.replace("_", "-"), value)
-        self.end_headers()
-        self.wfile.write(body)
-
-    def do_GET(self):  # noqa: N802
-        self.server.hits.append(self.path)
-        url = urlsplit(self.path)
+class Handler(RecordingHandler):
+    def route(self, url):
         if url.path == "/x.png":
-            self._send(200, PNG, Content_Type="image/png; charset=binary")
+            self.send(200, PNG, Content_Type="image/png; charset=binary")
         elif url.path.startswith("/r/"):  # /r/N: N redirects, then the image
             left = int(url.path[3:])
             if left:
-                self._send(302, Location=f"/r/{left - 1}")
+                self.send(302, Location=f"/r/{left - 1}")
             else:
-                self._send(200, PNG, Content_Type="image/png")
-        elif url.path == "/to":  # a redirect to ?u=
-            self._send(302, Location=parse_qs(url.query)["u"][0])
+                self.send(200, PNG, Content_Type="image/png")
         elif url.path == "/endless":  # no Content-Length: a body that never ends
             self.send_response(200)
             self.send_header("Connection", "close")
@@ -77,41 +59,19 @@ class Handler(http.server.BaseHTTPRequestHandler):
             time.sleep(5)
         elif url.path == "/slow":
             time.sleep(3)
-            self._send(200, PNG, Content_Type="image/png")
+            self.send(200, PNG, Content_Type="image/png")
         elif url.path == "/gzip":
-            self._send(200, PNG, Content_Type="image/png", Content_Encoding="gzip")
+            self.send(200, PNG, Content_Type="image/png", Content_Encoding="gzip")
         else:
-            self._send(404)
-
-
-class Recorder(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(self, host="127.0.0.1", family=socket.AF_INET):
-        self.address_family = family
-        self.hits: list[str] = []
-        super().__init__((host, 0), Handler)
-        threading.Thread(target=self.serve_forever, daemon=True).start()
-
-    @property
-    def port(self):
-        return self.server_address[1]
+            super().route(url)  # /to?u=: a redirect to u; else 404
 
 
 @pytest.fixture(scope="module")
 def servers():
     """``canary`` (the private target), ``origin`` (the simulated public host) and, where
     the machine has IPv6 loopback, ``canary6`` on ::1."""
-    made = {"canary": Recorder(), "origin": Recorder()}
-    try:
-        made["canary6"] = Recorder("::1", socket.AF_INET6)
-    except OSError:
-        made["canary6"] = None
-    yield made
-    for server in made.values():
-        if server is not None:
-            server.shutdown()
-            server.server_close()
+    with loopback_hosts(Handler) as made:
+        yield made
 
 
 @pytest.fixture
@@ -136,28 +96,6 @@ def dialed(monkeypatch):
     return seen
 
 
-class _Reported(httpcore.AsyncNetworkStream):
-    """A real loopback stream that reports the simulated public peer."""
-
-    def __init__(self, stream, peer):
-        self._stream, self._peer = stream, peer
-
-    async def read(self, max_bytes, timeout=None):
-        return await self._stream.read(max_bytes, timeout)
-
-    async def write(self, buffer, timeout=None):
-        await self._stream.write(buffer, timeout)
-
-    async def aclose(self):
-        await self._stream.aclose()
-
-    async def start_tls(self, ssl_context, server_hostname=None, timeout=None):
-        raise AssertionError("no TLS in these tests")
-
-    def get_extra_info(self, info):
-        return self._peer if info == "server_addr" else self._stream.get_extra_info(info)
-
-
 class Origin:
     url: str  # the simulated public host's base URL
     dialed: list  # every (address, port) the guard dialed
@@ -171,20 +109,8 @@ def public_origin(monkeypatch, servers):
     origin, made = servers["origin"], Origin()
     origin.hits.clear()
     made.url, made.dialed = f"http://media.example:{origin.port}", []
-    real_resolve, real_open = addresses.resolve, addresses.open_tcp
-
-    async def resolve(host, port):
-        if host == "media.example":
-            return [addresses.ip_address(PUBLIC_IP)]
-        return await real_resolve(host, port)
-
-    async def open_tcp(ip, port, timeout):
-        made.dialed.append((ip, port))
-        if ip == PUBLIC_IP:
-            stream = await real_open("127.0.0.1", origin.port, timeout)
-            return _Reported(stream, (PUBLIC_IP, port))
-        return await real_open(ip, port, timeout)
-
+    resolve, open_tcp = public_host_seams("media.example", PUBLIC_IP, origin.port,
+                                          made.dialed)
     monkeypatch.setattr(addresses, "resolve", resolve)
     monkeypatch.setattr(addresses, "open_tcp", open_tcp)
     return made
