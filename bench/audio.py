@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.metadata as md
 import importlib.util
 import io
 import json
@@ -66,13 +65,19 @@ import zlib
 from typing import Any
 
 import httpx
+from mlxcel.testing.bench_report import (
+    bench_versions,
+    check_targets,
+    closed_loop,
+    machine_line,
+    write_report,
+)
 from mlxcel.testing.servers import (
     Server,
     loadavg,
     machine,
     same_blas_env,
     spawn_env,
-    versions,
 )
 
 RATE = 16000
@@ -254,17 +259,9 @@ async def whisper_level(base: str, model: str, script: str, concurrency: int, re
                         tag: str) -> dict[str, Any]:
     """A closed loop of ``requests`` transcriptions over ``concurrency`` clients."""
     clips = [clip(zlib.crc32(f"{tag}/{i}".encode())) for i in range(requests)]  # before the clock
-    counter = iter(range(requests))
-    recs: list[dict[str, Any]] = []
-
-    async def loop(c: httpx.AsyncClient) -> None:
-        for i in counter:
-            recs.append(await transcribe(c, base, model, clips[i], script))
-
     async with client() as c:
-        t0 = time.perf_counter()
-        await asyncio.gather(*(loop(c) for _ in range(concurrency)))
-        wall = time.perf_counter() - t0
+        recs, wall = await closed_loop(
+            c, concurrency, requests, lambda c, i: transcribe(c, base, model, clips[i], script))
     ok = [r for r in recs if r["error"] is None]
     failures: dict[str, int] = {}
     for r in recs:
@@ -441,11 +438,7 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
                         for p in w["mlxcel"]["passes"] for lv in p["levels"].values())
     values.append(k["mlxcel"]["kokoro"]["first_audio_over_whole"]
                   if k and "mlxcel" in k else None)
-    out = []
-    for (what, op, bound), value in zip(TARGETS, values, strict=True):
-        met = value is not None and (value >= bound if op == ">=" else value <= bound)
-        out.append({"target": what, "value": value, "bound": f"{op} {bound}", "met": met})
-    return out
+    return check_targets(TARGETS, values)
 
 
 def _f(v: float | None, nd: int = 2) -> str:
@@ -453,10 +446,7 @@ def _f(v: float | None, nd: int = 2) -> str:
 
 
 def render(report: dict[str, Any]) -> str:
-    m, ver = report["machine"], report["versions"]
-    lines = [f"Machine: {m.get('gpu') or m['cpu']} ({m['nproc']} CPUs); "
-             + ", ".join(f"{k} {v}" for k, v in ver.items())
-             + f"; load average {report['loadavg_start']} -> {report['loadavg_end']}.", ""]
+    lines = [machine_line(report), ""]
     for run in report["whisper"]:
         lines += [f"### Whisper {run['label']} ({run['dtype']} checkpoint, mode "
                   f"{run['mode']}): 30 s clip, real-time factor", "",
@@ -526,15 +516,12 @@ def main() -> int:
     names = [n for n in args.servers.split(",") if n]
     root = pathlib.Path(args.checkpoint_dir)
     logdir = pathlib.Path(tempfile.mkdtemp(prefix="mlxcel-bench-audio-"))
-    report: dict[str, Any] = {"machine": machine(), "versions": versions(),
+    report: dict[str, Any] = {"machine": machine(),
+                              "versions": bench_versions("mlx-audio", "mlxcel-family-whisper",
+                                                   "mlxcel-family-kokoro", "misaki"),
                               "loadavg_start": loadavg(), "text": args.text, "voice": VOICE,
                               "clip_s": CLIP_S, "words": args.words, "whisper": [],
                               "kokoro": []}
-    for dist in ("mlx-audio", "mlxcel-family-whisper", "mlxcel-family-kokoro", "misaki"):
-        try:
-            report["versions"][dist] = md.version(dist)
-        except md.PackageNotFoundError:
-            pass
     jobs = [("whisper", label, args.whisper_dtype, mode) for label in args.whisper.split(",")
             if label for mode in args.modes.split(",")]
     jobs += [("kokoro", label, args.kokoro_dtype, "defaults")
@@ -560,13 +547,7 @@ def main() -> int:
         report[kind].append(run)
     report["loadavg_end"] = loadavg()
     report["targets"] = targets(report)
-    out = pathlib.Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1))
-    text = render(report)
-    out.with_suffix(".md").write_text(text)
-    print(text)
-    print(f"wrote {out}; logs in {logdir}")
+    write_report(pathlib.Path(args.out), report, render(report), logdir)
     return 0
 
 

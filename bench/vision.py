@@ -46,7 +46,6 @@ import base64
 import collections
 import hashlib
 import http.server
-import importlib.metadata as md
 import io
 import json
 import os
@@ -60,6 +59,13 @@ import time
 from typing import Any
 
 import httpx
+from mlxcel.testing.bench_report import (
+    bench_versions,
+    check_targets,
+    closed_loop,
+    machine_line,
+    write_report,
+)
 from mlxcel.testing.servers import (
     Server,
     loadavg,
@@ -68,7 +74,6 @@ from mlxcel.testing.servers import (
     server_argv,
     spawn_env,
     stream_chat,
-    versions,
 )
 
 QUESTION = "What is in this picture? Describe it briefly."
@@ -200,18 +205,13 @@ async def level(base: str, model: str, concurrency: int, requests: int, tag: str
                 max_tokens: int) -> dict[str, Any]:
     """A closed loop of ``requests`` image chats over ``concurrency`` clients."""
     uris = [data_uri(png(seed_of(tag, i))) for i in range(requests)]  # before the clock
-    counter = iter(range(requests))
-    recs: list[dict[str, Any]] = []
 
-    async def client_loop(c: httpx.AsyncClient) -> None:
-        for i in counter:
-            recs.append(await stream_chat(c, base + "/v1/chat/completions",
-                                          body(model, uris[i], max_tokens), max_tokens))
+    def one(c: httpx.AsyncClient, i: int):
+        return stream_chat(c, base + "/v1/chat/completions", body(model, uris[i], max_tokens),
+                           max_tokens)
 
     async with client() as c:
-        t0 = time.perf_counter()
-        await asyncio.gather(*(client_loop(c) for _ in range(concurrency)))
-        wall = time.perf_counter() - t0
+        recs, wall = await closed_loop(c, concurrency, requests, one)
     return summarize(recs, concurrency, requests, wall)
 
 
@@ -459,11 +459,7 @@ def targets(run: dict[str, Any]) -> list[dict[str, Any]]:
               p["levels"].values()]
     values = [agg[0] if cs else None, agg[-1] if len(cs) > 1 else None,
               sum(failed) if failed else None, x.get("repeat", {}).get("ratio_p50")]
-    out = []
-    for (what, op, bound), value in zip(TARGETS, values, strict=True):
-        met = value is not None and (value >= bound if op == ">=" else value <= bound)
-        out.append({"target": what, "value": value, "bound": f"{op} {bound}", "met": met})
-    return out
+    return check_targets(TARGETS, values)
 
 
 def _row(c: str, s: str, lv: dict[str, Any]) -> str:
@@ -476,10 +472,7 @@ def _row(c: str, s: str, lv: dict[str, Any]) -> str:
 
 
 def render(report: dict[str, Any]) -> str:
-    m, ver = report["machine"], report["versions"]
-    lines = [f"Machine: {m.get('gpu') or m['cpu']} ({m['nproc']} CPUs); "
-             + ", ".join(f"{k} {v}" for k, v in ver.items())
-             + f"; load average {report['loadavg_start']} -> {report['loadavg_end']}.", ""]
+    lines = [machine_line(report), ""]
     for run in report["runs"]:
         lines += [f"### {run['label']} ({run['dtype']})", "",
                   "| C | N | server | tokens | agg tok/s (passes) | TTFT p50 ms | ITL p50 ms | "
@@ -545,15 +538,11 @@ def main() -> int:
     args = ap.parse_args()
     args.concurrency = [int(x) for x in args.concurrency.split(",")]
     logdir = pathlib.Path(tempfile.mkdtemp(prefix="mlxcel-bench-vision-"))
-    report: dict[str, Any] = {"machine": machine(), "versions": versions(),
+    report: dict[str, Any] = {"machine": machine(),
+                              "versions": bench_versions("mlx-vlm", "mlxcel-family-vlm"),
                               "loadavg_start": loadavg(), "max_tokens": args.max_tokens,
                               "image": f"{SIDE}x{SIDE} PNG, data URI", "question": QUESTION,
                               "runs": []}
-    for dist in ("mlx-vlm", "mlxcel-family-vlm"):
-        try:
-            report["versions"][dist] = md.version(dist)
-        except md.PackageNotFoundError:
-            pass
     for label in args.checkpoint.split(","):
         path = build(label, pathlib.Path(args.checkpoint_dir), args.dtype)
         run: dict[str, Any] = {"label": label, "checkpoint": str(path), "dtype": args.dtype,
@@ -573,13 +562,7 @@ def main() -> int:
     if args.fetch_rounds:
         report["fetch"] = fetch_cost(logdir, args.fetch_rounds)
     report["loadavg_end"] = loadavg()
-    out = pathlib.Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1))
-    md_text = render(report)
-    out.with_suffix(".md").write_text(md_text)
-    print(md_text)
-    print(f"wrote {out}; logs in {logdir}")
+    write_report(pathlib.Path(args.out), report, render(report), logdir)
     return 0
 
 

@@ -1,0 +1,78 @@
+"""What the client-side benches (bench/audio.py, bench/vision.py) share around their own
+measurements: the closed loop of requests, the versions, the targets table, the machine
+line and the written report.
+
+A closed loop is how the benches load a server: ``concurrency`` workers over one client
+take the next request as soon as their last one ends, so the server always has exactly
+``concurrency`` requests in flight and the wall time covers them all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.metadata
+import json
+import pathlib
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from .servers import versions
+
+
+async def closed_loop(client: Any, concurrency: int, requests: int,
+                      one: Callable[[Any, int], Awaitable[dict[str, Any]]],
+                      ) -> tuple[list[dict[str, Any]], float]:
+    """``one(client, i)`` for each i below ``requests``, ``concurrency`` at a time in a
+    closed loop; the records in the order they ended, and the wall seconds."""
+    counter = iter(range(requests))
+    recs: list[dict[str, Any]] = []
+
+    async def worker() -> None:
+        for i in counter:
+            recs.append(await one(client, i))
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return recs, time.perf_counter() - t0
+
+
+def bench_versions(*dists: str) -> dict[str, str]:
+    """``servers.versions()`` and then those of ``dists`` (the bench's own distributions)
+    that are installed."""
+    out = versions()
+    for dist in dists:
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            out[dist] = importlib.metadata.version(dist)
+    return out
+
+
+def check_targets(targets: Sequence[tuple[str, str, float]],
+                  values: Sequence[float | None]) -> list[dict[str, Any]]:
+    """Each ``(what, op, bound)`` of ``targets`` against its value (``op`` is ``>=`` or
+    ``<=``); a missing value is not met."""
+    out = []
+    for (what, op, bound), value in zip(targets, values, strict=True):
+        met = value is not None and (value >= bound if op == ">=" else value <= bound)
+        out.append({"target": what, "value": value, "bound": f"{op} {bound}", "met": met})
+    return out
+
+
+def machine_line(report: dict[str, Any]) -> str:
+    """The report's machine, versions and load averages as one line of its Markdown."""
+    m, ver = report["machine"], report["versions"]
+    return (f"Machine: {m.get('gpu') or m['cpu']} ({m['nproc']} CPUs); "
+            + ", ".join(f"{k} {v}" for k, v in ver.items())
+            + f"; load average {report['loadavg_start']} -> {report['loadavg_end']}.")
+
+
+def write_report(out: pathlib.Path, report: dict[str, Any], markdown: str,
+                 logdir: pathlib.Path) -> None:
+    """``report`` as JSON at ``out`` and ``markdown`` beside it (``.md``); the Markdown is
+    printed, then where both went."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1))
+    out.with_suffix(".md").write_text(markdown)
+    print(markdown)
+    print(f"wrote {out}; logs in {logdir}")
