@@ -65,13 +65,7 @@ import zlib
 from typing import Any
 
 import httpx
-from mlxcel.testing.bench_report import (
-    bench_versions,
-    check_targets,
-    closed_loop,
-    machine_line,
-    write_report,
-)
+from mlxcel.testing import bench_report
 from mlxcel.testing.servers import (
     Server,
     loadavg,
@@ -260,7 +254,7 @@ async def whisper_level(base: str, model: str, script: str, concurrency: int, re
     """A closed loop of ``requests`` transcriptions over ``concurrency`` clients."""
     clips = [clip(zlib.crc32(f"{tag}/{i}".encode())) for i in range(requests)]  # before the clock
     async with client() as c:
-        recs, wall = await closed_loop(
+        recs, wall = await bench_report.closed_loop(
             c, concurrency, requests, lambda c, i: transcribe(c, base, model, clips[i], script))
     ok = [r for r in recs if r["error"] is None]
     failures: dict[str, int] = {}
@@ -438,7 +432,7 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
                         for p in w["mlxcel"]["passes"] for lv in p["levels"].values())
     values.append(k["mlxcel"]["kokoro"]["first_audio_over_whole"]
                   if k and "mlxcel" in k else None)
-    return check_targets(TARGETS, values)
+    return bench_report.check_targets(TARGETS, values)
 
 
 def _f(v: float | None, nd: int = 2) -> str:
@@ -446,7 +440,7 @@ def _f(v: float | None, nd: int = 2) -> str:
 
 
 def render(report: dict[str, Any]) -> str:
-    lines = [machine_line(report), ""]
+    lines = [bench_report.machine_line(report), ""]
     for run in report["whisper"]:
         lines += [f"### Whisper {run['label']} ({run['dtype']} checkpoint, mode "
                   f"{run['mode']}): 30 s clip, real-time factor", "",
@@ -516,9 +510,9 @@ def main() -> int:
     names = [n for n in args.servers.split(",") if n]
     root = pathlib.Path(args.checkpoint_dir)
     logdir = pathlib.Path(tempfile.mkdtemp(prefix="mlxcel-bench-audio-"))
+    dists = ("mlx-audio", "mlxcel-family-whisper", "mlxcel-family-kokoro", "misaki")
     report: dict[str, Any] = {"machine": machine(),
-                              "versions": bench_versions("mlx-audio", "mlxcel-family-whisper",
-                                                   "mlxcel-family-kokoro", "misaki"),
+                              "versions": bench_report.bench_versions(*dists),
                               "loadavg_start": loadavg(), "text": args.text, "voice": VOICE,
                               "clip_s": CLIP_S, "words": args.words, "whisper": [],
                               "kokoro": []}
@@ -547,7 +541,7 @@ def main() -> int:
         report[kind].append(run)
     report["loadavg_end"] = loadavg()
     report["targets"] = targets(report)
-    write_report(pathlib.Path(args.out), report, render(report), logdir)
+    bench_report.write_report(pathlib.Path(args.out), report, render(report), logdir)
     return 0
 
 

@@ -59,13 +59,7 @@ import time
 from typing import Any
 
 import httpx
-from mlxcel.testing.bench_report import (
-    bench_versions,
-    check_targets,
-    closed_loop,
-    machine_line,
-    write_report,
-)
+from mlxcel.testing import bench_report
 from mlxcel.testing.servers import (
     Server,
     loadavg,
@@ -211,7 +205,7 @@ async def level(base: str, model: str, concurrency: int, requests: int, tag: str
                            max_tokens)
 
     async with client() as c:
-        recs, wall = await closed_loop(c, concurrency, requests, one)
+        recs, wall = await bench_report.closed_loop(c, concurrency, requests, one)
     return summarize(recs, concurrency, requests, wall)
 
 
@@ -459,7 +453,7 @@ def targets(run: dict[str, Any]) -> list[dict[str, Any]]:
               p["levels"].values()]
     values = [agg[0] if cs else None, agg[-1] if len(cs) > 1 else None,
               sum(failed) if failed else None, x.get("repeat", {}).get("ratio_p50")]
-    return check_targets(TARGETS, values)
+    return bench_report.check_targets(TARGETS, values)
 
 
 def _row(c: str, s: str, lv: dict[str, Any]) -> str:
@@ -472,7 +466,7 @@ def _row(c: str, s: str, lv: dict[str, Any]) -> str:
 
 
 def render(report: dict[str, Any]) -> str:
-    lines = [machine_line(report), ""]
+    lines = [bench_report.machine_line(report), ""]
     for run in report["runs"]:
         lines += [f"### {run['label']} ({run['dtype']})", "",
                   "| C | N | server | tokens | agg tok/s (passes) | TTFT p50 ms | ITL p50 ms | "
@@ -539,7 +533,8 @@ def main() -> int:
     args.concurrency = [int(x) for x in args.concurrency.split(",")]
     logdir = pathlib.Path(tempfile.mkdtemp(prefix="mlxcel-bench-vision-"))
     report: dict[str, Any] = {"machine": machine(),
-                              "versions": bench_versions("mlx-vlm", "mlxcel-family-vlm"),
+                              "versions": bench_report.bench_versions("mlx-vlm",
+                                                                      "mlxcel-family-vlm"),
                               "loadavg_start": loadavg(), "max_tokens": args.max_tokens,
                               "image": f"{SIDE}x{SIDE} PNG, data URI", "question": QUESTION,
                               "runs": []}
@@ -562,7 +557,7 @@ def main() -> int:
     if args.fetch_rounds:
         report["fetch"] = fetch_cost(logdir, args.fetch_rounds)
     report["loadavg_end"] = loadavg()
-    write_report(pathlib.Path(args.out), report, render(report), logdir)
+    bench_report.write_report(pathlib.Path(args.out), report, render(report), logdir)
     return 0
 
 
