@@ -359,12 +359,7 @@ def start(name: str, path: pathlib.Path, mode: str, args: argparse.Namespace,
                 str(logdir / "mlx-audio-logs")]
         ready, env = "/v1/models", shim_env(logdir)
     srv = Server(name, argv, ready, logdir, tag, env=env)
-    srv.start()
-    try:
-        return srv, srv.wait_ready()
-    except BaseException:
-        srv.stop()
-        raise
+    return srv, srv.launch()
 
 
 def run_pass(kind: str, name: str, path: pathlib.Path, mode: str, args: argparse.Namespace,
@@ -414,10 +409,6 @@ def merge(passes: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def ratio(a: float | None, b: float | None) -> float | None:
-    return a / b if a is not None and b else None
-
-
 def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
     w = next((r for r in report["whisper"] if r["mode"] == "defaults"), None)
     k = report["kokoro"][0] if report["kokoro"] else None
@@ -425,14 +416,14 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
     if w and "mlxcel" in w:
         xl, al = w["mlxcel"]["levels"], w.get("mlx_audio", {}).get("levels", {})
         cs = sorted(xl, key=int)
-        values[0] = ratio(xl[cs[0]]["rtf"], al.get(cs[0], {}).get("rtf"))
-        values[1] = ratio(xl[cs[-1]]["rtf"], al.get(cs[-1], {}).get("rtf")) \
+        values[0] = bench_report.ratio(xl[cs[0]]["rtf"], al.get(cs[0], {}).get("rtf"))
+        values[1] = bench_report.ratio(xl[cs[-1]]["rtf"], al.get(cs[-1], {}).get("rtf")) \
             if len(cs) > 1 else None
         values[2] = sum(sum(lv["failures"].values()) + lv["off_script"]
                         for p in w["mlxcel"]["passes"] for lv in p["levels"].values())
     values.append(k["mlxcel"]["kokoro"]["first_audio_over_whole"]
                   if k and "mlxcel" in k else None)
-    return bench_report.check_targets(TARGETS, values)
+    return bench_report.judge_targets(TARGETS, values)
 
 
 def _f(v: float | None, nd: int = 2) -> str:
@@ -457,8 +448,8 @@ def render(report: dict[str, Any]) -> str:
                              f"{lv['temperatures']} | {lv['segments']} |")
             if len(servers) == 2:
                 a, b = (run[s]["levels"][c] for s in servers)
-                lines.append(f"| {c} | | **mlxcel / mlx-audio** | **{_f(ratio(a['rtf'], b['rtf']))}"
-                             f"** | {_f(ratio(a['latency_p50_s'], b['latency_p50_s']))} | | | | |")
+                lines.append(f"| {c} | | **mlxcel / mlx-audio** | **{_f(bench_report.ratio(a['rtf'], b['rtf']))}"
+                             f"** | {_f(bench_report.ratio(a['latency_p50_s'], b['latency_p50_s']))} | | | | |")
         lines.append("")
     for run in report["kokoro"]:
         lines += [f"### Kokoro {run['label']} ({run['dtype']}): {len(report['text'])} "
@@ -478,8 +469,8 @@ def render(report: dict[str, Any]) -> str:
                          f"{w['failures'] + st['failures']} |")
         if "mlxcel" in run and "mlx_audio" in run:
             a, b = run["mlxcel"]["kokoro"], run["mlx_audio"]["kokoro"]
-            lines.append(f"| **mlxcel / mlx-audio** | **{_f(ratio(a['whole']['rtf'], b['whole']['rtf']))}"
-                         f"** | | | | {_f(ratio(a['streamed']['first_audio_s'], b['streamed']['first_audio_s']))} | | |")  # noqa: E501
+            lines.append(f"| **mlxcel / mlx-audio** | **{_f(bench_report.ratio(a['whole']['rtf'], b['whole']['rtf']))}"
+                         f"** | | | | {_f(bench_report.ratio(a['streamed']['first_audio_s'], b['streamed']['first_audio_s']))} | | |")  # noqa: E501
         lines.append("")
     lines += ["| target | value | bound | met |", "|---|---|---|---|"]
     lines += [f"| {t['target']} | {_f(t['value'])} | {t['bound']} | "

@@ -72,12 +72,11 @@ from typing import Any
 
 import httpx
 from mlxcel.testing.bench_checkpoints import CHECKPOINTS, bench_checkpoint, checkpoint_info
+from mlxcel.testing.bench_report import fmt, ratio
 from mlxcel.testing.servers import (
     Server,
-    fmt,
     loadavg,
     machine,
-    ratio,
     same_blas_env,
     server_argv,
     versions,

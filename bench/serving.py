@@ -64,14 +64,13 @@ from mlxcel.testing.bench_checkpoints import (
     check_targets,
     checkpoint_info,
 )
+from mlxcel.testing.bench_report import fmt, ratio
 from mlxcel.testing.servers import (
     Server,
     bench_prompt,
-    fmt,
     health,
     loadavg,
     machine,
-    ratio,
     server_argv,
     spawn_env,
     stream_chat,

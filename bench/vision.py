@@ -253,17 +253,6 @@ async def repeat(base: str, model: str, repeats: int, max_tokens: int,
     return {"pairs": pairs, "ratio_p50": statistics.median(ratios) if ratios else None}
 
 
-def serve(name: str, argv: list[str], ready: str, logdir: pathlib.Path, tag: str,
-          env: dict[str, str] | None) -> tuple[Server, float]:
-    server = Server(name, argv, ready, logdir, tag, env=env)
-    server.start()
-    try:
-        return server, server.wait_ready()
-    except BaseException:
-        server.stop()
-        raise
-
-
 
 def run_server(name: str, path: pathlib.Path, args: argparse.Namespace,
                logdir: pathlib.Path, label: str) -> dict[str, Any]:
@@ -275,7 +264,8 @@ def run_server(name: str, path: pathlib.Path, args: argparse.Namespace,
         argv, ready = [sys.executable, "-m", "mlx_vlm.server", "--model", str(path)], "/health"
         env = {**(same_blas_env() or os.environ), "APC_ENABLED": "1", "APC_DISK_ENABLED": "0"}
     out: dict[str, Any] = {"loadavg_before": loadavg()}
-    srv, startup = serve(name, argv, ready, logdir, label, env)
+    srv = Server(name, argv, ready, logdir, label, env=env)
+    startup = srv.launch()
     out.update(argv=" ".join(srv.argv), startup_s=round(startup, 2))
     model, tag = str(path), label  # the same images on both servers
     try:
@@ -440,20 +430,16 @@ def _f(v: float | None, nd: int = 1) -> str:
     return "—" if v is None else f"{v:.{nd}f}"
 
 
-def ratio(a: float | None, b: float | None) -> float | None:
-    return a / b if a is not None and b else None
-
-
 def targets(run: dict[str, Any]) -> list[dict[str, Any]]:
     x, v = run.get("mlxcel", {}), run.get("mlx_vlm", {})
     xl, vl = x.get("levels", {}), v.get("levels", {})
     cs = sorted(xl, key=int)
-    agg = [ratio(xl[c]["agg_tok_s"], vl.get(c, {}).get("agg_tok_s")) for c in cs]
+    agg = [bench_report.ratio(xl[c]["agg_tok_s"], vl.get(c, {}).get("agg_tok_s")) for c in cs]
     failed = [sum(lv["failures"].values()) for p in x.get("passes", []) for lv in
               p["levels"].values()]
     values = [agg[0] if cs else None, agg[-1] if len(cs) > 1 else None,
               sum(failed) if failed else None, x.get("repeat", {}).get("ratio_p50")]
-    return bench_report.check_targets(TARGETS, values)
+    return bench_report.judge_targets(TARGETS, values)
 
 
 def _row(c: str, s: str, lv: dict[str, Any]) -> str:
@@ -477,7 +463,7 @@ def render(report: dict[str, Any]) -> str:
                       if c in run[s]["levels"]]
             if len(servers) == 2 and all(c in run[s]["levels"] for s in servers):
                 a, b = (run[s]["levels"][c] for s in servers)
-                r = [_f(ratio(a[k], b[k]), 2) for k in ("agg_tok_s", "ttft_p50_ms",
+                r = [_f(bench_report.ratio(a[k], b[k]), 2) for k in ("agg_tok_s", "ttft_p50_ms",
                                                         "itl_p50_ms")]
                 lines.append(f"| {c} | | **mlxcel / mlx_vlm** | | **{r[0]}** | {r[1]} | "
                              f"{r[2]} | | |")
@@ -486,7 +472,7 @@ def render(report: dict[str, Any]) -> str:
             x = run.get("mlxcel", {}).get("levels", {})
             lines += ["", "Raw mlx-vlm loop (no HTTP): " + "; ".join(
                 f"batch {n}: {_f(r['tok_s'])} tok/s, mlxcel c={n} / raw "
-                f"{_f(ratio(x.get(n, {}).get('agg_tok_s'), r['tok_s']), 2)}"
+                f"{_f(bench_report.ratio(x.get(n, {}).get('agg_tok_s'), r['tok_s']), 2)}"
                 for n, r in raw.items())]
         lines += ["", "| server | repeated image: TTFT first ms | second ms | second / first "
                   "(p50) | cached tokens (second) |", "|---|---|---|---|---|"]

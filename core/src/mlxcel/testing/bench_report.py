@@ -1,6 +1,6 @@
-"""What the client-side benches (bench/audio.py, bench/vision.py) share around their own
-measurements: the closed loop of requests, the versions, the targets table, the machine
-line and the written report.
+"""What the benches share around their own
+measurements: the closed loop of requests, the versions, the targets table, the table's
+numbers and ratios, the machine line and the written report.
 
 A closed loop is how the benches load a server: ``concurrency`` workers over one client
 take the next request as soon as their last one ends, so the server always has exactly
@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import importlib.metadata
 import json
+import math
 import pathlib
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -48,7 +49,7 @@ def bench_versions(*dists: str) -> dict[str, str]:
     return out
 
 
-def check_targets(targets: Sequence[tuple[str, str, float]],
+def judge_targets(targets: Sequence[tuple[str, str, float]],
                   values: Sequence[float | None]) -> list[dict[str, Any]]:
     """Each ``(what, op, bound)`` of ``targets`` against its value (``op`` is ``>=`` or
     ``<=``); a missing value is not met."""
@@ -57,6 +58,18 @@ def check_targets(targets: Sequence[tuple[str, str, float]],
         met = value is not None and (value >= bound if op == ">=" else value <= bound)
         out.append({"target": what, "value": value, "bound": f"{op} {bound}", "met": met})
     return out
+
+
+def fmt(v: float | None, nd: int = 0) -> str:
+    """A number for a results table; ``-`` for a missing or NaN value."""
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{nd}f}"
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    """``a / b``, or None when either is missing, NaN or ``b`` is zero."""
+    if a is None or b is None or not b or math.isnan(a) or math.isnan(b):
+        return None
+    return a / b
 
 
 def machine_line(report: dict[str, Any]) -> str:

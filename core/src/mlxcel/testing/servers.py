@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import importlib.metadata
 import json
-import math
 import os
 import pathlib
 import platform
@@ -124,6 +123,16 @@ class Server:
                 time.sleep(0.25)
         raise TimeoutError(f"{self.name} not ready after {timeout_s:.0f}s:\n{self.log_tail()}")
 
+    def launch(self, timeout_s: float = STARTUP_TIMEOUT_S) -> float:
+        """``start``, then ``wait_ready``'s seconds; a server that never gets ready is
+        stopped, so that a failed start leaves no process behind."""
+        self.start()
+        try:
+            return self.wait_ready(timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+
     def stop(self) -> None:
         if self.proc is None or self.proc.poll() is not None:
             return
@@ -209,12 +218,7 @@ class MlxcelServer(Server):
                          pathlib.Path(os.environ.get("TMPDIR", "/tmp")), f"e2e-{port}",
                          env={**os.environ, **(env or {})}, bind=False, preexec_fn=preexec_fn)
         self.port, self.base = port, f"http://{HOST}:{port}"
-        self.start()
-        try:
-            self.wait_ready(timeout)
-        except BaseException:
-            self.stop()
-            raise
+        self.launch(timeout)
 
 
 def health(base: str) -> dict[str, Any] | None:
@@ -386,14 +390,3 @@ def machine() -> dict[str, Any]:
 def loadavg() -> float:
     return round(os.getloadavg()[0], 2)
 
-
-def fmt(v: float | None, nd: int = 0) -> str:
-    """A number for a results table; ``-`` for a missing or NaN value."""
-    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{nd}f}"
-
-
-def ratio(a: float | None, b: float | None) -> float | None:
-    """``a / b``, or None when either is missing, NaN or ``b`` is zero."""
-    if a is None or b is None or not b or math.isnan(a) or math.isnan(b):
-        return None
-    return a / b
