@@ -27,7 +27,7 @@ import numpy as np
 from llguidance.gbnf_to_lark import GbnfToLarkError, gbnf_to_lark
 
 from mlxcel.engine.constraints.llguidance_vocabulary import llguidance_tokenizer
-from mlxcel.engine.constraints.outlines import set_tokens
+from mlxcel.engine.constraints.matcher import GatedMatcher
 from mlxcel.engine.constraints.protocol import mask_words
 from mlxcel.engine.constraints.vocabulary import TokenVocabulary
 from mlxcel.errors import ConstraintTooComplex, UnsupportedSchema
@@ -136,13 +136,8 @@ class LLGuidanceCompiled:
     def matcher(self, *, active: bool = True) -> LLGuidanceMatcher:
         return LLGuidanceMatcher(self, self._template.deep_copy(), active)
 
-    def eos_mask(self) -> np.ndarray:
-        mask = np.zeros(self.words, np.int32)
-        set_tokens(mask, self.eos_ids)
-        return mask
 
-
-class LLGuidanceMatcher:
+class LLGuidanceMatcher(GatedMatcher):
     """``Matcher`` over an ``LLMatcher``: see the protocol for the rules. A token the
     grammar refuses leaves the parser where it was (``try_consume_tokens`` consumes only
     a valid one), so ``advance`` can answer False without breaking the row's state. It is
@@ -150,57 +145,23 @@ class LLGuidanceMatcher:
     parser) is undone by clearing ``finished``."""
 
     max_rollback = ROLLBACK
+    contiguous_rows = True
 
     def __init__(self, compiled: LLGuidanceCompiled, matcher: llguidance.LLMatcher,
                  active: bool) -> None:
-        self._compiled = compiled
+        super().__init__(compiled, active)
         self._matcher = matcher
-        self._active = active
-        self._finished = False
-
-    @property
-    def active(self) -> bool:
-        return self._active
 
     @property
     def accepting(self) -> bool:
         return self._active and not self._matcher.is_error() and self._matcher.is_accepting()
 
-    @property
-    def finished(self) -> bool:
-        return self._finished
+    def _write_live_mask(self, row: np.ndarray, words: int) -> None:
+        self._matcher.unsafe_compute_mask_ptr(row.ctypes.data, words * 4)
 
-    def start(self) -> None:
-        self._active = True
-
-    def write_mask_into(self, row: np.ndarray) -> None:
-        words = self._compiled.words
-        if row.dtype != np.int32 or row.ndim != 1 or row.size < words \
-                or not row.flags["C_CONTIGUOUS"]:
-            raise ValueError(f"a mask row is C-contiguous int32 of at least {words} words")
-        if not self._active:
-            row[:] = -1
-            return
-        if self._finished:
-            row[:words] = self._compiled.eos_mask()
-        else:
-            self._matcher.unsafe_compute_mask_ptr(row.ctypes.data, words * 4)
-        row[words:] = 0
-
-    def advance(self, token: int) -> bool:
-        if not self._active:
-            return True
-        if self._finished:
-            return False
-        if token in self._compiled.eos_ids:
-            self._finished = self.accepting
-            return self._finished
+    def _consume(self, token: int) -> bool:
         return self._matcher.try_consume_tokens([token]) == 1
 
-    def rollback(self, n: int) -> None:
-        if n <= 0 or not self._active:
-            return
-        if self._finished:
-            self._finished, n = False, n - 1
-        if n and not self._matcher.rollback(n):
+    def _take_back(self, n: int) -> None:
+        if not self._matcher.rollback(n):
             raise RuntimeError(f"the grammar matcher could not take back {n} tokens")

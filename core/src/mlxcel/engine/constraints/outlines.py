@@ -21,6 +21,7 @@ import outlines_core
 
 from mlxcel.engine.constraints import marks
 from mlxcel.engine.constraints.limits import check_json_schema, check_regex
+from mlxcel.engine.constraints.matcher import GatedMatcher, set_tokens
 from mlxcel.engine.constraints.outlines_schema import prepare
 from mlxcel.engine.constraints.protocol import mask_words
 from mlxcel.engine.constraints.vocabulary import TokenVocabulary
@@ -181,20 +182,8 @@ class OutlinesCompiled:
             self._masks.popitem(last=False)
         return mask
 
-    def eos_mask(self) -> np.ndarray:
-        mask = np.zeros(self.words, np.int32)
-        set_tokens(mask, self.eos_ids)
-        return mask
 
-
-def set_tokens(mask: np.ndarray, tokens: tuple[int, ...]) -> None:
-    """Set the bits of ``tokens`` in a mask row."""
-    bits = mask.view(np.uint32)
-    for t in tokens:
-        bits[t // 32] |= np.uint32(1 << (t % 32))
-
-
-class OutlinesMatcher:
+class OutlinesMatcher(GatedMatcher):
     """``Matcher`` over an outlines-core ``Guide``: see the protocol for the rules. It is
     ``Rewindable``: the guide keeps its last ``ROLLBACK`` states, and an accepted EOS (the
     last advance there can be) is undone by clearing ``finished``."""
@@ -202,61 +191,27 @@ class OutlinesMatcher:
     max_rollback = ROLLBACK
 
     def __init__(self, compiled: OutlinesCompiled, active: bool) -> None:
-        self._compiled = compiled
+        super().__init__(compiled, active)
         self._guide = outlines_core.Guide(compiled.index, max_rollback=ROLLBACK)
-        self._active = active
-        self._finished = False
-
-    @property
-    def active(self) -> bool:
-        return self._active
 
     @property
     def accepting(self) -> bool:
         return self._active and self._guide.get_state() in self._compiled.final_states
 
     @property
-    def finished(self) -> bool:
-        return self._finished
-
-    @property
     def state(self) -> int:
         """outlines-core's state id (its ``Index.get_transitions()`` keys)."""
         return self._guide.get_state()
 
-    def start(self) -> None:
-        self._active = True
+    def _write_live_mask(self, row: np.ndarray, words: int) -> None:
+        row[:words] = self._compiled.state_mask(self._guide)
 
-    def write_mask_into(self, row: np.ndarray) -> None:
-        words = self._compiled.words
-        if row.dtype != np.int32 or row.ndim != 1 or row.size < words:
-            raise ValueError(f"a mask row is int32 of at least {words} words")
-        if not self._active:
-            row[:] = -1
-            return
-        mask = self._compiled.eos_mask() if self._finished else \
-            self._compiled.state_mask(self._guide)
-        row[:words] = mask
-        row[words:] = 0
-
-    def advance(self, token: int) -> bool:
-        if not self._active:
-            return True
-        if self._finished:
-            return False
-        if token in self._compiled.eos_ids:
-            self._finished = self.accepting
-            return self._finished
+    def _consume(self, token: int) -> bool:
         try:
             self._guide.advance(token, return_tokens=False)
         except ValueError:
             return False
         return True
 
-    def rollback(self, n: int) -> None:
-        if n <= 0 or not self._active:
-            return
-        if self._finished:
-            self._finished, n = False, n - 1
-        if n:
-            self._guide.rollback_state(n)
+    def _take_back(self, n: int) -> None:
+        self._guide.rollback_state(n)
