@@ -21,7 +21,13 @@ from mlxcel.errors import InvalidRequest  # noqa: E402
 from mlxcel.families.api import LoadOptions  # noqa: E402
 from mlxcel.media.api import MediaLimits  # noqa: E402
 from mlxcel.media.image import decode as decode_image  # noqa: E402
-from mlxcel.testing.engine import app_client, engine_for, request, run  # noqa: E402
+from mlxcel.testing.engine import (  # noqa: E402
+    app_client,
+    engine_for,
+    media_request,
+    request,
+    run,
+)
 from mlxcel.testing.vlm_reference import mlx_vlm_greedy, rows_beside_text  # noqa: E402
 from mlxcel.types.media import MediaBlob  # noqa: E402
 from mlxcel_family_gemma4.load import decoder, load  # noqa: E402
@@ -190,8 +196,7 @@ def test_image_tokens_attend_to_their_whole_image(bidirectional, ids):
     model = decoder(load(bidirectional, LoadOptions()))
     assert model.bidirectional
     prompt = model.expand_media(ids, [image(8)], {})
-    row = request(prompt.token_ids, max_tokens=10, media=prompt,
-                  media_digests=prompt.digest_positions())
+    row = media_request(prompt, max_tokens=10)
     text = [request(ids[:-3] + [40 + i, 41, 42], max_tokens=10) for i in range(2)]
     engine = engine_for(bidirectional, parallel=3, chunk=64)
     try:
@@ -213,9 +218,7 @@ def test_a_repeated_image_hits_both_caches_and_another_misses(path, model, ids):
     engine = engine_for(path, parallel=2, cache=True, chunk=16)
     try:
         def ask(prompt):
-            req = request(prompt.token_ids, max_tokens=4, media=prompt,
-                          media_digests=prompt.digest_positions())
-            return run(engine, [req])[0]
+            return run(engine, [media_request(prompt, max_tokens=4)])[0]
         tokens, _ = ask(first)
         again, last_again = ask(first)
         _, last_other = ask(other)

@@ -9,7 +9,14 @@ import json
 
 import numpy as np
 import pytest
-from mlxcel.testing.engine import ListSink, app_client, request, run_until_done, worker_for
+from mlxcel.testing.engine import (
+    ListSink,
+    app_client,
+    media_request,
+    request,
+    run_until_done,
+    worker_for,
+)
 from PIL import Image
 
 CHAT = "/v1/chat/completions"
@@ -87,8 +94,7 @@ def test_a_cancelled_image_row_frees_its_slot(vlm_checkpoint):
     prompt = model.expand_media(ids, [decode(blob, MediaLimits())], {})
     worker = worker_for(path, chunk=16, parallel=1)
     sink = ListSink()
-    worker.enqueue(request(prompt.token_ids, 200, media=prompt,
-                           media_digests=prompt.digest_positions()), sink)
+    worker.enqueue(media_request(prompt, 200), sink)
     for _ in range(5):
         worker.step()
     assert sink.tokens and not sink.done

@@ -14,7 +14,7 @@ from mlxcel.errors import InvalidRequest
 from mlxcel.families.api import LoadOptions
 from mlxcel.media.api import MediaLimits
 from mlxcel.media.image import decode as decode_image
-from mlxcel.testing.engine import engine_for, request, run
+from mlxcel.testing.engine import engine_for, media_request, run
 from mlxcel.testing.vlm_reference import mlx_vlm_greedy, rows_beside_text
 from mlxcel.types.media import MediaBlob
 from mlxcel_family_vlm.load import decoder, load
@@ -116,9 +116,7 @@ def test_a_repeated_image_hits_both_caches_and_another_misses(qwen):
     engine = engine_for(path, parallel=2, cache=True, chunk=16)
     try:
         def ask(prompt):
-            req = request(prompt.token_ids, max_tokens=4, media=prompt,
-                          media_digests=prompt.digest_positions())
-            return run(engine, [req])[0]
+            return run(engine, [media_request(prompt, max_tokens=4)])[0]
         tokens, last = ask(first)
         again, last_again = ask(first)
         _, last_other = ask(other)

@@ -17,7 +17,7 @@ from mlxcel.errors import InvalidRequest
 from mlxcel.families.api import LoadOptions
 from mlxcel.media.api import MediaLimits
 from mlxcel.media.image import decode
-from mlxcel.testing.engine import engine_for, request, run
+from mlxcel.testing.engine import engine_for, media_request, run
 from mlxcel.testing.vlm_checkpoints import MORE_SHAPES
 from mlxcel.testing.vlm_reference import mlx_vlm_greedy
 from mlxcel.types.media import MediaBlob
@@ -144,8 +144,7 @@ def test_an_image_row_decodes_as_mlx_vlm_does(case, vlm_checkpoint):
     prompt = model.expand_media(ids, items, {})
     engine = engine_for(vlm_checkpoint(shape), parallel=2, chunk=16)
     try:
-        (tokens, _), = run(engine, [request(prompt.token_ids, max_tokens=8, media=prompt,
-                                            media_digests=prompt.digest_positions())])
+        (tokens, _), = run(engine, [media_request(prompt, max_tokens=8)])
     finally:
         engine.shutdown()
     assert tokens == mlx_vlm_greedy(model.model, prompt, 8)

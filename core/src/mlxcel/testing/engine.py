@@ -114,6 +114,14 @@ def request(prompt: Sequence[int], max_tokens: int = 6, sampling: SamplingParams
                              max_tokens=max_tokens, ignore_eos=True, sampling=sampling, **kw)
 
 
+def media_request(prompt: Any, max_tokens: int = 6, **kw: Any) -> GenerationRequest:
+    """``request`` for a family's expanded media prompt (``expand_media``'s result): its
+    tokens, the prompt as the row's media and its digest positions (the prompt cache's
+    key past each image)."""
+    return request(prompt.token_ids, max_tokens, media=prompt,
+                   media_digests=prompt.digest_positions(), **kw)
+
+
 def submit(worker: EngineWorker, prompt: Sequence[int], max_tokens: int = 6,
            sampling: SamplingParams = GREEDY) -> ListSink:
     sink = ListSink()
