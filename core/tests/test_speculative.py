@@ -11,6 +11,7 @@ from mlxcel.engine.cache.kvcache import BatchCache
 from mlxcel.engine.config import EngineConfig
 from mlxcel.testing.conformance import check_drafter
 from mlxcel.testing.engine import ListSink, request, run_until_done, worker_for
+from mlxcel.testing.stub_drafters import StubDrafter
 from mlxcel.types import SamplingParams
 
 LOOKUP = "mlxcel.drafters.lookup:new_session"
@@ -82,23 +83,14 @@ def test_a_seeded_request_gives_the_same_tokens_with_and_without_speculation(tin
     assert sum(u.draft_n_accepted for u in usages) > 0
 
 
-class FixedDraft:
+class FixedDraft(StubDrafter):
     """Proposes the same tokens after every context (a test drafter)."""
 
     def __init__(self, tokens):
         self.tokens = tokens
 
-    def __call__(self, target, options):
-        return self
-
     def propose(self, rows, limits):
         return [self.tokens[:limit] for limit in limits]
-
-    def commit(self, rows, accepted):
-        pass
-
-    def release(self, keys):
-        pass
 
 
 def _pairs(tokens_list):
@@ -132,15 +124,12 @@ def test_sampled_output_keeps_the_target_distribution(tiny_checkpoint):
 
 # -- the governors -------------------------------------------------------------------------
 
-class Oracle:
+class Oracle(StubDrafter):
     """Proposes a known output (right) or tokens the model never picks (wrong)."""
 
     def __init__(self, prompt, output, wrong_token):
         self.prompt, self.output, self.wrong_token = prompt, output, wrong_token
         self.right = False
-
-    def __call__(self, target, options):
-        return self
 
     def propose(self, rows, limits):
         out = []
@@ -151,12 +140,6 @@ class Oracle:
             done = len(row.tokens) - len(self.prompt)  # generated so far
             out.append(self.output[done:done + limit])
         return out
-
-    def commit(self, rows, accepted):
-        pass
-
-    def release(self, keys):
-        pass
 
 
 def test_the_row_governor_stops_a_drafter_that_is_always_wrong_and_resumes(tiny_checkpoint):

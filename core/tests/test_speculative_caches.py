@@ -21,6 +21,7 @@ from mlxcel.engine.cache.rollback import begin_verify, leaves
 from mlxcel.engine.config import EngineConfig
 from mlxcel.testing.checkpoint import cached_checkpoint
 from mlxcel.testing.engine import ListSink, request, run_until_done, worker_for
+from mlxcel.testing.stub_drafters import KnownOutputs
 from mlxcel.types import SamplingParams
 
 LOOKUP = "mlxcel.drafters.lookup:new_session"
@@ -58,36 +59,17 @@ def run(path, config=None, parallel=3):
 
 # -- exactness on the engine ------------------------------------------------------------------
 
-class Echo:
-    """A test drafter that knows each prompt's greedy output and proposes it with one
-    token changed at a position that moves from round to round: drafts are kept whole,
-    in part or not at all, differently per row (ragged acceptance)."""
+class Echo(KnownOutputs):
+    """Each prompt's greedy output (``outputs``) with one token changed at a position that
+    moves from round to round: drafts are kept whole, in part or not at all, differently
+    per row (ragged acceptance)."""
 
-    def __init__(self, outputs):
-        self.outputs = outputs  # prompt tuple -> greedy tokens
-        self.proposed = 0
-
-    def __call__(self, target, options):
-        return self
-
-    def propose(self, rows, limits):
-        out = []
-        for row, limit in zip(rows, limits, strict=True):
-            prompt = next(p for p in self.outputs if tuple(row.tokens[:len(p)]) == p)
-            done = len(row.tokens) - len(prompt)
-            draft = list(self.outputs[prompt][done:done + limit])
-            wrong = (done * 5 + len(prompt)) % (limit + 2)  # past the end: none wrong
-            if wrong < len(draft):
-                draft[wrong] = (draft[wrong] + 1) % 512
-            self.proposed += len(draft)
-            out.append(draft)
-        return out
-
-    def commit(self, rows, accepted):
-        pass
-
-    def release(self, keys):
-        pass
+    def draft(self, prompt, done, limit):
+        draft = super().draft(prompt, done, limit)
+        wrong = (done * 5 + len(prompt)) % (limit + 2)  # past the end: none wrong
+        if wrong < len(draft):
+            draft[wrong] = (draft[wrong] + 1) % 512
+        return draft
 
 
 @pytest.mark.parametrize("name", ["gemma3", "gpt-oss", "qwen3-next"])

@@ -14,6 +14,7 @@ from mlxcel.engine.constraints.speculate import draft_masks, drafts_with
 from mlxcel.lazy import resolve
 from mlxcel.plugins import load_plugins
 from mlxcel.testing.engine import ListSink, run_until_done, worker_for
+from mlxcel.testing.stub_drafters import KnownOutputs, StubDrafter
 from mlxcel.types import GenerationRequest, SamplingParams
 from mlxcel.types.constraints import GrammarConstraint, JsonSchemaConstraint
 from mlxcel.types.messages import Tool
@@ -30,34 +31,18 @@ TOOLS = (Tool(name="get_weather", definition={"type": "function", "function": {
     "name": "get_weather", "parameters": WEATHER}}),)
 
 
-class Replay:
-    """A test drafter that proposes each row's known output (``refs``: prompt -> tokens,
-    then ``tail``), every ``wrong_every``-th token replaced by ``wrong``: drafts that are
-    partly right, partly rejected, and for a constrained row partly forbidden."""
+class Replay(KnownOutputs):
+    """Each row's known output (``refs``: prompt -> tokens, then ``tail``), every
+    ``wrong_every``-th token replaced by ``wrong``: drafts that are partly right, partly
+    rejected, and for a constrained row partly forbidden."""
 
     def __init__(self, refs, wrong, wrong_every=4, tail=()):
-        self.refs, self.wrong, self.every, self.tail = refs, wrong, wrong_every, list(tail)
-        self.proposed = 0
+        super().__init__({p: [*out, *tail] for p, out in refs.items()})
+        self.wrong, self.every = wrong, wrong_every
 
-    def __call__(self, target, options):
-        return self
-
-    def propose(self, rows, limits):
-        out = []
-        for row, limit in zip(rows, limits, strict=True):
-            prompt = next(p for p in self.refs if tuple(row.tokens[:len(p)]) == p)
-            done = len(row.tokens) - len(prompt)
-            ahead = (self.refs[prompt] + self.tail)[done:done + limit]
-            out.append([self.wrong if (done + k) % self.every == self.every - 1 else t
-                        for k, t in enumerate(ahead)])
-            self.proposed += len(out[-1])
-        return out
-
-    def commit(self, rows, accepted):
-        pass
-
-    def release(self, keys):
-        pass
+    def draft(self, prompt, done, limit):
+        return [self.wrong if (done + k) % self.every == self.every - 1 else t
+                for k, t in enumerate(super().draft(prompt, done, limit))]
 
 
 def gen_request(prompt, max_tokens=40, sampling=GREEDY, **kw):
@@ -211,24 +196,15 @@ def test_stop_strings_and_logprobs_are_those_of_one_token_steps(tiny_checkpoint)
         assert [t for t, _ in x.top] == [t for t, _ in y.top]
 
 
-class Fixed:
+class Fixed(StubDrafter):
     """Proposes ``n`` tokens (the row's last token again), whatever the limit allows."""
 
     def __init__(self, n):
         self.n = n
 
-    def __call__(self, target, options):
-        return self
-
     def propose(self, rows, limits):
         return [[row.tokens[-1]] * min(self.n, limit) for row, limit in zip(rows, limits,
                                                                              strict=True)]
-
-    def commit(self, rows, accepted):
-        pass
-
-    def release(self, keys):
-        pass
 
 
 def test_per_request_draft_limits_cap_and_floor_each_row(tiny_checkpoint):
