@@ -28,7 +28,11 @@ from mlxcel.testing.engine import (  # noqa: E402
     request,
     run,
 )
-from mlxcel.testing.vlm_reference import mlx_vlm_greedy, rows_beside_text  # noqa: E402
+from mlxcel.testing.vlm_reference import (  # noqa: E402
+    mlx_vlm_greedy,
+    one_at_a_time,
+    rows_beside_text,
+)
 from mlxcel.types.media import MediaBlob  # noqa: E402
 from mlxcel_family_gemma4.load import decoder, load  # noqa: E402
 from PIL import Image  # noqa: E402
@@ -215,20 +219,10 @@ def test_a_repeated_image_hits_both_caches_and_another_misses(path, model, ids):
     wide = model.expand_media(ids, [image(10)], {"max_soft_tokens": 70})
     moved = model.expand_media(encode(model, TURN.format("Look: <|image|>" + TAIL)),
                                [image(10)], {})
-    engine = engine_for(path, parallel=2, cache=True, chunk=16)
-    try:
-        def ask(prompt):
-            return run(engine, [media_request(prompt, max_tokens=4)])[0]
-        tokens, _ = ask(first)
-        again, last_again = ask(first)
-        _, last_other = ask(other)
-        _, last_wide = ask(wide)
-        features = engine.worker.features
-        assert (features.misses, features.hits) == (3, 0)
-        ask(moved)
-        assert (features.misses, features.hits) == (3, 1)
-    finally:
-        engine.shutdown()
+    asked = one_at_a_time(path, [first, first, other, wide, moved])
+    (tokens, _, _), (again, last_again, _), (_, last_other, _) = asked[:3]
+    (_, last_wide, features), (_, _, features_moved) = asked[3:]
+    assert features == (3, 0) and features_moved == (3, 1)
     start, length = first.spans[0]
     assert again == tokens
     assert last_again.usage.cached_tokens > start + length

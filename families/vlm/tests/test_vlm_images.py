@@ -14,8 +14,7 @@ from mlxcel.errors import InvalidRequest
 from mlxcel.families.api import LoadOptions
 from mlxcel.media.api import MediaLimits
 from mlxcel.media.image import decode as decode_image
-from mlxcel.testing.engine import engine_for, media_request, run
-from mlxcel.testing.vlm_reference import mlx_vlm_greedy, rows_beside_text
+from mlxcel.testing.vlm_reference import mlx_vlm_greedy, one_at_a_time, rows_beside_text
 from mlxcel.types.media import MediaBlob
 from mlxcel_family_vlm.load import decoder, load
 from PIL import Image
@@ -113,18 +112,10 @@ def test_image_rows_batched_equal_solo_and_mlx_vlms_own(qwen):
 def test_a_repeated_image_hits_both_caches_and_another_misses(qwen):
     path, model, ids = qwen
     first, other = (model.expand_media(ids, [image(s)], {}) for s in (8, 9))
-    engine = engine_for(path, parallel=2, cache=True, chunk=16)
-    try:
-        def ask(prompt):
-            return run(engine, [media_request(prompt, max_tokens=4)])[0]
-        tokens, last = ask(first)
-        again, last_again = ask(first)
-        _, last_other = ask(other)
-        features = engine.worker.features
-    finally:
-        engine.shutdown()
+    (tokens, _, _), (again, last_again, _), (_, last_other, (misses, hits)) = \
+        one_at_a_time(path, [first, first, other])
     start = first.spans[0][0]
     assert again == tokens
     assert last_again.usage.cached_tokens > start + first.spans[0][1]
     assert last_other.usage.cached_tokens <= start
-    assert features.hits >= 1 and features.misses == 2
+    assert hits >= 1 and misses == 2

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from mlxcel.testing.engine import engine_for, request, run, solo_tokens
+from mlxcel.testing.engine import engine_for, media_request, request, run, solo_tokens
 
 
 def mlx_vlm_greedy(module: Any, prompt: Any, n: int, pixels: Any = None,
@@ -36,8 +36,7 @@ def rows_beside_text(path: Any, prompts: Sequence[Any], text: Sequence[Sequence[
     """(batched, alone): each image row's (``prompts``) and text row's greedy tokens when
     all decode together (image rows between text rows, ``--parallel`` all of them), and
     each alone; image rows first in both."""
-    images = [request(p.token_ids, max_tokens, media=p, media_digests=p.digest_positions())
-              for p in prompts]
+    images = [media_request(p, max_tokens) for p in prompts]
     texts = [request(list(t), max_tokens) for t in text]
     order = [r for pair in zip(texts, images, strict=False) for r in pair] + \
         texts[len(images):] + images[len(texts):]
@@ -49,3 +48,20 @@ def rows_beside_text(path: Any, prompts: Sequence[Any], text: Sequence[Sequence[
     alone = dict(zip(map(id, order), solo_tokens(path, order), strict=True))
     mine = [*images, *texts]
     return [together[id(r)] for r in mine], [alone[id(r)] for r in mine]
+
+
+def one_at_a_time(path: Any, prompts: Sequence[Any], max_tokens: int = 4,
+                  ) -> list[tuple[list[int], Any, tuple[int, int]]]:
+    """Each media prompt alone, in order, on one engine with a prompt cache: its greedy
+    tokens, its last event (``usage.cached_tokens``) and the feature cache's (misses,
+    hits) once it is done; so a test sees which prompt reused what."""
+    engine = engine_for(path, parallel=2, cache=True, chunk=16)
+    out = []
+    try:
+        for prompt in prompts:
+            (tokens, last), = run(engine, [media_request(prompt, max_tokens)])
+            features = engine.worker.features
+            out.append((tokens, last, (features.misses, features.hits)))
+    finally:
+        engine.shutdown()
+    return out
