@@ -320,18 +320,25 @@ def _ratio(v: float | None) -> str:
     return f"{v:.2f}x" if v is not None else "-"
 
 
+
+def _health(r: dict[str, Any]) -> str:
+    return _ms(r["health"])
+
+
+def _victim(r: dict[str, Any]) -> str:
+    """A victim stream's cell: whether it ended well, and its worst gap in ms."""
+    return f"{r['victim_ok']}, {r['victim_max_gap_ms']:.0f}"
+
+
 # (scenario, measure, cell, the number a ratio this / before is taken of, or None)
 ROWS: list[tuple[str, str, Any, Any]] = [
-    ("health_idle", "/health p50 / max ms", lambda r: _ms(r["health"]),
-     lambda r: r["health"]["p50_ms"]),
+    ("health_idle", "/health p50 / max ms", _health, lambda r: r["health"]["p50_ms"]),
     ("big_body", "4 x 9 MB answered in s (statuses)",
      lambda r: f"{r['answered_s']:.1f} ({', '.join(map(str, r['statuses']))})",
      lambda r: r["answered_s"]),
-    ("big_body", "/health p50 / max ms meanwhile", lambda r: _ms(r["health"]), None),
-    ("big_body", "victim stream ok, worst gap ms",
-     lambda r: f"{r['victim_ok']}, {r['victim_max_gap_ms']:.0f}", None),
-    ("idle_sockets", "/health p50 / max ms, 1,100 idle sockets", lambda r: _ms(r["health"]),
-     None),
+    ("big_body", "/health p50 / max ms meanwhile", _health, None),
+    ("big_body", "victim stream ok, worst gap ms", _victim, None),
+    ("idle_sockets", "/health p50 / max ms, 1,100 idle sockets", _health, None),
     ("idle_sockets", "idle sockets closed by the server",
      lambda r: f"{r['closed_after_wait']} / 1100 after {r['wait_s']:.0f} s", None),
     ("dry_bomb", "victims that ran to their length / 3 (bomb status)",
@@ -345,9 +352,7 @@ ROWS: list[tuple[str, str, Any, Any]] = [
     ("schema_bomb", "RSS MiB at the answers / 10 s later", _bomb_rss, None),
     ("schema_bomb", "RSS MiB idle -> peak (ratio: of the rise)", lambda r: f"{r['rss_idle_mib']:.0f} -> "
      f"{r['rss_peak_mib']:.0f}", lambda r: r["rss_peak_mib"] - r["rss_idle_mib"]),
-    ("schema_bomb", "victim stream ok, worst gap ms",
-     lambda r: f"{r['victim_ok']}, {r['victim_max_gap_ms']:.0f}",
-     lambda r: r["victim_max_gap_ms"]),
+    ("schema_bomb", "victim stream ok, worst gap ms", _victim, lambda r: r["victim_max_gap_ms"]),
     ("schema_bomb", "follow-up `{\"type\": \"integer\"}` status", lambda r: str(r["followup"]),
      None),
     ("store_growth", "turns answered 200 (of 20; body MB)",
