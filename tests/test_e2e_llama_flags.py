@@ -1,12 +1,14 @@
 """End to end on the real mlxcel-server, started with a llama-server command line
 (issue #33): the images routes answer 501 naming --image-model, --host binds each of
 several addresses, --tags shows in /v1/models, --reasoning off renders the template with
-enable_thinking false, -v adds __verbose, and CORS answers as llama-server does (the
+enable_thinking false, -v adds __verbose (whole answers, a chat stream's finishing chunk,
+every chunk of a completion stream), and CORS answers as llama-server does (the
 matrix: loopback origins with and without ports, listed and foreign origins, preflights,
 credentials; a foreign origin gets 200 without CORS headers, never 403)."""
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 
@@ -112,6 +114,40 @@ def test_verbose_adds_the_native_answer(http, path, body):
     assert verbose["tokens_predicted"] == out["usage"]["completion_tokens"] == 3
     assert verbose["tokens_evaluated"] == out["usage"]["prompt_tokens"]
     assert verbose["stop_type"] == "limit" and verbose["stopping_word"] == ""
+
+
+def frames(r: httpx.Response) -> list[dict]:
+    return [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+
+
+def test_verbose_in_a_chat_stream_rides_the_finishing_chunk_only(http):
+    r = http.post("/v1/chat/completions", headers=AUTH, json={
+        "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "temperature": 0,
+        "stream": True})
+    chunks = frames(r)
+    [finishing] = [c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
+    verbose = finishing["__verbose"]  # llama-server: the final result's first chunk
+    assert verbose["stop"] is True and verbose["content"] == ""  # the text was streamed
+    assert verbose["tokens_predicted"] == 3 and verbose["stop_type"] == "limit"
+    assert verbose["tokens_evaluated"] > 0 and verbose["id_slot"] == -1
+    assert [c for c in chunks if "__verbose" in c] == [finishing]
+
+
+def test_verbose_in_a_completion_stream_rides_every_chunk(http):
+    r = http.post("/v1/completions", headers=AUTH, json={
+        "prompt": "Once upon a time", "max_tokens": 4, "temperature": 0, "stream": True,
+        "ignore_eos": True})
+    chunks = frames(r)
+    texts = [c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"] is None]
+    assert texts and all(c["__verbose"]["content"] == c["choices"][0]["text"]
+                         and c["__verbose"]["stop"] is False for c in texts)
+    predicted = [c["__verbose"]["tokens_predicted"] for c in texts]
+    assert predicted == sorted(predicted) and predicted[-1] <= 4
+    assert sum(len(c["__verbose"]["tokens"]) for c in texts) == predicted[-1]
+    [final] = [c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
+    assert final["__verbose"]["stop"] is True and final["__verbose"]["content"] == ""
+    assert final["__verbose"]["tokens_predicted"] == 4
+    assert final["__verbose"]["tokens_evaluated"] == texts[0]["__verbose"]["tokens_evaluated"]
 
 
 # -- 3. CORS as llama-server answers it -------------------------------------------------------

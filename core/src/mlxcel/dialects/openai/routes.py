@@ -82,7 +82,8 @@ def build(ctx: AppContext) -> list[Any]:
         head = _head(ctx, body, rid)
         return await answer(ctx, request, turn, lambda i, last, timed: ChatEncoder(
             *head, include_usage=_include_usage(body), logprobs=body.logprobs, index=i,
-            last=last, timed=timed), stream=body.stream, timings=body.timings_per_token)
+            last=last, timed=timed, verbose=ctx.settings.verbose), stream=body.stream,
+            timings=body.timings_per_token)
 
     @post("/v1/completions", status_code=200)
     async def completions(request: Request) -> Any:
@@ -109,7 +110,7 @@ def build(ctx: AppContext) -> list[Any]:
         # streamed completions are not recorded in metrics
         return await answer(ctx, request, turn, lambda i, last, timed: CompletionEncoder(
             *head, include_usage=_include_usage(body), logprobs=want, echoed=echoed,
-            index=i, last=last, timed=timed), stream=body.stream,
+            index=i, last=last, timed=timed, verbose=ctx.settings.verbose), stream=body.stream,
             timings=body.timings_per_token, metrics=False)
 
     @get(["/v1/models", "/models"])

@@ -125,6 +125,8 @@ class ChatCompletionChunk(msgspec.Struct):
     system_fingerprint: None = None
     usage: Usage | UnsetType = UNSET
     timings: dict[str, Any] | UnsetType = UNSET  # llama-server's (``timings_per_token``)
+    # llama-server's ``__verbose`` (``-v``; ``verbose``)
+    verbose: dict[str, Any] | UnsetType = msgspec.field(default=UNSET, name="__verbose")
 
 
 class CompletionChoice(msgspec.Struct):
@@ -143,3 +145,4 @@ class Completion(msgspec.Struct):
     system_fingerprint: None = None
     usage: Usage | UnsetType = UNSET
     timings: dict[str, Any] | UnsetType = UNSET
+    verbose: dict[str, Any] | UnsetType = msgspec.field(default=UNSET, name="__verbose")

@@ -10,6 +10,7 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 from mlxcel.chat.answer import Answer, failure
+from mlxcel.dialects.llamacpp.stream import probabilities
 from mlxcel.dialects.timings import Watch, progress_object
 from mlxcel.dialects.wire import SSE_DONE, error_frame, sse
 from mlxcel.model.tokenizer import Tokenizer
@@ -26,6 +27,7 @@ from mlxcel.types.events import PromptProgress
 
 from . import schemas as s
 from .logprobs import chat_logprobs, completion_logprobs
+from .verbose import native_chunk, native_final
 
 # answer finish reasons -> OpenAI's; "error" and "cancelled" never reach a client as one
 FINISH = {"stop": "stop", "length": "length", "tool_calls": "tool_calls"}
@@ -48,15 +50,19 @@ class _Encoder:
     choice finished. ``timed``: the answer's ``Watch``, prompt length, and whether the
     request asked for ``timings_per_token`` (every frame then carries llama-server's
     ``timings``); without it only the finish carries them, when a drafter ran.
+    ``verbose``: frames carry llama-server's ``__verbose`` (``-v``; ``.verbose`` says
+    which).
     """
 
     def __init__(self, rid: str, created: int, model: str, tok: Tokenizer,
                  include_usage: bool, *, index: int = 0, last: bool = True,
-                 timed: tuple[Watch, int, bool] | None = None) -> None:
+                 timed: tuple[Watch, int, bool] | None = None, verbose: bool = False) -> None:
         self.rid, self.created, self.model, self.tok = rid, created, model, tok
         self.include_usage = include_usage
         self.index, self.last, self.timed = index, last, timed
         self.per_token = timed is not None and timed[2]
+        self.verbose = verbose
+        self.new_line = False  # some generated text had one (``__verbose.has_new_line``)
 
     def timings(self, usage: Usage | None = None) -> dict[str, Any] | UnsetType:
         """The ``timings`` of a frame (so far, or at the end: ``usage``): on every frame
@@ -75,16 +81,19 @@ class _Encoder:
             return [SSE_DONE]
         return [sse(self.usage_frame(wire_usage(usage))), SSE_DONE]
 
-    def _progress(self, p: PromptProgress, choice: dict[str, Any], obj: str) -> list[bytes]:
+    def _progress(self, p: PromptProgress, choice: dict[str, Any], obj: str,
+                  **extra: Any) -> list[bytes]:
         return [sse({"choices": [choice], "created": self.created, "id": self.rid,
                      "model": self.model, "system_fingerprint": None, "object": obj,
-                     "prompt_progress": progress_object(p)})]
+                     "prompt_progress": progress_object(p), **extra})]
 
     def encode(self, deltas: list[Delta]) -> list[bytes]:
         """The frames of some deltas; after a ``Finish``: its frame (+ usage) and
         ``[DONE]``, or an error frame and ``[DONE]`` when the answer failed."""
         out: list[bytes] = []
         for delta in deltas:
+            if self.verbose and isinstance(delta, (ContentDelta, ReasoningDelta)):
+                self.new_line = self.new_line or "\n" in delta.text
             if isinstance(delta, Finish):
                 if not delta.ok:
                     return [*out, error_frame(failure(delta)), SSE_DONE]
@@ -99,6 +108,13 @@ class _Encoder:
         """One delta's SSE frame, or None for a delta this surface does not show."""
         frame = self.delta_frame(delta)
         return None if frame is None else sse(frame)
+
+    def final_verbose(self, finish: Finish) -> dict[str, Any] | UnsetType:
+        """The finishing frame's ``__verbose``: the native final object, its text
+        already streamed (UNSET without ``-v``)."""
+        if not self.verbose:
+            return UNSET
+        return native_final(finish, "", self.model, self.new_line, self.index)
 
     def delta_frame(self, delta: Delta) -> Any: ...
 
@@ -167,6 +183,7 @@ class ChatEncoder(_Encoder):
         delta = s.Delta(reasoning_only=True) if finish.reasoning_only else s.Delta()
         chunk = self._chunk(delta, FINISH[finish.reason])
         chunk.timings = self.timings(finish.usage)
+        chunk.verbose = self.final_verbose(finish)
         return chunk
 
     def usage_frame(self, usage: s.Usage) -> Any:
@@ -208,8 +225,13 @@ class CompletionEncoder(_Encoder):
                                 [s.CompletionChoice(self.index, self.echoed, None)]))
 
     def progress(self, p: PromptProgress) -> list[bytes]:
+        extra = {}
+        if self.verbose:
+            prompt_n = self.timed[1] if self.timed is not None else 0
+            extra["__verbose"] = native_chunk(self.index, "", [], 0, prompt_n,
+                                              prompt_progress=progress_object(p))
         return self._progress(p, {"text": "", "index": self.index, "logprobs": None,
-                                  "finish_reason": None}, "text_completion")
+                                  "finish_reason": None}, "text_completion", **extra)
 
     def _frame(self, text: str, finish: str | None, logprobs: dict | None) -> s.Completion:
         return s.Completion(self.rid, self.created, self.model,
@@ -222,11 +244,26 @@ class CompletionEncoder(_Encoder):
         lps = completion_logprobs(self.tok, delta.logprobs, self.offset) \
             if delta.logprobs else None
         self.offset += len(delta.text)
-        return self._frame(delta.text, None, lps)
+        frame = self._frame(delta.text, None, lps)
+        if self.verbose:
+            frame.verbose = self._native_chunk(delta, frame.timings)
+        return frame
+
+    def _native_chunk(self, delta: ContentDelta, timings: Any) -> dict[str, Any]:
+        """The native chunk a ``text_completion`` chunk stands for (its ``__verbose``)."""
+        extra: dict[str, Any] = {} if timings is UNSET else {"timings": timings}
+        if delta.logprobs:
+            extra["completion_probabilities"] = probabilities(self.tok, delta.logprobs)
+        if self.timed is None:
+            return native_chunk(self.index, delta.text, [], 0, 0, **extra)
+        watch, prompt_n, _ = self.timed
+        return native_chunk(self.index, delta.text, watch.take_unsent(), len(watch.tokens),
+                            prompt_n, **extra)
 
     def finish_frame(self, finish: Finish) -> Any:
         frame = self._frame("", FINISH[finish.reason], None)
         frame.timings = self.timings(finish.usage)
+        frame.verbose = self.final_verbose(finish)
         return frame
 
     def usage_frame(self, usage: s.Usage) -> Any:
