@@ -68,6 +68,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -717,6 +718,12 @@ def _stats_line(st: Any) -> str:
     return ", ".join(f"{k} {json.dumps(st[k])}" for k in keys if k in st) or json.dumps(st)[:300]
 
 
+def _sizes(doc: dict[str, Any]) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
+    """Each (entry, prompt size's results) of a report, in order."""
+    for e in doc["entries"]:
+        yield from ((e, se) for se in e["sizes"].values())
+
+
 def render_md(doc: dict[str, Any]) -> str:
     L = [
         "# Prompt cache in agent scenarios: warm / cold TTFT, mlxcel vs mlx_lm.server",
@@ -739,16 +746,15 @@ def render_md(doc: dict[str, Any]) -> str:
         "| warm ms mlxcel / mlx_lm | targets |",
         "|---|---:|---|---:|---:|---:|---|",
     ]
-    for e in doc["entries"]:
-        for se in e["sizes"].values():
-            for row in se.get("rows", ()):
-                L.append(
-                    f"| {e['label']} | {fmt((row['mlxcel'] or {}).get('prompt_tokens'))} "
-                    f"| {row['scenario']} | {_cell(row['mlxcel'], 'ratio', 3)} "
-                    f"| {_cell(row['mlx_lm'], 'ratio', 3)} "
-                    f"| {fmt(row.get('warm_mlxcel_vs_mlx_lm'), 2)} | "
-                    + "; ".join(f"{t.get('short', t['target'])}: {_met(t)}" for t in row["targets"]) + " |"
-                )
+    for e, se in _sizes(doc):
+        for row in se.get("rows", ()):
+            L.append(
+                f"| {e['label']} | {fmt((row['mlxcel'] or {}).get('prompt_tokens'))} "
+                f"| {row['scenario']} | {_cell(row['mlxcel'], 'ratio', 3)} "
+                f"| {_cell(row['mlx_lm'], 'ratio', 3)} "
+                f"| {fmt(row.get('warm_mlxcel_vs_mlx_lm'), 2)} | "
+                + "; ".join(f"{t.get('short', t['target'])}: {_met(t)}" for t in row["targets"]) + " |"
+            )
     L += [
         "",
         "Memory (mlxcel): what the first turn 1 of a run added to `/v1/cache/stats`, per 1k "
@@ -758,14 +764,13 @@ def render_md(doc: dict[str, Any]) -> str:
         "| entry KiB / 1k tokens |",
         "|---|---:|---:|---:|---:|",
     ]
-    for e in doc["entries"]:
-        for se in e["sizes"].values():
-            mem = se.get("memory") or {}
-            kib = [fmt(mem[k] / 1024, 1) if mem.get(k) is not None else "n/a"
-                   for k in ("checkpoint_bytes_per_1k_tokens", "bytes_per_1k_tokens")]
-            L.append(f"| {e['label']} | {fmt(mem.get('prompt_tokens'))} "
-                     f"| {fmt((mem.get('added') or {}).get('checkpoints'))} "
-                     f"| {kib[0]} | {kib[1]} |")
+    for e, se in _sizes(doc):
+        mem = se.get("memory") or {}
+        kib = [fmt(mem[k] / 1024, 1) if mem.get(k) is not None else "n/a"
+               for k in ("checkpoint_bytes_per_1k_tokens", "bytes_per_1k_tokens")]
+        L.append(f"| {e['label']} | {fmt(mem.get('prompt_tokens'))} "
+                 f"| {fmt((mem.get('added') or {}).get('checkpoints'))} "
+                 f"| {kib[0]} | {kib[1]} |")
     L.append("")
     for e in doc["entries"]:
         ck, m, s = e["checkpoint"], e["machine"], e["settings"]
