@@ -185,8 +185,18 @@ def test_return_progress_in_chat_native_and_responses_streams(http):
     resp = http.post("/v1/responses", json={"input": LONG, "stream": True,
                                             "return_progress": True,
                                             "max_output_tokens": 3, "cache_prompt": False})
-    progress = [e for e in events(resp.text) if "prompt_progress" in e]
-    assert all(e["type"] == "response.in_progress" for e in progress)
+    opening = [e for e in events(resp.text) if e["type"] in ("response.created",
+                                                              "response.in_progress")]
+    # llama-server's shape: the first report rides the in_progress event that opens the
+    # stream after response.created; each later report is an in_progress event of its own
+    assert [e["type"] for e in opening[:2]] == ["response.created", "response.in_progress"]
+    assert "prompt_progress" not in opening[0]
+    progress = opening[1:]
+    assert all(e["type"] == "response.in_progress" and "prompt_progress" in e
+               and set(e) == {"type", "sequence_number", "response", "prompt_progress"}
+               and e["response"]["status"] == "in_progress"
+               and e["response"]["object"] == "response"
+               and e["response"]["id"] == opening[0]["response"]["id"] for e in progress)
     _progress(progress)
 
     quiet = http.post("/completion", json={"prompt": LONG, "stream": False,

@@ -135,7 +135,8 @@ class Create:
             self._compacted(result)
         turn = await self._turn()
         if self.body.stream:
-            encoder = SSEEncoder(self.builder, on_done=self.done, timed=self._timed(turn))
+            encoder = SSEEncoder(self.builder, on_done=self.done, timed=self._timed(turn),
+                                 progress=turn.request.return_progress)
             return SSEResponse(stream_answer(self.request, turn.stream, turn.machine, encoder,
                                              on_finish=turn.on_finish(self.ctx)))
         watch, prompt_n, _ = self._timed(turn)

@@ -228,28 +228,43 @@ class SSEEncoder:
     """The builder's events as SSE frames for ``wire.stream_answer``; ``on_done`` gets the
     final response of an answer that ended well.
 
-    llama-server's extensions, when the request asks: ``return_progress`` sends a
-    ``response.in_progress`` event with ``prompt_progress`` per prefill chunk;
+    llama-server's extensions, when the request asks: ``return_progress``
+    (``progress``) puts ``prompt_progress`` on a ``response.in_progress`` event per
+    prefill chunk, the first report on the one that opens the stream after
+    ``response.created`` (llama-server opens a Responses stream at its first report);
     ``timings_per_token`` (``timed``: the answer's ``Watch``, prompt length and that flag)
     adds ``timings`` to the last event of each batch of deltas, the final one included;
     without it only the final batch carries them, when a drafter ran a verify round."""
 
     def __init__(self, builder: ResponseBuilder, *, started: bool = False,
                  on_done: Callable[[s.Response], None] | None = None,
-                 timed: tuple[Watch, int, bool] | None = None) -> None:
+                 timed: tuple[Watch, int, bool] | None = None,
+                 progress: bool = False) -> None:
         self.builder, self.started, self.on_done = builder, started, on_done
         self.timed = timed
+        self.opens_late = progress and not started  # the first report opens the stream
 
     def first(self) -> bytes | None:
-        return None if self.started else b"".join(frame(e) for e in self.builder.start())
+        if self.started or self.opens_late:
+            return None
+        self.started = True
+        return b"".join(frame(e) for e in self.builder.start())
+
+    def _opening(self) -> list[Event]:
+        """``response.created`` and ``response.in_progress``, once, if still unsent."""
+        if self.started:
+            return []
+        self.started = True
+        return self.builder.start()
 
     def progress(self, p: mt.PromptProgress) -> list[bytes]:
-        event = self.builder.event("response.in_progress",
-                                   response=self.builder.snapshot("in_progress"))
-        return [frame({**event, "prompt_progress": progress_object(p)})]
+        events = self._opening() or [self.builder.event(
+            "response.in_progress", response=self.builder.snapshot("in_progress"))]
+        events[-1] = {**events[-1], "prompt_progress": progress_object(p)}
+        return [frame(e) for e in events]
 
     def encode(self, deltas: list[mt.Delta]) -> list[bytes]:
-        events = [e for d in deltas for e in self.builder.feed(d)]
+        events = self._opening() + [e for d in deltas for e in self.builder.feed(d)]
         if events and self.timed is not None:
             watch, prompt_n, per_token = self.timed
             end = deltas[-1].usage if isinstance(deltas[-1], mt.Finish) else None
