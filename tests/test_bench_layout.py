@@ -7,8 +7,9 @@ gets lost or duplicated, so the layout is checked rather than remembered.
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
+
+from mlxcel.testing.imports import imported_by
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
@@ -59,9 +60,5 @@ def test_no_bench_file_edits_sys_path():
 
 
 def test_importing_mlxcel_testing_imports_no_mlx_numpy_or_httpx():
-    code = (
-        "import sys, mlxcel.testing, mlxcel.testing.servers; "
-        "print(sorted(m for m in ('mlx', 'numpy', 'httpx') if m in sys.modules))"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
+    assert imported_by("import mlxcel.testing, mlxcel.testing.servers",
+                       ("mlx", "numpy", "httpx")) == []

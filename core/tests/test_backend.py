@@ -17,6 +17,7 @@ from mlxcel.errors import StartupError
 from mlxcel.model.loader import load_checkpoint
 from mlxcel.plugins import load_plugins
 from mlxcel.testing.checkpoint import cached_checkpoint
+from mlxcel.testing.imports import imported_by
 
 PROMPT = [3, 17, 42, 99, 7, 250, 11, 64, 128, 5, 300, 21]
 
@@ -105,12 +106,11 @@ def test_elf_needed_reads_mlx_library_without_importing_it(tmp_path):
 
 
 def test_mlx_library_lookup_does_not_import_mlx_core():
-    code = ("import sys; from mlxcel import backend; lib = backend.mlx_library(); "
-            "n = backend.elf_needed(lib) if lib else []; backend.mlx_device(n) if n else None; "
-            "print('mlx.core' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True).stdout.strip()
-    assert out == ("False" if sys.platform.startswith("linux") else out)
+    imported = imported_by(
+        "from mlxcel import backend; lib = backend.mlx_library(); "
+        "n = backend.elf_needed(lib) if lib else []; backend.mlx_device(n) if n else None",
+        ("mlx.core",))
+    assert imported == [] or not sys.platform.startswith("linux")
 
 
 def test_startup_checks_do_not_import_mlx_core():

@@ -6,14 +6,13 @@ logits, and the side-task conformance runners."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import mlx.core as mx
 import numpy as np
 import pytest
 from mlxcel.families.api import LoadOptions
 from mlxcel.families.tasks import TaskOptions
+from mlxcel.testing.imports import imported_by
 from mlxcel_family_embeddings import detect
 from mlxcel_family_embeddings.load import load
 from mlxcel_family_embeddings.runners import embedder, reranker
@@ -126,8 +125,5 @@ def test_check_and_tasks_of_read_only_the_config(tmp_path):
 
 
 def test_the_entry_point_imports_nothing_heavy():
-    code = ("import sys, mlxcel_family_embeddings.plugin; "
-            "print([m for m in ('mlx', 'mlx_vlm', 'numpy', 'tokenizers') if m in sys.modules])")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True).stdout.strip()
-    assert out == "[]"
+    assert imported_by("import mlxcel_family_embeddings.plugin",
+                       ("mlx", "mlx_vlm", "numpy", "tokenizers")) == []

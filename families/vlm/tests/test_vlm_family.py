@@ -6,12 +6,11 @@ from __future__ import annotations
 import importlib.util
 import json
 import pathlib
-import subprocess
-import sys
 
 import mlx.core as mx
 import pytest
 from mlxcel.families.api import LoadOptions
+from mlxcel.testing.imports import imported_by
 from mlxcel_family_vlm.detect import MODEL_TYPES, check
 from mlxcel_family_vlm.load import decoder, load
 
@@ -66,13 +65,9 @@ def test_every_listed_type_is_a_vision_language_model_of_mlx_vlm():
 
 
 def test_the_entry_point_and_check_import_no_mlx():
-    code = ("import sys, mlxcel_family_vlm.plugin as p, mlxcel_family_vlm.detect as d; "
-            "d.check('.', {'model_type': 'qwen2_vl', 'vision_config': {}}); "
-            "print(sorted(m for m in ('mlx', 'mlx_vlm', 'transformers', 'PIL') "
-            "if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, timeout=60)
-    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+    assert imported_by("import mlxcel_family_vlm.plugin as p, mlxcel_family_vlm.detect as d; "
+                       "d.check('.', {'model_type': 'qwen2_vl', 'vision_config': {}})",
+                       ("mlx", "mlx_vlm", "transformers", "PIL")) == []
 
 
 @pytest.mark.parametrize("shape", OURS)

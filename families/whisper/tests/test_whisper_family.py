@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 
 import mlx.core as mx
 import pytest
 from mlx.utils import tree_flatten
 from mlxcel.errors import StartupError
 from mlxcel.families.api import LoadOptions
+from mlxcel.testing.imports import imported_by
 from mlxcel_family_whisper import detect
 from mlxcel_family_whisper.load import load
 from mlxcel_family_whisper.runner import make
@@ -44,12 +43,8 @@ def test_origin_names_the_openai_repo_of_the_checkpoint_s_size():
 
 
 def test_the_entry_point_imports_nothing_heavy():
-    code = ("import sys, mlxcel_family_whisper.plugin, mlxcel_family_whisper.detect; "
-            "print([m for m in ('mlx', 'mlx_audio', 'numpy', 'transformers') "
-            "if m in sys.modules])")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True).stdout.strip()
-    assert out == "[]"
+    assert imported_by("import mlxcel_family_whisper.plugin, mlxcel_family_whisper.detect",
+                       ("mlx", "mlx_audio", "numpy", "transformers")) == []
 
 
 def test_both_layouts_load_the_same_model(whisper_checkpoint):
