@@ -8,9 +8,9 @@ from __future__ import annotations
 import json
 
 import mlx.core as mx
-import numpy as np
 import pytest
 from mlxcel.testing.vlm_checkpoints import SHAPES, init_model
+from mlxcel.testing.vlm_reference import forward, prompt_inputs, ramp_image
 from PIL import Image
 
 # a 56x56 image -> image tokens: Qwen merges 2x2 patches of 14 px (56/28 squared), Gemma 3
@@ -36,33 +36,11 @@ HUB_KEYS = {
                "model.vision_tower.patch_embedder.input_proj.weight": (32, 192),
                "model.embed_vision.embedding_projection.weight": (64, 32)},
 }
-MESSAGES = [{"role": "user", "content": [{"type": "image"},
-                                         {"type": "text", "text": "What is in the picture?"}]}]
-
-
-def image(width: int = 56, height: int = 56) -> Image.Image:
-    pixels = (np.arange(width * height * 3) % 251).astype(np.uint8)
-    return Image.fromarray(pixels.reshape(height, width, 3))
-
-
-def prompt_inputs(processor, images):
-    """The chat template's prompt for one image part, through the processor."""
-    text = processor.tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True,
-                                                   tokenize=False)
-    return text, processor(text=[text], images=images)
 
 
 def image_tokens(processor, ids, shape: str) -> int:
     token = processor.tokenizer.convert_tokens_to_ids(IMAGE_TOKEN[shape])
     return int((ids == token).sum().item())
-
-
-def forward(model, inputs):
-    """mlx-vlm's own path: the ids, the pixels and the processor's other outputs."""
-    extra = {k: v for k, v in inputs.items()
-             if k not in ("input_ids", "pixel_values", "attention_mask")}
-    return model(inputs["input_ids"], pixel_values=inputs["pixel_values"],
-                 mask=inputs.get("attention_mask"), **extra).logits
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -80,7 +58,7 @@ def test_mlx_vlm_loads_it_back_with_the_same_logits(vlm_checkpoint, shape):
 
     path = vlm_checkpoint(shape)
     model, processor = load(str(path))  # strict: every weight found, none left over
-    _, inputs = prompt_inputs(processor, [image()])
+    _, inputs = prompt_inputs(processor, [ramp_image()])
     built = init_model(json.loads((path / "config.json").read_text()))
     loaded, expected = forward(model, inputs), forward(built, inputs)
     assert loaded.shape == (1, inputs["input_ids"].shape[1], 512)
@@ -92,7 +70,7 @@ def test_the_processor_expands_an_image_into_the_models_image_tokens(vlm_checkpo
     from mlx_vlm.utils import load_processor
 
     processor = load_processor(vlm_checkpoint(shape))
-    text, inputs = prompt_inputs(processor, [image()])
+    text, inputs = prompt_inputs(processor, [ramp_image()])
     assert RENDERED[shape] in text, text
     assert image_tokens(processor, inputs["input_ids"], shape) == TOKENS_56[shape]
 
@@ -103,7 +81,7 @@ def test_qwen_image_tokens_follow_the_image_grid(vlm_checkpoint, shape):
     from mlx_vlm.utils import load_processor
 
     processor = load_processor(vlm_checkpoint(shape))
-    _, inputs = prompt_inputs(processor, [image(56, 112)])
+    _, inputs = prompt_inputs(processor, [ramp_image(56, 112)])
     assert inputs["image_grid_thw"].tolist() == [[1, 8, 4]]
     assert image_tokens(processor, inputs["input_ids"], shape) == 8
 
@@ -113,12 +91,12 @@ def test_a_prompt_with_one_image_gives_finite_logits(vlm_checkpoint, shape):
     from mlx_vlm.utils import load
 
     model, processor = load(str(vlm_checkpoint(shape)))
-    _, inputs = prompt_inputs(processor, [image()])
+    _, inputs = prompt_inputs(processor, [ramp_image()])
     logits = forward(model, inputs)
     assert logits.shape == (1, inputs["input_ids"].shape[1], 512)
     assert mx.all(mx.isfinite(logits)).item()
     # the image changes what follows it: another image, other logits at the last position
-    _, other = prompt_inputs(processor, [image().transpose(Image.Transpose.ROTATE_90)])
+    _, other = prompt_inputs(processor, [ramp_image().transpose(Image.Transpose.ROTATE_90)])
     assert not mx.allclose(forward(model, other)[0, -1], logits[0, -1]).item()
 
 

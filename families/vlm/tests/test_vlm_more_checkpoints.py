@@ -11,6 +11,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from mlxcel.testing.vlm_checkpoints import MORE_SHAPES, SHAPES, init_model
+from mlxcel.testing.vlm_reference import forward, prompt_inputs, ramp_image
 from PIL import Image
 
 # what the chat template writes for an image part, and what a 56x56 image becomes:
@@ -42,13 +43,6 @@ HUB_KEYS = {
                  "language_model.model.embed_tokens.weight": (512, 64),
                  "language_model.lm_head.weight": (512, 64)},
 }
-MESSAGES = [{"role": "user", "content": [{"type": "image"},
-                                         {"type": "text", "text": "What is in the picture?"}]}]
-
-
-def image(width: int = 56, height: int = 56) -> Image.Image:
-    pixels = (np.arange(width * height * 3) % 251).astype(np.uint8)
-    return Image.fromarray(pixels.reshape(height, width, 3))
 
 
 @pytest.fixture(scope="module", params=MORE_SHAPES)
@@ -59,19 +53,6 @@ def loaded(request, vlm_checkpoint):
 
     path = vlm_checkpoint(request.param)
     return request.param, path, *load(str(path))
-
-
-def prompt_inputs(processor, images):
-    text = processor.tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True,
-                                                   tokenize=False)
-    return text, processor(text=[text], images=images)
-
-
-def forward(model, inputs):
-    extra = {k: v for k, v in inputs.items()
-             if k not in ("input_ids", "pixel_values", "attention_mask")}
-    return model(inputs["input_ids"], pixel_values=inputs["pixel_values"],
-                 mask=inputs.get("attention_mask"), **extra).logits
 
 
 def test_the_shapes_are_apart_from_the_first_set():
@@ -91,7 +72,7 @@ def test_weights_are_under_the_checkpoints_own_names(loaded):
 
 def test_mlx_vlm_loads_it_back_with_the_same_logits(loaded):
     shape, path, model, processor = loaded
-    _, inputs = prompt_inputs(processor, [image()])
+    _, inputs = prompt_inputs(processor, [ramp_image()])
     built = init_model(json.loads((path / "config.json").read_text()))
     got, want = forward(model, inputs), forward(built, inputs)
     assert got.shape == (1, inputs["input_ids"].shape[1], 512)
@@ -100,7 +81,7 @@ def test_mlx_vlm_loads_it_back_with_the_same_logits(loaded):
 
 def test_the_processor_writes_an_image_as_the_models_tokens(loaded):
     shape, _, _, processor = loaded
-    text, inputs = prompt_inputs(processor, [image()])
+    text, inputs = prompt_inputs(processor, [ramp_image()])
     assert RENDERED[shape] in text, text
     ids = np.asarray(inputs["input_ids"]).reshape(-1).tolist()
     tok = processor.tokenizer
@@ -111,8 +92,8 @@ def test_the_processor_writes_an_image_as_the_models_tokens(loaded):
 
 def test_a_prompt_with_one_image_gives_finite_logits(loaded):
     _, _, model, processor = loaded
-    _, inputs = prompt_inputs(processor, [image()])
+    _, inputs = prompt_inputs(processor, [ramp_image()])
     logits = forward(model, inputs)
     assert mx.all(mx.isfinite(logits)).item()
-    _, other = prompt_inputs(processor, [image().transpose(Image.Transpose.ROTATE_90)])
+    _, other = prompt_inputs(processor, [ramp_image().transpose(Image.Transpose.ROTATE_90)])
     assert not mx.allclose(forward(model, other)[0, -1], logits[0, -1]).item()

@@ -1,6 +1,7 @@
 """What an image row must equal, for a vision family's tests: mlx-vlm's own generate loop
-(greedy, on the family's expanded prompt), and the same rows run alone when they decode
-beside text rows. mlx-vlm is imported on use: it is a family's dependency, not core's."""
+(greedy, on the family's expanded prompt), its own forward on its processor's inputs, and
+the same rows run alone when they decode beside text rows. mlx-vlm, numpy and Pillow are
+imported on use: they are a family's dependencies, not core's."""
 
 from __future__ import annotations
 
@@ -8,6 +9,35 @@ from collections.abc import Sequence
 from typing import Any
 
 from mlxcel.testing.engine import engine_for, media_request, request, run, solo_tokens
+
+# one user turn: an image part, then a question
+ONE_IMAGE = [{"role": "user", "content": [{"type": "image"},
+                                          {"type": "text", "text": "What is in the picture?"}]}]
+
+
+def ramp_image(width: int = 56, height: int = 56) -> Any:
+    """A deterministic RGB PIL image (a byte ramp), the same on every machine."""
+    import numpy as np
+    from PIL import Image
+
+    pixels = (np.arange(width * height * 3) % 251).astype(np.uint8)
+    return Image.fromarray(pixels.reshape(height, width, 3))
+
+
+def prompt_inputs(processor: Any, images: Sequence[Any]) -> tuple[str, Any]:
+    """The chat template's prompt for ``ONE_IMAGE``, and the processor's inputs for it."""
+    text = processor.tokenizer.apply_chat_template(ONE_IMAGE, add_generation_prompt=True,
+                                                   tokenize=False)
+    return text, processor(text=[text], images=images)
+
+
+def forward(model: Any, inputs: Any) -> Any:
+    """mlx-vlm's own path: the ids, the pixels and the processor's other outputs; the
+    logits."""
+    extra = {k: v for k, v in inputs.items()
+             if k not in ("input_ids", "pixel_values", "attention_mask")}
+    return model(inputs["input_ids"], pixel_values=inputs["pixel_values"],
+                 mask=inputs.get("attention_mask"), **extra).logits
 
 
 def mlx_vlm_greedy(module: Any, prompt: Any, n: int, pixels: Any = None,
