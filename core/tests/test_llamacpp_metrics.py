@@ -3,6 +3,9 @@ and the families in process (a native stream counts there, not in ``mlxcel_reque
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 from apphelpers import ready_client
 from mlxcel.engine.served import ServedTotals
@@ -13,8 +16,8 @@ from prometheus_client.parser import text_string_to_metric_families
 def test_served_window_and_rates_leave_the_first_token_out():
     served = ServedTotals()
     # prompt 10 (4 from the cache), 5 generated; first token 0.5 s after submit, last 2 s later
-    served.request(10, 4, 5, submitted=100.0, first=100.5, last=102.5)
-    served.request(3, 0, 1, submitted=200.0, first=200.25, last=200.25)  # one token only
+    served.request(10, 4, 5, started=100.0, first=100.5, last=102.5)
+    served.request(3, 0, 1, started=200.0, first=200.25, last=200.25)  # one token only
     total, bucket = served.snapshot(reset_bucket=True)
     assert (total.prompt_tokens, total.cached_tokens, total.predicted_tokens) == (9, 4, 6)
     assert total.prompt_seconds == pytest.approx(0.75)
@@ -57,3 +60,33 @@ def test_a_native_stream_counts_in_the_llamacpp_families(tiny_checkpoint):
         assert after["llamacpp:prompt_tokens_total"] > before["llamacpp:prompt_tokens_total"]
         assert after["llamacpp:predicted_tokens_seconds"] > 0
         assert samples(c)["llamacpp:predicted_tokens_seconds"] == 0  # a new window
+
+
+def test_prompt_seconds_leave_out_a_queued_requests_wait(tiny_checkpoint):
+    """A request queued behind a busy slot adds its prefill's seconds, not its wait
+    (llama-server counts from ``t_start_process_prompt``)."""
+    with ready_client(tiny_checkpoint, parallel=1, metrics=True) as c:
+        before = samples(c)
+        long = {"prompt": "Once upon a time", "n_predict": 8000, "ignore_eos": True,
+                "temperature": 0, "cache_prompt": False}
+        done: list = []
+        holder = threading.Thread(target=lambda: done.append(c.post("/completion", json=long)))
+        holder.start()
+        deadline = time.monotonic() + 30
+        while samples(c)["llamacpp:requests_processing"] < 1:  # the long one holds the slot
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        start = time.perf_counter()
+        short = c.post("/completion", json={"prompt": "Hello there", "n_predict": 1,
+                                            "temperature": 0, "cache_prompt": False})
+        waited = time.perf_counter() - start
+        holder.join(60)
+        assert short.status_code == 200 and done and done[0].status_code == 200
+        after = samples(c)
+        held = done[0].json()["tokens_predicted"]
+        assert held > 1000 and waited > 0.3  # it sat in the queue behind the long one
+        assert after["llamacpp:tokens_predicted_total"] - \
+            before["llamacpp:tokens_predicted_total"] == held + 1
+        # two short prompts' prefills: a small part of the wait, which is not counted
+        assert after["llamacpp:prompt_seconds_total"] - \
+            before["llamacpp:prompt_seconds_total"] < waited / 4

@@ -5,8 +5,9 @@ Name for name, type for type and help for help as llama-server's ``/metrics`` wr
 written for llama-server reads this server unchanged:
 
 - ``prompt_tokens_total`` / ``prompt_seconds_total``: prompt tokens computed (the prompt
-  cache's share left out) and the seconds to each request's first token, chat model and
-  side models (embedding, rerank) together (``mlxcel.engine.served``);
+  cache's share left out) and the seconds from each request's prefill start to its first
+  token (not its time in the queue), chat model and side models (embedding, rerank)
+  together (``mlxcel.engine.served``);
 - ``tokens_predicted_total`` / ``tokens_predicted_seconds_total``: generated tokens, and
   the seconds from each request's first token to its last;
 - ``n_decode_total``: the model's forward calls: decode steps, prefill chunks and side

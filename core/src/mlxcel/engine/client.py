@@ -159,6 +159,7 @@ class EventStream:
         self.done = False
         self.cancelled = False  # read by the engine thread between steps
         self._submitted = time.perf_counter()
+        self._prefill: float | None = None  # when the engine began computing the prompt
         self._first: float | None = None  # when the first token (or the finish) came
 
     def emit(self, event: GenerationEvent) -> None:
@@ -173,14 +174,21 @@ class EventStream:
         except RuntimeError:  # the consumer's event loop is gone: stop generating for it
             self.cancelled = True
 
+    def prefill_started(self, at: float) -> None:
+        """Called from the engine thread when its prefill group starts (``Sink``)."""
+        self._prefill = at
+
     def _count(self, finish: GenerationEvent) -> None:
-        """Add the finished request to the engine's ``served`` totals."""
+        """Add the finished request to the engine's ``served`` totals: the prompt's
+        seconds run from its prefill's start (llama-server's ``t_start_process_prompt``),
+        never from its submission, so the time it waited for a slot is not counted."""
         usage = finish.usage
         if usage is None or (not usage.completion_tokens and finish.finish_reason in UNSERVED):
             return
+        start = self._prefill if self._prefill is not None else self._submitted
         self._client.served.request(usage.prompt_tokens, usage.cached_tokens,
-                                    usage.completion_tokens, self._submitted,
-                                    self._first or self._submitted, time.perf_counter())
+                                    usage.completion_tokens, start,
+                                    self._first or start, time.perf_counter())
 
     def _lost(self) -> None:
         self.cancelled = True

@@ -158,11 +158,14 @@ def processed(job: Any, row: Any) -> int:
 
 
 def report_progress(job: Any, started: float, done: bool) -> None:
-    """Send a progress event to each row of ``job`` that asked for one. Once the prefill
-    is done every prompt token counts as processed, as llama-server's last report has it
-    (the last one goes in with the row's first decode step)."""
+    """Tell each row of ``job`` when its prefill started (``started``: the served totals
+    count the prompt's seconds from there), and send a progress event to each row that
+    asked for one. Once the prefill is done every prompt token counts as processed, as
+    llama-server's last report has it (the last one goes in with the row's first decode
+    step)."""
     ms = int((time.perf_counter() - started) * 1e3)
     for seq in job.seqs:
+        seq.prefill_started(started)
         if seq.req.return_progress and not seq.finished:
             row = _row(job, seq)
             total = len(seq.req.prompt_tokens)

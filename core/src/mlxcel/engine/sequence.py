@@ -20,7 +20,9 @@ log = structlog.get_logger("mlxcel.engine")
 
 
 class Sink(Protocol):
-    """Where a sequence's events go; ``cancelled`` turns true when the consumer is gone."""
+    """Where a sequence's events go; ``cancelled`` turns true when the consumer is gone.
+    A sink may also take ``prefill_started(at)``: when the engine began computing the
+    prompt (``time.perf_counter()``), once."""
 
     cancelled: bool
 
@@ -78,6 +80,7 @@ class Sequence:
             self.matcher = ReasoningBudget(self.matcher, limit.budget, limit.open, limit.close,
                                            limit.close_ids, limit.inside)
         self._before_guide = ""  # the output's tail while the constraint waits to start
+        self._prefill_told = False
 
     def __lt__(self, other: Sequence) -> bool:  # heap order: priority lane, then arrival
         return (self.req.priority, self.order) < (other.req.priority, other.order)
@@ -91,6 +94,16 @@ class Sequence:
 
     def emit(self, event: GenerationEvent) -> None:
         self.sink.emit(event)
+
+    def prefill_started(self, at: float) -> None:
+        """Tell the sink, once, when the engine began computing this prompt (a prefill
+        group's start: the time it waited in the queue is not the prompt's)."""
+        if self._prefill_told:
+            return
+        self._prefill_told = True
+        told = getattr(self.sink, "prefill_started", None)
+        if told is not None:
+            told(at)
 
     @property
     def generated_ids(self) -> list[int]:

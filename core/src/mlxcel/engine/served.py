@@ -4,7 +4,8 @@
 Each request adds, when it finishes:
 
 - its prompt tokens that were computed (the prompt less what the prompt cache gave) and
-  the seconds from its submission to its first token;
+  the seconds from its prefill's start to its first token (the time it waited in the
+  queue is not the prompt's, as llama-server counts it);
 - its generated tokens, and the seconds from its first token to its last. The generation
   rate leaves the first token out on both sides (``steps``: tokens after the first), since
   that token's time is the prompt's.
@@ -58,12 +59,13 @@ class ServedTotals:
             self._total = self._total + delta
             self._bucket = self._bucket + delta
 
-    def request(self, prompt: int, cached: int, generated: int, submitted: float,
+    def request(self, prompt: int, cached: int, generated: int, started: float,
                 first: float, last: float) -> None:
         """One finished generation: ``prompt`` tokens of which ``cached`` came from the
-        prompt cache, ``generated`` tokens; times from ``time.perf_counter()``."""
+        prompt cache, ``generated`` tokens; ``started``: its prefill's start; times from
+        ``time.perf_counter()``."""
         self.add(Served(prompt_tokens=max(0, prompt - cached), cached_tokens=cached,
-                        prompt_seconds=max(0.0, first - submitted),
+                        prompt_seconds=max(0.0, first - started),
                         predicted_tokens=generated, predicted_steps=max(0, generated - 1),
                         predicted_seconds=max(0.0, last - first)))
 
