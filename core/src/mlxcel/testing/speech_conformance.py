@@ -73,6 +73,19 @@ def _check_one(runner: Any, i: int, item: Transcription, got: Any, emitted: list
         f"item {i}: emit did not see every segment in order"
 
 
+class _Emitted:
+    """A runner's ``emit``: what it emits, per item index (``seen``); an index outside
+    the batch of ``n`` items fails the check at once."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.seen: dict[int, list] = {i: [] for i in range(n)}
+
+    def __call__(self, index: int, piece: Any) -> None:
+        assert index in self.seen, f"emit got index {index}, the batch has {self.n} items"
+        self.seen[index].append(piece)
+
+
 def check_transcriber(runner: Any, items: Sequence[Transcription] | None = None) -> None:
     """Run the transcriber checks (see the module docstring) on ``items`` (default: three
     synthetic clips of 1.5 to 4 s, one with a language and a prompt, one asking for words)."""
@@ -85,11 +98,8 @@ def check_transcriber(runner: Any, items: Sequence[Transcription] | None = None)
         isinstance(k, str) and isinstance(v, str) and v for k, v in names.items()), \
         "language_names must map codes to names"
     items = list(items) if items is not None else _clips(runner)
-    seen: dict[int, list] = {i: [] for i in range(len(items))}
-
-    def emit(index: int, piece: Any) -> None:
-        assert index in seen, f"emit got index {index}, the batch has {len(items)} items"
-        seen[index].append(piece)
+    emit = _Emitted(len(items))
+    seen = emit.seen
 
     together = runner.transcribe(items, emit)
     assert len(together) == len(items), "transcribe must return one Transcript per item"
@@ -138,11 +148,8 @@ def check_speaker(runner: Any, texts: Sequence[str] = SPOKEN) -> None:
         "voices must be a non-empty tuple of names without commas"
     assert runner.default_voice in voices, "default_voice must be one of voices"
     items = [Utterance(text=t, voice=runner.default_voice) for t in texts]
-    seen: dict[int, list] = {i: [] for i in range(len(items))}
-
-    def emit(index: int, piece: Any) -> None:
-        assert index in seen, f"emit got index {index}, the batch has {len(items)} items"
-        seen[index].append(piece)
+    emit = _Emitted(len(items))
+    seen = emit.seen
 
     counts = runner.speak(items, emit)
     assert len(counts) == len(items), "speak must return one sample count per item"
