@@ -41,6 +41,7 @@ from mlxcel.types import GenerationRequest, ReasoningLimit
 from mlxcel.types.constraints import Constraint
 from mlxcel.types.media import MediaPrompt
 from mlxcel.types.messages import PromptInput, PromptRequest
+from mlxcel.types.requests import LazyStart
 
 
 class TurnOptions(msgspec.Struct, kw_only=True):
@@ -52,7 +53,8 @@ class TurnOptions(msgspec.Struct, kw_only=True):
     output-token limit, for its error message; ``response``: the answer's constraint from
     the dialect's structured-output field (``chat.structured.response_constraint``);
     ``reasoning_budget``: the request's thinking budget in tokens (None: the server's
-    ``--reasoning-budget``; -1: unrestricted).
+    ``--reasoning-budget``; -1: unrestricted); ``lazy``: where a lazy ``response``
+    grammar starts (``chat.lazy_grammar``; None: from the first token).
     """
 
     sampling: dict[str, Any] = {}
@@ -66,6 +68,7 @@ class TurnOptions(msgspec.Struct, kw_only=True):
     top_logprobs: int = 0
     n: int = 1
     response: Constraint | None = None
+    lazy: LazyStart | None = None
     reasoning_budget: int | None = None
     logit_bias: Any = None  # the wire value (chat.logit_bias reads it with the tokenizer)
     return_progress: bool = False  # prefill progress events (streamed answers only)
@@ -94,6 +97,7 @@ def generation_request(ctx: AppContext, prompt: list[int], request_id: str,
                              stop=options.stop, ignore_eos=options.ignore_eos,
                              priority=priority, loop=loop, cache_prompt=options.cache_prompt,
                              guide=guide, guide_after=guide_after,
+                             guide_lazy=options.lazy if guide is not None else None,
                              reasoning_limit=reasoning_limit, cache_marks=cache_marks,
                              media=media,
                              media_digests=media.digest_positions() if media else (),

@@ -10,6 +10,7 @@ from typing import Any, Protocol
 import structlog
 
 from mlxcel.engine.budget import ReasoningBudget
+from mlxcel.engine.lazy_guide import LazyTrigger
 from mlxcel.engine.sampling import RowRandom
 from mlxcel.model.detokenizer import IncrementalDetokenizer
 from mlxcel.model.tokenizer import Tokenizer
@@ -75,7 +76,10 @@ class Sequence:
         self._final: GenerationEvent | None = None
         self.submitted_at = time.perf_counter()
         guide = req.guide
-        self.matcher = None if guide is None else guide.matcher(active=req.guide_after is None)
+        self.lazy = None if guide is None or req.guide_lazy is None \
+            else LazyTrigger(req.guide_lazy, tokenizer)
+        self.matcher = None if guide is None else guide.matcher(
+            active=req.guide_after is None and self.lazy is None)
         if (limit := req.reasoning_limit) is not None:
             self.matcher = ReasoningBudget(self.matcher, limit.budget, limit.open, limit.close,
                                            limit.close_ids, limit.inside)
@@ -127,9 +131,9 @@ class Sequence:
         if isinstance(self.matcher, ReasoningBudget):
             self.matcher.observe(text)
             if self.matcher.waiting:
-                self._start_guide(text)
+                self._start_guide(token, text)
         elif self.matcher is not None and not self.matcher.active:
-            self._start_guide(text)
+            self._start_guide(token, text)
         if self._stop_in(text, span) or (self.loop is not None and self._loop_may_stop()
                                          and self._looping()):
             self.finish("stop", text, token, logprobs=lps, specials=specials)
@@ -142,9 +146,20 @@ class Sequence:
             self.emit(GenerationEvent(text=text, token_ids=(token,), logprobs=lps,
                                       specials=specials))
 
-    def _start_guide(self, text: str) -> None:
-        """Start the constraint once the output holds ``guide_after`` (it may arrive
-        split over tokens, so a tail as long as the marker is kept)."""
+    def _start_guide(self, token: int, text: str) -> None:
+        """Start the constraint at its lazy trigger (``lazy_guide``: the text from the
+        trigger on is fed through it, and a grammar that refuses it fails the row), or
+        once the output holds ``guide_after`` (it may arrive split over tokens, so a tail
+        as long as the marker is kept)."""
+        if self.lazy is not None:
+            replay = self.lazy.see(token, text)
+            if replay is not None:
+                self.lazy = None
+                self.matcher.start()
+                if not all(self.matcher.advance(t) for t in replay):
+                    raise RuntimeError("the output from the grammar's trigger on does not "
+                                       "match the grammar")
+            return
         marker = self.req.guide_after or ""
         seen = self._before_guide + text
         if marker in seen:

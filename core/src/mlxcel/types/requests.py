@@ -69,6 +69,18 @@ class ReasoningLimit(msgspec.Struct, frozen=True, kw_only=True):
     inside: bool = False
 
 
+class LazyStart(msgspec.Struct, frozen=True, kw_only=True):
+    """Where a lazy constraint (llama-server's ``grammar_lazy``) starts: at the first
+    generated token in ``tokens``, or at the first match of one of ``patterns`` (Python
+    regular expressions) in the output so far, one anchored ``^...$`` matching the whole
+    output, the others anywhere in it. The constraint begins where the match does (at its
+    first non-empty group, else its start), and the text from there is fed through it,
+    so the grammar matches the trigger too; the output before it is free."""
+
+    patterns: tuple[str, ...] = ()
+    tokens: tuple[int, ...] = ()
+
+
 # Prompt boundaries the chat layer marks (GenerationRequest.cache_marks): the end of the
 # system + tools prefix, and the message boundaries of the last turn. The engine adds
 # "prompt" (the prompt's end) and "interval" (every --cache-checkpoint-interval blocks).
@@ -82,7 +94,9 @@ class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
     generated token must obey, compiled before the request is queued so that the engine
     never waits for a compile. ``guide_after``: text that starts the constraint once the
     output contains it (the end of a reasoning block the prompt opened); None = from the
-    first token. ``reasoning_limit``: the answer's reasoning budget (None: unrestricted).
+    first token. ``guide_lazy``: the constraint starts at a trigger instead, ``guide_after``
+    unused (``LazyStart``). ``reasoning_limit``: the answer's reasoning budget (None:
+    unrestricted).
     """
 
     request_id: str
@@ -105,6 +119,7 @@ class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
     media: MediaPrompt | None = None
     guide: Any = None
     guide_after: str | None = None
+    guide_lazy: LazyStart | None = None
     reasoning_limit: ReasoningLimit | None = None
     # send a ``progress`` event after each prefill chunk (llama-server's ``return_progress``)
     return_progress: bool = False

@@ -19,6 +19,7 @@ import msgspec
 from litestar import Request
 
 from mlxcel.chat.answer import collect
+from mlxcel.chat.lazy_grammar import lazy_start_of
 from mlxcel.chat.output import OutputMachine
 from mlxcel.chat.structured import compile_constraint, request_constraint
 from mlxcel.context import AppContext
@@ -61,16 +62,18 @@ class _Run:
 
 def _submit(ctx: AppContext, request: Request, body: NativeFields,
             prompts: list[list[int]], truncated: bool,
-            media: list[MediaPrompt | None] | None, guide: Any = None) -> list[_Run]:
+            media: list[MediaPrompt | None] | None, guide: Any = None,
+            lazy: Any = None) -> list[_Run]:
     """Every prompt's plan first (a 400 submits nothing), then each submitted; a refusal
     (503) cancels the ones already admitted. ``guide``: the compiled output constraint
-    every prompt's answer obeys."""
+    every prompt's answer obeys (``lazy``: from its trigger on)."""
     priority = request_priority(request)
     images = media if media is not None else [None] * len(prompts)
     plans = [native_plan(ctx, body, ids, f"cmpl-{uuid.uuid4().hex[:24]}", priority, found)
              for ids, found in zip(prompts, images, strict=True)]
     if guide is not None:
-        plans = [replace(p, request=msgspec.structs.replace(p.request, guide=guide))
+        plans = [replace(p, request=msgspec.structs.replace(p.request, guide=guide,
+                                                            guide_lazy=lazy))
                  for p in plans]
     n = choices_of(ctx, body)
     runs: list[_Run] = []
@@ -132,9 +135,10 @@ async def respond(ctx: AppContext, request: Request, body: NativeFields,
     ``media``: each prompt's images, expanded, or None). ``grammar`` or ``json_schema``
     is compiled first (``chat.structured``; its errors are 400s before anything runs)."""
     constraint = request_constraint(grammar=body.grammar, json_schema=body.json_schema)
+    lazy = lazy_start_of(body, ctx.checkpoint.tokenizer, constraint)
     guide = None if constraint is None else await compile_constraint(
         ctx.constraint_compiler(), constraint)
-    runs = _submit(ctx, request, body, prompts, truncated, media, guide)
+    runs = _submit(ctx, request, body, prompts, truncated, media, guide, lazy)
     if body.stream and len(runs) > 1:
         return SSEResponse(_stream_runs(runs))
     if body.stream:

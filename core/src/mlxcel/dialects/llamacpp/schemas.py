@@ -40,6 +40,10 @@ class NativeFields(GenerationFields, kw_only=True):
     logit_bias: Any = None  # llama-server's forms (chat.logit_bias)
     grammar: Any = None  # a GBNF grammar, or json_schema: at most one (chat.structured)
     json_schema: Any = None
+    # a lazy grammar: from a trigger on (chat.lazy_grammar)
+    grammar_lazy: bool = False
+    grammar_triggers: Any = None
+    preserved_tokens: Any = None
     # refused unless they ask for nothing (see ``completion.refuse_unsupported``)
     post_sampling_probs: bool = False
     lora: list[Any] | None = None

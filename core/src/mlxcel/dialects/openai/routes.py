@@ -11,6 +11,7 @@ from typing import Any
 
 from litestar import Request, Response, get, post
 
+from mlxcel.chat.lazy_grammar import lazy_start_of
 from mlxcel.chat.output import OutputMachine
 from mlxcel.chat.structured import compile_constraint, request_constraint
 from mlxcel.context import CAPABILITIES, AppContext
@@ -70,12 +71,11 @@ def build(ctx: AppContext) -> list[Any]:
                         if body.max_completion_tokens is not None else (body.max_tokens,
                                                                         "max_tokens"))
         rid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
+        response = request_constraint(body.response_format, grammar=body.grammar,
+                                      json_schema=body.json_schema, tools=bool(body.tools))
         options = turn_options(body, limit, field, logprobs=body.logprobs,
-                               top_logprobs=body.top_logprobs or 0,
-                               response=request_constraint(body.response_format,
-                                                           grammar=body.grammar,
-                                                           json_schema=body.json_schema,
-                                                           tools=bool(body.tools)))
+                               top_logprobs=body.top_logprobs or 0, response=response,
+                               lazy=lazy_start_of(body, ctx.checkpoint.tokenizer, response))
         chat = await prepare_for(request, lambda: prompt_request(body))
         turn = await start_turn(ctx, request, chat, options, rid,
                                 priority=request_priority(request))
@@ -92,11 +92,11 @@ def build(ctx: AppContext) -> list[Any]:
         check_completion_options(body)
         rid = f"cmpl-{uuid.uuid4().hex[:24]}"
         want = body.logprobs is not None
+        response = request_constraint(body.response_format, grammar=body.grammar,
+                                      json_schema=body.json_schema)
         options = turn_options(body, body.max_tokens, "max_tokens", logprobs=want,
-                               top_logprobs=body.logprobs or 0,
-                               response=request_constraint(body.response_format,
-                                                           grammar=body.grammar,
-                                                           json_schema=body.json_schema))
+                               top_logprobs=body.logprobs or 0, response=response,
+                               lazy=lazy_start_of(body, ctx.checkpoint.tokenizer, response))
         prompt = await prepare_for(request, lambda: completion_prompt(ctx, body))
         guide = None if options.response is None else await compile_constraint(
             ctx.constraint_compiler(), options.response)

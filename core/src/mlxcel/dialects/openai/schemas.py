@@ -38,6 +38,9 @@ class SamplingFields(GenerationFields, kw_only=True):
     logit_bias: Any = None
     grammar: Any = None
     json_schema: Any = None
+    grammar_lazy: bool = False  # a lazy grammar: from a trigger on (chat.lazy_grammar)
+    grammar_triggers: Any = None
+    preserved_tokens: Any = None
     timings_per_token: bool = False  # llama-server's: ``timings`` on every streamed chunk
     return_progress: bool = False  # llama-server's: ``prompt_progress`` chunks first
 

@@ -218,7 +218,7 @@ def echo_text(ctx: AppContext, body: CompletionRequest, prompt: list[int]) -> st
 
 def turn_options(body: SamplingFields, limit: int | None, limit_field: str, *,
                  logprobs: bool = False, top_logprobs: int = 0,
-                 response: Constraint | None = None) -> TurnOptions:
+                 response: Constraint | None = None, lazy: Any = None) -> TurnOptions:
     """The body's generation fields in the chat layer's names."""
     budget = reasoning_budget({k: getattr(body, k) for k in REASONING_BUDGET_ALIASES})
     if body.logit_bias is not None:
@@ -228,6 +228,7 @@ def turn_options(body: SamplingFields, limit: int | None, limit_field: str, *,
         loop={k: getattr(body, k) for k in LOOP_FIELDS}, limit=limit,
         limit_field=limit_field, stop=stop_strings(body.stop), ignore_eos=body.ignore_eos,
         cache_prompt=body.cache_prompt is not False, logprobs=logprobs,
-        top_logprobs=top_logprobs, n=body.n, response=response, reasoning_budget=budget,
+        top_logprobs=top_logprobs, n=body.n, response=response, lazy=lazy,
+        reasoning_budget=budget,
         logit_bias=body.logit_bias, return_progress=body.return_progress and body.stream,
         draft=draft_limits(body))
