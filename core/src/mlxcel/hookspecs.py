@@ -108,9 +108,12 @@ def mlxcel_register_drafters(registry: DrafterRegistry) -> None:
     the engine verifies every drafting row of the batch in one forward and keeps each
     row's longest prefix that the target itself produces (its argmax, or its own draw at
     each position), so the output is the target's, exactly. ``commit(rows, accepted)``
-    tells how many of each row's tokens were kept; ``release(keys)`` that rows left. Core
-    registers ``prompt-lookup`` (``mlxcel.drafters.lookup``). What a drafter must pass:
-    ``mlxcel.testing.conformance.check_drafter``.
+    tells how many of each row's tokens were kept; ``release(keys)`` that rows left. A
+    session whose class sets ``needs_hidden = True`` (MTP heads, assistants) also gets, per
+    row, the target's last hidden state (``DraftRow.hidden``, the final norm's output at
+    the row's last kept position(s)) and its layer caches (``DraftRow.cache``); others pay
+    nothing for it. Core registers ``prompt-lookup`` (``mlxcel.drafters.lookup``). What a
+    drafter must pass: ``mlxcel.testing.conformance.check_drafter``.
     """
 
 

@@ -16,6 +16,18 @@ the session and calls it between decode steps:
   model rolls its own cache back to them).
 * ``release(keys)``: rows that left the batch; their state goes.
 
+A session whose class sets ``needs_hidden = True`` (MTP heads, assistants, DFlash) also
+reads the target's own state; a session without it costs the engine nothing more. In
+``propose``, each row then carries ``hidden`` ([1, H]: the target's last hidden state,
+the final norm's output that its LM head reads, at the position that gave the row's
+last token) and ``cache`` (``TargetCache``: the target's layer caches, holding every
+token of the row but the last, and the row's index in them; read only); a row for which
+the engine has no hidden state yet (it joined the batch since the last step) is not
+offered. In ``commit``, each row's ``hidden`` is [n + 1, H]: the states at its kept
+positions, the last one that of its new last token (``cache`` is None there). The engine
+takes the state from the verify or decode forward that computed it: a view of it, no
+copy (``mlxcel.drafters.hidden``).
+
 ``propose`` must not change ``tokens``. A session that raises fails only the step's
 speculation: the engine logs it once, stops drafting with that session, and decodes on.
 What a drafter must pass: ``mlxcel.testing.conformance.check_drafter``.
@@ -64,15 +76,29 @@ class DraftTarget(NamedTuple):
     config: dict[str, Any]
 
 
+class TargetCache(NamedTuple):
+    """The target's layer caches as the engine decodes on them (a batch's, or one row's
+    own) and the row's ``index`` in them (``mlxcel.drafters.target.row_kv`` reads one
+    row's keys and values out of any kind)."""
+
+    layers: list[Any]
+    index: int
+
+
 class DraftRow(NamedTuple):
     """One drafting row: ``key`` is stable while the row stays in the batch; ``tokens``
-    its context (read only)."""
+    its context (read only). ``hidden`` and ``cache``: for sessions that set
+    ``needs_hidden`` only (the module docstring), else None."""
 
     key: int
     tokens: list[int]
+    hidden: Any = None
+    cache: TargetCache | None = None
 
 
 class DraftSession(Protocol):
+    needs_hidden: bool  # optional: absent is False
+
     def propose(self, rows: list[DraftRow], limits: list[int]) -> list[list[int]]: ...
 
     def commit(self, rows: list[DraftRow], accepted: list[int]) -> None: ...

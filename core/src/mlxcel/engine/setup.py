@@ -131,7 +131,7 @@ class EngineSetup:
         log.info("speculation_on", drafter=cfg.drafter_kind, draft_max=options.draft_max,
                  governed=cfg.prompt_lookup != "on")
         return Speculation(session, cfg.drafter_kind, options,
-                           governed=cfg.prompt_lookup != "on")
+                           governed=cfg.prompt_lookup != "on", model=model)
 
     def _decode_checks(self, model: Any) -> list[Any]:
         """Prefilled caches for ``lean_decode.forward_for``: the shared path's

@@ -11,7 +11,9 @@ multi-token verify forwards on the same kind of caches -- and compares the token
 costs a handful of small forwards at startup.
 
 Prompt lookup copies from the context and calls no model of its own: it is exact by
-construction, and the engine does not probe it.
+construction, and the engine does not probe it. A session that reads the target's hidden
+states and cache (``needs_hidden``) gets them from the probe's own forwards, as the
+engine gives them.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from typing import Any, NamedTuple
 
 import mlx.core as mx
 
-from mlxcel.drafters.api import DraftOptions, DraftRow
+from mlxcel.drafters import hidden as hidden_states
+from mlxcel.drafters.api import DraftOptions, DraftRow, TargetCache
 
 PROMPT = "The quick brown fox jumps over the lazy dog. The quick brown fox"
 PROMPT_TOKENS = 12  # the most prompt tokens the probe feeds
@@ -41,7 +44,7 @@ class ProbeResult(NamedTuple):
     accepted: int
 
 
-def _caches(model: Any) -> list[Any]:
+def make_caches(model: Any) -> list[Any]:
     if hasattr(model, "make_cache"):
         return model.make_cache()
     from mlx_lm.models.cache import make_prompt_cache
@@ -64,7 +67,7 @@ def _greedy(logits: mx.array) -> list[int]:
 
 def plain_tokens(model: Any, prompt: list[int], n: int) -> list[int]:
     """``n`` greedy tokens after ``prompt``, one forward each."""
-    cache = _caches(model)
+    cache = make_caches(model)
     out = [_greedy(model(mx.array([prompt], dtype=mx.uint32), cache)[:, -1:])[0]]
     while len(out) < n:
         out.append(_greedy(model(mx.array([[out[-1]]], dtype=mx.uint32), cache))[0])
@@ -81,7 +84,7 @@ def _forget(model: Any, cache: list[Any], context: list[int], n: int) -> list[An
     if can_trim_prompt_cache(cache):
         trim_prompt_cache(cache, n)
         return cache
-    cache = _caches(model)
+    cache = make_caches(model)
     if context:
         model(mx.array([context], dtype=mx.uint32), cache)
     return cache
@@ -91,23 +94,30 @@ def speculative_tokens(model: Any, session: Any, prompt: list[int], n: int,
                        draft_max: int) -> tuple[list[int], int, int]:
     """``n`` greedy tokens after ``prompt`` through ``session``'s drafts and verify
     forwards; with the tokens drafted and accepted."""
-    cache = _caches(model)
+    tap = hidden_states.tap(model) if getattr(session, "needs_hidden", False) else None
+    cache = make_caches(model)
     first = _greedy(model(mx.array([prompt], dtype=mx.uint32), cache)[:, -1:])[0]
+    last = tap.take()[0, -1:] if tap is not None else None  # the state that gave ``first``
     out, drafted, accepted = [first], 0, 0
     try:
         while len(out) < n:
             context = prompt + out
             limit = min(draft_max, n - len(out) - 1)
-            draft = [int(t) for t in session.propose([DraftRow(KEY, list(context))],
-                                                     [limit])[0][:limit]] if limit else []
+            row = DraftRow(KEY, list(context), last,
+                           TargetCache(cache, 0) if tap is not None else None)
+            draft = [int(t) for t in session.propose([row], [limit])[0][:limit]] \
+                if limit else []
             got = _greedy(model(mx.array([[out[-1], *draft]], dtype=mx.uint32), cache))
+            states = tap.take()[0] if tap is not None else None  # [1 + len(draft), H]
             kept = 0
             while kept < len(draft) and got[kept] == draft[kept]:
                 kept += 1
             drafted, accepted = drafted + len(draft), accepted + kept
             out += draft[:kept] + [got[kept]]
             if draft:
-                session.commit([DraftRow(KEY, list(prompt + out))], [kept])
+                session.commit([DraftRow(KEY, list(prompt + out), states[:kept + 1]
+                                         if states is not None else None)], [kept])
+            last = states[kept:kept + 1] if states is not None else None
             cache = _forget(model, cache, (prompt + out)[:-1], len(draft) - kept)
     finally:
         session.release([KEY])

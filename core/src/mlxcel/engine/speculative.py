@@ -26,6 +26,12 @@ forward. While a row with media decodes, the batch takes one-token steps.
 A request's own ``speculative.n_max`` / ``speculative.n_min`` (``GenerationRequest.
 draft_max`` / ``draft_min``) cap and floor its drafts within ``--draft-max``; an
 ``n_max`` of 0 keeps it from drafting.
+
+A drafter that reads the target's hidden states (``DraftSession.needs_hidden``) gets
+them from the forward that computed them (``mlxcel.drafters.hidden``): after each decode
+step (``plain``) and verify step (``kept``) the engine keeps, per row, a view of the
+state at the row's last kept position, and offers the session only rows that have one.
+For any other drafter none of this runs.
 """
 
 from __future__ import annotations
@@ -35,7 +41,8 @@ from typing import Any
 
 import structlog
 
-from mlxcel.drafters.api import DraftOptions, DraftRow
+from mlxcel.drafters import hidden as hidden_states
+from mlxcel.drafters.api import DraftOptions, DraftRow, TargetCache
 from mlxcel.engine.constraints.speculate import drafts_with
 from mlxcel.engine.sequence import Sequence
 
@@ -126,12 +133,26 @@ class Speculation:
     """The engine's drafting state: the drafter's session, the governors, the counters."""
 
     def __init__(self, session: Any, kind: str, options: DraftOptions,
-                 governed: bool = True) -> None:
-        """``governed``: the batch governor may stop drafting (``--prompt-lookup auto``)."""
+                 governed: bool = True, model: Any = None) -> None:
+        """``governed``: the batch governor may stop drafting (``--prompt-lookup auto``).
+        ``model``: the target, whose final norm is tapped for a session that reads its
+        hidden states."""
         self.session = session
         self.kind = kind
         self.options = options
         self.governed = governed
+        self.tap = None
+        if getattr(session, "needs_hidden", False):
+            self.tap = hidden_states.tap(model)
+            if self.tap is None:
+                from mlxcel.errors import StartupError
+
+                raise StartupError(f"the {kind} drafter reads the target's hidden states, "
+                                   "and this model has no final norm to take them from")
+        # per row key: its index in ``hidden`` [B, H], the states at the rows' last kept
+        # positions after the latest step (needs_hidden only)
+        self.hidden_at: dict[int, int] = {}
+        self.hidden: Any = None
         self.rows: dict[int, RowGovernor] = {}
         self.batch = BatchGovernor()
         self.failed = False
@@ -159,16 +180,54 @@ class Speculation:
 
     def wants(self, rows: list[Sequence]) -> bool:
         """Whether this step should stop to draft: some row may, and the batch allows it."""
+        if self.tap is not None:
+            self.tap.last = None  # what the next forward records is that step's
         if self.failed or any(s.req.media is not None and not s.finished for s in rows):
             return False  # a media row's decoder shifts its positions: one-token steps only
         if self.governed and not self.batch.allows(sum(not s.finished for s in rows)):
             return False
-        return any(self.eligible(s) for s in rows)
+        return any(self.eligible(s) and self._has_hidden(s) for s in rows)
 
-    def propose(self, rows: list[Sequence]) -> list[list[int]] | None:
-        """Each row's draft ([] for none), or None when no row drafts this step."""
+    def _has_hidden(self, seq: Sequence) -> bool:
+        return self.tap is None or id(seq) in self.hidden_at
+
+    def plain(self, rows: list[Sequence]) -> None:
+        """A one-token step for ``rows`` was queued (its forward the last the model ran):
+        the batch governor's clock, and the rows' hidden states (needs_hidden)."""
+        self.batch.plain(len(rows))
+        if self.tap is not None:
+            self._launched(rows)
+
+    # -- hidden states (needs_hidden) ------------------------------------------------------
+    def _launched(self, rows: list[Sequence]) -> None:
+        """Keep each row's hidden state at the one position the decode step computed (a
+        view of the forward's own)."""
+        out = self.tap.take()
+        if out is None or out.ndim != 3 or tuple(out.shape[:2]) != (len(rows), 1):
+            self.hidden_at, self.hidden = {}, None  # not this step's: no row drafts
+            return
+        self.hidden_at = {id(s): i for i, s in enumerate(rows)}
+        self.hidden = out[:, 0]
+
+    def kept(self, rows: list[Sequence], states: Any, accepted: list[int]) -> None:
+        """A verify step's hidden states [B, W, H] (``states``) and each row's kept draft
+        count: keep each row's state at its last kept position."""
+        if self.tap is None:
+            return
+        if states is None or states.ndim != 3 or states.shape[0] != len(rows):
+            self.hidden_at, self.hidden = {}, None
+            return
+        import mlx.core as mx
+
+        self.hidden_at = {id(s): i for i, s in enumerate(rows)}
+        self.hidden = states[mx.arange(len(rows)), mx.array(accepted)]
+
+    def propose(self, rows: list[Sequence], cache: list[Any] | None = None
+                ) -> list[list[int]] | None:
+        """Each row's draft ([] for none), or None when no row drafts this step.
+        ``cache``: the batch's layer caches, for a session that reads them."""
         self._forget_departed(rows)
-        picked = [i for i, s in enumerate(rows) if self.eligible(s)]
+        picked = [i for i, s in enumerate(rows) if self.eligible(s) and self._has_hidden(s)]
         limits, floors = [], []
         for i in picked:
             seq = rows[i]
@@ -178,8 +237,7 @@ class Speculation:
             limits.append(min(max(min(gov.length, cap), floor), room))
             floors.append(max(1, floor))
         try:
-            got = self.session.propose([DraftRow(id(rows[i]), rows[i].context) for i in picked],
-                                       limits)
+            got = self.session.propose([self._row(rows, i, cache) for i in picked], limits)
         except Exception:
             log.exception("drafter_failed", kind=self.kind)
             self.failed = True
@@ -194,11 +252,20 @@ class Speculation:
                                               self.limits(rows[i])[0])
         return drafts if any(drafts) else None
 
+    def _row(self, rows: list[Sequence], i: int, cache: list[Any] | None) -> DraftRow:
+        seq = rows[i]
+        if self.tap is None:
+            return DraftRow(id(seq), seq.context)
+        at = self.hidden_at[id(seq)]
+        return DraftRow(id(seq), seq.context, self.hidden[at:at + 1],
+                        TargetCache(cache, i) if cache is not None else None)
+
     def settle(self, rows: list[Sequence], drafts: list[list[int]], accepted: list[int],
-               seconds: float, emitted: int) -> None:
-        """After a verify step: counters, governors, and the session's commit."""
+               seconds: float, emitted: int, states: Any = None) -> None:
+        """After a verify step: counters, governors, and the session's commit
+        (``states``: the verify forward's hidden states [B, W, H], needs_hidden only)."""
         committed = []
-        for seq, draft, n in zip(rows, drafts, accepted, strict=True):
+        for i, (seq, draft, n) in enumerate(zip(rows, drafts, accepted, strict=True)):
             if not draft:
                 continue
             d = seq.drafts
@@ -208,7 +275,8 @@ class Speculation:
             self.drafted += len(draft)
             self.accepted += n
             self.rows[id(seq)].settle(self.batch.steps, len(draft), n, self.limits(seq)[0])
-            committed.append((DraftRow(id(seq), seq.context), n))
+            kept = states[i, :n + 1] if states is not None and self.tap is not None else None
+            committed.append((DraftRow(id(seq), seq.context, kept), n))
         self.batch.verified(sum(not s.finished for s in rows) or len(rows), seconds, emitted)
         if committed:
             try:

@@ -19,6 +19,9 @@ row's cache holds its context but the bonus token, which is the next step's inpu
 kept tokens go to the rows one by one (``Sequence.accept``), so stop strings, EOS, the
 matcher's own state and logprobs are handled as after one-token steps; a row that ends
 inside its kept tokens takes none after the end.
+
+For a drafter that reads the target's hidden states, the forward's own (the final norm's
+output, ``mlxcel.drafters.hidden``) go to ``Speculation.kept`` and the session's commit.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ def verify_step(batch: DecodeBatch, drafts: list[list[int]], spec: Speculation,
                        for s, d in zip(rows, fed, strict=True)], dtype=mx.uint32)
     begin_verify(batch.model, batch.cache, inputs)  # mixed path: each layer's rollback
     logits = batch.model(inputs, batch.cache)  # [B, width, V]
+    states = spec.tap.take() if spec.tap is not None else None  # needs_hidden: [B, width, H]
     keys = [s.random.key for s in rows]
     positions, chains = [], []
     for j in range(width):
@@ -87,7 +91,8 @@ def verify_step(batch: DecodeBatch, drafts: list[list[int]], spec: Speculation,
                             dtype=mx.uint32)
     # the counters first: a row that finishes below reports them in its usage
     emitted = sum(n + 1 for s, n in zip(rows, accepted, strict=True) if not s.finished)
-    spec.settle(rows, drafts, accepted, time.perf_counter() - started, emitted)
+    spec.kept(rows, states, accepted)
+    spec.settle(rows, drafts, accepted, time.perf_counter() - started, emitted, states)
     stats.draft_rounds += sum(1 for d in drafts if d)
     stats.draft_tokens += sum(len(d) for d in drafts)
     stats.draft_accepted += sum(n for d, n in zip(drafts, accepted, strict=True) if d)

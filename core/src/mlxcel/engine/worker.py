@@ -342,7 +342,7 @@ class EngineWorker(EngineSetup, Admission, threading.Thread):
             self._settle(done)
         self.inflight = step
         if self.spec is not None:
-            self.spec.batch.plain(len(step.rows))
+            self.spec.plain(step.rows)
 
     def _speculate(self) -> bool:
         """A verify step (``mlxcel.engine.verify``) when some row drafts: the previous
@@ -355,7 +355,7 @@ class EngineWorker(EngineSetup, Admission, threading.Thread):
         self.batch.drop_finished()
         if not self.batch:
             return True
-        drafts = self.spec.propose(self.batch.rows)
+        drafts = self.spec.propose(self.batch.rows, self.batch.cache)
         if drafts is None:
             return False
         done = self.trace.timed("verify_ms", lambda: verify_step(self.batch, drafts, self.spec,

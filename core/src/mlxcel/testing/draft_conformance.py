@@ -1,7 +1,8 @@
 """``check_drafter``: what a drafter (``mlxcel.drafters.api``) must do to be served.
 
 Its session keeps to the contract (drafts within their limits, token ids of the
-vocabulary, rows' contexts left as they were, ``commit`` and ``release`` taken), and the
+vocabulary, rows' contexts left as they were, ``commit`` and ``release`` taken; a session
+that reads hidden states gets them as the engine gives them), and the
 engine's greedy outputs with it drafting equal those without it, for a batch whose rows
 join at different times and draft different amounts.
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlxcel.drafters.api import DraftOptions, DraftRow, DraftTarget
+from mlxcel.drafters.api import DraftOptions, DraftRow, DraftTarget, TargetCache
 from mlxcel.engine.config import EngineConfig
 from mlxcel.testing.engine import ListSink, request, run_until_done, worker_for
 
@@ -31,6 +32,23 @@ def _outputs(checkpoint: Any, config: EngineConfig | None, max_tokens: int
     return [s.tokens for s in sinks], [s.last.usage for s in sinks]
 
 
+def _row(model: Any, session: Any, key: int, tokens: list[int]) -> DraftRow:
+    """A row as the engine offers it: with the target's hidden state and caches for a
+    session that reads them (``needs_hidden``), from a forward of all but its last token
+    on caches of its own."""
+    if not getattr(session, "needs_hidden", False):
+        return DraftRow(key, tokens)
+    import mlx.core as mx
+
+    from mlxcel.drafters.hidden import tap
+    from mlxcel.engine.spec_probe import make_caches
+
+    states = tap(model)
+    cache = make_caches(model)
+    model(mx.array([tokens[:-1]], dtype=mx.uint32), cache)
+    return DraftRow(key, tokens, states.take()[0, -1:], TargetCache(cache, 0))
+
+
 def check_drafter(new_session: Any, checkpoint: Any, kind: str = "prompt-lookup",
                   max_tokens: int = 24) -> list[Any]:
     """Raise ``AssertionError`` naming what ``new_session`` (a drafter's factory) does
@@ -44,7 +62,7 @@ def check_drafter(new_session: Any, checkpoint: Any, kind: str = "prompt-lookup"
     options = DraftOptions(draft_max=4)
     session = new_session(DraftTarget(ckpt.model, ckpt.tokenizer, str(ckpt.path),
                                       dict(ckpt.config)), options)
-    rows = [DraftRow(i, list(p)) for i, p in enumerate(PROMPTS)]
+    rows = [_row(ckpt.model, session, i, list(p)) for i, p in enumerate(PROMPTS)]
     before = [list(r.tokens) for r in rows]
     limits = [4, 1, 0, 3, 2]
     drafts = session.propose(rows, limits)

@@ -1,0 +1,90 @@
+"""The target's hidden states, for drafters that read them (``DraftSession.needs_hidden``).
+
+The state an MTP head or an assistant drafter continues from is the target's last hidden
+state: the output of the text model's final norm, the vector its LM head reads. mlx-lm's
+models compute it inside their forward and return only the logits, so ``tap(model)``
+makes that norm module record its latest output: the instance's class becomes a subclass
+whose ``__call__`` keeps a reference to what the norm returns. The module's parameters,
+its place in the model and the graph the forward builds are unchanged, and the reference
+is the forward's own array, so reading it copies nothing. A tap is installed only for a
+drafter that needs it; every other engine leaves the model as loaded.
+
+The recording is whatever the norm computed last, prefill chunks included: the engine
+reads it right after the decode or verify forward it wants (``Tap.take``), and a forward
+that does not call the module (a path that inlines the norm) leaves nothing, so its rows
+do not draft with such a drafter.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.nn as nn
+
+# where mlx-lm's text models keep their final norm, on the inner model
+NORM_NAMES = ("norm", "final_layernorm", "ln_f", "norm_f")
+_ATTR = "_mlxcel_tap"
+_TAPPED: dict[type, type] = {}
+
+
+class Tap:
+    """The latest output of a tapped norm (``last``: [B, L, H], or None)."""
+
+    def __init__(self) -> None:
+        self.last: Any = None
+
+    def take(self) -> Any:
+        """The latest output, forgotten here (the next forward records its own)."""
+        out, self.last = self.last, None
+        return out
+
+
+def network(model: Any) -> Any:
+    """The mlx-lm module behind ``model`` (an engine wrapper may hold it as ``.model``)."""
+    return model if isinstance(model, nn.Module) else getattr(model, "model", None)
+
+
+def text_model(model: Any) -> Any:
+    """The inner text model whose layers and final norm the forward runs: ``.model`` of
+    the network, or of its ``language_model`` (multimodal checkpoints)."""
+    net = network(model)
+    for outer in (net, getattr(net, "language_model", None)):
+        inner = getattr(outer, "model", None)
+        if isinstance(inner, nn.Module) and hasattr(inner, "layers"):
+            return inner
+    return None
+
+
+def final_norm(model: Any) -> nn.Module | None:
+    """The module whose output the LM head reads, or None where it is not found."""
+    inner = text_model(model)
+    for name in NORM_NAMES:
+        norm = getattr(inner, name, None) if inner is not None else None
+        if isinstance(norm, nn.Module):
+            return norm
+    return None
+
+
+def _tapped(cls: type) -> type:
+    if cls not in _TAPPED:
+        def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+            out = cls.__call__(self, *args, **kwargs)
+            self.__dict__[_ATTR].last = out
+            return out
+
+        _TAPPED[cls] = type(f"Tapped{cls.__name__}", (cls,), {"__call__": __call__})
+    return _TAPPED[cls]
+
+
+def tap(model: Any) -> Tap | None:
+    """``model``'s final norm made to record its output (once: a second call returns the
+    same ``Tap``); None where the model has no such module."""
+    norm = final_norm(model)
+    if norm is None:
+        return None
+    found = norm.__dict__.get(_ATTR)
+    if found is not None:
+        return found
+    norm.__dict__[_ATTR] = Tap()  # an instance attribute: not one of the module's children
+    norm.__class__ = _tapped(type(norm))
+    return norm.__dict__[_ATTR]
