@@ -115,17 +115,14 @@ def side_engine(settings: Settings, plugins: Plugins, task: str, model: str,
 
 def engine_config(settings: Settings, plugins: Plugins) -> EngineConfig:
     """The chat engine's config: the settings' share, and the drafter from the plugins.
-    ``-md`` (``--model-draft``) picks the draft-model drafter, over prompt lookup (the
-    batch governor stays on unless ``--prompt-lookup on``); otherwise the one that
+    ``-md`` (``--model-draft``) picks the drafter its checkpoint is for (a draft model,
+    or an MTP assistant: ``mlxcel.drafters.select``), over prompt lookup (the batch
+    governor stays on unless ``--prompt-lookup on``); otherwise the one that
     ``--prompt-lookup`` names (none when it is off or not registered)."""
-    from mlxcel.errors import StartupError
+    from mlxcel.drafters.select import choose
 
     config = EngineConfig.from_settings(settings)
-    if settings.model_draft:
-        if "draft-model" not in plugins.drafters:
-            raise StartupError("-md / --model-draft: the draft-model drafter is not "
-                               "registered (is the drafter-builtin plugin disabled?)")
-        drafter = plugins.drafters.get("draft-model")
+    if (drafter := choose(settings, plugins.drafters)) is not None:
         return msgspec.structs.replace(config, drafter=drafter.session,
                                        drafter_kind=drafter.kind)
     if settings.prompt_lookup == "off" or "prompt-lookup" not in plugins.drafters:

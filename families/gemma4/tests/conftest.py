@@ -17,3 +17,13 @@ def gemma4_checkpoint(mlxcel_checkpoint_cache):
 
     return cached_checkpoint("gemma4_text", cache_dir=mlxcel_checkpoint_cache,
                              dtype="float32", template="gemma4")
+
+
+@pytest.fixture(scope="session")
+def gemma4_assistant(gemma4_checkpoint, mlxcel_checkpoint_cache):
+    """A tiny random ``gemma4_assistant`` checkpoint for ``gemma4_checkpoint``."""
+    from gemma4_assistant import build_assistant
+    from mlxcel.testing.checkpoint import build_once
+
+    final = mlxcel_checkpoint_cache / f"gemma4_assistant-for-{gemma4_checkpoint.name}"
+    return build_once(final, lambda tmp: build_assistant(tmp, gemma4_checkpoint))

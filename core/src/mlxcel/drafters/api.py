@@ -45,12 +45,15 @@ DRAFT_KINDS: tuple[str, ...] = ("prompt-lookup", "draft", "mtp", "dflash")
 
 class Drafter(msgspec.Struct, frozen=True, kw_only=True):
     """``kind``: one of ``DRAFT_KINDS``, what responses report. ``needs_model``: the
-    drafter takes a checkpoint of its own (``-md`` / ``--model-draft``)."""
+    drafter takes a checkpoint of its own (``-md`` / ``--model-draft``). ``model_types``:
+    the draft checkpoints' ``config.json`` ``model_type``s it serves: ``-md`` with such a
+    checkpoint picks it (``mlxcel.drafters.select``)."""
 
     name: str
     kind: str
     session: str  # "module:attr" of new_session(target, options) -> DraftSession
     needs_model: bool = False
+    model_types: tuple[str, ...] = ()
 
 
 class DraftOptions(msgspec.Struct, frozen=True, kw_only=True):

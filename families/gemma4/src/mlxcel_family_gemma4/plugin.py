@@ -3,11 +3,13 @@
 mlxcel imports this module at every start-up, so it imports only mlxcel's contracts; the
 loader (``load``: mlx-vlm's model where the checkpoint has a vision tower and the
 ``vision`` extra is installed, else core's text family kit, ``mlxcel.families.text``, as
-mlx-lm 0.32 implements ``gemma4`` and ``gemma4_text``) and the parser are
-``"module:attr"`` strings, imported on first use.
+mlx-lm 0.32 implements ``gemma4`` and ``gemma4_text``), the parser and the assistant
+drafter (``mtp``: mlx-vlm's, the ``mtp`` extra) are ``"module:attr"`` strings, imported
+on first use.
 """
 
 from mlxcel import hookimpl
+from mlxcel.drafters.api import Drafter
 from mlxcel.families import text
 from mlxcel.families.api import Family, LoopPolicy, ReasoningSpec
 from mlxcel.toolcalls.api import ToolFormat
@@ -54,4 +56,16 @@ def mlxcel_register_families(registry):
         default_tool_format=NAME,
         reasoning=REASONING,
         loop_detection=LOOP,
+    ))
+
+
+@hookimpl
+def mlxcel_register_drafters(registry):
+    # -md with a gemma4_assistant checkpoint picks it (mlxcel.drafters.select)
+    registry.add(Drafter(
+        name="gemma4-assistant",
+        kind="mtp",
+        session="mlxcel_family_gemma4.mtp:new_session",
+        needs_model=True,
+        model_types=("gemma4_assistant",),
     ))

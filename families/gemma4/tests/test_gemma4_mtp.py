@@ -1,0 +1,110 @@
+"""Gemma 4's assistant drafter (``gemma4_assistant``, kind ``mtp``) on tiny random
+checkpoints: it passes the drafter conformance, greedy output is the same with and
+without it in a batch where some rows do not draft, responses say ``draft_kind`` mtp,
+and ``-md`` with an assistant checkpoint picks it (or says what to install)."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+from mlxcel.drafters.registry import DrafterRegistry
+from mlxcel.drafters.select import choose
+from mlxcel.engine.config import EngineConfig
+from mlxcel.errors import StartupError
+from mlxcel.testing.conformance import check_drafter
+from mlxcel.testing.engine import ListSink, request, run_until_done, worker_for
+from mlxcel.types import SamplingParams
+from mlxcel_family_gemma4 import mtp
+
+pytest.importorskip("mlx_vlm")  # the mtp extra (tox installs it with the vision extra)
+
+PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12] * 3, [20, 21, 22, 23] * 3, [40, 41, 42] * 9,
+           [100, 200, 100, 200, 100, 200], [60 + i % 7 for i in range(21)]]
+SILENT = {3}  # rows that never draft (speculative.n_max 0)
+
+
+def factory(assistant):
+    """``mtp.new_session`` with ``-md`` set to ``assistant``."""
+    def new_session(target, options):
+        return mtp.new_session(target, msgspec.structs.replace(options, model=str(assistant)))
+
+    return new_session
+
+
+def run(checkpoint, config=None):
+    worker = worker_for(checkpoint, parallel=3, config=config, chunk=16)
+    sinks = []
+    for i, prompt in enumerate(PROMPTS):
+        sink = ListSink()
+        worker.enqueue(request(prompt, 24 + 3 * i, SamplingParams(temperature=0.0),
+                               draft_max=0 if i in SILENT else None), sink)
+        sinks.append(sink)
+        worker.step()  # rows join a running batch and leave it at different times
+    run_until_done(worker, sinks)
+    return [s.tokens for s in sinks], [s.last.usage for s in sinks], worker
+
+
+def test_the_assistant_passes_the_drafter_conformance(gemma4_checkpoint, gemma4_assistant):
+    usages = check_drafter(factory(gemma4_assistant), gemma4_checkpoint, kind="mtp")
+    assert sum(u.draft_rounds for u in usages) > 0
+    assert all(u.draft_kind == "mtp" for u in usages if u.draft_rounds)
+
+
+def test_greedy_output_is_the_targets_beside_rows_that_do_not_draft(gemma4_checkpoint,
+                                                                     gemma4_assistant):
+    plain, _, _ = run(gemma4_checkpoint)
+    config = EngineConfig(drafter=factory(gemma4_assistant), drafter_kind="mtp",
+                          prompt_lookup="on", draft_max=4)
+    fast, usages, worker = run(gemma4_checkpoint, config)
+    assert fast == plain
+    assert worker.spec is not None and not worker.spec.failed
+    for i, usage in enumerate(usages):
+        if i in SILENT:
+            assert usage.draft_rounds == 0 and usage.draft_kind is None
+        else:
+            assert usage.draft_rounds > 0 and usage.draft_kind == "mtp", i
+
+
+class Flags(msgspec.Struct):
+    model_draft: str | None = None
+    draft_kind: str | None = None
+    spec_type: str | None = None
+
+
+def registry(with_family: bool) -> DrafterRegistry:
+    from mlxcel.builtin import drafters as builtin
+    from mlxcel_family_gemma4 import plugin
+
+    reg = DrafterRegistry()
+    builtin.mlxcel_register_drafters(reg)
+    if with_family:
+        plugin.mlxcel_register_drafters(reg)
+    return reg
+
+
+def test_md_with_an_assistant_checkpoint_picks_the_mtp_drafter(gemma4_assistant,
+                                                               gemma4_checkpoint):
+    md = str(gemma4_assistant)
+    for flags in (Flags(md), Flags(md, draft_kind="mtp"), Flags(md, spec_type="draft-mtp")):
+        picked = choose(flags, registry(True))
+        assert (picked.name, picked.kind) == ("gemma4-assistant", "mtp")
+    assert choose(Flags(str(gemma4_checkpoint)), registry(True)).name == "draft-model"
+    assert choose(Flags(), registry(True)) is None
+
+
+@pytest.mark.parametrize(("flags", "says"), [
+    (Flags(draft_kind="dflash"), "-md / --model-draft"),
+    (Flags(spec_type="draft-mtp"), "MTP heads inside the target"),
+    (Flags(draft_kind="dflash", spec_type="draft-mtp"), "ask for different drafters"),
+])
+def test_a_kind_without_its_checkpoint_refuses_to_start(flags, says):
+    with pytest.raises(StartupError, match=says):
+        choose(flags, registry(True))
+
+
+def test_without_the_family_an_assistant_says_what_to_install(gemma4_assistant):
+    with pytest.raises(StartupError, match=r"pip install 'mlxcel-family-gemma4\[mtp\]'") as e:
+        choose(Flags(str(gemma4_assistant)), registry(False))
+    assert "\n" not in str(e.value)
+    with pytest.raises(StartupError, match="drafts as mtp, not dflash"):
+        choose(Flags(str(gemma4_assistant), draft_kind="dflash"), registry(True))
