@@ -108,3 +108,65 @@ def test_without_the_family_an_assistant_says_what_to_install(gemma4_assistant):
     assert "\n" not in str(e.value)
     with pytest.raises(StartupError, match="drafts as mtp, not dflash"):
         choose(Flags(str(gemma4_assistant), draft_kind="dflash"), registry(True))
+
+
+def test_the_server_serves_md_assistant_and_reports_draft_kind_mtp(gemma4_checkpoint,
+                                                                    gemma4_assistant):
+    from mlxcel.testing.engine import app_client
+
+    body = {"model": "tiny", "max_tokens": 16, "temperature": 0,
+            "messages": [{"role": "user", "content": "count: one two three one two"}]}
+    with app_client(gemma4_checkpoint) as plain:
+        want = plain.post("/v1/chat/completions", json=body).json()
+    with app_client(gemma4_checkpoint, model_draft=str(gemma4_assistant)) as client:
+        got = client.post("/v1/chat/completions", json=body)
+    assert got.status_code == 200, got.text
+    answer = got.json()
+    assert answer["choices"][0]["message"] == want["choices"][0]["message"]
+    assert answer["timings"]["draft_kind"] == "mtp"
+    assert answer["timings"]["draft_n"] > 0
+
+
+def test_an_assistant_for_another_target_refuses_to_start(tiny_checkpoint, gemma4_assistant):
+    from mlxcel.drafters.api import DraftOptions, DraftTarget
+    from mlxcel.model.loader import load_checkpoint
+    from mlxcel.plugins import load_plugins
+
+    ckpt = load_checkpoint(str(tiny_checkpoint), load_plugins().families)  # qwen3
+    target = DraftTarget(ckpt.model, ckpt.tokenizer, str(ckpt.path), dict(ckpt.config))
+    with pytest.raises(StartupError, match="not Gemma 4") as e:
+        mtp.new_session(target, DraftOptions(model=str(gemma4_assistant)))
+    assert "\n" not in str(e.value)
+
+
+def test_a_rows_drafts_from_a_batch_are_those_it_drafts_alone(gemma4_checkpoint,
+                                                             gemma4_assistant):
+    """Rows of different lengths merged into mlx-lm's batch caches (left-padded, the
+    window rotated) draft what each drafts on its own caches: the keys and values and the
+    hidden state handed over are the row's own."""
+    import mlx.core as mx
+    from mlxcel.drafters.api import DraftOptions, DraftRow, DraftTarget, TargetCache
+    from mlxcel.drafters.hidden import tap
+    from mlxcel.engine.mixed_batch import merge_rows
+    from mlxcel.engine.spec_probe import make_caches
+    from mlxcel.model.loader import load_checkpoint
+    from mlxcel.plugins import load_plugins
+
+    ckpt = load_checkpoint(str(gemma4_checkpoint), load_plugins().families)
+    session = mtp.new_session(DraftTarget(ckpt.model, ckpt.tokenizer, str(ckpt.path),
+                                          dict(ckpt.config)),
+                              DraftOptions(model=str(gemma4_assistant)))
+    states = tap(ckpt.model)
+    alone, caches, hidden = [], [], []
+    for key, prompt in enumerate(PROMPTS[:3]):
+        cache = make_caches(ckpt.model)
+        ckpt.model(mx.array([prompt[:-1]], dtype=mx.uint32), cache)
+        hidden.append(states.take()[0, -1:])
+        caches.append(cache)
+        alone += session.propose([DraftRow(key, prompt, hidden[-1], TargetCache(cache, 0))],
+                                 [4])
+    batch = merge_rows(caches)
+    rows = [DraftRow(k, p, h, TargetCache(batch, k))
+            for k, (p, h) in enumerate(zip(PROMPTS[:3], hidden, strict=True))]
+    assert session.propose(rows, [4, 4, 4]) == alone
+    assert all(len(d) == 4 for d in alone)
