@@ -63,8 +63,9 @@ def test_a_native_stream_counts_in_the_llamacpp_families(tiny_checkpoint):
 
 
 def test_prompt_seconds_leave_out_a_queued_requests_wait(tiny_checkpoint):
-    """A request queued behind a busy slot adds its prefill's seconds, not its wait
-    (llama-server counts from ``t_start_process_prompt``)."""
+    """A request queued behind a busy slot adds its prefill's seconds, not its wait, to
+    the totals and to its ``timings.prompt_ms`` (llama-server counts both from
+    ``t_start_process_prompt``)."""
     with ready_client(tiny_checkpoint, parallel=1, metrics=True) as c:
         before = samples(c)
         long = {"prompt": "Once upon a time", "n_predict": 8000, "ignore_eos": True,
@@ -90,3 +91,5 @@ def test_prompt_seconds_leave_out_a_queued_requests_wait(tiny_checkpoint):
         # two short prompts' prefills: a small part of the wait, which is not counted
         assert after["llamacpp:prompt_seconds_total"] - \
             before["llamacpp:prompt_seconds_total"] < waited / 4
+        # and its own timings say the same: prompt_ms is the prefill, not the wait
+        assert short.json()["timings"]["prompt_ms"] < waited * 1e3 / 4

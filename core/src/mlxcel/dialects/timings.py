@@ -4,7 +4,9 @@ them: the native routes always, the OpenAI and Responses routes when a request a
 
 What an answer's events do not say is read off them as they pass (``Watch``): the
 generated token ids, and when the first and the last token arrived. The prompt's time runs
-from submission to the first token; the generation's from the first token to the last.
+from its prefill's start (the engine's stream says when: llama-server's
+``t_start_process_prompt``, so time queued for a slot is not the prompt's) to the first
+token; the generation's from the first token to the last.
 """
 
 from __future__ import annotations
@@ -65,11 +67,12 @@ class Watch:
     def timings(self, usage: Usage, silent: bool = False) -> dict[str, Any]:
         """llama-server's ``timings`` (``silent``: no token is reported as predicted), with
         the speculative counters when a drafter ran for the request."""
-        first = self.first or self.submitted
+        start = getattr(self.stream, "prefill_at", None) or self.submitted
+        first = self.first or start
         prompt_n = usage.prompt_tokens - usage.cached_tokens
         predicted_n = 0 if silent else usage.completion_tokens
         out = {"cache_n": usage.cached_tokens,
-               **_rate("prompt", prompt_n, (first - self.submitted) * 1e3),
+               **_rate("prompt", prompt_n, max(0.0, first - start) * 1e3),
                **_rate("predicted", predicted_n, ((self.last or first) - first) * 1e3)}
         if usage.draft_rounds:
             out.update(draft_n=usage.draft_n, draft_n_accepted=usage.draft_n_accepted,

@@ -159,7 +159,7 @@ class EventStream:
         self.done = False
         self.cancelled = False  # read by the engine thread between steps
         self._submitted = time.perf_counter()
-        self._prefill: float | None = None  # when the engine began computing the prompt
+        self.prefill_at: float | None = None  # when the engine began computing the prompt
         self._first: float | None = None  # when the first token (or the finish) came
 
     def emit(self, event: GenerationEvent) -> None:
@@ -176,7 +176,7 @@ class EventStream:
 
     def prefill_started(self, at: float) -> None:
         """Called from the engine thread when its prefill group starts (``Sink``)."""
-        self._prefill = at
+        self.prefill_at = at
 
     def _count(self, finish: GenerationEvent) -> None:
         """Add the finished request to the engine's ``served`` totals: the prompt's
@@ -185,7 +185,7 @@ class EventStream:
         usage = finish.usage
         if usage is None or (not usage.completion_tokens and finish.finish_reason in UNSERVED):
             return
-        start = self._prefill if self._prefill is not None else self._submitted
+        start = self.prefill_at if self.prefill_at is not None else self._submitted
         self._client.served.request(usage.prompt_tokens, usage.cached_tokens,
                                     usage.completion_tokens, start,
                                     self._first or start, time.perf_counter())
