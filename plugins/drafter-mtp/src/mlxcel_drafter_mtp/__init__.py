@@ -1,0 +1,1 @@
+"""mlxcel-drafter-mtp: speculative decoding from the MTP heads inside the target."""

@@ -1,0 +1,29 @@
+"""The distribution's tests import their shared fixtures module, ``mtp_fixtures``, from
+this folder (a name of its own, so that several distributions' tests run in one pytest).
+Tests run offline: mlxcel's pytest plugin sets ``HF_HUB_OFFLINE``."""
+
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def qwen3_5_plain(mlxcel_checkpoint_cache):
+    """A tiny float32 ``qwen3_5`` checkpoint (gated delta-net and full attention), as
+    mlx-lm converts it: no ``mtp.*`` weights."""
+    from mlxcel.testing.checkpoint import cached_checkpoint
+
+    return cached_checkpoint("qwen3_5", cache_dir=mlxcel_checkpoint_cache, dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def qwen3_5_mtp(qwen3_5_plain, mlxcel_checkpoint_cache):
+    """``qwen3_5_plain`` with random ``mtp.*`` weights beside its own."""
+    from mlxcel.testing.checkpoint import build_once
+    from mtp_fixtures import with_mtp_heads
+
+    final = mlxcel_checkpoint_cache / f"{qwen3_5_plain.name}-mtp"
+    return build_once(final, lambda tmp: with_mtp_heads(tmp, qwen3_5_plain))
