@@ -27,3 +27,28 @@ def qwen3_5_mtp(qwen3_5_plain, mlxcel_checkpoint_cache):
 
     final = mlxcel_checkpoint_cache / f"{qwen3_5_plain.name}-mtp"
     return build_once(final, lambda tmp: with_mtp_heads(tmp, qwen3_5_plain))
+
+
+MOE = {"model_type": "qwen3_5_moe", "architectures": ["Qwen3_5MoeForConditionalGeneration"],
+       "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+       "shared_expert_intermediate_size": 32}
+
+
+@pytest.fixture(scope="session")
+def qwen3_5_moe_mtp(mlxcel_checkpoint_cache):
+    """A tiny float32 ``qwen3_5_moe`` checkpoint (mixture-of-experts MLPs) with random
+    ``mtp.*`` heads, an MoE layer like the target's."""
+    from mlxcel.testing.checkpoint import build_once, cached_checkpoint
+    from mtp_fixtures import with_mtp_heads
+
+    plain = cached_checkpoint("qwen3_5", cache_dir=mlxcel_checkpoint_cache, dtype="float32",
+                              config=MOE)
+    final = mlxcel_checkpoint_cache / f"{plain.name}-moe-mtp"
+    return build_once(final, lambda tmp: with_mtp_heads(tmp, plain))
+
+
+@pytest.fixture(params=["dense", "moe"])
+def mtp_target(request):
+    """Each kind of Qwen3.5 target with MTP heads: ``qwen3_5`` and ``qwen3_5_moe``."""
+    name = "qwen3_5_mtp" if request.param == "dense" else "qwen3_5_moe_mtp"
+    return request.getfixturevalue(name)

@@ -5,7 +5,7 @@ from mlxcel.testing.conformance import check_drafter
 from mlxcel_drafter_mtp import qwen3_5
 
 
-def test_the_qwen3_5_heads_pass_the_drafter_conformance(qwen3_5_mtp):
-    usages = check_drafter(qwen3_5.new_session, qwen3_5_mtp, kind="mtp")
+def test_the_qwen3_5_heads_pass_the_drafter_conformance(mtp_target):
+    usages = check_drafter(qwen3_5.new_session, mtp_target, kind="mtp")
     assert sum(u.draft_rounds for u in usages) > 0
     assert all(u.draft_kind == "mtp" for u in usages if u.draft_rounds)

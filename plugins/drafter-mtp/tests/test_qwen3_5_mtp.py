@@ -35,11 +35,11 @@ def run(checkpoint, config=None):
     return [s.tokens for s in sinks], [s.last.usage for s in sinks], worker
 
 
-def test_greedy_output_is_the_targets_beside_rows_that_do_not_draft(qwen3_5_mtp):
-    plain, _, _ = run(qwen3_5_mtp)
+def test_greedy_output_is_the_targets_beside_rows_that_do_not_draft(mtp_target):
+    plain, _, _ = run(mtp_target)
     config = EngineConfig(drafter=qwen3_5.new_session, drafter_kind="mtp",
                           prompt_lookup="on", draft_max=3)
-    fast, usages, worker = run(qwen3_5_mtp, config)
+    fast, usages, worker = run(mtp_target, config)
     assert fast == plain
     assert worker.spec is not None and not worker.spec.failed
     for i, usage in enumerate(usages):
@@ -66,8 +66,8 @@ def registry(with_mtp: bool) -> DrafterRegistry:
     return reg
 
 
-def test_draft_mtp_without_md_picks_the_heads_inside_a_qwen3_5_target(qwen3_5_mtp):
-    target = str(qwen3_5_mtp)
+def test_draft_mtp_without_md_picks_the_heads_inside_a_qwen3_5_target(mtp_target):
+    target = str(mtp_target)
     for flags in (Flags(target, spec_type="draft-mtp"), Flags(target, draft_kind="mtp")):
         picked = choose(flags, registry(True))
         assert (picked.name, picked.kind, picked.needs_model) == ("qwen3_5-mtp", "mtp", False)
