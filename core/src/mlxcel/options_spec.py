@@ -37,7 +37,7 @@ SPEC_ROWS: list[tuple[Any, ...]] = [
      "verify width of a block drafter (not served yet)", PENDING,
      "LLAMA_ARG_DRAFT_BLOCK_SIZE"),
     (("--spec-type",), "spec_type", choice("--spec-type", "none", "draft-mtp", "draft-dflash"),
-     None, "MLXCEL_SPEC_TYPE", "llama-server's drafter choice: draft-mtp = -md is an MTP "
-     "assistant (as --draft-kind mtp); none = no drafter checkpoint; draft-dflash is not "
-     "served yet", KEPT),
+     None, "MLXCEL_SPEC_TYPE", "llama-server's drafter choice: draft-mtp = MTP (as --draft-kind "
+     "mtp): -md an MTP assistant, else the target's own MTP heads; none = no drafter "
+     "checkpoint; draft-dflash is not served yet", KEPT),
 ]
