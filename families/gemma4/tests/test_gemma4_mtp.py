@@ -7,20 +7,15 @@ from __future__ import annotations
 
 import msgspec
 import pytest
-from mlxcel.drafters.registry import DrafterRegistry
 from mlxcel.drafters.select import choose
 from mlxcel.engine.config import EngineConfig
 from mlxcel.errors import StartupError
 from mlxcel.testing.conformance import check_drafter
-from mlxcel.testing.engine import ListSink, request, run_until_done, worker_for
-from mlxcel.types import SamplingParams
+from mlxcel.testing.drafting import PROMPTS, check_greedy_beside_silent_rows, registry_with
 from mlxcel_family_gemma4 import mtp
 
 pytest.importorskip("mlx_vlm")  # the mtp extra (tox installs it with the vision extra)
 
-PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12] * 3, [20, 21, 22, 23] * 3, [40, 41, 42] * 9,
-           [100, 200, 100, 200, 100, 200], [60 + i % 7 for i in range(21)]]
-SILENT = {3}  # rows that never draft (speculative.n_max 0)
 
 
 def factory(assistant):
@@ -31,17 +26,6 @@ def factory(assistant):
     return new_session
 
 
-def run(checkpoint, config=None):
-    worker = worker_for(checkpoint, parallel=3, config=config, chunk=16)
-    sinks = []
-    for i, prompt in enumerate(PROMPTS):
-        sink = ListSink()
-        worker.enqueue(request(prompt, 24 + 3 * i, SamplingParams(temperature=0.0),
-                               draft_max=0 if i in SILENT else None), sink)
-        sinks.append(sink)
-        worker.step()  # rows join a running batch and leave it at different times
-    run_until_done(worker, sinks)
-    return [s.tokens for s in sinks], [s.last.usage for s in sinks], worker
 
 
 def test_the_assistant_passes_the_drafter_conformance(gemma4_checkpoint, gemma4_assistant):
@@ -52,17 +36,9 @@ def test_the_assistant_passes_the_drafter_conformance(gemma4_checkpoint, gemma4_
 
 def test_greedy_output_is_the_targets_beside_rows_that_do_not_draft(gemma4_checkpoint,
                                                                      gemma4_assistant):
-    plain, _, _ = run(gemma4_checkpoint)
     config = EngineConfig(drafter=factory(gemma4_assistant), drafter_kind="mtp",
                           prompt_lookup="on", draft_max=4)
-    fast, usages, worker = run(gemma4_checkpoint, config)
-    assert fast == plain
-    assert worker.spec is not None and not worker.spec.failed
-    for i, usage in enumerate(usages):
-        if i in SILENT:
-            assert usage.draft_rounds == 0 and usage.draft_kind is None
-        else:
-            assert usage.draft_rounds > 0 and usage.draft_kind == "mtp", i
+    check_greedy_beside_silent_rows(gemma4_checkpoint, config, "mtp")
 
 
 class Flags(msgspec.Struct):
@@ -71,15 +47,10 @@ class Flags(msgspec.Struct):
     spec_type: str | None = None
 
 
-def registry(with_family: bool) -> DrafterRegistry:
-    from mlxcel.builtin import drafters as builtin
+def registry(with_family: bool):
     from mlxcel_family_gemma4 import plugin
 
-    reg = DrafterRegistry()
-    builtin.mlxcel_register_drafters(reg)
-    if with_family:
-        plugin.mlxcel_register_drafters(reg)
-    return reg
+    return registry_with(plugin) if with_family else registry_with()
 
 
 def test_md_with_an_assistant_checkpoint_picks_the_mtp_drafter(gemma4_assistant,

@@ -9,44 +9,17 @@ from __future__ import annotations
 import msgspec
 import pytest
 from mlxcel.drafters.api import DraftOptions, DraftRow, DraftTarget
-from mlxcel.drafters.registry import DrafterRegistry
 from mlxcel.drafters.select import choose
 from mlxcel.engine.config import EngineConfig
 from mlxcel.errors import StartupError
-from mlxcel.testing.engine import ListSink, request, run_until_done, worker_for
-from mlxcel.types import SamplingParams
+from mlxcel.testing.drafting import check_greedy_beside_silent_rows, registry_with
 from mlxcel_drafter_mtp import plugin, qwen3_5
-
-PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12] * 3, [20, 21, 22, 23] * 3, [40, 41, 42] * 9,
-           [100, 200, 100, 200, 100, 200], [60 + i % 7 for i in range(21)]]
-SILENT = {3}  # rows that never draft (speculative.n_max 0)
-
-
-def run(checkpoint, config=None):
-    worker = worker_for(checkpoint, parallel=3, config=config, chunk=16)
-    sinks = []
-    for i, prompt in enumerate(PROMPTS):
-        sink = ListSink()
-        worker.enqueue(request(prompt, 24 + 3 * i, SamplingParams(temperature=0.0),
-                               draft_max=0 if i in SILENT else None), sink)
-        sinks.append(sink)
-        worker.step()  # rows join a running batch and leave it at different times
-    run_until_done(worker, sinks)
-    return [s.tokens for s in sinks], [s.last.usage for s in sinks], worker
 
 
 def test_greedy_output_is_the_targets_beside_rows_that_do_not_draft(mtp_target):
-    plain, _, _ = run(mtp_target)
     config = EngineConfig(drafter=qwen3_5.new_session, drafter_kind="mtp",
                           prompt_lookup="on", draft_max=3)
-    fast, usages, worker = run(mtp_target, config)
-    assert fast == plain
-    assert worker.spec is not None and not worker.spec.failed
-    for i, usage in enumerate(usages):
-        if i in SILENT:
-            assert usage.draft_rounds == 0 and usage.draft_kind is None
-        else:
-            assert usage.draft_rounds > 0 and usage.draft_kind == "mtp", i
+    check_greedy_beside_silent_rows(mtp_target, config, "mtp")
 
 
 class Flags(msgspec.Struct):
@@ -56,14 +29,8 @@ class Flags(msgspec.Struct):
     spec_type: str | None = None
 
 
-def registry(with_mtp: bool) -> DrafterRegistry:
-    from mlxcel.builtin import drafters as builtin
-
-    reg = DrafterRegistry()
-    builtin.mlxcel_register_drafters(reg)
-    if with_mtp:
-        plugin.mlxcel_register_drafters(reg)
-    return reg
+def registry(with_mtp: bool):
+    return registry_with(plugin) if with_mtp else registry_with()
 
 
 def test_draft_mtp_without_md_picks_the_heads_inside_a_qwen3_5_target(mtp_target):
