@@ -88,3 +88,25 @@ def tap(model: Any) -> Tap | None:
     norm.__dict__[_ATTR] = Tap()  # an instance attribute: not one of the module's children
     norm.__class__ = _tapped(type(norm))
     return norm.__dict__[_ATTR]
+
+
+def bind_head(head: Any, target: Any) -> Any:
+    """An mlx-vlm drafter module (MTP heads, an assistant) bound to ``target``'s network,
+    cast to the target's compute dtype unless it is quantized: the hidden states it reads
+    come in that dtype, and a mismatched head would recompute them in its own."""
+    import mlx.core as mx
+
+    from mlxcel.backend import model_dtype
+
+    dtype = model_dtype(network(target))
+    if dtype in ("float32", "float16", "bfloat16") and \
+            getattr(head.config, "quantization", None) is None:
+        head.set_dtype(getattr(mx, dtype))
+    return head.bind(network(target))
+
+
+def first_line(exc: BaseException) -> str:
+    """What a one-line startup refusal says of ``exc``: its first line, at most 300
+    characters, else its type's name."""
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else type(exc).__name__

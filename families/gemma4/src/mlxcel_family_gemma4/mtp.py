@@ -102,8 +102,7 @@ def load(model: str, target: DraftTarget) -> Any:
     except ImportError as exc:
         raise StartupError(f"--model-draft {model}: the Gemma 4 assistant drafter needs "
                            f"mlx-vlm: pip install '{EXTRA}'") from exc
-    from mlxcel.backend import model_dtype
-    from mlxcel.drafters.hidden import network
+    from mlxcel.drafters.hidden import bind_head, first_line, network
     from mlxcel.model.loader import resolve_model_path
 
     try:
@@ -115,14 +114,9 @@ def load(model: str, target: DraftTarget) -> Any:
     except StartupError:
         raise
     except Exception as exc:
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise StartupError(f"--model-draft {model}: cannot use it as a Gemma 4 assistant: "
-                           f"{reason[:300]}") from exc
-    dtype = model_dtype(network(target.model))
-    if dtype in ("float32", "float16", "bfloat16") and \
-            getattr(drafter.config, "quantization", None) is None:
-        drafter.set_dtype(getattr(mx, dtype))
-    return drafter.bind(network(target.model))
+                           f"{first_line(exc)}") from exc
+    return bind_head(drafter, target.model)
 
 
 def _check_target(drafter: Any, target: DraftTarget) -> None:

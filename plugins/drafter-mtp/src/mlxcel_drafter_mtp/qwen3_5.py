@@ -114,8 +114,7 @@ def load_heads(target: DraftTarget) -> Any:
     to the target, in its compute dtype; one ``StartupError`` line for what stops it."""
     from mlx_vlm.speculative.drafters import validate_drafter_compatibility
     from mlx_vlm.speculative.drafters.mtp_split import detect_mtp_splitter, get_mtp_splitter
-    from mlxcel.backend import model_dtype
-    from mlxcel.drafters.hidden import network
+    from mlxcel.drafters.hidden import bind_head, first_line, network
 
     path = pathlib.Path(target.path)
     try:
@@ -135,14 +134,9 @@ def load_heads(target: DraftTarget) -> Any:
         head = splitter.load(path, source_config=config)
         validate_drafter_compatibility(network(target.model), head, "mtp")
     except Exception as exc:
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise StartupError(f"--spec-type draft-mtp: cannot build the MTP heads of "
-                           f"{path.name}: {reason[:300]}") from exc
-    dtype = model_dtype(network(target.model))
-    if dtype in ("float32", "float16", "bfloat16") and \
-            getattr(head.config, "quantization", None) is None:
-        head.set_dtype(getattr(mx, dtype))
-    return head.bind(network(target.model))
+                           f"{path.name}: {first_line(exc)}") from exc
+    return bind_head(head, target.model)
 
 
 def new_session(target: DraftTarget, options: DraftOptions) -> MTPSession:
