@@ -44,8 +44,8 @@ def library_env() -> Mapping[str, str]:
     These are not settings of mlxcel's: ``LD_PRELOAD`` is the dynamic loader's (the
     OpenBLAS re-exec in ``mlxcel.backend`` prepends to it), and ``OPENBLAS_NUM_THREADS`` /
     ``OMP_NUM_THREADS`` are OpenBLAS's own, which ``mlxcel.engine.accel.cpu_blas`` leaves alone
-    when a user set them. They are read where those libraries read them, so they come
-    from here rather than from the options table.
+    when a user set them, and ``HF_HUB_OFFLINE`` is huggingface_hub's. They are read where
+    those libraries read them, so they come from here rather than from the options table.
     """
     return os.environ
 
