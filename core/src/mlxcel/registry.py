@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Generic, TypeVar
 
 from mlxcel.errors import PluginError
@@ -31,6 +31,21 @@ class Registry(Generic[T]):
             )
         self._items[key] = item
         self._owners[key] = self.current_owner
+
+    def check_kind_and_ref(self, item: T, kinds: Iterable[str], ref: str) -> str:
+        """Refuse an item whose ``kind`` is none of ``kinds``, or whose field ``ref`` is not
+        a ``"module:attr"`` string: core imports it only on first use, so a bad one would
+        otherwise surface mid-request rather than at start-up. Returns the prefix that
+        names the item in a further error (``"owner: drafter 'x'"``)."""
+        where = f"{self.current_owner}: {self.kind} '{getattr(item, 'name', None)}'"
+        kind = getattr(item, "kind", None)
+        if kind not in kinds:
+            raise PluginError(f"{where} has unknown kind {kind!r} "
+                              f"(known: {', '.join(kinds)})")
+        value = getattr(item, ref, None)
+        if not isinstance(value, str) or ":" not in value:
+            raise PluginError(f"{where}: {ref} must be a 'module:attr' string")
+        return where
 
     def get(self, key: str) -> T:
         try:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from mlxcel.drafters.api import DRAFT_KINDS, Drafter
-from mlxcel.errors import PluginError
 from mlxcel.registry import Registry
 
 
@@ -13,10 +12,5 @@ class DrafterRegistry(Registry[Drafter]):
 
     def add(self, item: Drafter) -> None:  # type: ignore[override]
         """Refuse an unknown kind and a session that is not a ``"module:attr"`` string."""
-        where = f"{self.current_owner}: drafter '{item.name}'"
-        if item.kind not in DRAFT_KINDS:
-            raise PluginError(f"{where} has unknown kind {item.kind!r} "
-                              f"(known: {', '.join(DRAFT_KINDS)})")
-        if not isinstance(item.session, str) or ":" not in item.session:
-            raise PluginError(f"{where}: session must be a 'module:attr' string")
+        self.check_kind_and_ref(item, DRAFT_KINDS, "session")
         super().add(item)

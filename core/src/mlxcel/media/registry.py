@@ -23,12 +23,7 @@ class MediaDecoderRegistry(Registry[MediaDecoder]):
         signature, and a MIME type that another decoder of the same kind lists at the
         same priority (neither would take it before the other)."""
         owner = self.current_owner
-        where = f"{owner}: media decoder '{item.name}'"
-        if item.kind not in MEDIA_KINDS:
-            raise PluginError(f"{where} has unknown kind {item.kind!r} "
-                              f"(known: {', '.join(MEDIA_KINDS)})")
-        if not isinstance(item.decode, str) or ":" not in item.decode:
-            raise PluginError(f"{where}: decode must be a 'module:attr' string")
+        where = self.check_kind_and_ref(item, MEDIA_KINDS, "decode")
         if not isinstance(item.mimes, dict) or not item.mimes:
             raise PluginError(f"{where} lists no MIME type")
         signatures = [(mime, _compile(where, mime, pattern))
