@@ -161,11 +161,16 @@ class CallObject:
         self.error = message
         return i
 
-    def _open(self, text: str, i: int) -> int | None:
-        if text[i] != "{":
-            return self._fail("a call is not a JSON object", i)
-        self._step = self._key_start
+    def _expect(self, text: str, i: int, char: str, then: Callable[..., int | None],
+                error: str) -> int:
+        """Step past ``char`` at ``i`` on to the step ``then``; anything else: ``error``."""
+        if text[i] != char:
+            return self._fail(error, i)
+        self._step = then
         return i + 1
+
+    def _open(self, text: str, i: int) -> int | None:
+        return self._expect(text, i, "{", self._key_start, "a call is not a JSON object")
 
     @_after_space
     def _key_start(self, text: str, i: int) -> int | None:
@@ -192,10 +197,8 @@ class CallObject:
 
     @_after_space
     def _colon(self, text: str, i: int) -> int | None:
-        if text[i] != ":":
-            return self._fail("a key of the call object has no value", i)
-        self._step = self._value_start
-        return i + 1
+        return self._expect(text, i, ":", self._value_start,
+                            "a key of the call object has no value")
 
     @_after_space
     def _value_start(self, text: str, i: int) -> int | None:
