@@ -51,8 +51,12 @@ class _Encoder:
     request asked for ``timings_per_token`` (every frame then carries llama-server's
     ``timings``); without it only the finish carries them, when a drafter ran.
     ``verbose``: frames carry llama-server's ``__verbose`` (``-v``; ``.verbose`` says
-    which).
+    which). A surface names its stream frame's struct (``chunk_type``) and its whole
+    body's (``body_type``): both take id, created, model and choices first.
     """
+
+    chunk_type: type
+    body_type: type
 
     def __init__(self, rid: str, created: int, model: str, tok: Tokenizer,
                  include_usage: bool, *, index: int = 0, last: bool = True,
@@ -116,16 +120,38 @@ class _Encoder:
             return UNSET
         return native_final(finish, "", self.model, self.new_line, self.index)
 
+    def finish_frame(self, finish: Finish) -> Any:
+        """The surface's finishing frame (``end_frame``) with the end's timings and
+        ``__verbose``."""
+        frame = self.end_frame(finish)
+        frame.timings = self.timings(finish.usage)
+        frame.verbose = self.final_verbose(finish)
+        return frame
+
+    def usage_frame(self, usage: s.Usage) -> Any:
+        return self.chunk_type(self.rid, self.created, self.model, [], usage=usage)
+
+    def whole(self, answer: Answer) -> Any:
+        """The non-streaming body of one answer (``choice``)."""
+        finish = answer.finish
+        assert finish is not None
+        return self.body_type(self.rid, self.created, self.model, [self.choice(answer)],
+                              usage=wire_usage(finish.usage),
+                              timings=self.timings(finish.usage))
+
     def delta_frame(self, delta: Delta) -> Any: ...
 
-    def finish_frame(self, finish: Finish) -> Any: ...
+    def end_frame(self, finish: Finish) -> Any: ...
 
-    def usage_frame(self, usage: s.Usage) -> Any: ...
+    def choice(self, answer: Answer) -> Any: ...
 
 
 class ChatEncoder(_Encoder):
     """``chat.completion.chunk`` frames: a role frame first, then content, reasoning
     (``reasoning_content``) and tool-call deltas, each with the logprobs it carries."""
+
+    chunk_type = s.ChatCompletionChunk
+    body_type = s.ChatCompletion
 
     def __init__(self, *args: Any, logprobs: bool = False, **kw: Any) -> None:
         super().__init__(*args, **kw)
@@ -179,21 +205,9 @@ class ChatEncoder(_Encoder):
                 "index": delta.index, "function": {"arguments": delta.text}}]))
         return None
 
-    def finish_frame(self, finish: Finish) -> Any:
+    def end_frame(self, finish: Finish) -> Any:
         delta = s.Delta(reasoning_only=True) if finish.reasoning_only else s.Delta()
-        chunk = self._chunk(delta, FINISH[finish.reason])
-        chunk.timings = self.timings(finish.usage)
-        chunk.verbose = self.final_verbose(finish)
-        return chunk
-
-    def usage_frame(self, usage: s.Usage) -> Any:
-        return s.ChatCompletionChunk(self.rid, self.created, self.model, [], usage=usage)
-
-    def whole(self, answer: Answer) -> s.ChatCompletion:
-        finish = answer.finish
-        assert finish is not None
-        return s.ChatCompletion(self.rid, self.created, self.model, [self.choice(answer)],
-                                wire_usage(finish.usage), timings=self.timings(finish.usage))
+        return self._chunk(delta, FINISH[finish.reason])
 
     def choice(self, answer: Answer) -> s.ChatChoice:
         """One answer as a choice of the non-streaming body."""
@@ -213,6 +227,8 @@ class ChatEncoder(_Encoder):
 class CompletionEncoder(_Encoder):
     """``text_completion`` frames: the echoed prompt first (when asked), then text with
     logprobs whose ``text_offset`` counts from the start of the returned text."""
+
+    chunk_type = body_type = s.Completion
 
     def __init__(self, *args: Any, logprobs: bool = False, echoed: str = "", **kw: Any) -> None:
         super().__init__(*args, **kw)
@@ -260,20 +276,8 @@ class CompletionEncoder(_Encoder):
         return native_chunk(self.index, delta.text, watch.take_unsent(), len(watch.tokens),
                             prompt_n, **extra)
 
-    def finish_frame(self, finish: Finish) -> Any:
-        frame = self._frame("", FINISH[finish.reason], None)
-        frame.timings = self.timings(finish.usage)
-        frame.verbose = self.final_verbose(finish)
-        return frame
-
-    def usage_frame(self, usage: s.Usage) -> Any:
-        return s.Completion(self.rid, self.created, self.model, [], usage=usage)
-
-    def whole(self, answer: Answer) -> s.Completion:
-        finish = answer.finish
-        assert finish is not None
-        return s.Completion(self.rid, self.created, self.model, [self.choice(answer)],
-                            usage=wire_usage(finish.usage), timings=self.timings(finish.usage))
+    def end_frame(self, finish: Finish) -> Any:
+        return self._frame("", FINISH[finish.reason], None)
 
     def choice(self, answer: Answer) -> s.CompletionChoice:
         finish = answer.finish
