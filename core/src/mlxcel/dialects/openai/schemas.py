@@ -119,17 +119,25 @@ class ChunkChoice(msgspec.Struct):
     logprobs: dict[str, Any] | None = None
 
 
-class ChatCompletionChunk(msgspec.Struct):
+class _Frame(msgspec.Struct):
+    """What a chat chunk and a completion (streamed or whole) both carry; each names its
+    ``choices`` and ``object``, which keep their place in the encoded order."""
+
     id: str
     created: int
     model: str
-    choices: list[ChunkChoice]
-    object: str = "chat.completion.chunk"
+    choices: list[Any]
+    object: str
     system_fingerprint: None = None
     usage: Usage | UnsetType = UNSET
     timings: dict[str, Any] | UnsetType = UNSET  # llama-server's (``timings_per_token``)
     # llama-server's ``__verbose`` (``-v``; ``verbose``)
     verbose: dict[str, Any] | UnsetType = msgspec.field(default=UNSET, name="__verbose")
+
+
+class ChatCompletionChunk(_Frame):
+    choices: list[ChunkChoice]
+    object: str = "chat.completion.chunk"
 
 
 class CompletionChoice(msgspec.Struct):
@@ -139,13 +147,6 @@ class CompletionChoice(msgspec.Struct):
     logprobs: dict[str, Any] | None = None
 
 
-class Completion(msgspec.Struct):
-    id: str
-    created: int
-    model: str
+class Completion(_Frame):
     choices: list[CompletionChoice]
     object: str = "text_completion"
-    system_fingerprint: None = None
-    usage: Usage | UnsetType = UNSET
-    timings: dict[str, Any] | UnsetType = UNSET
-    verbose: dict[str, Any] | UnsetType = msgspec.field(default=UNSET, name="__verbose")
