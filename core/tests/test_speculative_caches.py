@@ -20,8 +20,8 @@ from mlx_lm.models.cache import (
 from mlxcel.engine.cache.rollback import begin_verify, leaves
 from mlxcel.engine.config import EngineConfig
 from mlxcel.testing.checkpoint import cached_checkpoint
-from mlxcel.testing.engine import ListSink, request, run_until_done, worker_for
-from mlxcel.testing.stub_drafters import KnownOutputs
+from mlxcel.testing.engine import ListSink, request, run_joining, worker_for
+from mlxcel.testing.stub_drafters import OneWrong
 from mlxcel.types import SamplingParams
 
 LOOKUP = "mlxcel.drafters.lookup:new_session"
@@ -46,30 +46,12 @@ def spec_config(drafter=LOOKUP, **kw) -> EngineConfig:
 def run(path, config=None, parallel=3):
     """Every prompt, one joining per engine step (more than ``parallel`` rows in all, so
     rows wait, join a running batch and leave it at different times)."""
-    worker = worker_for(path, parallel=parallel, config=config, chunk=16)
-    sinks = []
-    for prompt, n in zip(PROMPTS, MAX_TOKENS, strict=True):
-        sink = ListSink()
-        worker.enqueue(request(prompt, n, SamplingParams(temperature=0.0)), sink)
-        sinks.append(sink)
-        worker.step()
-    run_until_done(worker, sinks)
-    return [s.tokens for s in sinks], [s.last.usage for s in sinks], worker
+    reqs = [request(prompt, n, SamplingParams(temperature=0.0))
+            for prompt, n in zip(PROMPTS, MAX_TOKENS, strict=True)]
+    return run_joining(path, reqs, config, parallel=parallel, chunk=16)
 
 
 # -- exactness on the engine ------------------------------------------------------------------
-
-class Echo(KnownOutputs):
-    """Each prompt's greedy output (``outputs``) with one token changed at a position that
-    moves from round to round: drafts are kept whole, in part or not at all, differently
-    per row (ragged acceptance)."""
-
-    def draft(self, prompt, done, limit):
-        draft = super().draft(prompt, done, limit)
-        wrong = (done * 5 + len(prompt)) % (limit + 2)  # past the end: none wrong
-        if wrong < len(draft):
-            draft[wrong] = (draft[wrong] + 1) % 512
-        return draft
 
 
 @pytest.mark.parametrize("name", ["gemma3", "gpt-oss", "qwen3-next"])
@@ -79,8 +61,8 @@ def test_greedy_output_is_the_same_with_and_without_speculation(name, mlxcel_che
     path = checkpoint(name, mlxcel_checkpoint_cache)
     plain, _, base = run(path)
     assert base.path == "mixed" and base.spec is None
-    echo = Echo({tuple(p): out for p, out in zip(PROMPTS, plain, strict=True)})
-    fast, usages, worker = run(path, spec_config(drafter=echo))
+    stub = OneWrong({tuple(p): out for p, out in zip(PROMPTS, plain, strict=True)})
+    fast, usages, worker = run(path, spec_config(drafter=stub))
     assert worker.spec is not None, "speculation stayed off"
     assert fast == plain
     accepted = [u.draft_n_accepted for u in usages]
@@ -146,8 +128,8 @@ def test_a_rows_snapshot_after_verify_steps_holds_exactly_its_context(
     names gives, and names the row's context up to what its caches were fed."""
     path = checkpoint(name, mlxcel_checkpoint_cache)
     plain, _, _ = run(path)
-    echo = Echo({tuple(p): out for p, out in zip(PROMPTS, plain, strict=True)})
-    worker = worker_for(path, parallel=3, config=spec_config(drafter=echo), chunk=16)
+    stub = OneWrong({tuple(p): out for p, out in zip(PROMPTS, plain, strict=True)})
+    worker = worker_for(path, parallel=3, config=spec_config(drafter=stub), chunk=16)
     sinks = [ListSink() for _ in range(3)]
     for sink, prompt, n in zip(sinks, PROMPTS[:3], MAX_TOKENS[:3], strict=True):
         worker.enqueue(request(prompt, n, SamplingParams(temperature=0.0)), sink)

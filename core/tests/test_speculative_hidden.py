@@ -11,19 +11,19 @@ from mlxcel.drafters.target import row_kv
 from mlxcel.engine.config import EngineConfig
 from mlxcel.engine.spec_probe import make_caches
 from mlxcel.testing.checkpoint import cached_checkpoint
-from mlxcel.testing.engine import ListSink, request, run_until_done, worker_for
-from mlxcel.testing.stub_drafters import KnownOutputs
+from mlxcel.testing.engine import request, run_joining
+from mlxcel.testing.stub_drafters import OneWrong
 from mlxcel.types import SamplingParams
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12] * 4, [20, 21, 22, 23] * 3, [40, 41, 42] * 9,
            [100, 200, 100, 200, 100, 200]]
 
 
-class Checked(KnownOutputs):
-    """Each row's known greedy output with one token changed at a position that moves from
-    round to round (drafts kept whole, in part or not at all); every row it is offered is
-    checked against a forward of its context alone: its hidden state, and every layer's
-    keys and values. The engine swallows a session's exceptions: ``errors`` keeps them."""
+class Checked(OneWrong):
+    """Each row's known greedy output with one token changed (``OneWrong``); every row it
+    is offered is checked against a forward of its context alone: its hidden state, and
+    every layer's keys and values. The engine swallows a session's exceptions: ``errors``
+    keeps them."""
 
     needs_hidden = True
 
@@ -47,13 +47,6 @@ class Checked(KnownOutputs):
         known = [any(tuple(r.tokens[:len(p)]) == p for p in self.outputs) for r in rows]
         return [super(Checked, self).propose([r], [n])[0] if k else []
                 for r, n, k in zip(rows, limits, known, strict=True)]
-
-    def draft(self, prompt, done, limit):
-        draft = super().draft(prompt, done, limit)
-        wrong = (done * 5 + len(prompt)) % (limit + 2)  # past the end: none wrong
-        if wrong < len(draft):
-            draft[wrong] = (draft[wrong] + 1) % 512
-        return draft
 
     def commit(self, rows, accepted):
         for row, n in zip(rows, accepted, strict=True):
@@ -80,15 +73,8 @@ class Checked(KnownOutputs):
 
 
 def run(path, config=None):
-    worker = worker_for(path, parallel=3, config=config, chunk=16)
-    sinks = []
-    for prompt in PROMPTS:
-        sink = ListSink()
-        worker.enqueue(request(prompt, 30, SamplingParams(temperature=0.0)), sink)
-        sinks.append(sink)
-        worker.step()  # rows join a running batch
-    run_until_done(worker, sinks)
-    return [s.tokens for s in sinks], [s.last.usage for s in sinks], worker
+    reqs = [request(prompt, 30, SamplingParams(temperature=0.0)) for prompt in PROMPTS]
+    return run_joining(path, reqs, config, parallel=3, chunk=16)
 
 
 @pytest.fixture(params=["shared", "gemma3"])

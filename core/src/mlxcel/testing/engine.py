@@ -142,6 +142,24 @@ def run_until_done(worker: EngineWorker, sinks: Sequence[ListSink], settle: bool
     raise AssertionError("requests did not finish")
 
 
+def run_joining(checkpoint: Any, reqs: Sequence[GenerationRequest],
+                config: EngineConfig | None = None, parallel: int = 8, chunk: int = 512
+                ) -> tuple[list[list[int]], list[Any], EngineWorker]:
+    """``reqs`` on a worker, each enqueued one engine step after the one before, so rows
+    join a running batch (and, asking for different lengths, leave it at different
+    times); run until all finished. Returns each row's tokens, each finish's usage, and
+    the worker."""
+    worker = worker_for(checkpoint, parallel=parallel, config=config, chunk=chunk)
+    sinks = []
+    for req in reqs:
+        sink = ListSink()
+        worker.enqueue(req, sink)
+        sinks.append(sink)
+        worker.step()
+    run_until_done(worker, sinks)
+    return [s.tokens for s in sinks], [s.last.usage for s in sinks], worker
+
+
 def solo_outputs(checkpoint: Any, prompts: Sequence[Sequence[int]],
                  max_tokens: int | Sequence[int] = 6, chunk: int = 512) -> list[list[int]]:
     """Each prompt's greedy tokens, run alone (``max_tokens``: one for all, or per prompt)."""

@@ -3,7 +3,7 @@
 A drafter factory is called once per engine and returns its session; a stub is both, so
 the test keeps the object it passes in and can read what it proposed. ``KnownOutputs``
 proposes each row's known output (the row found by its prompt), which a subclass may
-spoil on purpose to get drafts kept whole, in part or not at all.
+spoil on purpose to get drafts kept whole, in part or not at all, as ``OneWrong`` does.
 """
 
 from __future__ import annotations
@@ -48,3 +48,16 @@ class KnownOutputs(StubDrafter):
         """At most ``limit`` tokens for a row of ``prompt`` that has ``done`` tokens
         after it; the known ones unchanged."""
         return list(self.outputs[prompt][done:done + limit])
+
+
+class OneWrong(KnownOutputs):
+    """``KnownOutputs`` with one token of each draft changed, at a position that moves
+    from round to round and row to row (sometimes past the draft's end): drafts are kept
+    whole, in part or not at all, differently per row (ragged acceptance)."""
+
+    def draft(self, prompt: tuple[int, ...], done: int, limit: int) -> list[int]:
+        draft = super().draft(prompt, done, limit)
+        wrong = (done * 5 + len(prompt)) % (limit + 2)  # past the end: none wrong
+        if wrong < len(draft):
+            draft[wrong] = (draft[wrong] + 1) % 512
+        return draft
