@@ -8,7 +8,7 @@ import msgspec
 import pytest
 from mlx_lm.models.cache import make_prompt_cache
 from mlxcel.drafters import model as draft_model
-from mlxcel.drafters.api import DraftOptions, DraftRow, DraftTarget
+from mlxcel.drafters.api import DraftOptions, DraftRow
 from mlxcel.engine import spec_probe
 from mlxcel.engine.config import EngineConfig
 from mlxcel.errors import StartupError
@@ -17,6 +17,7 @@ from mlxcel.plugins import load_plugins
 from mlxcel.testing.checkpoint import cached_checkpoint
 from mlxcel.testing.conformance import check_drafter
 from mlxcel.testing.draft_checkpoints import draft_pair
+from mlxcel.testing.drafting import draft_target
 from mlxcel.testing.engine import ListSink, request, run_until_done, worker_for
 
 SESSION = "mlxcel.drafters.model:new_session"
@@ -35,11 +36,6 @@ def stranger(mlxcel_checkpoint_cache):
     """Another random model with the target's tokenizer (low acceptance)."""
     return cached_checkpoint("qwen3", mlxcel_checkpoint_cache, num_layers=2, seed=7,
                              suppress_eos=True)
-
-
-def target_of(path):
-    ckpt = load_checkpoint(str(path), load_plugins().families)
-    return DraftTarget(ckpt.model, ckpt.tokenizer, str(ckpt.path), dict(ckpt.config))
 
 
 def draft_config(draft, **kw) -> EngineConfig:
@@ -153,20 +149,20 @@ def test_a_draft_with_another_vocabulary_is_refused(pair, mlxcel_checkpoint_cach
     target, _ = pair
     bigger = cached_checkpoint("qwen3", mlxcel_checkpoint_cache, vocab_size=640)
     with pytest.raises(StartupError, match="vocabulary size 512 .target. vs 640 .draft."):
-        draft_model.new_session(target_of(target), DraftOptions(model=str(bigger)))
+        draft_model.new_session(draft_target(target), DraftOptions(model=str(bigger)))
     other = cached_checkpoint("qwen3", mlxcel_checkpoint_cache, template="llama3")
     with pytest.raises(StartupError, match="tokenizer differs") as info:
-        draft_model.new_session(target_of(target), DraftOptions(model=str(other)))
+        draft_model.new_session(draft_target(target), DraftOptions(model=str(other)))
     assert "\n" not in str(info.value)
 
 
 def test_a_draft_that_cannot_load_is_one_line(pair, tmp_path):
     target, _ = pair
     with pytest.raises(StartupError, match="cannot load the draft model|not a model directory"):
-        draft_model.new_session(target_of(target), DraftOptions(model=str(tmp_path)))
+        draft_model.new_session(draft_target(target), DraftOptions(model=str(tmp_path)))
     (tmp_path / "config.json").write_text('{"model_type": "qwen3"}')
     with pytest.raises(StartupError, match="cannot load the draft model") as info:
-        draft_model.new_session(target_of(target), DraftOptions(model=str(tmp_path)))
+        draft_model.new_session(draft_target(target), DraftOptions(model=str(tmp_path)))
     assert "\n" not in str(info.value)
 
 
@@ -223,7 +219,7 @@ def skewed(model):
 
 def test_the_probe_passes_an_exact_pairing_and_refuses_an_inexact_one(pair):
     target, draft = pair
-    t = target_of(target)
+    t = draft_target(target)
     options = DraftOptions(model=str(draft))
     session = draft_model.new_session(t, options)
     result = spec_probe.probe(t.model, t.tokenizer, session, options)
@@ -262,8 +258,7 @@ def test_the_draft_computes_in_the_targets_dtype(pair):
     from mlxcel.backend import model_dtype
 
     target, draft = pair
-    ckpt = load_checkpoint(str(target), load_plugins().families, dtype="float16")
-    t = DraftTarget(ckpt.model, ckpt.tokenizer, str(ckpt.path), dict(ckpt.config))
+    t = draft_target(target, dtype="float16")
     session = draft_model.new_session(t, DraftOptions(model=str(draft)))
     want = model_dtype(t.model.model)
     assert want == "float16"

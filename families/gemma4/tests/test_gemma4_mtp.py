@@ -11,7 +11,14 @@ from mlxcel.drafters.select import choose
 from mlxcel.engine.config import EngineConfig
 from mlxcel.errors import StartupError
 from mlxcel.testing.conformance import check_drafter
-from mlxcel.testing.drafting import PROMPTS, check_greedy_beside_silent_rows, registry_with
+from mlxcel.testing.drafting import (
+    PROMPTS,
+    DraftFlags,
+    check_greedy_beside_silent_rows,
+    check_server_drafts,
+    draft_target,
+    registry_with,
+)
 from mlxcel_family_gemma4 import mtp
 
 pytest.importorskip("mlx_vlm")  # the mtp extra (tox installs it with the vision extra)
@@ -41,12 +48,6 @@ def test_greedy_output_is_the_targets_beside_rows_that_do_not_draft(gemma4_check
     check_greedy_beside_silent_rows(gemma4_checkpoint, config, "mtp")
 
 
-class Flags(msgspec.Struct):
-    model_draft: str | None = None
-    draft_kind: str | None = None
-    spec_type: str | None = None
-
-
 def registry(with_family: bool):
     from mlxcel_family_gemma4 import plugin
 
@@ -56,17 +57,18 @@ def registry(with_family: bool):
 def test_md_with_an_assistant_checkpoint_picks_the_mtp_drafter(gemma4_assistant,
                                                                gemma4_checkpoint):
     md = str(gemma4_assistant)
-    for flags in (Flags(md), Flags(md, draft_kind="mtp"), Flags(md, spec_type="draft-mtp")):
-        picked = choose(flags, registry(True))
+    for flags in ({}, {"draft_kind": "mtp"}, {"spec_type": "draft-mtp"}):
+        picked = choose(DraftFlags(model_draft=md, **flags), registry(True))
         assert (picked.name, picked.kind) == ("gemma4-assistant", "mtp")
-    assert choose(Flags(str(gemma4_checkpoint)), registry(True)).name == "draft-model"
-    assert choose(Flags(), registry(True)) is None
+    other = DraftFlags(model_draft=str(gemma4_checkpoint))
+    assert choose(other, registry(True)).name == "draft-model"
+    assert choose(DraftFlags(), registry(True)) is None
 
 
 @pytest.mark.parametrize(("flags", "says"), [
-    (Flags(draft_kind="dflash"), "-md / --model-draft"),
-    (Flags(spec_type="draft-mtp"), "MTP heads inside the target"),
-    (Flags(draft_kind="dflash", spec_type="draft-mtp"), "ask for different drafters"),
+    (DraftFlags(draft_kind="dflash"), "-md / --model-draft"),
+    (DraftFlags(spec_type="draft-mtp"), "MTP heads inside the target"),
+    (DraftFlags(draft_kind="dflash", spec_type="draft-mtp"), "ask for different drafters"),
 ])
 def test_a_kind_without_its_checkpoint_refuses_to_start(flags, says):
     with pytest.raises(StartupError, match=says):
@@ -74,37 +76,23 @@ def test_a_kind_without_its_checkpoint_refuses_to_start(flags, says):
 
 
 def test_without_the_family_an_assistant_says_what_to_install(gemma4_assistant):
+    md = str(gemma4_assistant)
     with pytest.raises(StartupError, match=r"pip install 'mlxcel-family-gemma4\[mtp\]'") as e:
-        choose(Flags(str(gemma4_assistant)), registry(False))
+        choose(DraftFlags(model_draft=md), registry(False))
     assert "\n" not in str(e.value)
     with pytest.raises(StartupError, match="drafts as mtp, not dflash"):
-        choose(Flags(str(gemma4_assistant), draft_kind="dflash"), registry(True))
+        choose(DraftFlags(model_draft=md, draft_kind="dflash"), registry(True))
 
 
 def test_the_server_serves_md_assistant_and_reports_draft_kind_mtp(gemma4_checkpoint,
                                                                     gemma4_assistant):
-    from mlxcel.testing.engine import app_client
-
-    body = {"model": "tiny", "max_tokens": 16, "temperature": 0,
-            "messages": [{"role": "user", "content": "count: one two three one two"}]}
-    with app_client(gemma4_checkpoint) as plain:
-        want = plain.post("/v1/chat/completions", json=body).json()
-    with app_client(gemma4_checkpoint, model_draft=str(gemma4_assistant)) as client:
-        got = client.post("/v1/chat/completions", json=body)
-    assert got.status_code == 200, got.text
-    answer = got.json()
-    assert answer["choices"][0]["message"] == want["choices"][0]["message"]
-    assert answer["timings"]["draft_kind"] == "mtp"
-    assert answer["timings"]["draft_n"] > 0
+    check_server_drafts(gemma4_checkpoint, "mtp", model_draft=str(gemma4_assistant))
 
 
 def test_an_assistant_for_another_target_refuses_to_start(tiny_checkpoint, gemma4_assistant):
-    from mlxcel.drafters.api import DraftOptions, DraftTarget
-    from mlxcel.model.loader import load_checkpoint
-    from mlxcel.plugins import load_plugins
+    from mlxcel.drafters.api import DraftOptions
 
-    ckpt = load_checkpoint(str(tiny_checkpoint), load_plugins().families)  # qwen3
-    target = DraftTarget(ckpt.model, ckpt.tokenizer, str(ckpt.path), dict(ckpt.config))
+    target = draft_target(tiny_checkpoint)  # qwen3
     with pytest.raises(StartupError, match="not Gemma 4") as e:
         mtp.new_session(target, DraftOptions(model=str(gemma4_assistant)))
     assert "\n" not in str(e.value)
@@ -116,22 +104,18 @@ def test_a_rows_drafts_from_a_batch_are_those_it_drafts_alone(gemma4_checkpoint,
     window rotated) draft what each drafts on its own caches: the keys and values and the
     hidden state handed over are the row's own."""
     import mlx.core as mx
-    from mlxcel.drafters.api import DraftOptions, DraftRow, DraftTarget, TargetCache
+    from mlxcel.drafters.api import DraftOptions, DraftRow, TargetCache
     from mlxcel.drafters.hidden import tap
     from mlxcel.engine.mixed_batch import merge_rows
     from mlxcel.engine.spec_probe import make_caches
-    from mlxcel.model.loader import load_checkpoint
-    from mlxcel.plugins import load_plugins
 
-    ckpt = load_checkpoint(str(gemma4_checkpoint), load_plugins().families)
-    session = mtp.new_session(DraftTarget(ckpt.model, ckpt.tokenizer, str(ckpt.path),
-                                          dict(ckpt.config)),
-                              DraftOptions(model=str(gemma4_assistant)))
-    states = tap(ckpt.model)
+    target = draft_target(gemma4_checkpoint)
+    session = mtp.new_session(target, DraftOptions(model=str(gemma4_assistant)))
+    states = tap(target.model)
     alone, caches, hidden = [], [], []
     for key, prompt in enumerate(PROMPTS[:3]):
-        cache = make_caches(ckpt.model)
-        ckpt.model(mx.array([prompt[:-1]], dtype=mx.uint32), cache)
+        cache = make_caches(target.model)
+        target.model(mx.array([prompt[:-1]], dtype=mx.uint32), cache)
         hidden.append(states.take()[0, -1:])
         caches.append(cache)
         alone += session.propose([DraftRow(key, prompt, hidden[-1], TargetCache(cache, 0))],

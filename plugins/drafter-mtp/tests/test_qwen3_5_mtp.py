@@ -6,13 +6,18 @@ install), a checkpoint without the heads refuses to start, and responses say
 
 from __future__ import annotations
 
-import msgspec
 import pytest
-from mlxcel.drafters.api import DraftOptions, DraftRow, DraftTarget
+from mlxcel.drafters.api import DraftOptions, DraftRow
 from mlxcel.drafters.select import choose
 from mlxcel.engine.config import EngineConfig
 from mlxcel.errors import StartupError
-from mlxcel.testing.drafting import check_greedy_beside_silent_rows, registry_with
+from mlxcel.testing.drafting import (
+    DraftFlags,
+    check_greedy_beside_silent_rows,
+    check_server_drafts,
+    draft_target,
+    registry_with,
+)
 from mlxcel_drafter_mtp import plugin, qwen3_5
 
 
@@ -22,72 +27,45 @@ def test_greedy_output_is_the_targets_beside_rows_that_do_not_draft(mtp_target):
     check_greedy_beside_silent_rows(mtp_target, config, "mtp")
 
 
-class Flags(msgspec.Struct):
-    model: str | None = None
-    model_draft: str | None = None
-    draft_kind: str | None = None
-    spec_type: str | None = None
-
-
 def registry(with_mtp: bool):
     return registry_with(plugin) if with_mtp else registry_with()
 
 
-def test_draft_mtp_without_md_picks_the_heads_inside_a_qwen3_5_target(mtp_target):
+def test_draft_mtp_without_md_picks_the_heads_inside_a_qwen3_5draft_target(mtp_target):
     target = str(mtp_target)
-    for flags in (Flags(target, spec_type="draft-mtp"), Flags(target, draft_kind="mtp")):
-        picked = choose(flags, registry(True))
+    for flags in ({"spec_type": "draft-mtp"}, {"draft_kind": "mtp"}):
+        picked = choose(DraftFlags(target, **flags), registry(True))
         assert (picked.name, picked.kind, picked.needs_model) == ("qwen3_5-mtp", "mtp", False)
     # -md with a Qwen3.5 checkpoint is a draft model, never the heads
-    assert choose(Flags(target, model_draft=target), registry(True)).name == "draft-model"
-    assert choose(Flags(target), registry(True)) is None
+    assert choose(DraftFlags(target, model_draft=target), registry(True)).name == "draft-model"
+    assert choose(DraftFlags(target), registry(True)) is None
 
 
 def test_without_the_distribution_draft_mtp_says_what_to_install(qwen3_5_mtp):
     with pytest.raises(StartupError, match=r"pip install 'mlxcel-drafter-mtp'") as e:
-        choose(Flags(str(qwen3_5_mtp), spec_type="draft-mtp"), registry(False))
+        choose(DraftFlags(str(qwen3_5_mtp), spec_type="draft-mtp"), registry(False))
     assert "\n" not in str(e.value)
 
 
 def test_draft_mtp_on_a_target_without_heads_it_reads_refuses(tiny_checkpoint):
     with pytest.raises(StartupError, match="MTP heads inside the target, a qwen3"):
-        choose(Flags(str(tiny_checkpoint), spec_type="draft-mtp"), registry(True))
-
-
-def _target(checkpoint) -> DraftTarget:
-    from mlxcel.model.loader import load_checkpoint
-    from mlxcel.plugins import load_plugins
-
-    ckpt = load_checkpoint(str(checkpoint), load_plugins().families)
-    return DraftTarget(ckpt.model, ckpt.tokenizer, str(ckpt.path), dict(ckpt.config))
+        choose(DraftFlags(str(tiny_checkpoint), spec_type="draft-mtp"), registry(True))
 
 
 def test_a_qwen3_5_checkpoint_without_mtp_weights_refuses_in_one_line(qwen3_5_plain):
     with pytest.raises(StartupError, match="has no mtp.\\* weights") as e:
-        qwen3_5.new_session(_target(qwen3_5_plain), DraftOptions())
+        qwen3_5.new_session(draft_target(qwen3_5_plain), DraftOptions())
     assert "\n" not in str(e.value)
 
 
 def test_another_target_refuses_in_one_line(tiny_checkpoint):
     with pytest.raises(StartupError, match="reads no MTP heads inside a 'qwen3' target") as e:
-        qwen3_5.new_session(_target(tiny_checkpoint), DraftOptions())
+        qwen3_5.new_session(draft_target(tiny_checkpoint), DraftOptions())
     assert "\n" not in str(e.value)
 
 
 def test_the_server_serves_draft_mtp_and_reports_draft_kind_mtp(qwen3_5_mtp):
-    from mlxcel.testing.engine import app_client
-
-    body = {"model": "tiny", "max_tokens": 16, "temperature": 0,
-            "messages": [{"role": "user", "content": "count: one two three one two"}]}
-    with app_client(qwen3_5_mtp) as plain:
-        want = plain.post("/v1/chat/completions", json=body).json()
-    with app_client(qwen3_5_mtp, spec_type="draft-mtp") as client:
-        got = client.post("/v1/chat/completions", json=body)
-    assert got.status_code == 200, got.text
-    answer = got.json()
-    assert answer["choices"][0]["message"] == want["choices"][0]["message"]
-    assert answer["timings"]["draft_kind"] == "mtp"
-    assert answer["timings"]["draft_n"] > 0
+    check_server_drafts(qwen3_5_mtp, "mtp", spec_type="draft-mtp")
 
 
 def test_the_heads_cache_holds_the_confirmed_pairs_at_their_positions(qwen3_5_mtp):
@@ -96,7 +74,7 @@ def test_the_heads_cache_holds_the_confirmed_pairs_at_their_positions(qwen3_5_mt
     their positions; another row in the same calls keeps its own cache."""
     import mlx.core as mx
 
-    session = qwen3_5.new_session(_target(qwen3_5_mtp), DraftOptions())
+    session = qwen3_5.new_session(draft_target(qwen3_5_mtp), DraftOptions())
     head, width = session.head, 64
     mx.random.seed(7)
     h_a, h_b, h_c = (mx.random.normal((k, width)) for k in (1, 3, 1))

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlxcel.drafters.api import DraftOptions, DraftRow, DraftTarget, TargetCache
+from mlxcel.drafters.api import DraftOptions, DraftRow, TargetCache
 from mlxcel.engine.config import EngineConfig
-from mlxcel.testing.engine import ListSink, request, run_until_done, worker_for
+from mlxcel.testing.drafting import draft_target
+from mlxcel.testing.engine import request, run_joining
 
 PROMPTS = ([5, 6, 7, 8, 9, 10, 11, 12] * 4, [20, 21, 22, 23] * 3, list(range(30, 61)),
            [100, 200, 100, 200, 100, 200], [7, 7, 7, 7, 7, 7, 7, 7, 7])
@@ -21,15 +22,9 @@ PROMPTS = ([5, 6, 7, 8, 9, 10, 11, 12] * 4, [20, 21, 22, 23] * 3, list(range(30,
 
 def _outputs(checkpoint: Any, config: EngineConfig | None, max_tokens: int
              ) -> tuple[list[list[int]], list[Any]]:
-    worker = worker_for(checkpoint, parallel=8, config=config)
-    sinks = []
-    for i, prompt in enumerate(PROMPTS):
-        sink = ListSink()
-        worker.enqueue(request(prompt, max_tokens + 3 * i), sink)
-        sinks.append(sink)
-        worker.step()  # later rows join a running batch
-    run_until_done(worker, sinks)
-    return [s.tokens for s in sinks], [s.last.usage for s in sinks]
+    reqs = [request(prompt, max_tokens + 3 * i) for i, prompt in enumerate(PROMPTS)]
+    tokens, usages, _ = run_joining(checkpoint, reqs, config)
+    return tokens, usages
 
 
 def _row(model: Any, session: Any, key: int, tokens: list[int]) -> DraftRow:
@@ -54,15 +49,10 @@ def check_drafter(new_session: Any, checkpoint: Any, kind: str = "prompt-lookup"
     """Raise ``AssertionError`` naming what ``new_session`` (a drafter's factory) does
     wrong on ``checkpoint`` (a tiny text checkpoint's path); the speculative run's usages
     (their ``draft_*`` counters) when it passes."""
-    from mlxcel.model.loader import load_checkpoint
-    from mlxcel.plugins import load_plugins
-
-    ckpt = load_checkpoint(str(checkpoint), load_plugins().families)
-    vocab = ckpt.tokenizer.vocab_size
-    options = DraftOptions(draft_max=4)
-    session = new_session(DraftTarget(ckpt.model, ckpt.tokenizer, str(ckpt.path),
-                                      dict(ckpt.config)), options)
-    rows = [_row(ckpt.model, session, i, list(p)) for i, p in enumerate(PROMPTS)]
+    target = draft_target(checkpoint)
+    vocab = target.tokenizer.vocab_size
+    session = new_session(target, DraftOptions(draft_max=4))
+    rows = [_row(target.model, session, i, list(p)) for i, p in enumerate(PROMPTS)]
     before = [list(r.tokens) for r in rows]
     limits = [4, 1, 0, 3, 2]
     drafts = session.propose(rows, limits)

@@ -1,14 +1,23 @@
 """A drafter distribution's exactness check inside a mixed batch, and a drafter registry
 with chosen plugins, for the tests of drafters that live outside core (MTP heads,
-assistants): the same prompts, join/leave pattern and assertions for every drafter."""
+assistants): the same prompts, join/leave pattern and assertions for every drafter.
+
+``DraftFlags`` holds the settings ``mlxcel.drafters.select.choose`` reads, so a test can
+ask which drafter flags pick without a whole ``Settings``; ``draft_target`` is what a
+session is offered of a checkpoint; ``check_server_drafts`` asks the whole app for one
+answer with and without the drafter.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+
+from mlxcel.drafters.api import DraftTarget
 from mlxcel.drafters.registry import DrafterRegistry
 from mlxcel.engine.config import EngineConfig
-from mlxcel.testing.engine import ListSink, request, run_until_done, worker_for
+from mlxcel.testing.engine import app_client, request, run_joining
 from mlxcel.types import SamplingParams
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12] * 3, [20, 21, 22, 23] * 3, [40, 41, 42] * 9,
@@ -16,21 +25,23 @@ PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12] * 3, [20, 21, 22, 23] * 3, [40, 41, 42] *
 SILENT = {3}  # rows that never draft (speculative.n_max 0)
 
 
+class DraftFlags(msgspec.Struct):
+    """The target (``-m``) and ``-md`` / ``--draft-kind`` / ``--spec-type``."""
+
+    model: str | None = None
+    model_draft: str | None = None
+    draft_kind: str | None = None
+    spec_type: str | None = None
+
+
 def run_mixed(checkpoint: Any, config: EngineConfig | None = None
               ) -> tuple[list[list[int]], list[Any], Any]:
     """``PROMPTS`` greedy on 3 slots, one engine step between submits, so rows join a
     running batch and leave it at different times; rows in ``SILENT`` never draft.
     Returns each row's tokens, each finish's usage, and the worker."""
-    worker = worker_for(checkpoint, parallel=3, config=config, chunk=16)
-    sinks = []
-    for i, prompt in enumerate(PROMPTS):
-        sink = ListSink()
-        worker.enqueue(request(prompt, 24 + 3 * i, SamplingParams(temperature=0.0),
-                               draft_max=0 if i in SILENT else None), sink)
-        sinks.append(sink)
-        worker.step()
-    run_until_done(worker, sinks)
-    return [s.tokens for s in sinks], [s.last.usage for s in sinks], worker
+    reqs = [request(prompt, 24 + 3 * i, SamplingParams(temperature=0.0),
+                    draft_max=0 if i in SILENT else None) for i, prompt in enumerate(PROMPTS)]
+    return run_joining(checkpoint, reqs, config, parallel=3, chunk=16)
 
 
 def check_greedy_beside_silent_rows(checkpoint: Any, config: EngineConfig, kind: str) -> None:
@@ -45,6 +56,33 @@ def check_greedy_beside_silent_rows(checkpoint: Any, config: EngineConfig, kind:
             assert usage.draft_rounds == 0 and usage.draft_kind is None
         else:
             assert usage.draft_rounds > 0 and usage.draft_kind == kind, i
+
+
+def check_server_drafts(checkpoint: Any, kind: str, **settings: Any) -> None:
+    """The app serving ``checkpoint`` with ``settings`` (``model_draft``, ``spec_type``,
+    ...) answers a greedy chat as it does without them, its ``timings`` saying it drafted
+    with a drafter of ``kind``."""
+    body = {"model": "tiny", "max_tokens": 16, "temperature": 0,
+            "messages": [{"role": "user", "content": "count: one two three one two"}]}
+    with app_client(checkpoint) as plain:
+        want = plain.post("/v1/chat/completions", json=body).json()
+    with app_client(checkpoint, **settings) as client:
+        got = client.post("/v1/chat/completions", json=body)
+    assert got.status_code == 200, got.text
+    answer = got.json()
+    assert answer["choices"][0]["message"] == want["choices"][0]["message"]
+    assert answer["timings"]["draft_kind"] == kind
+    assert answer["timings"]["draft_n"] > 0
+
+
+def draft_target(checkpoint: Any, **load: Any) -> DraftTarget:
+    """What a drafter's session is offered of ``checkpoint`` (a path), loaded as the
+    server loads it (``load``: ``load_checkpoint`` options, e.g. ``dtype``)."""
+    from mlxcel.model.loader import load_checkpoint
+    from mlxcel.plugins import load_plugins
+
+    ckpt = load_checkpoint(str(checkpoint), load_plugins().families, **load)
+    return DraftTarget(ckpt.model, ckpt.tokenizer, str(ckpt.path), dict(ckpt.config))
 
 
 def registry_with(*plugins: Any) -> DrafterRegistry:
