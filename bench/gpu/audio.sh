@@ -42,23 +42,10 @@ WORDS=${WORDS:-96}
 CKDIR=${CKDIR:-/tmp/bench-audio-ckpts}
 MLXCEL_SPAWN=${MLXCEL_SPAWN:-0}
 ARGS=${ARGS:-}
-export SERVING_STARTUP_TIMEOUT_S=${SERVING_STARTUP_TIMEOUT_S:-600}
-mkdir -p "$OUT"
-# entry-point metadata for the source tree, unless installed already (a dev venv: a second
-# copy would register each plugin twice)
-META=
-if ! "$PY" -c "import importlib.metadata as m; m.distribution('mlxcel-family-whisper')" \
-    2>/dev/null; then
-  META=$(mktemp -d)
-  "$PY" bench/gpu/mlxcel_meta.py "$META" families/whisper families/kokoro >/dev/null || exit 1
-fi
-SRC="$PWD/core/src:$PWD/families/whisper/src:$PWD/families/kokoro/src"
-export PYTHONPATH="$SRC${META:+:$META}${PYTHONPATH:+:$PYTHONPATH}"
-export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
-EXTRA=(); [ "$MLXCEL_SPAWN" = 1 ] && EXTRA+=(--mlxcel-spawn)
+. bench/gpu/common.sh  # bench_env, machine
+bench_env families/whisper families/kokoro
 {
-  nvidia-smi 2>&1 | head -15 || true
-  nproc; free -g | head -2
+  machine
   # shellcheck disable=SC2086
   "$PY" bench/audio.py --whisper "$WHISPER" --kokoro "$KOKORO" --whisper-dtype "$WDTYPE" \
       --kokoro-dtype "$KDTYPE" --modes "$MODES" --concurrency "$CONC" --rounds "$ROUNDS" \

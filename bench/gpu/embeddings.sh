@@ -13,11 +13,8 @@ PY=${PY:-python3}
 CHECKPOINTS=${CHECKPOINTS:-bert-base,qwen3-emb-0.6b}
 DTYPE=${DTYPE:-bfloat16}
 CHAT=${CHAT:-30m}
-mkdir -p "$OUT"
-META=$(mktemp -d)
-"$PY" bench/gpu/mlxcel_meta.py "$META" families/embeddings >/dev/null || exit 1
-export PYTHONPATH="$PWD/core/src:$PWD/families/embeddings/src:$META${PYTHONPATH:+:$PYTHONPATH}"
-export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+. bench/gpu/common.sh  # bench_env, machine
+bench_env families/embeddings
 "$PY" bench/embeddings.py --checkpoint "$CHECKPOINTS" --dtype "$DTYPE" \
     --chat-checkpoint "$CHAT" --out "$OUT/embeddings_gpu.json" 2>&1 | tee "$OUT/run.log"
 tar czf "$OUT/logs.tgz" -C /tmp $(cd /tmp && ls -d mlxcel-bench-emb-* 2>/dev/null) 2>/dev/null

@@ -30,17 +30,11 @@ MAXTOK=${MAXTOK:-8}
 ARGS=${ARGS:-}
 MLXCEL_ARGS=${MLXCEL_ARGS:---cache-ram 32768}
 MLXCEL_SPAWN=${MLXCEL_SPAWN:-0}
-export SERVING_STARTUP_TIMEOUT_S=${SERVING_STARTUP_TIMEOUT_S:-600}
-mkdir -p "$OUT"
-META=$(mktemp -d)
-"$PY" bench/gpu/mlxcel_meta.py "$META" >/dev/null || exit 1
-export PYTHONPATH="$PWD/core/src:$META${PYTHONPATH:+:$PYTHONPATH}"
-export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
-EXTRA=(); [ -n "$DTYPE" ] && EXTRA+=(--dtype "$DTYPE")
-[ "$MLXCEL_SPAWN" = 1 ] && EXTRA+=(--mlxcel-spawn)
+. bench/gpu/common.sh  # bench_env, machine
+bench_env
+[ -n "$DTYPE" ] && EXTRA+=(--dtype "$DTYPE")
 {
-  nvidia-smi 2>&1 | head -15 || true
-  nproc; free -g | head -2; df -h "$(dirname "$CKDIR")" | tail -1
+  machine; df -h "$(dirname "$CKDIR")" | tail -1
   # shellcheck disable=SC2086
   "$PY" bench/prompt_cache.py --families "$CHECKPOINTS" --sizes "$SIZES" \
       --repeats "$REPEATS" --scenarios "$SCENARIOS" --max-tokens "$MAXTOK" \

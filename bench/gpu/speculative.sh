@@ -26,15 +26,10 @@ MAXTOK=${MAXTOK:-128}
 CKDIR=${CKDIR:-/tmp/bench-ckpts}
 MLXCEL_SPAWN=${MLXCEL_SPAWN:-1}
 RAW=${RAW:-1}
-export SERVING_STARTUP_TIMEOUT_S=${SERVING_STARTUP_TIMEOUT_S:-600}
-mkdir -p "$OUT"
-META=$(mktemp -d)
-"$PY" bench/gpu/mlxcel_meta.py "$META" >/dev/null || exit 1
-export PYTHONPATH="$PWD/core/src:$META${PYTHONPATH:+:$PYTHONPATH}"
-export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
-EXTRA=(); [ "$MLXCEL_SPAWN" = 1 ] && EXTRA+=(--mlxcel-spawn)
+. bench/gpu/common.sh  # bench_env, machine
+bench_env
 {
-  nvidia-smi 2>&1 | head -12 || true
+  machine
   if [ "$RAW" = 1 ]; then
     path=$("$PY" bench/gpu/build_checkpoint.py --preset "$TARGET" --cache-dir "$CKDIR" | tail -1)
     "$PY" bench/gpu/raw_loop.py --model "$path" --batches 1 --steps "$MAXTOK" \

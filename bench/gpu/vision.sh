@@ -28,23 +28,11 @@ CKDIR=${CKDIR:-/tmp/bench-vlm-ckpts}
 RAW=${RAW:-1}
 MLXCEL_SPAWN=${MLXCEL_SPAWN:-0}
 ARGS=${ARGS:-}
-export SERVING_STARTUP_TIMEOUT_S=${SERVING_STARTUP_TIMEOUT_S:-600}
-mkdir -p "$OUT"
-# entry-point metadata for the source tree, unless installed already (a dev venv: a second
-# copy would register each plugin twice)
-META=
-if ! "$PY" -c "import importlib.metadata as m; m.distribution('mlxcel-family-vlm')" 2>/dev/null
-then
-  META=$(mktemp -d)
-  "$PY" bench/gpu/mlxcel_meta.py "$META" families/vlm >/dev/null || exit 1
-fi
-export PYTHONPATH="$PWD/core/src:$PWD/families/vlm/src${META:+:$META}${PYTHONPATH:+:$PYTHONPATH}"
-export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
-EXTRA=(); [ "$RAW" = 1 ] && EXTRA+=(--raw)
-[ "$MLXCEL_SPAWN" = 1 ] && EXTRA+=(--mlxcel-spawn)
+. bench/gpu/common.sh  # bench_env, machine
+bench_env families/vlm
+[ "$RAW" = 1 ] && EXTRA+=(--raw)
 {
-  nvidia-smi 2>&1 | head -15 || true
-  nproc; free -g | head -2
+  machine
   # shellcheck disable=SC2086
   "$PY" bench/vision.py --checkpoint "$CHECKPOINTS" --dtype "$DTYPE" --concurrency "$CONC" \
       --max-tokens "$MAXTOK" --repeats "$REPEATS" --rounds "$ROUNDS" --checkpoint-dir "$CKDIR" \
