@@ -21,15 +21,15 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from mlxcel.builtin.toolcalls.py_calls import PyExtent, builtin_call
-from mlxcel.toolcalls.kit import StreamParser, next_char
+from mlxcel.builtin.toolcalls.py_calls import PythonCallParser, builtin_call
+from mlxcel.toolcalls.kit import next_char
 
 TAG = "<|python_tag|>"
 _BUILTIN = re.compile(r"([A-Za-z_]\w*)\.call\(")
 _BUILTIN_PREFIX = re.compile(r"[A-Za-z_]\w*(\.(c(a(l(l\(?)?)?)?)?)?")
 
 
-class Llama3Parser(StreamParser):
+class Llama3Parser(PythonCallParser):
     openers = (TAG,)
 
     def start(self) -> bool:
@@ -60,23 +60,15 @@ class Llama3Parser(StreamParser):
         if c == "{":
             return self.objects(then=self._after)
         if m := _BUILTIN.match(self.buf, self.pos):
-            self._call, self._extent = m.group(1), PyExtent()
-            self._from, self.pos, self.state = self.pos, m.end() - 1, self._builtin
-            return True
+            start, self.pos = self.pos, m.end() - 1
+            return self.read_python(start, builtin_call, self._builtin)
         if _BUILTIN_PREFIX.fullmatch(self.buf, self.pos) and not self.final:
             return False
         self.state = self.python_code
         return True
 
-    def _builtin(self) -> bool:
-        self.pos = self._extent.advance(self.buf, self.pos)
-        if self._extent.end < 0:
-            return self.wait()
-        try:
-            name, arguments = builtin_call(self.buf[self._from:self.pos])
-        except ValueError as exc:
-            return self.broken(str(exc))
-        self.whole_call(name, arguments)
+    def _builtin(self, call: tuple[str, str]) -> bool:
+        self.whole_call(*call)
         self.state = self._after
         return True
 

@@ -2,7 +2,8 @@
 built-in ``brave_search.call(query="...")``.
 
 ``PyExtent`` finds where a bracketed Python expression ends as its text grows (strings in
-either quote, with escapes, and nesting tracked). The finished text is parsed with
+either quote, with escapes, and nesting tracked); ``PythonCallParser.read_python`` is the
+parser state that waits for it. The finished text is parsed with
 Python's own ``ast`` and only literals are taken (``ast.literal_eval``), never evaluated;
 ``true``/``false``/``null`` are read as JSON's, since templates render nested values as
 JSON. Keyword arguments become a JSON object's text, in the order written: these bodies
@@ -14,8 +15,11 @@ from __future__ import annotations
 import ast
 import json
 import re
+from collections.abc import Callable
+from typing import Any
 
 from mlxcel.toolcalls.json_scan import BracketExtent
+from mlxcel.toolcalls.kit import StreamParser
 
 _JSON_NAMES = {"true": True, "false": False, "null": None}
 
@@ -29,6 +33,31 @@ class PyExtent(BracketExtent):
     OPENERS = "([{"
     OUTSIDE = re.compile(r"""[\[\](){}'"]""")
     INSIDE = {"'": re.compile(r"['\\]"), '"': re.compile(r'["\\]')}
+
+
+class PythonCallParser(StreamParser):
+    """A stream parser whose calls are Python expressions, sent whole once parsed."""
+
+    def read_python(self, start: int, parse: Callable[[str], Any],
+                    then: Callable[[Any], bool]) -> bool:
+        """Read the bracketed expression whose bracket is at ``self.pos`` (its text begins
+        at ``start``, e.g. a called name before the bracket); once it closes, ``then``
+        gets ``parse`` of its text. A ``ValueError`` from ``parse`` breaks the call with
+        its message."""
+        self._python = (PyExtent(), start, parse, then)
+        self.state = self._read_python
+        return True
+
+    def _read_python(self) -> bool:
+        extent, start, parse, then = self._python
+        self.pos = extent.advance(self.buf, self.pos)
+        if extent.end < 0:
+            return self.wait()
+        try:
+            parsed = parse(self.buf[start:self.pos])
+        except ValueError as exc:
+            return self.broken(str(exc))
+        return then(parsed)
 
 
 class _JsonNames(ast.NodeTransformer):

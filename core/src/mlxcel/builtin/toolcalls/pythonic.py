@@ -14,15 +14,15 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from mlxcel.builtin.toolcalls.py_calls import PyExtent, call_list
-from mlxcel.toolcalls.kit import StreamParser, next_char
+from mlxcel.builtin.toolcalls.py_calls import PythonCallParser, call_list
+from mlxcel.toolcalls.kit import next_char
 
 START, END = "<|tool_call_start|>", "<|tool_call_end|>"
 _HEAD = re.compile(r"\[\s*[A-Za-z_][\w.]*\s*\(")
 _HEAD_PREFIX = re.compile(r"\[\s*(?:[A-Za-z_][\w.]*\s*)?")
 
 
-class PythonicParser(StreamParser):
+class PythonicParser(PythonCallParser):
     resync = (END,)
     openers = (START,)
     closer = END
@@ -46,17 +46,9 @@ class PythonicParser(StreamParser):
         return self._list() if c == "[" else self.broken(f"{START} is not followed by [")
 
     def _list(self) -> bool:
-        self._extent, self._from, self.state = PyExtent(), self.pos, self._calls_list
-        return True
+        return self.read_python(self.pos, call_list, self._send_calls)
 
-    def _calls_list(self) -> bool:
-        self.pos = self._extent.advance(self.buf, self.pos)
-        if self._extent.end < 0:
-            return self.wait()
-        try:
-            calls = call_list(self.buf[self._from:self.pos])
-        except ValueError as exc:
-            return self.broken(str(exc))
+    def _send_calls(self, calls: list[tuple[str, str]]) -> bool:
         if self.tentative and self.tool_names and \
                 any(name not in self.tool_names for name, _ in calls):
             return self.abort()
