@@ -8,11 +8,11 @@ drafter (``mtp``: mlx-vlm's, the ``mtp`` extra) are ``"module:attr"`` strings, i
 on first use.
 """
 
-from mlxcel import hookimpl
 from mlxcel.drafters.api import Drafter
 from mlxcel.families import text
 from mlxcel.families.api import Family, LoopPolicy, ReasoningSpec
-from mlxcel.toolcalls.api import ToolFormat
+from mlxcel.plugin_kit import adding
+from mlxcel.toolcalls.kit import ToolFormat, register
 
 NAME = "gemma4"
 MODEL_TYPES = ("gemma4", "gemma4_text")
@@ -31,41 +31,19 @@ def detect(template: str) -> bool:
     return TOOL_CALL[0] in template
 
 
-@hookimpl
-def mlxcel_register_tool_formats(registry):
-    registry.add(ToolFormat(
-        name=NAME,
-        detect=detect,
-        parser="mlxcel_family_gemma4.parser:new_parser",
-        specificity=SPECIFICITY,
-        grammar="mlxcel_family_gemma4.grammar:grammar",
-    ))
+mlxcel_register_tool_formats = register(ToolFormat(
+    name=NAME, detect=detect, parser="mlxcel_family_gemma4.parser:new_parser",
+    specificity=SPECIFICITY, grammar="mlxcel_family_gemma4.grammar:grammar"))
 
+# batch_cache stays None: Gemma 4's rotating and full KV caches have mlx-lm's merge, so the
+# engine's mixed path batches them (mlxcel.engine.mixed_batch.cache_path); the vision
+# decoder makes mlx-lm's caches too (mlxcel_family_gemma4.vision).
+mlxcel_register_families = adding("mlxcel_register_families", Family(
+    name=NAME, model_types=MODEL_TYPES, tasks={"generate": "mlxcel_family_gemma4.load:decoder"},
+    load="mlxcel_family_gemma4.load:load", check=text.CHECK, default_tool_format=NAME,
+    reasoning=REASONING, loop_detection=LOOP))
 
-@hookimpl
-def mlxcel_register_families(registry):
-    # batch_cache stays None: Gemma 4's rotating and full KV caches have mlx-lm's merge,
-    # so the engine's mixed path batches them (mlxcel.engine.mixed_batch.cache_path); the
-    # vision decoder makes mlx-lm's caches too (mlxcel_family_gemma4.vision).
-    registry.add(Family(
-        name=NAME,
-        model_types=MODEL_TYPES,
-        tasks={"generate": "mlxcel_family_gemma4.load:decoder"},
-        load="mlxcel_family_gemma4.load:load",
-        check=text.CHECK,
-        default_tool_format=NAME,
-        reasoning=REASONING,
-        loop_detection=LOOP,
-    ))
-
-
-@hookimpl
-def mlxcel_register_drafters(registry):
-    # -md with a gemma4_assistant checkpoint picks it (mlxcel.drafters.select)
-    registry.add(Drafter(
-        name="gemma4-assistant",
-        kind="mtp",
-        session="mlxcel_family_gemma4.mtp:new_session",
-        needs_model=True,
-        model_types=("gemma4_assistant",),
-    ))
+# -md with a gemma4_assistant checkpoint picks it (mlxcel.drafters.select)
+mlxcel_register_drafters = adding("mlxcel_register_drafters", Drafter(
+    name="gemma4-assistant", kind="mtp", session="mlxcel_family_gemma4.mtp:new_session",
+    needs_model=True, model_types=("gemma4_assistant",)))

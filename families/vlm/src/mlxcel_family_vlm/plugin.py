@@ -5,20 +5,14 @@ checkpoint check (``detect``, no MLX), the loader and the decoder are ``"module:
 strings, imported when a vision-language checkpoint is served.
 """
 
-from mlxcel import hookimpl
 from mlxcel.families.api import Family
+from mlxcel.plugin_kit import adding
 
 from mlxcel_family_vlm.detect import MODEL_TYPES
 
 NAME = "vlm"
 
 
-@hookimpl
-def mlxcel_register_families(registry):
-    registry.add(Family(
-        name=NAME,
-        model_types=MODEL_TYPES,
-        tasks={"generate": "mlxcel_family_vlm.load:decoder"},
-        load="mlxcel_family_vlm.load:load",
-        check="mlxcel_family_vlm.detect:check",
-    ))
+mlxcel_register_families = adding("mlxcel_register_families", Family(
+    name=NAME, model_types=MODEL_TYPES, tasks={"generate": "mlxcel_family_vlm.load:decoder"},
+    load="mlxcel_family_vlm.load:load", check="mlxcel_family_vlm.detect:check"))
