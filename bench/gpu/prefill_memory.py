@@ -4,7 +4,8 @@ A diagnostic for long-prompt prefill on the GPU. One variant per process (so eac
 from an empty device): ``mlxcel`` runs an ``EngineWorker`` (the device's own policy, no
 warm-up) on a ``bench_checkpoints`` checkpoint and records, after every engine step,
 MLX's active, cache and per-step peak memory and the device's used memory
-(``nvidia-smi``); ``mlx_lm`` runs ``mlx_lm.generate.generate_step`` on the same prompt and
+(``nvidia-smi``); ``mlxcel-held`` is the same with the buffer cache kept through the
+prefill (``BufferRelease.held_bytes`` unbounded), as the engine did before; ``mlx_lm`` runs ``mlx_lm.generate.generate_step`` on the same prompt and
 checkpoint, with the same prefill step, and records the same after the prefill.
 
     python bench/gpu/prefill_memory.py --checkpoint gemma4-e4b --tokens 32768 \
@@ -47,12 +48,14 @@ def prompt_of(n: int, path) -> list[int]:
     return [(i * 7919) % (vocab - 300) + 200 for i in range(n)]
 
 
-def run_mlxcel(path, tokens: int, chunk: int, cache_gb: int) -> dict:
+def run_mlxcel(path, tokens: int, chunk: int, cache_gb: int, variant: str) -> dict:
     import mlx.core as mx
     from mlxcel.testing.engine import submit, worker_for
 
     worker = worker_for(path, cache=cache_gb << 30 if cache_gb else False, chunk=chunk,
                         warm_up=False)
+    if variant == "mlxcel-held":  # the buffer cache only goes back once idle
+        worker.buffers.held_bytes = float("inf")
     started = time.time()
     sink = submit(worker, prompt_of(tokens, path), max_tokens=2)
     steps = []
@@ -95,7 +98,7 @@ def child(args) -> None:
     elif args.variant.startswith("mlx_lm"):
         result = run_mlx_lm(path, args.tokens, args.chunk)
     else:
-        result = run_mlxcel(path, args.tokens, args.chunk, args.cache_gb)
+        result = run_mlxcel(path, args.tokens, args.chunk, args.cache_gb, args.variant)
     print("RESULT " + json.dumps(result))
 
 

@@ -238,9 +238,10 @@ class Admission:
             for seq in job.seqs:
                 seq.finish("error", error=f"prefill failed: {exc}")
             self.prefilling = None
+            self.buffers.requested = True  # the failure may have been for want of memory
             return
         self.stats.prefill_chunks_processed += 1
-        self.buffers.dirty = True
+        self.buffers.dirty = self.buffers.prefilled = True
         self.trace.note(prefill_rows=len(job.seqs), prefill_cols=job.last_cols)
         fork.report_progress(job, self._prefill_started, done)
         if done:

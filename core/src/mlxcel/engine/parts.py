@@ -13,6 +13,7 @@ from typing import Any
 from mlxcel.errors import GenerationFailed
 
 IDLE_RELEASE_S = 2.0  # idle this long after work: MLX's buffer cache goes back
+PREFILL_HELD_BYTES = 1 << 30  # more than this held after a prefill chunk: it goes back
 
 
 class Inbox:
@@ -49,25 +50,39 @@ class Inbox:
 
 class BufferRelease:
     """When to free MLX's buffer cache: once the engine has been idle for ``idle_s``
-    seconds after work, and at once after a prompt-cache reset. Buffers a burst or a long
-    prompt left behind go back to the system instead of staying held by an idle server,
-    while back-to-back requests keep reusing them instead of allocating anew."""
+    seconds after work; at once when asked (a prompt-cache reset, a step that failed,
+    perhaps for want of memory); and after a prefill chunk that left more than
+    ``held_bytes`` cached. Buffers a burst or a long prompt left behind go back to the
+    system instead of staying held by an idle server, while back-to-back requests keep
+    reusing them instead of allocating anew.
 
-    def __init__(self, idle_s: float = IDLE_RELEASE_S) -> None:
+    The prefill bound is mlx-lm's rule (its prefill loops clear the cache after every
+    chunk) kept for the chunks that need it: each chunk of a long prompt leaves buffers of
+    sizes no later chunk asks for (attention scores over a context one chunk longer, a KV
+    cache grown past its last size), so a held cache only grows. On CUDA the device then
+    runs out while MLX still holds them, and a step fails instead of allocating."""
+
+    def __init__(self, idle_s: float = IDLE_RELEASE_S,
+                 held_bytes: float = PREFILL_HELD_BYTES) -> None:
         self.idle_s = idle_s
+        self.held_bytes = held_bytes
         self.dirty = False  # work ran since the cache was last cleared
         self.requested = False  # set from other threads (a prompt-cache reset)
+        self.prefilled = False  # a prefill chunk ran since the last ``due``
         self._idle_since: float | None = None
 
-    def due(self, busy: bool) -> bool:
-        """Whether to clear now (then the state starts over); ``busy``: work is held."""
+    def due(self, busy: bool, cached: Callable[[], int] | None = None) -> bool:
+        """Whether to clear now (then the state starts over); ``busy``: work is held;
+        ``cached``: the bytes MLX's buffer cache holds now (``mx.get_cache_memory``)."""
         if busy:
             self._idle_since = None
         elif self.dirty and self._idle_since is None:
             self._idle_since = time.monotonic()
         idle_long = self._idle_since is not None \
             and time.monotonic() - self._idle_since >= self.idle_s
-        if self.requested or (self.dirty and idle_long):
+        over = self.prefilled and cached is not None and cached() > self.held_bytes
+        self.prefilled = False
+        if self.requested or over or (self.dirty and idle_long):
             self.requested = self.dirty = False
             self._idle_since = None
             return True

@@ -273,7 +273,7 @@ class EngineWorker(EngineSetup, Admission, threading.Thread):
     def _release_memory(self) -> None:
         """Free MLX's buffer cache when ``buffers`` says so (``BufferRelease``); only this
         thread calls MLX."""
-        if self.buffers.due(self._busy()):
+        if self.buffers.due(self._busy(), mx.get_cache_memory):
             self.dist.cleared()
             mx.clear_cache()
 
@@ -284,7 +284,7 @@ class EngineWorker(EngineSetup, Admission, threading.Thread):
         end_all([s for s in self.held() if id(s) not in waiting], None, message)
         self.prefilling, self.inflight, self.prefilled = None, None, []
         self.batch = self._new_batch()
-        self.buffers.dirty = True
+        self.buffers.requested = True  # the failure may have been for want of memory
 
     def _remember(self, keep: list[Sequence]) -> None:
         """Keep finished sequences' KV (prompt + output) for later prompts that share it."""
