@@ -2,11 +2,11 @@
 core edit: its entry point registers it cheaply, core's registry picks it by the bytes,
 its ``decode`` runs under the limits, and it passes ``check_media_decoder``.
 
-The package is the tutorial's (``docs/tutorial/first-media-decoder.md``: every Python and
-TOML block there is copied from ``PACKAGE``). Its decoder reads HEIC with pillow-heif; the
-test installs a stand-in ``pillow_heif`` beside it (``STAND_IN``), which reads this
-test's HEIC-shaped files and records what it decoded, so the test runs offline and can
-tell whether a pixel was decoded."""
+The package is the tutorial's (``docs/tutorial/first-media-decoder.md``): its TOML and
+Python blocks, in order, are the package's files (``package()``), so the two cannot drift.
+Its decoder reads HEIC with pillow-heif; the test installs a stand-in ``pillow_heif``
+beside it (``STAND_IN``), which reads this test's HEIC-shaped files and records what it
+decoded, so the test runs offline and can tell whether a pixel was decoded."""
 
 from __future__ import annotations
 
@@ -25,55 +25,16 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 TUTORIAL = ROOT / "docs" / "tutorial" / "first-media-decoder.md"
 
-PYPROJECT = """\
-[build-system]
-requires = ["hatchling"]
-build-backend = "hatchling.build"
-
-[project]
-name = "mlxcel-media-heic"
-version = "1.0.0"
-dependencies = ["mlxcel", "pillow-heif>=0.18"]
-
-[project.entry-points.mlxcel]
-media-heic = "mlxcel_media_heic.plugin"
-
-[tool.hatch.build.targets.wheel]
-packages = ["src/mlxcel_media_heic"]
-"""
-
-PLUGIN = '''\
-from mlxcel import hookimpl
-from mlxcel.media.api import MediaDecoder
+# the tutorial's TOML and Python blocks, in order, are the package's files
+FILES = ("pyproject.toml", "src/mlxcel_media_heic/plugin.py", "src/mlxcel_media_heic/decode.py")
 
 
-@hookimpl
-def mlxcel_register_media_decoders(registry):
-    registry.add(MediaDecoder(
-        name="heic", kind="image", decode="mlxcel_media_heic.decode:decode",
-        mimes={"image/heic": rb".{4}ftyp(?:heic|heix|heim|heis)",
-               "image/heif": rb".{4}ftyp(?:mif1|msf1)"}))
-'''
+def package() -> dict[str, str]:
+    """The package, file by file, as the tutorial writes it (``FILES``)."""
+    blocks = re.findall(r"^```(?:python|toml)\n(.*?)^```$", TUTORIAL.read_text(), re.M | re.S)
+    assert len(blocks) == len(FILES), "the tutorial's code blocks are not the package's files"
+    return {"src/mlxcel_media_heic/__init__.py": "", **dict(zip(FILES, blocks, strict=True))}
 
-DECODE = '''\
-import io
-
-import pillow_heif
-from mlxcel.media.api import ImageItem, check_image_size
-from mlxcel.media.image import to_rgb
-
-
-def decode(blob, limits):
-    heif = pillow_heif.open_heif(io.BytesIO(blob.data))  # reads the header only
-    check_image_size(*heif.size, limits)                 # before any pixel is decoded
-    image = to_rgb(heif.to_pillow())                     # libheif applies the rotation
-    return ImageItem(image=image, width=image.width, height=image.height,
-                     digest=blob.digest)
-'''
-
-PACKAGE = {"pyproject.toml": PYPROJECT, "src/mlxcel_media_heic/__init__.py": "",
-           "src/mlxcel_media_heic/plugin.py": PLUGIN,
-           "src/mlxcel_media_heic/decode.py": DECODE}
 
 # reads b"....ftypheic", width and height (u16), raw RGB; records each size it decodes
 STAND_IN = '''
@@ -107,7 +68,7 @@ def open_heif(fp):
 def sites(tmp_path_factory) -> list[Path]:
     root = tmp_path_factory.mktemp("third-party-heic")
     src = root / "mlxcel-media-heic"
-    for name, text in PACKAGE.items():
+    for name, text in package().items():
         (src / name).parent.mkdir(parents=True, exist_ok=True)
         (src / name).write_text(text)
     stand_in = root / "stand-in"
@@ -184,11 +145,10 @@ def test_the_plugin_listing_shows_the_decoder(sites):
     assert f"\n    {line}\n" in TUTORIAL.read_text(), f"the tutorial does not show {line!r}"
 
 
-def test_the_tutorial_is_the_package():
+def test_the_tutorial_writes_each_file_of_the_package_whole():
+    files = package()
+    assert 'media-heic = "mlxcel_media_heic.plugin"' in files["pyproject.toml"]
+    assert "def mlxcel_register_media_decoders" in files["src/mlxcel_media_heic/plugin.py"]
+    assert "def decode(blob, limits)" in files["src/mlxcel_media_heic/decode.py"]
     text = TUTORIAL.read_text()
-    blocks = re.findall(r"^```(?:python|toml)\n(.*?)^```$", text, re.M | re.S)
-    assert len(blocks) >= 3, "the tutorial lost its code"
-    for block in blocks:
-        assert any(block in source for source in PACKAGE.values()), \
-            f"this block is in no file of the package:\n{block}"
     assert "check_media_decoder" in text and "media-heic" in text
