@@ -119,15 +119,14 @@ def check_image_size(width: int, height: int, limits: MediaLimits) -> None:
     with the size its header declares, before decoding, so a bomb is never decoded."""
     if width <= 0 or height <= 0:
         raise MediaRefused(f"the image declares an empty size ({width}x{height})")
-    if width > limits.max_width:
-        raise MediaRefused(f"the image is {width} pixels wide, over --max-image-width "
-                           f"({limits.max_width})")
-    if height > limits.max_height:
-        raise MediaRefused(f"the image is {height} pixels high, over --max-image-height "
-                           f"({limits.max_height})")
-    if width * height > limits.max_pixels:
-        raise MediaRefused(f"the image is {width}x{height} ({width * height} pixels), over "
-                           f"the limit of {limits.max_pixels} decoded pixels per image")
+    _refuse_over(
+        (width, limits.max_width, f"the image is {width} pixels wide, over "
+         f"--max-image-width ({limits.max_width})"),
+        (height, limits.max_height, f"the image is {height} pixels high, over "
+         f"--max-image-height ({limits.max_height})"),
+        (width * height, limits.max_pixels, f"the image is {width}x{height} "
+         f"({width * height} pixels), over the limit of {limits.max_pixels} decoded pixels "
+         "per image"))
 
 
 def check_audio_info(channels: int, sample_rate: int, seconds: float,
@@ -136,12 +135,17 @@ def check_audio_info(channels: int, sample_rate: int, seconds: float,
     audio decoder calls it with what the stream's header says, before decoding."""
     if channels <= 0 or sample_rate <= 0:
         raise MediaRefused("the audio declares no channels or no sample rate")
-    if channels > limits.max_channels:
-        raise MediaRefused(f"the audio has {channels} channels, over the limit of "
-                           f"{limits.max_channels}")
-    if sample_rate > limits.max_sample_rate:
-        raise MediaRefused(f"the audio's sample rate is {sample_rate} Hz, over the limit "
-                           f"of {limits.max_sample_rate} Hz")
-    if seconds > limits.max_seconds:
-        raise MediaRefused(f"the audio lasts {seconds:.0f} s, over the limit of "
-                           f"{limits.max_seconds:.0f} s")
+    _refuse_over(
+        (channels, limits.max_channels, f"the audio has {channels} channels, over the "
+         f"limit of {limits.max_channels}"),
+        (sample_rate, limits.max_sample_rate, f"the audio's sample rate is {sample_rate} "
+         f"Hz, over the limit of {limits.max_sample_rate} Hz"),
+        (seconds, limits.max_seconds, f"the audio lasts {seconds:.0f} s, over the limit "
+         f"of {limits.max_seconds:.0f} s"))
+
+
+def _refuse_over(*bounds: tuple[float, float, str]) -> None:
+    """Refuse with the message of the first ``(value, limit, message)`` over its limit."""
+    for value, limit, message in bounds:
+        if value > limit:
+            raise MediaRefused(message)
