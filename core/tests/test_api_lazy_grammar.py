@@ -49,6 +49,10 @@ def test_the_answer_is_free_up_to_the_trigger_then_the_grammars(client, trigger,
                  grammar_triggers=triggers, preserved_tokens=[text])
     assert out["tokens"][:k + 1] == free[:k + 1]  # free until the trigger token
     assert out["content"].endswith(text + "aaaaa") and out["stop_type"] == "eos"
+    settings = out["generation_settings"]  # as llama-server reports what it ran with
+    assert settings["grammar"] == grammar(text) and settings["grammar_lazy"] is True
+    assert settings["grammar_triggers"] == triggers
+    assert settings["preserved_tokens"] == [text]
 
 
 def test_a_pattern_trigger_starts_at_its_group(client, trigger):

@@ -53,6 +53,9 @@ def test_fields_and_timings(client):
     assert settings["n_predict"] == 7 and settings["temperature"] == 0
     assert settings["n_ctx"] == 4096 and settings["stream"] is False
     assert settings["seed"] == 18446744073709551615 and settings["ignore_eos"] is True
+    assert settings["grammar"] == "" and settings["grammar_lazy"] is False
+    assert settings["grammar_triggers"] == [] == settings["preserved_tokens"]
+    assert settings["speculative.n_max"] == 16 and settings["speculative.n_min"] == 0
     text = client.post("/detokenize", json={"tokens": body["tokens"]}).json()["content"]
     assert text == body["content"]
 

@@ -279,9 +279,14 @@ def choices_of(ctx: AppContext, body: NativeFields) -> int:
     return 1 if value is None else check_choices(ctx, value, field)
 
 
-def generation_settings(ctx: AppContext, plan: Plan, stream: bool) -> dict[str, Any]:
-    """llama-server's ``generation_settings``: the values this request ran with."""
+def generation_settings(ctx: AppContext, plan: Plan, stream: bool,
+                        body: NativeFields | None = None) -> dict[str, Any]:
+    """llama-server's ``generation_settings``: the values this request ran with; the
+    grammar fields as ``body`` sent them (a JSON schema's grammar is not GBNF here, so
+    ``grammar`` is only a GBNF grammar sent as one)."""
     sp: SamplingParams = plan.request.sampling
+    req = plan.request
+    grammar = body.grammar if body is not None and isinstance(body.grammar, str) else ""
     return {
         "n_predict": plan.n_predict, "max_tokens": plan.n_predict,
         "seed": SEED_UNSET if sp.seed is None else sp.seed, "temperature": sp.temperature,
@@ -299,6 +304,13 @@ def generation_settings(ctx: AppContext, plan: Plan, stream: bool) -> dict[str, 
         "cache_prompt": plan.request.cache_prompt,
         "reasoning_budget": -1 if plan.reasoning_budget is None else plan.reasoning_budget,
         "n_ctx": ctx.engine.context_size, "model": ctx.model_name,
+        "grammar": grammar, "grammar_lazy": req.guide_lazy is not None,
+        "grammar_triggers": list(body.grammar_triggers or []) if body is not None else [],
+        "preserved_tokens": list(body.preserved_tokens or []) if body is not None else [],
+        "speculative.n_max": ctx.settings.draft_max if req.draft_max is None
+        else req.draft_max,
+        "speculative.n_min": ctx.settings.draft_min if req.draft_min is None
+        else req.draft_min,
     }
 
 

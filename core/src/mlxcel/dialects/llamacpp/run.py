@@ -49,7 +49,7 @@ class _Run:
         self.machine = OutputMachine(stops=plan.request.stop)
         self.encoder = NativeEncoder(
             plan, self.watch, ctx.checkpoint.tokenizer, index=index,
-            settings=generation_settings(ctx, plan, body.stream),
+            settings=generation_settings(ctx, plan, body.stream, body),
             context_size=ctx.engine.context_size, return_tokens=body.return_tokens,
             timings_per_token=body.timings_per_token, truncated=truncated)
 
