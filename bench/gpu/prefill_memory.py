@@ -89,10 +89,10 @@ def run_mlx_lm(path, tokens: int, chunk: int) -> dict:
 
 
 def child(args) -> None:
-    from mlxcel.testing.bench_checkpoints import named_checkpoint
+    from mlxcel.testing.bench_checkpoints import CHECKPOINTS, bench_checkpoint
 
-    os.environ.setdefault("MLXCEL_CACHE_DIR", args.checkpoint_dir)
-    path = named_checkpoint(args.checkpoint)
+    kw = dict(CHECKPOINTS[args.checkpoint])  # where bench/prompt_cache.py builds it too
+    path = bench_checkpoint(kw.pop("shape"), cache_dir=args.checkpoint_dir, **kw)
     if args.variant == "build":
         result = {"steps": [], "error": None}
     elif args.variant.startswith("mlx_lm"):
