@@ -59,11 +59,12 @@ class Llama3Parser(PythonCallParser):
     def _tagged(self, c: str) -> bool:
         if c == "{":
             return self.objects(then=self._after)
-        if m := _BUILTIN.match(self.buf, self.pos):
-            start, self.pos = self.pos, m.end() - 1
-            return self.read_python(start, builtin_call, self._builtin)
-        if _BUILTIN_PREFIX.fullmatch(self.buf, self.pos) and not self.final:
+        head = self.python_head(_BUILTIN, _BUILTIN_PREFIX)
+        if head is None:
             return False
+        if head:
+            start, self.pos = self.pos, head.end() - 1
+            return self.read_python(start, builtin_call, self._builtin)
         self.state = self.python_code
         return True
 

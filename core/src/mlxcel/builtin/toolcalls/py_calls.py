@@ -38,6 +38,15 @@ class PyExtent(BracketExtent):
 class PythonCallParser(StreamParser):
     """A stream parser whose calls are Python expressions, sent whole once parsed."""
 
+    def python_head(self, head: re.Pattern[str], prefix: re.Pattern[str]
+                    ) -> re.Match[str] | bool | None:
+        """Whether a call's ``head`` (``[name(``, ``name.call(``) is next, as ``match``
+        answers for a marker: its match; None while the text so far could still become
+        one (``prefix`` matches it whole); False when it cannot."""
+        if m := head.match(self.buf, self.pos):
+            return m
+        return None if prefix.fullmatch(self.buf, self.pos) and not self.final else False
+
     def read_python(self, start: int, parse: Callable[[str], Any],
                     then: Callable[[Any], bool]) -> bool:
         """Read the bracketed expression whose bracket is at ``self.pos`` (its text begins

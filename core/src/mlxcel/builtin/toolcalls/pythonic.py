@@ -32,11 +32,10 @@ class PythonicParser(PythonCallParser):
 
     @next_char
     def _lead(self, c: str) -> bool:
-        if c == "[" and _HEAD.match(self.buf, self.pos):
-            return self._list()
-        if c == "[" and _HEAD_PREFIX.fullmatch(self.buf, self.pos) and not self.final:
+        head = self.python_head(_HEAD, _HEAD_PREFIX)
+        if head is None:
             return False
-        return self.abort()
+        return self._list() if head else self.abort()
 
     def opens(self, marker: str) -> Any:
         return self._open
