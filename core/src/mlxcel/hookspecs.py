@@ -122,11 +122,9 @@ def mlxcel_register_dialects(registry: DialectRegistry) -> None:
     """Register API dialects: ``registry.add(Dialect(...))``."""
 
 
-# hook name -> (attribute of Plugins, label used by `mlxcel-server plugins`)
-REGISTRY_HOOKS = {
-    "mlxcel_register_families": ("families", "families"),
-    "mlxcel_register_tool_formats": ("tool_formats", "tool formats"),
-    "mlxcel_register_media_decoders": ("media_decoders", "media decoders"),
-    "mlxcel_register_drafters": ("drafters", "drafters"),
-    "mlxcel_register_dialects": ("dialects", "dialects"),
-}
+# the registries of ``Plugins``, in the order they fill: each has the hook
+# ``mlxcel_register_<attribute>`` and shows in `mlxcel-server plugins` as its attribute
+# with spaces (hook name -> (attribute, label))
+REGISTRY_HOOKS = {f"mlxcel_register_{attr}": (attr, attr.replace("_", " "))
+                  for attr in ("families", "tool_formats", "media_decoders", "drafters",
+                               "dialects")}
