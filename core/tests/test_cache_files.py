@@ -4,7 +4,6 @@ decoded on; every kind of damaged, stale or foreign file deleted; the model fing
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 import os
 import sys
@@ -307,7 +306,7 @@ def _rewrite_metadata(directory, header, edit):
     mx.save_safetensors(str(path), arrays, {files.META_KEY: json.dumps(meta)})
     raw = path.read_bytes()
     header = msgspec.structs.replace(header, nbytes=len(raw),
-                                     checksum=hashlib.sha256(raw).hexdigest())
+                                     checksum=files.checksum(raw))
     (directory / f"{header.key}.json").write_bytes(msgspec.json.encode(header))
     return header
 

@@ -9,9 +9,13 @@ header (``FileHeader``), both named by ``entry_key``.
   instantiate anything else.
 * Each file is written under a temporary name, fsynced and renamed, the header last: a data
   file without a valid header (a crash between the two) is garbage that ``scan`` deletes.
-* A header binds its data by size and sha256, its tokens by its key, the model by its
-  fingerprint (``model_fingerprint``): a cache read for other weights or from a torn file
-  decodes to plausible garbage rather than failing, so all are checked before parsing.
+* A header binds its data by size and checksum (``checksum``), its tokens by its key, the
+  model by its fingerprint (``model_fingerprint``): a cache read for other weights or from
+  a torn file decodes to plausible garbage rather than failing, so all are checked before
+  parsing. The checksum is CRC-32, named in the value (``crc32:...``): it guards against
+  torn, truncated and corrupted files, which is all a digest stored beside its file can do
+  (whoever can rewrite the data can rewrite its header), and it reads at memory speed, so
+  a hit's load from disk is not spent hashing.
 
 No locking: the caller runs ``scan`` and ``clear`` while no write to the directory runs.
 """
@@ -24,6 +28,7 @@ import os
 import re
 import secrets
 import time
+import zlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -63,7 +68,7 @@ class FileHeader(msgspec.Struct, frozen=True):
     kind: str  # "rows" (a RowCaches payload) or "kv" (a KVRows payload)
     checkpoints: tuple[tuple[int, str], ...]  # (position, kind) of each Checkpoint, in order
     nbytes: int  # size of the data file
-    checksum: str  # sha256 hex of the data file's bytes
+    checksum: str  # ``checksum`` of the data file's bytes
     fingerprint: str  # model_fingerprint of the model it was written for
     created: float  # time.time() at write
 
@@ -174,19 +179,28 @@ def _paths(directory: Path, key: str) -> tuple[Path, Path]:
     return directory / f"{key}.safetensors", directory / f"{key}.json"
 
 
+def checksum(data: bytes) -> str:
+    """The header's checksum of ``data``."""
+    return _named(zlib.crc32(data))
+
+
+def _named(crc: int) -> str:
+    return f"crc32:{crc:08x}"
+
+
 def _hash(path: Path) -> tuple[int, str]:
-    """Size and sha256 hex of ``path``."""
-    digest, size = hashlib.sha256(), 0
+    """Size and ``checksum`` of ``path``."""
+    crc, size = 0, 0
     with open(path, "rb") as f:
         while chunk := f.read(CHUNK):
-            digest.update(chunk)
+            crc = zlib.crc32(chunk, crc)
             size += len(chunk)
-    return size, digest.hexdigest()
+    return size, _named(crc)
 
 
 def _install(directory: Path, key: str, suffix: str, write: Any) -> tuple[int, str]:
     """``write(tmp)`` to ``<key>.<pid>.<random>.tmp.<suffix>``, fsync it, rename it to
-    ``<key>.<suffix>``; the written file's size and sha256 hex."""
+    ``<key>.<suffix>``; the written file's size and ``checksum``."""
     tmp = directory / f"{key}.{os.getpid()}.{secrets.token_hex(4)}.tmp.{suffix}"
     try:
         write(tmp)
@@ -278,7 +292,7 @@ def _stale(path: Path) -> bool:
 def read_entry(directory: Path, header: FileHeader,
                fingerprint: str) -> tuple[RowCaches | KVRows, list[Checkpoint]]:
     """The entry's payload and checkpoints, their arrays computed. The data file's size and
-    sha256, the header's key and the fingerprint are checked before the file is parsed; on
+    checksum, the header's key and the fingerprint are checked before the file is parsed; on
     any mismatch or load error both files are deleted and ``FileRefused`` raised. Another
     ``OSError`` reading the file propagates."""
     data_path = directory / f"{header.key}.safetensors"
