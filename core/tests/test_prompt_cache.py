@@ -26,6 +26,18 @@ def test_block_hashes_chain_and_only_full_blocks():
     assert c[0] != a[0] and c[1] != a[1]  # a change in block 0 changes every later hash
 
 
+def test_block_hashes_keep_their_byte_layout():
+    """The disk tier names files by these hashes: the layout (4-byte little-endian ids,
+    sha256 chained from the empty string) must not change under it."""
+    import hashlib
+    import struct
+
+    tokens = [0, 1, 255, 256, 65535, 2**31, 2**32 - 1, *range(7, 32)]
+    first = hashlib.sha256(struct.pack("<16I", *tokens[:16])).digest()
+    second = hashlib.sha256(first + struct.pack("<16I", *tokens[16:32])).digest()
+    assert block_hashes(tokens) == [first, second]
+
+
 def test_longest_prefix_hit_leaves_one_token_to_compute():
     cache = PromptCache(capacity_bytes=1 << 20)
     tokens = list(range(50))

@@ -16,7 +16,9 @@ back, at positions a later prompt is likely to share (``CHECKPOINT_VALUE``).
 from __future__ import annotations
 
 import hashlib
+import sys
 import time
+from array import array
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
@@ -33,12 +35,18 @@ CHECKPOINT_VALUE = {"system": 4, "turn": 3, "prompt": 2, "interval": 1}
 def block_hashes(tokens: Sequence[int], limit: int | None = None,
                  digests: Digests = NO_DIGESTS) -> list[bytes]:
     """Chained sha256 of each full 16-token block (of the first ``limit`` tokens), each
-    block's digests (``Digests``) included."""
+    block's digests (``Digests``) included. A token is 4 bytes, unsigned little-endian; the
+    prompt is packed once and sliced, since an agent's prompt is tens of thousands of
+    tokens and this runs on every lookup and store."""
     n = len(tokens) if limit is None else min(limit, len(tokens))
+    full = n - n % BLOCK_SIZE
+    packed = array("I", [int(t) for t in tokens[:full]])
+    if sys.byteorder == "big":
+        packed.byteswap()
+    data, width = packed.tobytes(), 4 * BLOCK_SIZE
     out, prev = [], b""
-    for start in range(0, n - n % BLOCK_SIZE, BLOCK_SIZE):
-        block = b"".join(int(t).to_bytes(4, "little", signed=False)
-                         for t in tokens[start:start + BLOCK_SIZE])
+    for start in range(0, full, BLOCK_SIZE):
+        block = data[4 * start:4 * start + width]
         if digests:
             block += b"".join(p.to_bytes(4, "little") + digests[p]
                               for p in sorted(digests) if start <= p < start + BLOCK_SIZE)
