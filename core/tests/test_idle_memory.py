@@ -12,14 +12,14 @@ from mlxcel.testing.engine import run_until_done, submit, worker_for
 
 def idle_worker(path, cache: bool):
     worker = worker_for(path, cache=cache, chunk=256, parallel=4)
-    worker.idle_release = 0.3
+    worker.buffers.idle_s = 0.3
     return worker
 
 
 def idle_out(worker) -> None:
     """Iterate past the idle delay (the loop wakes at least every 0.5 s when idle)."""
     worker.step()
-    time.sleep(worker.idle_release + 0.05)
+    time.sleep(worker.buffers.idle_s + 0.05)
     worker.step()
 
 
@@ -97,7 +97,7 @@ def test_a_failed_prefill_gives_the_buffer_cache_back_at_once(tiny_checkpoint):
         return ckpt
 
     worker = worker_for(load, chunk=64, parallel=2)
-    worker.idle_release = 3600.0  # only the failure can clear it
+    worker.buffers.idle_s = 3600.0  # only the failure can clear it
     marker = worker.checkpoint.tokenizer.hf.token_to_id("!")
     ok = submit(worker, [(3 * i) % 100 + 3 for i in range(300)], 3)
     run_until_done(worker, [ok])

@@ -1,10 +1,11 @@
-"""Engine warm-up: every decode batch size and prefill chunk shape runs once at startup."""
+"""Engine warm-up: every decode batch size and prefill chunk shape runs once, what a lone
+request meets before the engine is ready and the rest between served steps."""
 
 from __future__ import annotations
 
 import mlx.core as mx
 import pytest
-from mlxcel.engine.accel.warmup import prefill_shapes, warm_up
+from mlxcel.engine.accel.warmup import prefill_shapes, shared_plan, warm_up
 from mlxcel.engine.cache.kvcache import BatchCache, shared_position_rope
 
 
@@ -38,7 +39,8 @@ def test_warm_up_runs_each_shape_on_the_model(mlxcel_checkpoint_cache):
     seconds = warm_up(Spy(), shared_position_rope(model, True), parallel=3, chunk=64,
                       align=32)
     assert seconds > 0
-    assert seen == [(1, 1), (2, 1), (3, 1), (1, 32), (2, 32), (1, 64)]
+    # a lone row's shapes first, grouped ones (fewest columns first) after them
+    assert seen == [(1, 1), (2, 1), (3, 1), (1, 32), (1, 64), (2, 32)]
     assert mx.array(1).item() == 1  # the device is still usable afterwards
 
 
@@ -58,7 +60,7 @@ def test_a_failing_warm_up_does_not_stop_the_engine(mlxcel_checkpoint_cache, mon
 
     from mlxcel.engine.policy import EnginePolicy
 
-    monkeypatch.setattr(setup_module, "warm_up", failing)
+    monkeypatch.setattr(setup_module, "shared_plan", failing)
     families = load_plugins().families
     worker = EngineWorker(lambda: load_checkpoint(str(path), families),
                           parallel=2, policy=EnginePolicy(warm_up=True))
@@ -222,3 +224,88 @@ def test_mixed_warm_up_runs_every_aligned_lone_prefill_shape(mlxcel_checkpoint_c
     shapes.clear()
     warm_mixed(Spy(), mixed_batch.merge_rows, vocab)  # unaligned: none of those
     assert (1, 24) not in shapes
+
+
+def test_the_plan_leaves_only_grouped_prefill_shapes_for_later(mlxcel_checkpoint_cache):
+    from mlxcel.engine.accel.warmup import run_items
+    from mlxcel.model.loader import load_checkpoint
+    from mlxcel.plugins import load_plugins
+    from mlxcel.testing.checkpoint import cached_checkpoint
+
+    path = cached_checkpoint("qwen3", cache_dir=mlxcel_checkpoint_cache, dtype="float32")
+    ck = load_checkpoint(str(path), load_plugins().families)
+    model = ck.model
+    seen = []
+    inner = model.__call__
+
+    class Spy:
+        def __getattr__(self, name):
+            return getattr(model, name)
+
+        def __call__(self, inputs, cache=None):
+            seen.append(tuple(inputs.shape))
+            return inner(inputs, cache=cache)
+
+    plan = shared_plan(Spy(), shared_position_rope(model, True), parallel=4, chunk=64,
+                       align=16, burst=2, vocab=ck.tokenizer.vocab_size)
+    spent = run_items(plan.first)
+    assert set(spent) == {"decode", "prefill", "lifecycle"}
+    lone = [s for s in seen if s[1] > 1 and s[0] == 1]
+    assert [c for _, c in lone[:4]] == [16, 32, 48, 64]  # every lone chunk, before ready
+    seen.clear()
+    run_items(plan.later)
+    grouped = set(prefill_shapes(64, 16, 4, 2)) - {(1, c) for c in (16, 32, 48, 64)}
+    assert seen == sorted(grouped, key=lambda s: (s[1], s[0]))
+
+
+def test_warming_runs_back_to_back_when_idle_and_within_its_share_when_busy():
+    import time
+
+    from mlxcel.engine.parts import Warming
+
+    ran = []
+
+    def item(n):
+        return ("prefill", lambda: (ran.append(n), time.sleep(0.02)))
+
+    warming = Warming([item(n) for n in range(4)], share=0.1)
+    assert warming.run_due(busy=False) and warming.run_due(busy=False)
+    assert ran == [0, 1]
+    assert warming.run_due(busy=True) and ran == [0, 1, 2]
+    assert not warming.run_due(busy=True)  # 0.02 s ran: the next waits ~0.18 s
+    assert warming.run_due(busy=False) and ran == [0, 1, 2, 3]  # idle: due at once
+    assert not warming and not warming.run_due(busy=False)
+
+
+def test_a_failing_later_item_drops_the_rest():
+    from mlxcel.engine.parts import Warming
+
+    def boom():
+        raise MemoryError("no room")
+
+    ran = []
+    warming = Warming([("prefill", boom), ("prefill", lambda: ran.append(1))])
+    assert warming.run_due(busy=False) and not warming and ran == []
+
+
+def test_requests_served_while_the_rest_warms_get_the_same_tokens(mlxcel_checkpoint_cache):
+    """Grouped shapes warm between served steps (one layer swapped in for each): the rows
+    decoding around them get the tokens they get with no warm-up."""
+    from mlxcel.testing.checkpoint import cached_checkpoint
+    from mlxcel.testing.engine import run_until_done, submit, worker_for
+
+    path = cached_checkpoint("qwen3", cache_dir=mlxcel_checkpoint_cache, dtype="float32")
+    prompts = [list(range(5 + i, 30 + 3 * i)) for i in range(4)]
+
+    def serve(worker):
+        sinks = [submit(worker, p, max_tokens=8) for p in prompts]
+        run_until_done(worker, sinks)
+        return [s.tokens for s in sinks]
+
+    want = serve(worker_for(path, chunk=64, parallel=4))
+    warmed = worker_for(path, chunk=64, parallel=4, warm_up=True, prefill_align=16)
+    left = len(warmed.warming.items)
+    assert left == len(prefill_shapes(64, 16, 4, warmed.burst_chunks)) - 4
+    warmed.warming.share = 1.0  # an item after every step while the rows decode
+    assert serve(warmed) == want
+    assert len(warmed.warming.items) < left

@@ -102,8 +102,8 @@ IGNORED_ROWS: tuple[tuple[Any, ...], ...] = (
      "a generation that fills its context ends with finish_reason length; nothing is "
      "shifted out"),
     (("--warmup", "--no-warmup"), Toggle("--no-warmup"), None,
-     "warm-up is the device's: CUDA runs every prefill shape once at startup, other "
-     "devices need none"),
+     "warm-up is the device's: CUDA runs what a lone request meets at startup and the "
+     "other prefill shapes between served steps; other devices need none"),
     (("-sps", "--slot-prompt-similarity"), text, None,
      "a request takes any free slot; the prompt cache, not the slot, keeps prefixes"),
     (("-dt", "--defrag-thold"), text, "LLAMA_ARG_DEFRAG_THOLD",

@@ -1,19 +1,26 @@
-"""Parts of the engine worker that own their state: the inbox of submitted requests, and
-the release of MLX's buffer cache when the engine goes idle. (The job lane is
-``mlxcel.engine.lanes``'s; the scheduling state is the worker's own.)"""
+"""Parts of the engine worker that own their state: the inbox of submitted requests, the
+release of MLX's buffer cache when the engine goes idle, and the warm-up left for after
+startup. (The job lane is ``mlxcel.engine.lanes``'s; the scheduling state is the worker's
+own.)"""
 
 from __future__ import annotations
 
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+import structlog
+
 from mlxcel.errors import GenerationFailed
+
+log = structlog.get_logger("mlxcel.engine")
 
 IDLE_RELEASE_S = 2.0  # idle this long after work: MLX's buffer cache goes back
 PREFILL_HELD_BYTES = 1 << 30  # more than this held after a prefill chunk: it goes back
+WARM_SHARE = 0.1  # of the engine thread's time the warm-up takes while requests run
 
 
 class Inbox:
@@ -87,3 +94,41 @@ class BufferRelease:
             self._idle_since = None
             return True
         return False
+
+
+class Warming:
+    """Warm-up items left for after startup (``accel.warmup.WarmPlan.later``), run on the
+    engine thread between steps: one per step, back to back while nothing is held, and
+    while requests run at most ``share`` of the thread's time (after an item that took t
+    seconds the next waits t * (1 - share) / share). An item that fails drops the rest:
+    the warm-up is only a speed-up."""
+
+    def __init__(self, items: list[tuple[str, Callable[[], Any]]] | None = None,
+                 share: float = WARM_SHARE) -> None:
+        self.items = deque(items or ())
+        self.share = share
+        self.spent = 0.0  # seconds the items took so far
+        self._next = 0.0  # while busy, no item before this (perf_counter)
+
+    def __bool__(self) -> bool:
+        return bool(self.items)
+
+    def run_due(self, busy: bool) -> bool:
+        """Run the next item if one is due (see the class docstring); True when one ran."""
+        if not self.items or (busy and time.perf_counter() < self._next):
+            return False
+        started = time.perf_counter()
+        _, work = self.items.popleft()
+        try:
+            work()
+        except Exception as exc:
+            log.warning("engine_warmup_failed", error=f"{type(exc).__name__}: {exc}",
+                        left=len(self.items))
+            self.items.clear()
+            return True
+        spent = time.perf_counter() - started
+        self.spent += spent
+        self._next = started + spent / self.share if busy else 0.0
+        if not self.items:
+            log.info("engine_warmup_done", seconds=round(self.spent, 2))
+        return True

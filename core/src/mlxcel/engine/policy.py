@@ -31,8 +31,9 @@ class EnginePolicy(msgspec.Struct, frozen=True, kw_only=True):
     overrides it).
     ``prefill_align``: prefill columns are a multiple of this (CUDA's plan caches,
     ``batch.prefill_align``).
-    ``warm_up``: every prefill chunk shape and batch operation runs once at startup
-    (CUDA's JIT; ``mlxcel.engine.accel.warmup``).
+    ``warm_up``: every prefill chunk shape and batch operation runs once, what a lone
+    request meets before the engine is ready and the rest between served steps (CUDA's
+    plans and JIT; ``mlxcel.engine.accel.warmup``).
     ``fuse_projections``: q/k/v and gate/up matmuls fused (``mlxcel.engine.accel.fused_proj``).
     ``lean_decode``: decode steps of the layouts ``mlxcel.engine.accel.lean_decode`` knows
     run on [B, D] activations (CUDA, where every graph node of a step costs host time).

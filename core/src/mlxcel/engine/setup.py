@@ -16,11 +16,12 @@ import structlog
 from mlxcel.drafters.api import DraftOptions, DraftTarget
 from mlxcel.engine import distributed, mixed_batch
 from mlxcel.engine.accel import attention, cpu_blas, fused_proj, lean_decode, module_attrs
-from mlxcel.engine.accel.warmup import warm_mixed, warm_up
+from mlxcel.engine.accel.warmup import mixed_plan, run_items, shared_plan
 from mlxcel.engine.cache.kinds import reuse_rule
 from mlxcel.engine.cache.kvcache import BatchCache, shared_position_rope
 from mlxcel.engine.cache.rollback import rollback_reason
 from mlxcel.engine.memory import compute_dtype_bytes, request_budget
+from mlxcel.engine.parts import Warming
 from mlxcel.engine.policy import resolve_policy
 from mlxcel.engine.side import load_sides
 from mlxcel.engine.spec_probe import check_pairing
@@ -98,15 +99,27 @@ class EngineSetup:
         self.batch = self._new_batch()
         self.spec = self._speculation(model)
         if policy.warm_up and self.batchable:
-            vocab = self.checkpoint.tokenizer.vocab_size
-            try:
-                if self.path == "shared":
-                    warm_up(model, self.rope, self.parallel, self.prefill_chunk,
-                            self.align, self.burst_chunks, vocab, self.forward)
-                else:
-                    warm_mixed(model, self.merge, vocab, self.prefill_chunk, self.align)
-            except Exception as exc:  # only a speed-up: serve without it
-                log.warning("engine_warmup_failed", error=f"{type(exc).__name__}: {exc}")
+            self._warm_up(model)
+
+    def _warm_up(self, model: Any) -> None:
+        """Run the warm-up's first part now and leave the rest to ``warming``, which the
+        loop runs between steps (``accel.warmup.WarmPlan``); a failure only logs: the
+        warm-up is a speed-up, so the engine serves without it."""
+        vocab = self.checkpoint.tokenizer.vocab_size
+        try:
+            if self.path == "shared":
+                plan = shared_plan(model, self.rope, self.parallel, self.prefill_chunk,
+                                   self.align, self.burst_chunks, vocab, self.forward)
+            else:
+                plan = mixed_plan(model, self.merge, vocab, self.prefill_chunk, self.align)
+            spent = run_items(plan.first)
+        except Exception as exc:
+            log.warning("engine_warmup_failed", error=f"{type(exc).__name__}: {exc}")
+            return
+        self.warming = Warming(plan.later)
+        log.info("engine_warmup", cache=self.path, first_items=len(plan.first),
+                 later_items=len(plan.later), seconds=round(sum(spent.values()), 2),
+                 **{f"{phase}_s": round(s, 2) for phase, s in spent.items()})
 
     def _speculation(self, model: Any) -> Speculation | None:
         """The drafter's session (``EngineConfig.drafter``), where verify steps can roll

@@ -20,7 +20,7 @@ from mlxcel.engine.cache.prompt_cache import BLOCK_SIZE, PromptCache
 from mlxcel.engine.config import EngineConfig
 from mlxcel.engine.lanes import JobLane
 from mlxcel.engine.media_rows import FeatureCache
-from mlxcel.engine.parts import BufferRelease, Inbox
+from mlxcel.engine.parts import BufferRelease, Inbox, Warming
 from mlxcel.engine.policy import EnginePolicy
 from mlxcel.engine.scheduler import Plan
 from mlxcel.engine.sequence import Sequence, Sink, end_all
@@ -108,6 +108,7 @@ class EngineWorker(EngineSetup, Admission, threading.Thread):
         self.trace: NullTrace = NullTrace()  # --engine-trace (mlxcel.engine.trace)
         self.deliveries = Deliveries()  # one wake-up per iteration (EngineClient's)
         self.buffers = BufferRelease()  # when MLX's buffer cache goes back
+        self.warming = Warming()  # warm-up left for between steps (setup)
         self.prompt_cache.on_reset = self.request_clear
         self.dist: Any = distributed.Alone()  # the other ranks' hooks (--distributed)
         self.sides = list(sides or [])
@@ -203,14 +204,6 @@ class EngineWorker(EngineSetup, Admission, threading.Thread):
     def closed(self) -> bool:
         return self.requests.closed
 
-    @property
-    def idle_release(self) -> float:
-        return self.buffers.idle_s
-
-    @idle_release.setter
-    def idle_release(self, seconds: float) -> None:
-        self.buffers.idle_s = seconds
-
     def enqueue(self, req: GenerationRequest, sink: Sink) -> None:
         """Queue a request for the engine thread; GenerationFailed once it has ended."""
         self.requests.put((req, sink),
@@ -237,17 +230,20 @@ class EngineWorker(EngineSetup, Admission, threading.Thread):
 
     def step(self) -> None:
         """One loop of the engine thread: take what arrived (waiting for it when idle),
-        plan, execute, then at most one batch of side jobs, within their share of the
-        time while streams decode (``JobLane.run_due``). With nothing else to do, a side
-        batch that is still gathering (``JobLane.due_in``) is waited for here, as a
-        side-only ``LaneWorker`` does: a submit or a request wakes the wait."""
+        plan, execute, then at most one batch of side jobs and one warm-up item, each within
+        its share of the time while requests run (``JobLane.run_due``, ``Warming``). With
+        nothing else to do, a side batch that is still gathering (``JobLane.due_in``) is
+        waited for here, as a side-only ``LaneWorker`` does: a submit or a request wakes
+        the wait."""
         busy = bool(self.batch or self.prefilling or self.prefilled or self.waiting)
-        side = 0.0 if busy else self.lane.due_in()
+        side = 0.0 if busy or self.warming else self.lane.due_in()
         arrived = self._drain(block=side > 0, timeout=min(side, 0.5))
         self.trace.begin()
         self.trace.note(arrived=arrived, waiting=len(self.waiting))
         self.execute(self._plan())
         if self.lane.run_due(decoding=bool(self.batch or self.prefilling or self.prefilled)):
+            self.buffers.dirty = True
+        if self.warming.run_due(self._busy()):
             self.buffers.dirty = True
 
     def execute(self, plan: Plan) -> None:

@@ -1,33 +1,34 @@
-"""Warm-up before the first request: run every forward shape the engine can produce once.
+"""Warm-up: run every forward shape the engine can produce once, before or between steps.
 
-On CUDA, MLX builds a plan the first time it meets a shape: a cuBLASLt matmul heuristic
-(~4 ms per new shape on an H200) and, for attention, a cuDNN graph (~50 ms), and it JIT
-compiles custom kernels. A burst of traffic then pays them all at once: the ramp of 64
-requests arriving together took ~0.9 s, most of it plans for the batch sizes and prefill
-chunks it met for the first time (`bench/results/serving_gpu.md`, session 3). The engine's
-shapes are few: a decode step has one row per running sequence (1 .. ``parallel``) and a
-prefill chunk has rows x columns with columns a multiple of ``align`` (``prefill_align``)
-and rows x columns <= the chunk size (a single row may take a whole chunk; a burst's group
-up to ``burst`` chunks, see ``scheduler.budget``), so all of them are run here, on empty
-caches, and thrown away; prefill shapes on the first decoder layer only, which meets every
-plan a layer needs at 1/layers of the compute.
+On CUDA, MLX builds a plan the first time it meets a shape (a cuBLASLt matmul heuristic,
+and for attention a cuDNN graph) and JIT-compiles custom kernels: a burst of traffic
+would pay them all at once. The engine's shapes are few: a decode step has one row per
+running sequence (1 .. ``parallel``) and a prefill chunk has rows x columns with columns a
+multiple of ``align`` (``prefill_align``) and rows x columns <= the chunk size (a single
+row may take a whole chunk; a burst's group up to ``burst`` chunks, see
+``scheduler.budget``), so all of them are run, on empty caches, and thrown away; prefill
+shapes on the first decoder layer only, which meets every plan a layer needs at 1/layers
+of the compute.
 
 Sizes are not all: MLX's CUDA backend JIT-compiles a kernel per op variant (dtype, rank,
-index kind) the first time it runs, 1-3 s each. The serving traces of the c=64 benchmark
-showed a decode step stalled 2.5-3.2 s the first time a row left a batch (the gathers that
-drop it). So ``warm_lifecycle`` also plays one batch's life on a few short rows, through
-the engine's own classes: groups prefilled and joined, sampled and seeded rows, penalties
-and logprobs, the cache growing, a row leaving, rows copied out for the prompt cache and
-a prompt reusing them.
+index kind) the first time it runs, and served decode steps stalled the first time a row
+left a batch (the gathers that drop it). So ``warm_lifecycle`` also plays one batch's life
+on a few short rows, through the engine's own classes: groups prefilled and joined, sampled
+and seeded rows, penalties and logprobs, the cache growing, a row leaving, rows copied out
+for the prompt cache and a prompt reusing them.
+
+What a lone request meets runs before the engine is ready, the rest between served steps
+(``WarmPlan``): time-to-ready stays short while bursts still find their shapes warm.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, NamedTuple
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -85,33 +86,73 @@ def _signature(layer: Any) -> tuple:
                  for name, p in tree_flatten(layer.parameters()))
 
 
-def warm_up(model: Any, rope: Any | None, parallel: int, chunk: int, align: int,
-            burst: int = 1, vocab: int | None = None, forward: Any = None) -> float:
-    """Run each decode batch size (through ``forward``, the engine's decode forward) and
-    prefill chunk shape once (``prefill_shapes``; on one layer, see ``one_layer``), then
-    (``vocab`` given) ``warm_lifecycle``; seconds spent."""
-    t = time.perf_counter()
+Item = tuple[str, Callable[[], Any]]  # (phase, work): one shape or one batch's life
+
+
+class WarmPlan(NamedTuple):
+    """A warm-up's items in the order they run. ``first`` runs before the engine is ready:
+    what a lone request meets (every decode batch size, a lone row's prefill chunks, one
+    batch's life), so the first requests after startup pay no plan. ``later`` runs between
+    served steps (``mlxcel.engine.parts.Warming``): the grouped prefill shapes, which only
+    a burst meets, fewest columns first (short chat prompts are what bursts of requests
+    carry). Most of the shapes are grouped ones, and serving before they are warm keeps
+    time-to-ready short: a shape a burst meets before its turn costs that one step its
+    plans, as it would with no warm-up."""
+
+    first: list[Item]
+    later: list[Item]
+
+
+def run_items(items: list[Item]) -> dict[str, float]:
+    """Run ``items`` now; seconds spent per phase."""
+    spent: dict[str, float] = {}
+    for phase, work in items:
+        t = time.perf_counter()
+        work()
+        spent[phase] = spent.get(phase, 0.0) + time.perf_counter() - t
+    return spent
+
+
+def shared_plan(model: Any, rope: Any | None, parallel: int, chunk: int, align: int,
+                burst: int = 1, vocab: int | None = None, forward: Any = None) -> WarmPlan:
+    """The shared path's plan: each decode batch size (through ``forward``, the engine's
+    decode forward; the largest also copies rows out for the prompt cache), each prefill
+    chunk shape (``prefill_shapes``, on one layer: ``one_layer``), then (``vocab`` given)
+    ``warm_lifecycle``; lone-row shapes first, grouped ones later (``WarmPlan``)."""
     forward = forward or lean_decode.generic(model)
     layers = len(make_prompt_cache(model))
-    for rows in range(1, parallel + 1):
+
+    def decode(rows: int) -> None:
         # the last row padded: the masked decode path (mlxcel.engine.accel.attention) runs too
         cache = [BatchCache([0] * (rows - 1) + [1], rope) for _ in range(layers)]
         logits = forward(mx.zeros((rows,), mx.uint32), cache)
         mx.eval(mx.argmax(logits, axis=-1))
-    if parallel > 1:  # copying rows out for the prompt cache (a JIT-compiled gather)
-        mx.eval([r.keys for r in stored_rows(cache, [0, 1], [1, 1])])
-    shapes = prefill_shapes(chunk, align, parallel, burst)
-    with one_layer(model) as running:
-        for rows, cols in shapes:
+        if rows > 1 and rows == parallel:  # copying rows out (a JIT-compiled gather)
+            mx.eval([r.keys for r in stored_rows(cache, [0, 1], [1, 1])])
+
+    def prefill(rows: int, cols: int) -> None:
+        with one_layer(model) as running:
             cache = [BatchCache([0] * (rows - 1) + [1], rope) for _ in range(running)]
             model(mx.zeros((rows, cols), mx.uint32), cache)
             mx.eval([c.state for c in cache])
+
+    shapes = sorted(prefill_shapes(chunk, align, parallel, burst), key=lambda s: (s[1], s[0]))
+    first = [("decode", functools.partial(decode, rows)) for rows in range(1, parallel + 1)]
+    first += [("prefill", functools.partial(prefill, 1, cols)) for rows, cols in shapes
+              if rows == 1]
     if vocab is not None:
-        warm_lifecycle(model, rope, vocab, align, forward)
-    seconds = time.perf_counter() - t
-    log.info("engine_warmup", decode_batches=parallel, prefill_shapes=len(shapes),
-             seconds=round(seconds, 2))
-    return seconds
+        first.append(("lifecycle", functools.partial(warm_lifecycle, model, rope, vocab,
+                                                     align, forward)))
+    later = [("prefill", functools.partial(prefill, rows, cols)) for rows, cols in shapes
+             if rows > 1]
+    return WarmPlan(first, later)
+
+
+def warm_up(model: Any, rope: Any | None, parallel: int, chunk: int, align: int,
+            burst: int = 1, vocab: int | None = None, forward: Any = None) -> float:
+    """``shared_plan``'s every item, now; seconds spent."""
+    plan = shared_plan(model, rope, parallel, chunk, align, burst, vocab, forward)
+    return sum(run_items(plan.first + plan.later).values())
 
 
 class _Row:
@@ -191,18 +232,15 @@ def _mixed_prefilled(model: Any, rows: list[_Row], merge: Any,
     return job
 
 
-def warm_mixed(model: Any, merge: Any, vocab: int, chunk: int = 512, align: int = 1) -> float:
+def mixed_lifecycle(model: Any, merge: Any, vocab: int) -> None:
     """``warm_lifecycle`` for a model on mlx-lm's batch caches (``mixed_batch``): a padded
     group prefilled in chunks (``prepare`` / ``finalize``), groups joined (``extend``),
     sampled and penalised rows, a row leaving (``filter``), rows copied out for the prompt
-    cache (``extract``) and a prompt extending one of them; then, with ``align`` > 1, every
-    prefill chunk shape of a lone row (one row of each multiple of ``align`` up to
-    ``chunk`` columns, on its plain caches); seconds spent. Each op variant of these caches
-    is JIT-compiled by MLX's CUDA backend the first time it runs, and each new shape gets
-    its kernel plans then: a served step would wait for them."""
-    from mlxcel.engine.mixed_batch import MixedOps, merge_rows
+    cache (``extract``) and a prompt extending one of them. Each op variant of these caches
+    is JIT-compiled by MLX's CUDA backend the first time it runs: a served step would wait
+    for it."""
+    from mlxcel.engine.mixed_batch import MixedOps
 
-    t = time.perf_counter()
     greedy = SamplingParams(temperature=0.0)
     rows = [_Row(list(range(3, 43)), greedy),
             _Row(list(range(3, 12)), SamplingParams(temperature=0.8, top_p=0.9, top_k=40)),
@@ -227,14 +265,29 @@ def warm_mixed(model: Any, merge: Any, vocab: int, chunk: int = 512, align: int 
         row.finished = True
     batch.drop_finished()  # finished rows are the majority: filtered out
     _step(batch)
-    shapes = 0
+
+
+def mixed_plan(model: Any, merge: Any, vocab: int, chunk: int = 512,
+               align: int = 1) -> WarmPlan:
+    """The mixed path's plan (``WarmPlan``): ``mixed_lifecycle``, then, with ``align`` > 1,
+    every prefill chunk shape of a lone row (one row of each multiple of ``align`` up to
+    ``chunk`` columns, on its plain caches), each with its kernel plans then. Grouped
+    shapes on these caches are not warmed, so nothing is left for later."""
+    from mlxcel.engine.mixed_batch import merge_rows
+
+    def lone(cols: int) -> None:
+        cache = model.make_cache()
+        model(mx.zeros((1, cols), mx.uint32), cache)
+        mx.eval(arrays(cache))
+
+    first = [("lifecycle", functools.partial(mixed_lifecycle, model, merge, vocab))]
     if align > 1 and merge is merge_rows and lone_kinds(model.make_cache()):
-        for cols in range(align, chunk + 1, align):
-            cache = model.make_cache()
-            model(mx.zeros((1, cols), mx.uint32), cache)
-            mx.eval(arrays(cache))
-            shapes += 1
-    seconds = time.perf_counter() - t
-    log.info("engine_warmup", cache="mixed", lone_prefill_shapes=shapes,
-             seconds=round(seconds, 2))
-    return seconds
+        first += [("prefill", functools.partial(lone, cols))
+                  for cols in range(align, chunk + 1, align)]
+    return WarmPlan(first, [])
+
+
+def warm_mixed(model: Any, merge: Any, vocab: int, chunk: int = 512, align: int = 1) -> float:
+    """``mixed_plan``'s every item, now; seconds spent."""
+    plan = mixed_plan(model, merge, vocab, chunk, align)
+    return sum(run_items(plan.first + plan.later).values())

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The startup probe (bench/probes/startup.py) ON the device: time-to-ready, the first
+# request's TTFT and two bursts of C=64, for this tree ("after") and BEFORE (a source tree
+# of the commit to compare with, e.g. `git archive <commit> | tar -x -C /tmp/src-old`), on
+# each SHAPE's random bf16 checkpoint (bench/gpu/build_checkpoint.py). Results in $OUT.
+#   BEFORE=/tmp/src-old OUT=/tmp/st bash bench/gpu/startup.sh
+#   BEFORE=/tmp/src-old SHAPES=tiny PY=.venv/bin/python OUT=/tmp/st bash bench/gpu/startup.sh  # CPU dry run
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/startup}
+PY=${PY:-python3}
+SHAPES=${SHAPES:-llama3-8b,gemma4-e4b}
+BEFORE=${BEFORE:?BEFORE: a source tree of the commit to compare with}
+ORDER=${ORDER:-after,before,after}
+. bench/gpu/common.sh  # bench_env, machine
+bench_env
+machine 2>&1 | tee "$OUT/run.log"
+for shape in ${SHAPES//,/ }; do
+  CKPT=$("$PY" bench/gpu/build_checkpoint.py --preset "$shape" --cache-dir /tmp/bench-ckpts | tail -1)
+  "$PY" bench/probes/startup.py --model "$CKPT" --label "$shape" --order "$ORDER" \
+      --variant "after=$PWD/core/src" --variant "before=$BEFORE/core/src" "${EXTRA[@]}" \
+      --out "$OUT/startup_gpu.json" 2>&1 | tee -a "$OUT/run.log"
+done
+exit 0

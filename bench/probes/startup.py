@@ -1,0 +1,141 @@
+"""Time-to-ready: how long mlxcel-server takes from its start to ``/health`` 200, and what
+the first requests then see, for source trees side by side on one checkpoint.
+
+Each start (``--order``, e.g. ``after,before,after``: the first start of a fresh machine
+also pays MLX's kernel compiles, which later starts read from its on-disk cache) runs
+one server alone and measures:
+
+- ``ready_s``: the process started -> ``/health`` answers 200;
+- ``first``: one streamed request right after (its TTFT);
+- ``burst1``: at once, C streams of one request each (``--burst``; a burst that meets
+  the prefill shapes a background warm-up may not have reached yet), aggregate tok/s;
+- ``burst2``: the same again, once the first has ended;
+- the server's ``engine_warmup`` log lines.
+
+Variants are source trees (``--variant NAME=PATH``, PATH the tree's ``core/src``), put first
+on the server's PYTHONPATH, so a commit is compared with another in one run. Clients and
+rules are ``bench/serving.py``'s (greedy, ``ignore_eos``, a unique prompt per request).
+
+    python bench/probes/startup.py --model /tmp/ckpt --label tiny --parallel 8 --burst 8 \\
+        --variant after=core/src --variant before=/tmp/old/core/src --order after,before \\
+        --out /tmp/startup.json                        # CPU dry run
+    BEFORE=/tmp/src-old OUT=/tmp/st bash bench/gpu/startup.sh   # the device run
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import math
+import os
+import pathlib
+import sys
+import tempfile
+
+from mlxcel.testing.servers import (
+    Server,
+    loadavg,
+    machine,
+    server_argv,
+    spawn_env,
+    versions,
+)
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+LEVEL_KEYS = ("agg_tok_s", "ttft_p50_ms", "ttft_p95_ms", "itl_p50_ms", "tpot_p50_ms", "ok",
+              "failed", "wall_s")
+
+
+def _serving():
+    """``bench/serving.py`` (bench/ is no package), loaded from its file and registered
+    under one name at import, so its client processes (spawned: they import this script
+    first) unpickle its functions."""
+    import importlib.util
+
+    name = "bench_serving"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / "serving.py")
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[name])
+    return sys.modules[name]
+
+
+run_level = _serving().run_level
+
+
+def one_start(name: str, src: str, args: argparse.Namespace, logdir: pathlib.Path,
+              tag: str) -> dict:
+    argv, ready = server_argv("mlxcel", args.model, args.parallel, None, args.mlxcel_args)
+    env = spawn_env(logdir) if args.mlxcel_spawn else dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.abspath(src),
+                                                      env.get("PYTHONPATH")]))
+    srv = Server("mlxcel", argv, ready, logdir, tag, env, cwd=ROOT)
+    timeout = {"connect": 10.0, "read": 300.0}
+    out: dict = {"variant": name, "src": src, "loadavg_before": loadavg()}
+    srv.start()
+    try:
+        out["ready_s"] = round(srv.wait_ready(args.startup_timeout), 2)
+        first = run_level(srv.base, "mlxcel", f"{tag}-first", 1, 1, args.first_tokens, 1,
+                          120.0, timeout)
+        out["first_ttft_ms"] = first["ttft_p50_ms"]
+        procs = max(1, math.ceil(args.burst / 16))
+        for key in ("burst1", "burst2"):
+            st = run_level(srv.base, "mlxcel", f"{tag}-{key}", args.burst, args.burst,
+                           args.burst_tokens, procs, 300.0, timeout)
+            out[key] = {k: st[k] for k in LEVEL_KEYS}
+        out["alive"] = srv.alive()
+    except BaseException:
+        print(f"--- {tag} log tail ---\n{srv.log_tail()}", file=sys.stderr)
+        raise
+    finally:
+        srv.stop()
+        out["warmup_log"] = srv.log_grep("engine_warmup")
+        out["loadavg_after"] = loadavg()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--label", required=True)
+    ap.add_argument("--variant", action="append", required=True, help="NAME=PATH (core/src)")
+    ap.add_argument("--order", required=True, help="variant names, comma-separated")
+    ap.add_argument("--parallel", type=int, default=64)
+    ap.add_argument("--burst", type=int, default=64)
+    ap.add_argument("--burst-tokens", type=int, default=128)
+    ap.add_argument("--first-tokens", type=int, default=16)
+    ap.add_argument("--mlxcel-args", type=lambda s: s.split(), default=[])
+    ap.add_argument("--mlxcel-spawn", action="store_true",
+                    help="Granian's worker spawned, not forked (serving.py's CUDA workaround)")
+    ap.add_argument("--startup-timeout", type=float, default=600.0)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    variants = dict(v.split("=", 1) for v in args.variant)
+    out = pathlib.Path(args.out)
+    doc = json.loads(out.read_text()) if out.exists() else {
+        "machine": machine(), "versions": versions(), "entries": []}
+    logdir = pathlib.Path(tempfile.mkdtemp(prefix="mlxcel-bench-startup-"))
+    for i, name in enumerate(args.order.split(",")):
+        tag = f"{args.label}-{i}-{name}"
+        print(f"[{dt.datetime.now():%T}] start {i}: {name}", flush=True)
+        try:
+            entry = one_start(name, variants[name], args, logdir, tag)
+        except Exception as exc:  # one failed start is a result, not the end of the run
+            entry = {"variant": name, "error": f"{type(exc).__name__}: {exc}"[:2000]}
+        entry |= {"label": args.label, "start": i, "model": args.model,
+                  "parallel": args.parallel, "burst": args.burst,
+                  "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds")}
+        doc["entries"].append(entry)
+        out.write_text(json.dumps(doc, indent=1))
+        b1, b2 = entry.get("burst1", {}), entry.get("burst2", {})
+        print(f"  ready {entry.get('ready_s')} s, first TTFT {entry.get('first_ttft_ms')} ms, "
+              f"burst1 {b1.get('agg_tok_s')} tok/s, burst2 {b2.get('agg_tok_s')} tok/s"
+              f"{', error ' + entry['error'] if 'error' in entry else ''}", flush=True)
+        for line in entry.get("warmup_log", []):
+            print("   ", line[-300:], flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
