@@ -339,6 +339,27 @@ def test_varlen_kernel_reference_and_where_the_kernel_is_used():
     assert va._heads_per_block(16, 256) == 4 and va._heads_per_block(7, 128) == 7
 
 
+def test_a_varlen_instantiation_is_used_only_once_it_passed_its_check(monkeypatch):
+    """Where the kernel can be built, each (dtype, head dim, group) is compiled and checked
+    against the reference when a shape first needs it; one that fails (here: no CUDA to
+    compile it) is not used, and the others are not compiled for it."""
+    from mlxcel.engine.accel import varlen_attention as va
+
+    checked = []
+    real = va._checked.__wrapped__
+    monkeypatch.setattr(va, "available", lambda: True)
+    monkeypatch.setattr(va, "_checked", lambda *a: (checked.append(a), real(*a))[1])
+    va._supports.cache_clear()
+    try:
+        q, k = mx.zeros((3, 8, 1, 64)), mx.zeros((3, 2, 11, 64))
+        assert not va.supports(q, k, k)  # its check failed: the grouped path takes it
+        assert not va.supports(mx.zeros((1, 8, 1, 80)), mx.zeros((1, 2, 11, 80)),
+                               mx.zeros((1, 2, 11, 80)))  # no kernel for D=80: no check
+        assert checked == [(mx.float32, 64, 4)]
+    finally:
+        va._supports.cache_clear()
+
+
 @pytest.mark.parametrize("shape,kind", [
     ((3, 4, 9, 16, 2, 9), "causal"),  # B, Hq, N, D, Hkv, L: a prefill chunk
     ((3, 4, 9, 16, 2, 14), "padded"),  # chunk after cached slots, rows left-padded
