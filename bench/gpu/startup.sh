@@ -12,6 +12,7 @@ PY=${PY:-python3}
 SHAPES=${SHAPES:-llama3-8b,gemma4-e4b}
 BEFORE=${BEFORE:?BEFORE: a source tree of the commit to compare with}
 ORDER=${ORDER:-after,before,after}
+HIDE=${HIDE:-torch}  # modules the servers run without (see the probe); "" for none
 . bench/gpu/common.sh  # bench_env, machine
 bench_env
 machine 2>&1 | tee "$OUT/run.log"
@@ -19,6 +20,7 @@ for shape in ${SHAPES//,/ }; do
   CKPT=$("$PY" bench/gpu/build_checkpoint.py --preset "$shape" --cache-dir /tmp/bench-ckpts | tail -1)
   "$PY" bench/probes/startup.py --model "$CKPT" --label "$shape" --order "$ORDER" \
       --variant "after=$PWD/core/src" --variant "before=$BEFORE/core/src" "${EXTRA[@]}" \
+      ${HIDE:+--hide "$HIDE"} --kernel-cache "$OUT/ptx" \
       --out "$OUT/startup_gpu.json" 2>&1 | tee -a "$OUT/run.log"
 done
 exit 0

@@ -12,6 +12,10 @@ one server alone and measures:
 - ``burst2``: the same again, once the first has ended;
 - the server's ``engine_warmup`` log lines.
 
+``--hide torch`` runs the servers as where torch is not installed (transformers imports it
+whenever it finds it, and a GPU machine's image often carries it); ``--kernel-cache DIR``
+gives every start one MLX kernel folder, so that only the first start compiles.
+
 Variants are source trees (``--variant NAME=PATH``, PATH the tree's ``core/src``), put first
 on the server's PYTHONPATH, so a commit is compared with another in one run. Clients and
 rules are ``bench/serving.py``'s (greedy, ``ignore_eos``, a unique prompt per request).
@@ -38,7 +42,6 @@ from mlxcel.testing.servers import (
     loadavg,
     machine,
     server_argv,
-    spawn_env,
     versions,
 )
 
@@ -64,12 +67,31 @@ def _serving():
 run_level = _serving().run_level
 
 
+def _site(args: argparse.Namespace, logdir: pathlib.Path) -> str | None:
+    """A folder with a ``sitecustomize`` for the server: multiprocessing spawned
+    (``--mlxcel-spawn``, serving.py's CUDA workaround) and the ``--hide`` modules made
+    not importable, as where they are not installed (``importlib.util.find_spec`` then
+    answers None: transformers imports torch whenever it finds it)."""
+    lines = [f"sys.modules[{name!r}] = None" for name in args.hide]
+    if args.mlxcel_spawn:
+        lines.append("multiprocessing.set_start_method('spawn', force=True)")
+    if not lines:
+        return None
+    site = logdir / "site"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text("import multiprocessing, sys\n" + "\n".join(lines)
+                                           + "\n")
+    return str(site)
+
+
 def one_start(name: str, src: str, args: argparse.Namespace, logdir: pathlib.Path,
               tag: str) -> dict:
     argv, ready = server_argv("mlxcel", args.model, args.parallel, None, args.mlxcel_args)
-    env = spawn_env(logdir) if args.mlxcel_spawn else dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.abspath(src),
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.abspath(src), _site(args, logdir),
                                                       env.get("PYTHONPATH")]))
+    if args.kernel_cache:  # one folder for every start: only the first compiles
+        env["MLX_PTX_CACHE_DIR"] = os.path.abspath(args.kernel_cache)
     srv = Server("mlxcel", argv, ready, logdir, tag, env, cwd=ROOT)
     timeout = {"connect": 10.0, "read": 300.0}
     out: dict = {"variant": name, "src": src, "loadavg_before": loadavg()}
@@ -108,6 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mlxcel-args", type=lambda s: s.split(), default=[])
     ap.add_argument("--mlxcel-spawn", action="store_true",
                     help="Granian's worker spawned, not forked (serving.py's CUDA workaround)")
+    ap.add_argument("--hide", action="append", default=[],
+                    help="a module the server must not import (as if not installed)")
+    ap.add_argument("--kernel-cache", default=None, help="MLX_PTX_CACHE_DIR for every start")
     ap.add_argument("--startup-timeout", type=float, default=600.0)
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
@@ -123,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
             entry = one_start(name, variants[name], args, logdir, tag)
         except Exception as exc:  # one failed start is a result, not the end of the run
             entry = {"variant": name, "error": f"{type(exc).__name__}: {exc}"[:2000]}
-        entry |= {"label": args.label, "start": i, "model": args.model,
+        entry |= {"label": args.label, "start": i, "model": args.model, "hidden": args.hide,
                   "parallel": args.parallel, "burst": args.burst,
                   "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds")}
         doc["entries"].append(entry)

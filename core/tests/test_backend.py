@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -347,3 +348,28 @@ def test_openblas_preload_gives_the_same_float32_logits(mlxcel_checkpoint_cache,
     assert fast_blas == os.path.realpath(blas)
     assert ref.shape == (1, len(PROMPT), 1024)
     assert np.abs(ref - fast).max() < 1e-4
+
+
+def test_kernel_cache_goes_to_the_users_cache_folder_per_mlx_version(tmp_path):
+    from mlxcel.backend import kernel_cache_dir
+
+    assert kernel_cache_dir({"HOME": "/home/u"}, "0.32.4") == \
+        Path("/home/u/.cache/mlxcel/mlx-0.32.4/ptx")
+    assert kernel_cache_dir({"HOME": "/home/u", "XDG_CACHE_HOME": str(tmp_path)}, "1.0") == \
+        tmp_path / "mlxcel" / "mlx-1.0" / "ptx"
+
+
+def test_kernel_cache_is_set_on_cuda_builds_only_and_never_over_the_users(tmp_path,
+                                                                          monkeypatch):
+    from mlxcel import backend
+
+    env = {"XDG_CACHE_HOME": str(tmp_path)}
+    monkeypatch.setattr(backend, "elf_needed", lambda lib: ["libmlx.so", "libc.so.6"])
+    assert backend.keep_kernel_cache(env) is None and "MLX_PTX_CACHE_DIR" not in env  # CPU
+    monkeypatch.setattr(backend, "elf_needed", lambda lib: ["libcudart.so.13", "libc.so.6"])
+    monkeypatch.setattr(backend, "mlx_library", lambda: tmp_path / "libmlx.so")
+    folder = backend.keep_kernel_cache(env)
+    assert folder == env["MLX_PTX_CACHE_DIR"] and Path(folder).is_dir()
+    assert folder.startswith(str(tmp_path / "mlxcel" / "mlx-"))
+    mine = {"MLX_PTX_CACHE_DIR": "/srv/ptx", "XDG_CACHE_HOME": str(tmp_path)}
+    assert backend.keep_kernel_cache(mine) is None and mine["MLX_PTX_CACHE_DIR"] == "/srv/ptx"

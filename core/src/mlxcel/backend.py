@@ -19,7 +19,7 @@ import os
 import platform
 import struct
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,16 +38,53 @@ _BLAS_HINTS = ("blas", "mkl", "blis", "accelerate")
 
 # ---------------------------------------------------------------- discovery (no MLX import)
 
-def library_env() -> Mapping[str, str]:
+def library_env() -> MutableMapping[str, str]:
     """The process environment, for the variables that belong to other programs.
 
     These are not settings of mlxcel's: ``LD_PRELOAD`` is the dynamic loader's (the
     OpenBLAS re-exec in ``mlxcel.backend`` prepends to it), and ``OPENBLAS_NUM_THREADS`` /
     ``OMP_NUM_THREADS`` are OpenBLAS's own, which ``mlxcel.engine.accel.cpu_blas`` leaves alone
-    when a user set them, and ``HF_HUB_OFFLINE`` is huggingface_hub's. They are read where
-    those libraries read them, so they come from here rather than from the options table.
+    when a user set them, ``HF_HUB_OFFLINE`` is huggingface_hub's, and
+    ``MLX_PTX_CACHE_DIR`` is MLX's (``keep_kernel_cache`` gives it a default). They are read
+    where those libraries read them, so they come from here rather than from the options
+    table.
     """
     return os.environ
+
+
+def kernel_cache_dir(env: Mapping[str, str], mlx_version: str) -> Path:
+    """Where MLX's CUDA backend keeps the kernels it compiled: the user's cache folder
+    (``$XDG_CACHE_HOME``, else ``~/.cache``), per MLX version."""
+    base = env.get("XDG_CACHE_HOME") or str(Path(env.get("HOME") or Path.home()) / ".cache")
+    return Path(base) / "mlxcel" / f"mlx-{mlx_version}" / "ptx"
+
+
+def keep_kernel_cache(env: MutableMapping[str, str] | None = None) -> str | None:
+    """On a CUDA build of MLX, point ``MLX_PTX_CACHE_DIR`` at ``kernel_cache_dir`` unless it
+    is set; the folder set, or None. MLX compiles each kernel the first time a process
+    needs it and keeps the result in that folder; its default is under the temp folder,
+    which a reboot or a fresh container empties, and then the first start compiles
+    everything again (the warm-up's batch life, most of a cold start). Called before MLX
+    compiles anything: MLX reads the variable once."""
+    env = library_env() if env is None else env
+    if sys.platform == "darwin" or env.get("MLX_PTX_CACHE_DIR"):
+        return None
+    lib = mlx_library()
+    if lib is None or not has_gpu_backend(elf_needed(lib)):
+        return None
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        mlx_version = version("mlx")
+    except PackageNotFoundError:
+        return None
+    folder = kernel_cache_dir(env, mlx_version)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError:  # a read-only home: MLX's default stays
+        return None
+    env["MLX_PTX_CACHE_DIR"] = str(folder)
+    return str(folder)
 
 
 def fast_blas_candidates(machine: str | None = None, root: str = "/") -> list[str]:

@@ -291,12 +291,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         settings = read_api_key(Settings(**vars(args)))
         check_limits(settings)
-        from mlxcel.backend import maybe_reexec
+        from mlxcel.backend import keep_kernel_cache, maybe_reexec
         from mlxcel.chat.request import check_server_settings
 
         check_server_settings(settings)  # the sampling flags follow the request rules
         if as_program:  # on Linux CPU, restart once with OpenBLAS preloaded (mlxcel.backend)
             maybe_reexec(argv, no_fast_blas=settings.no_fast_blas)
+            keep_kernel_cache()  # CUDA: compiled kernels outlive a reboot
         from mlxcel.logging import configure
         from mlxcel.serving import check_fd_hard_limit, check_listens, serve
 
