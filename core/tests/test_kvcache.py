@@ -358,6 +358,13 @@ def test_a_varlen_instantiation_is_used_only_once_it_passed_its_check(monkeypatc
         assert checked == [(mx.float32, 64, 4)]
     finally:
         va._supports.cache_clear()
+    # the check itself passes a kernel that computes the reference, and fails one that
+    # does not (the kernel replaced, as CUDA is not here)
+    monkeypatch.setattr(va, "varlen_decode_attention", va.reference)
+    assert real(mx.bfloat16, 128, 4) and real(mx.float32, 256, 2)
+    monkeypatch.setattr(va, "varlen_decode_attention",
+                        lambda q, k, v, scale, starts: va.reference(q, k, v, scale, starts * 0))
+    assert not real(mx.bfloat16, 128, 4)
 
 
 @pytest.mark.parametrize("shape,kind", [
