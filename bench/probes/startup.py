@@ -47,6 +47,7 @@ from mlxcel.testing.servers import (
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 LEVEL_KEYS = ("agg_tok_s", "ttft_p50_ms", "ttft_p95_ms", "itl_p50_ms", "tpot_p50_ms", "ok",
+              "failures", "failure_details",
               "failed", "wall_s")
 
 

@@ -355,3 +355,38 @@ def test_after_the_mixed_warm_up_the_engine_serves_as_without(mlxcel_checkpoint_
     finally:
         warmed.shutdown()
     assert got == want
+
+
+def test_no_chunk_of_a_padded_group_is_one_column():
+    from mlxcel.engine.mixed_batch import no_lone_column
+
+    for width in range(2, 40):
+        for per_step in range(1, 12):
+            for mark in (None, *range(1, width)):
+                done, cuts = 0, []
+                while done < width:
+                    end = min(width, done + per_step, *([mark] if mark and mark > done else []))
+                    end = no_lone_column(done, end, width)
+                    assert end > done
+                    cuts.append(end - done)
+                    done = end
+                assert done == width and 1 not in cuts, (width, per_step, mark, cuts)
+
+
+def test_a_padded_sliding_window_group_prefills_in_any_chunk_widths(mlxcel_checkpoint_cache):
+    """A padded group on rotating batch caches, cut by a budget of one or a few columns
+    per row, or with a remainder of one column, gets its solo tokens (mlx-lm refused
+    one-column chunks of a group that was still padded: every row failed)."""
+    path = checkpoint("gemma4", mlxcel_checkpoint_cache)
+    # prompt-cache marks one column apart (a chat prompt's BOS, then its first message)
+    reqs = [request(p, 5, cache_marks=((1, "system"), (2, "turn")))
+            for p in (PROMPTS[1][:10], PROMPTS[2][:6], PROMPTS[4][:13], PROMPTS[5][:4])]
+    alone = solo_tokens(path, reqs)
+    for chunk in (4, 8, 16):  # 1, 2 and 4 columns per row; tails 9, 5, 12, 3 tokens
+        e = engine(path, parallel=4, chunk=chunk, cache_bytes=1 << 26,  # one group
+                   policy=cpu_policy(burst_chunks=8, hold_groups=True))
+        try:
+            got = [ids for ids, _ in run(e, reqs)]
+        finally:
+            e.shutdown()
+        assert got == alone, chunk

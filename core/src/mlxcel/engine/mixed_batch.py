@@ -186,6 +186,8 @@ class MixedPrefill(Prefill):
             cols = max(self.align, self.per_row(chunk, max_cols) // self.align * self.align)
             end = min([self.width, self.done_cols + cols,
                        *(c for c in self.marks if c > self.done_cols)])
+            if self.padded:
+                end = no_lone_column(self.done_cols, end, self.width)
             chunk = self.tokens[:, self.done_cols:end]
             if self.feed is not None:  # one unpadded row from its cached prefix
                 base = self.seqs[0].cached
@@ -224,6 +226,19 @@ class MixedPrefill(Prefill):
             log.warning("prompt_cache_checkpoint_failed",
                         error=f"{type(exc).__name__}: {exc}")
             self.marks, self.ends = {}, []
+
+
+def no_lone_column(done: int, end: int, width: int) -> int:
+    """Where a padded group's chunk from ``done`` ends, moved off ``end`` so that neither
+    it nor the group's last chunk is one column wide: mlx-lm takes a one-column update for
+    a decode step, which a batch cache still padded (``prepare`` before ``finalize``)
+    refuses. A checkpoint mark one column on is passed over (that row loses that one
+    checkpoint); a group one column wide stays one column (its cache cannot tell)."""
+    if end - done == 1:
+        end = min(width, done + 2)
+    if width - end == 1:
+        end = end - 1 if end - done > 2 else width
+    return end
 
 
 def _trimmable_after(caches: list[Any], cols: int) -> bool:
