@@ -19,13 +19,8 @@ def test_prefill_shapes_cover_every_chunk_the_engine_can_cut():
         assert (rows, cols) in shapes
 
 
-def test_warm_up_runs_each_shape_on_the_model(mlxcel_checkpoint_cache):
-    from mlx_lm import load
-    from mlxcel.testing.checkpoint import cached_checkpoint
-
-    path = cached_checkpoint("qwen3", cache_dir=mlxcel_checkpoint_cache, dtype="float32")
-    model, _ = load(str(path))
-    seen = []
+def _spy(model, seen):
+    """``model``, recording each call's input shape in ``seen``."""
     inner = model.__call__
 
     class Spy:
@@ -36,7 +31,18 @@ def test_warm_up_runs_each_shape_on_the_model(mlxcel_checkpoint_cache):
             seen.append(tuple(inputs.shape))
             return inner(inputs, cache=cache)
 
-    seconds = warm_up(Spy(), shared_position_rope(model, True), parallel=3, chunk=64,
+    return Spy()
+
+
+def test_warm_up_runs_each_shape_on_the_model(mlxcel_checkpoint_cache):
+    from mlx_lm import load
+    from mlxcel.testing.checkpoint import cached_checkpoint
+
+    path = cached_checkpoint("qwen3", cache_dir=mlxcel_checkpoint_cache, dtype="float32")
+    model, _ = load(str(path))
+    seen = []
+    spy = _spy(model, seen)
+    seconds = warm_up(spy, shared_position_rope(model, True), parallel=3, chunk=64,
                       align=32)
     assert seconds > 0
     # a lone row's shapes first, grouped ones (fewest columns first) after them
@@ -236,17 +242,8 @@ def test_the_plan_leaves_only_grouped_prefill_shapes_for_later(mlxcel_checkpoint
     ck = load_checkpoint(str(path), load_plugins().families)
     model = ck.model
     seen = []
-    inner = model.__call__
-
-    class Spy:
-        def __getattr__(self, name):
-            return getattr(model, name)
-
-        def __call__(self, inputs, cache=None):
-            seen.append(tuple(inputs.shape))
-            return inner(inputs, cache=cache)
-
-    plan = shared_plan(Spy(), shared_position_rope(model, True), parallel=4, chunk=64,
+    spy = _spy(model, seen)
+    plan = shared_plan(spy, shared_position_rope(model, True), parallel=4, chunk=64,
                        align=16, burst=2, vocab=ck.tokenizer.vocab_size)
     spent = run_items(plan.first)
     assert set(spent) == {"decode", "prefill", "lifecycle"}
