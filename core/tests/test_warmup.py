@@ -306,3 +306,23 @@ def test_requests_served_while_the_rest_warms_get_the_same_tokens(mlxcel_checkpo
     warmed.warming.share = 1.0  # an item after every step while the rows decode
     assert serve(warmed) == want
     assert len(warmed.warming.items) < left
+
+
+def test_with_speculation_every_verify_shape_warms_last(mlxcel_checkpoint_cache):
+    from mlxcel.engine.accel.warmup import run_items
+    from mlxcel.model.loader import load_checkpoint
+    from mlxcel.plugins import load_plugins
+    from mlxcel.testing.checkpoint import cached_checkpoint
+
+    path = cached_checkpoint("qwen3", cache_dir=mlxcel_checkpoint_cache, dtype="float32")
+    model = load_checkpoint(str(path), load_plugins().families).model
+    seen = []
+    rope = shared_position_rope(model, True)
+    plain = shared_plan(model, rope, parallel=3, chunk=32, align=16)
+    plan = shared_plan(_spy(model, seen), rope, parallel=3, chunk=32, align=16,
+                       verify_width=4)
+    assert len(plan.first) == len(plain.first)
+    extra = plan.later[len(plain.later):]
+    assert {phase for phase, _ in extra} == {"verify"}
+    run_items(extra)
+    assert seen == [(rows, width) for width in (2, 3, 4) for rows in (1, 2, 3)]

@@ -108,8 +108,9 @@ class EngineSetup:
         vocab = self.checkpoint.tokenizer.vocab_size
         try:
             if self.path == "shared":
+                width = 1 + self.spec.options.draft_max if self.spec is not None else 0
                 plan = shared_plan(model, self.rope, self.parallel, self.prefill_chunk,
-                                   self.align, self.burst_chunks, vocab, self.forward)
+                                   self.align, self.burst_chunks, vocab, self.forward, width)
             else:
                 plan = mixed_plan(model, self.merge, vocab, self.prefill_chunk, self.align)
             spent = run_items(plan.first)

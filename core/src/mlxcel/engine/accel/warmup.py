@@ -114,11 +114,15 @@ def run_items(items: list[Item]) -> dict[str, float]:
 
 
 def shared_plan(model: Any, rope: Any | None, parallel: int, chunk: int, align: int,
-                burst: int = 1, vocab: int | None = None, forward: Any = None) -> WarmPlan:
+                burst: int = 1, vocab: int | None = None, forward: Any = None,
+                verify_width: int = 0) -> WarmPlan:
     """The shared path's plan: each decode batch size (through ``forward``, the engine's
     decode forward; the largest also copies rows out for the prompt cache), each prefill
     chunk shape (``prefill_shapes``, on one layer: ``one_layer``), then (``vocab`` given)
-    ``warm_lifecycle``; lone-row shapes first, grouped ones later (``WarmPlan``)."""
+    ``warm_lifecycle``; lone-row shapes first, grouped ones later (``WarmPlan``). With
+    speculation, ``verify_width`` is the widest verify forward (1 + the longest draft): its
+    shapes, every batch size by every width from 2, go last (``mlxcel.engine.verify``:
+    rows feed their last token and their drafts, right-padded to the widest)."""
     forward = forward or lean_decode.generic(model)
     layers = len(make_prompt_cache(model))
 
@@ -145,6 +149,8 @@ def shared_plan(model: Any, rope: Any | None, parallel: int, chunk: int, align: 
                                                      align, forward)))
     later = [("prefill", functools.partial(prefill, rows, cols)) for rows, cols in shapes
              if rows > 1]
+    later += [("verify", functools.partial(prefill, rows, width))
+              for width in range(2, verify_width + 1) for rows in range(1, parallel + 1)]
     return WarmPlan(first, later)
 
 
