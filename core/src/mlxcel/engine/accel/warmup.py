@@ -95,9 +95,9 @@ class WarmPlan(NamedTuple):
     batch's life), so the first requests after startup pay no plan. ``later`` runs between
     served steps (``mlxcel.engine.parts.Warming``): the grouped prefill shapes, which only
     a burst meets, fewest columns first (short chat prompts are what bursts of requests
-    carry). Most of the shapes are grouped ones, and serving before they are warm keeps
-    time-to-ready short: a shape a burst meets before its turn costs that one step its
-    plans, as it would with no warm-up."""
+    carry). Most of the shapes are grouped ones, so they stay off the time to ready: a
+    shape a burst meets before its turn costs that one step its plans, as it would with no
+    warm-up."""
 
     first: list[Item]
     later: list[Item]
