@@ -326,3 +326,19 @@ def test_with_speculation_every_verify_shape_warms_last(mlxcel_checkpoint_cache)
     assert {phase for phase, _ in extra} == {"verify"}
     run_items(extra)
     assert seen == [(rows, width) for width in (2, 3, 4) for rows in (1, 2, 3)]
+
+
+def test_an_engine_with_speculation_leaves_its_verify_shapes_for_later(
+        mlxcel_checkpoint_cache):
+    from mlxcel.engine.config import EngineConfig
+    from mlxcel.testing.checkpoint import cached_checkpoint
+    from mlxcel.testing.engine import worker_for
+
+    path = cached_checkpoint("qwen3", cache_dir=mlxcel_checkpoint_cache, dtype="float32")
+    config = EngineConfig(drafter="mlxcel.drafters.lookup:new_session", prompt_lookup="on",
+                          draft_max=3)
+    worker = worker_for(path, chunk=32, parallel=2, config=config, warm_up=True,
+                        prefill_align=16)
+    assert worker.spec is not None
+    verify = [phase for phase, _ in worker.warming.items if phase == "verify"]
+    assert len(verify) == 2 * 3  # batch sizes 1..2 by widths 2..4
