@@ -67,10 +67,7 @@ def keep_kernel_cache(env: MutableMapping[str, str] | None = None) -> str | None
     everything again (the warm-up's batch life, most of a cold start). Called before MLX
     compiles anything: MLX reads the variable once."""
     env = library_env() if env is None else env
-    if sys.platform == "darwin" or env.get("MLX_PTX_CACHE_DIR"):
-        return None
-    lib = mlx_library()
-    if lib is None or not has_gpu_backend(elf_needed(lib)):
+    if env.get("MLX_PTX_CACHE_DIR") or not on_cuda():
         return None
     from importlib.metadata import PackageNotFoundError, version
 
