@@ -135,7 +135,7 @@ def test_side_jobs_run_between_decode_steps_and_the_stream_keeps_stepping(tiny_c
     """A queue of side jobs runs one batch per engine step: a decoding row gets a token
     in every step while they run."""
     worker = worker_for(tiny_checkpoint)
-    worker.lane.share = 1.0  # every step may run a batch (the share rule is tested below)
+    worker.lane.turns.share = 1.0  # every step may run a batch (the share rule is tested below)
     sink: ListSink = submit(worker, [1, 2, 3, 4], max_tokens=40)
     worker.step()  # admitted and prefilled
     limits = LaneLimits(depth=64, timeout_s=30, batch_items=2)

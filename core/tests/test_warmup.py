@@ -303,7 +303,7 @@ def test_requests_served_while_the_rest_warms_get_the_same_tokens(mlxcel_checkpo
     warmed = worker_for(path, chunk=64, parallel=4, warm_up=True, prefill_align=16)
     left = len(warmed.warming.items)
     assert left == len(prefill_shapes(64, 16, 4, warmed.burst_chunks)) - 4
-    warmed.warming.share = 1.0  # an item after every step while the rows decode
+    warmed.warming.turns.share = 1.0  # an item after every step while the rows decode
     assert serve(warmed) == want
     assert len(warmed.warming.items) < left
 

@@ -5,9 +5,9 @@ Each task has its own bounded queue (``LaneLimits.depth`` jobs, else ``Overloade
 and timeout (``RequestTimedOut``: 504). Jobs of one task with equal ``key`` are batched
 together, up to ``batch_items`` items per run, so requests that arrive together share one
 forward; tasks take turns. While streams decode, side jobs get at most ``SIDE_SHARE`` of the
-engine thread's time (``run_due``): after a batch that took t seconds the next waits
-t * (1 - share) / share, so a flood of embeddings stretches decoding by a bounded factor,
-and runs back to back once nothing decodes.
+engine thread's time (``run_due``, ``mlxcel.engine.parts.TimeShare``), so a flood of
+embeddings stretches decoding by a bounded factor, and runs back to back once nothing
+decodes.
 
 Gathering (``due_in``, which the engine thread waits out when nothing decodes): while a task's jobs
 arrive faster than two per forward (its last ``DENSE_ARRIVALS`` submits fell within its
@@ -37,6 +37,7 @@ from typing import Any
 import msgspec
 import structlog
 
+from mlxcel.engine.parts import TimeShare
 from mlxcel.engine.trace import NullTrace
 from mlxcel.errors import GenerationFailed, MlxcelError, Overloaded, RequestTimedOut
 
@@ -107,8 +108,7 @@ class JobLane:
         self._turn: deque[str] = deque()  # tasks in the order they get the next batch
         self._limits: dict[str, LaneLimits] = {}
         self.closed: str | None = None  # why the lane takes no more jobs
-        self.share = SIDE_SHARE
-        self._next_turn = 0.0  # while decoding, no batch before this (perf_counter)
+        self.turns = TimeShare(SIDE_SHARE)  # while streams decode
         self._arrivals: dict[str, deque[float]] = {}  # the last submits' times, per task
         self._last_batch: dict[str, tuple[float, float]] = {}  # task -> (end, seconds)
         self._delivered: list[float] = []  # hand-back times (ms) not yet traced
@@ -229,12 +229,11 @@ class JobLane:
         (``due_in``). True when one ran."""
         if not self.pending():
             return False
-        if time.perf_counter() < self._next_turn if decoding else self.due_in() > 0:
+        if not self.turns.due() if decoding else self.due_in() > 0:
             return False
         started = time.perf_counter()
         ran = self.run_one()
-        spent = time.perf_counter() - started
-        self._next_turn = started + spent / self.share if decoding else 0.0
+        self.turns.ran(started, decoding)
         return ran
 
     def run_one(self) -> bool:

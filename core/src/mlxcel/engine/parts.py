@@ -96,26 +96,44 @@ class BufferRelease:
         return False
 
 
+class TimeShare:
+    """At most ``share`` of the engine thread's time for work beside serving (side jobs, the
+    warm-up): after a run that took t seconds while requests ran, the next waits
+    t * (1 - share) / share; after a run while idle, none waits. Work that runs while
+    streams decode then stretches them by a bounded factor, and runs back to back once
+    nothing is served."""
+
+    def __init__(self, share: float) -> None:
+        self.share = share
+        self._next = 0.0  # no run before this while requests run (perf_counter)
+
+    def due(self) -> bool:
+        return time.perf_counter() >= self._next
+
+    def ran(self, started: float, busy: bool) -> float:
+        """A run that began at ``started`` (``perf_counter``) just ended; its seconds."""
+        spent = time.perf_counter() - started
+        self._next = started + spent / self.share if busy else 0.0
+        return spent
+
+
 class Warming:
     """Warm-up items left for after startup (``accel.warmup.WarmPlan.later``), run on the
-    engine thread between steps: one per step, back to back while nothing is held, and
-    while requests run at most ``share`` of the thread's time (after an item that took t
-    seconds the next waits t * (1 - share) / share). An item that fails drops the rest:
-    the warm-up is only a speed-up."""
+    engine thread between steps, one per step, within their ``TimeShare``. An item that
+    fails drops the rest: the warm-up is only a speed-up."""
 
     def __init__(self, items: list[tuple[str, Callable[[], Any]]] | None = None,
                  share: float = WARM_SHARE) -> None:
         self.items = deque(items or ())
-        self.share = share
+        self.turns = TimeShare(share)
         self.spent = 0.0  # seconds the items took so far
-        self._next = 0.0  # while busy, no item before this (perf_counter)
 
     def __bool__(self) -> bool:
         return bool(self.items)
 
     def run_due(self, busy: bool) -> bool:
         """Run the next item if one is due (see the class docstring); True when one ran."""
-        if not self.items or (busy and time.perf_counter() < self._next):
+        if not self.items or (busy and not self.turns.due()):
             return False
         started = time.perf_counter()
         _, work = self.items.popleft()
@@ -126,9 +144,7 @@ class Warming:
                         left=len(self.items))
             self.items.clear()
             return True
-        spent = time.perf_counter() - started
-        self.spent += spent
-        self._next = started + spent / self.share if busy else 0.0
+        self.spent += self.turns.ran(started, busy)
         if not self.items:
             log.info("engine_warmup_done", seconds=round(self.spent, 2))
         return True
