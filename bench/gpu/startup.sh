@@ -5,6 +5,9 @@
 # each SHAPE's random bf16 checkpoint (bench/gpu/build_checkpoint.py). Results in $OUT.
 #   BEFORE=/tmp/src-old OUT=/tmp/st bash bench/gpu/startup.sh
 #   BEFORE=/tmp/src-old SHAPES=tiny PY=.venv/bin/python OUT=/tmp/st bash bench/gpu/startup.sh  # CPU dry run
+# Knobs: ORDER (variants in turn), HIDE, KCACHE (MLX's kernel folder, shared by every start;
+# outside $OUT, whose files all travel back), ARGS (more mlxcel-server arguments, e.g.
+# "--prompt-lookup on" to time the verify shapes' warm-up) and TAG (appended to each label).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/startup}
@@ -13,14 +16,17 @@ SHAPES=${SHAPES:-llama3-8b,gemma4-e4b}
 BEFORE=${BEFORE:?BEFORE: a source tree of the commit to compare with}
 ORDER=${ORDER:-after,before,after}
 HIDE=${HIDE:-torch}  # modules the servers run without (see the probe); "" for none
+KCACHE=${KCACHE:-/tmp/mlxcel-bench-ptx}
+ARGS=${ARGS:-}
+TAG=${TAG:-}
 . bench/gpu/common.sh  # bench_env, machine
 bench_env
 machine 2>&1 | tee "$OUT/run.log"
 for shape in ${SHAPES//,/ }; do
   CKPT=$("$PY" bench/gpu/build_checkpoint.py --preset "$shape" --cache-dir /tmp/bench-ckpts | tail -1)
-  "$PY" bench/probes/startup.py --model "$CKPT" --label "$shape" --order "$ORDER" \
+  "$PY" bench/probes/startup.py --model "$CKPT" --label "$shape$TAG" --order "$ORDER" \
       --variant "after=$PWD/core/src" --variant "before=$BEFORE/core/src" "${EXTRA[@]}" \
-      ${HIDE:+--hide "$HIDE"} --kernel-cache "$OUT/ptx" \
+      ${HIDE:+--hide "$HIDE"} --kernel-cache "$KCACHE" ${ARGS:+"--mlxcel-args=$ARGS"} \
       --out "$OUT/startup_gpu.json" 2>&1 | tee -a "$OUT/run.log"
 done
 exit 0
