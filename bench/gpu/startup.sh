@@ -7,7 +7,9 @@
 #   BEFORE=/tmp/src-old SHAPES=tiny PY=.venv/bin/python OUT=/tmp/st bash bench/gpu/startup.sh  # CPU dry run
 # Knobs: ORDER (variants in turn), HIDE, KCACHE (MLX's kernel folder, shared by every start;
 # outside $OUT, whose files all travel back), ARGS (more mlxcel-server arguments, e.g.
-# "--prompt-lookup on" to time the verify shapes' warm-up) and TAG (appended to each label).
+# "--prompt-lookup on" to time the verify shapes' warm-up), TAG (appended to each label) and
+# IMPORTTIME=1 (each server's import times, Python's -X importtime, in its log). The servers'
+# logs come back in $OUT/logs.tgz.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/startup}
@@ -19,9 +21,10 @@ HIDE=${HIDE:-torch}  # modules the servers run without (see the probe); "" for n
 KCACHE=${KCACHE:-/tmp/mlxcel-bench-ptx}
 ARGS=${ARGS:-}
 TAG=${TAG:-}
+if [ "${IMPORTTIME:-0}" = 1 ]; then export PYTHONPROFILEIMPORTTIME=1; fi
 . bench/gpu/common.sh  # bench_env, machine
 bench_env
-machine 2>&1 | tee "$OUT/run.log"
+machine 2>&1 | tee -a "$OUT/run.log"
 for shape in ${SHAPES//,/ }; do
   CKPT=$("$PY" bench/gpu/build_checkpoint.py --preset "$shape" --cache-dir /tmp/bench-ckpts | tail -1)
   "$PY" bench/probes/startup.py --model "$CKPT" --label "$shape$TAG" --order "$ORDER" \
@@ -29,4 +32,5 @@ for shape in ${SHAPES//,/ }; do
       ${HIDE:+--hide "$HIDE"} --kernel-cache "$KCACHE" ${ARGS:+"--mlxcel-args=$ARGS"} \
       --out "$OUT/startup_gpu.json" 2>&1 | tee -a "$OUT/run.log"
 done
+tar czf "$OUT/logs.tgz" -C /tmp $(cd /tmp && ls -d mlxcel-bench-startup-* 2>/dev/null) 2>/dev/null
 exit 0

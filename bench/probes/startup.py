@@ -10,7 +10,11 @@ one server alone and measures:
 - ``burst1``: at once, C streams of one request each (``--burst``; a burst that meets
   the prefill shapes a background warm-up may not have reached yet), aggregate tok/s;
 - ``burst2``: the same again, once the first has ended;
-- the server's ``engine_warmup`` log lines.
+- the server's ``engine_warmup`` log lines;
+- ``timeline``: seconds from the process start to the first log line of each of
+  ``TIMELINE``'s events (the HTTP server up: its first ``/health`` answer; the model
+  loaded; the engine set up; the lone-request warm-up done; the later shapes done), read
+  from the log's timestamps, so each phase of the start shows where its time goes.
 
 ``--hide torch`` runs the servers as where torch is not installed (transformers imports it
 whenever it finds it, and a GPU machine's image often carries it); ``--kernel-cache DIR``
@@ -36,6 +40,7 @@ import os
 import pathlib
 import sys
 import tempfile
+import time
 
 from mlxcel.testing.servers import (
     Server,
@@ -68,6 +73,30 @@ def _serving():
 run_level = _serving().run_level
 
 
+TIMELINE = {"http_up": "route=/health", "model_loaded": "model_loaded",
+            "engine_batch": "engine_batch", "warmup": "engine_warmup ",
+            "warmup_done": "engine_warmup_done"}
+
+
+def timeline(log: pathlib.Path, started: float) -> dict[str, float]:
+    """Seconds from ``started`` (epoch) to the first line of each ``TIMELINE`` event."""
+    out: dict[str, float] = {}
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        for name, word in TIMELINE.items():
+            if name in out or word not in line:
+                continue
+            try:
+                at = dt.datetime.fromisoformat(line.split()[0].replace("Z", "+00:00"))
+            except (ValueError, IndexError):
+                continue
+            out[name] = round(at.timestamp() - started, 2)
+    return out
+
+
 def _site(args: argparse.Namespace, logdir: pathlib.Path) -> str | None:
     """A folder with a ``sitecustomize`` for the server: multiprocessing spawned
     (``--mlxcel-spawn``, serving.py's CUDA workaround) and the ``--hide`` modules made
@@ -96,6 +125,7 @@ def one_start(name: str, src: str, args: argparse.Namespace, logdir: pathlib.Pat
     srv = Server("mlxcel", argv, ready, logdir, tag, env, cwd=ROOT)
     timeout = {"connect": 10.0, "read": 300.0}
     out: dict = {"variant": name, "src": src, "loadavg_before": loadavg()}
+    started = time.time()
     srv.start()
     try:
         out["ready_s"] = round(srv.wait_ready(args.startup_timeout), 2)
@@ -114,6 +144,7 @@ def one_start(name: str, src: str, args: argparse.Namespace, logdir: pathlib.Pat
     finally:
         srv.stop()
         out["warmup_log"] = srv.log_grep("engine_warmup")
+        out["timeline"] = timeline(srv.log_path, started)
         out["loadavg_after"] = loadavg()
     return out
 
@@ -158,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  ready {entry.get('ready_s')} s, first TTFT {entry.get('first_ttft_ms')} ms, "
               f"burst1 {b1.get('agg_tok_s')} tok/s, burst2 {b2.get('agg_tok_s')} tok/s"
               f"{', error ' + entry['error'] if 'error' in entry else ''}", flush=True)
+        print(f"  timeline {entry.get('timeline')}", flush=True)
         for line in entry.get("warmup_log", []):
             print("   ", line[-300:], flush=True)
     return 0

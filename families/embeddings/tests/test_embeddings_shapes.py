@@ -112,3 +112,49 @@ def test_padding_never_changes_a_rerank_score(side_checkpoint):
         got = runner.score(pairs)
         assert len(got) == 3 and np.allclose(got, alone, atol=1e-5), kind
     assert mx.default_device().type == mx.DeviceType.cpu  # the rule is forced, not found
+
+
+@pytest.mark.parametrize("kind,pooling", [("bert", "mean"), ("bert", "none"),
+                                          ("qwen3", "last")])
+def test_a_compiled_forward_is_traced_once_per_shape_and_gives_the_same_vectors(
+        side_checkpoint, kind, pooling):
+    """Where shapes say ``compiled``, the model's Python forward runs only when a shape is
+    first met (the trace); later batches of that shape replay it, with the vectors of the
+    forward run eagerly."""
+    built = "mean" if pooling == "none" else pooling  # "none" is asked per request
+    loaded = load(side_checkpoint("embedder", kind=kind, pooling=built), LoadOptions())
+    runner = embedder(loaded, TaskOptions())
+    encoded = [runner.tokenize(t) for t in TEXTS]
+    module, calls = loaded.model.module, []
+
+    def counting(ids, **kw):
+        calls.append(ids.shape)
+        return module(ids, **kw)
+
+    loaded.model.module = counting
+    try:
+        runner.shapes = Shapes(coarse=True, rows=True, compiled=False)
+        eager = [runner.embed(encoded, pooling) for _ in range(2)]
+        assert len(calls) == 2
+        runner.shapes = GPU
+        traced = [runner.embed(encoded, pooling) for _ in range(3)]
+        assert len(calls) == 3  # one trace, then two replays
+        runner.embed(encoded[:1], pooling)  # a new shape: traced once more
+        assert len(calls) == 4
+    finally:
+        loaded.model.module = module
+    for got in traced:
+        for vec, ref in zip(got, eager[0], strict=True):
+            assert vec.shape == ref.shape and np.allclose(vec, ref, atol=1e-5)
+
+
+def test_a_compiled_rerank_gives_the_eager_scores(side_checkpoint):
+    for kind in ("bert", "qwen3"):
+        loaded = load(side_checkpoint("reranker", kind=kind), LoadOptions())
+        runner = reranker(loaded, TaskOptions())
+        pairs = [runner.encode_pair("which river", t) for t in TEXTS]
+        runner.shapes = Shapes(coarse=True, rows=True, compiled=False)
+        eager = runner.score(pairs)
+        runner.shapes = GPU
+        assert np.allclose([runner.score(pairs) for _ in range(2)], [eager, eager],
+                           atol=1e-5), kind
