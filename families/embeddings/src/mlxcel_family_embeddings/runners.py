@@ -5,9 +5,7 @@ Rows are padded on the right with the model's pad id and an attention mask, and 
 row's pooling reads only its own tokens (last-token pooling takes its last real token),
 so a row's result does not depend on the rows batched with it. A batch's rows and width
 are rounded up to the buckets of ``shapes`` (few distinct shapes on a GPU, where each new
-one compiles); the padding rows' results are dropped. Where ``shapes.compiled``, the
-forward with its pooling and dense layers is one ``mx.compile``d function per pooling and
-model, traced once per shape.
+one compiles); the padding rows' results are dropped.
 """
 
 from __future__ import annotations
@@ -54,13 +52,12 @@ def _batch(model: Any, inputs: Sequence[Encoded], shapes: Shapes
     return mx.array(ids), mx.array(mask), mx.array(types), lengths
 
 
-def pool(hidden: mx.array, mask: mx.array, last: mx.array, pooling: str) -> mx.array:
-    """Pooled rows [B, D] of ``hidden`` [B, T, D] by ``pooling`` (mean, cls, last);
-    ``last``: each row's last real position [B]."""
+def pool(hidden: mx.array, mask: mx.array, lengths: np.ndarray, pooling: str) -> mx.array:
+    """Pooled rows [B, D] of ``hidden`` [B, T, D] by ``pooling`` (mean, cls, last)."""
     if pooling == "cls":
         return hidden[:, 0]
     if pooling == "last":
-        return hidden[mx.arange(hidden.shape[0]), last]
+        return hidden[mx.arange(hidden.shape[0]), mx.array(lengths - 1)]
     weights = mask[..., None].astype(hidden.dtype)
     return (hidden * weights).sum(axis=1) / mx.maximum(weights.sum(axis=1), 1)
 
@@ -83,27 +80,6 @@ class Embedder:
         last = self.dense[-1].weight.shape[0] if self.dense else hidden
         self.dimensions = int(last)
         self.shapes = Shapes.for_device(on_gpu())  # built on the engine thread
-        self._forwards: dict[tuple[str, bool], Any] = {}
-
-    def _forward(self, pooling: str) -> Any:
-        """``(ids, mask, types, last) -> vectors`` for ``pooling``: hidden states [B, T, D]
-        for ``none``, else the pooled and projected rows [B, D], in float32; compiled where
-        ``self.shapes.compiled``. The model is read at each call (tests wrap it)."""
-        key = (pooling, self.shapes.compiled)
-        if key not in self._forwards:
-            def forward(ids: mx.array, mask: mx.array, types: mx.array,
-                        last: mx.array) -> mx.array:
-                out = self.model.module(ids, attention_mask=mask, token_type_ids=types)
-                hidden = out.last_hidden_state.astype(mx.float32)
-                if pooling == "none":
-                    return hidden
-                pooled = pool(hidden, mask, last, pooling)
-                for layer in self.dense:
-                    pooled = layer(pooled.astype(layer.weight.dtype)).astype(mx.float32)
-                return pooled
-
-            self._forwards[key] = mx.compile(forward) if self.shapes.compiled else forward
-        return self._forwards[key]
 
     def tokenize(self, text: str) -> Encoded:
         enc = self.tokenizer.encode(text)
@@ -116,12 +92,18 @@ class Embedder:
 
     def embed(self, inputs: Sequence[Encoded], pooling: str) -> list[np.ndarray]:
         ids, mask, types, lengths = _batch(self.model, inputs, self.shapes)
-        out = self._forward(pooling)(ids, mask, types, mx.array(lengths - 1))
+        out = self.model.module(ids, attention_mask=mask, token_type_ids=types)
+        hidden = out.last_hidden_state.astype(mx.float32)
         n = len(inputs)
-        rows = np.array(out[:n], dtype=np.float32)
         if pooling == "none":
+            mx.eval(hidden)
+            rows = np.array(hidden[:n])
             return [rows[i, :k] for i, k in enumerate(lengths[:n])]
-        return list(rows)
+        pooled = pool(hidden, mask, lengths, pooling)[:n]
+        for layer in self.dense:
+            pooled = layer(pooled.astype(layer.weight.dtype)).astype(mx.float32)
+        mx.eval(pooled)
+        return list(np.array(pooled, dtype=np.float32))
 
 
 class Reranker:
@@ -140,7 +122,6 @@ class Reranker:
         elif self.model.kind != "cross":
             raise ValueError("this checkpoint is an embedder, not a reranker")
         self.shapes = Shapes.for_device(on_gpu())  # built on the engine thread
-        self._compiled: Any = None  # _margin, compiled on first use where shapes say so
 
     def encode_pair(self, query: str, document: str) -> Encoded:
         if self.model.kind == "cross":
@@ -151,23 +132,17 @@ class Reranker:
                 f"<Document>: {document}{RERANK_SUFFIX}")
         return Encoded(list(self.tokenizer.encode(text, add_special_tokens=False).ids))
 
-    def _margin(self, ids: mx.array, mask: mx.array, types: mx.array,
-                last: mx.array) -> mx.array:
-        """Each row's score before the sigmoid, in float32."""
-        if self.model.kind == "cross":
-            logits = self.model.module(ids, attention_mask=mask, token_type_ids=types).logits
-            return logits.astype(mx.float32)[:, 0]
-        logits = self.model.module(ids)  # causal: right padding never reaches real tokens
-        at = logits[mx.arange(ids.shape[0]), last].astype(mx.float32)
-        return at[:, self.yes] - at[:, self.no]
-
     def score(self, pairs: Sequence[Encoded]) -> list[float]:
         ids, mask, types, lengths = _batch(self.model, pairs, self.shapes)
-        if self.shapes.compiled and self._compiled is None:
-            self._compiled = mx.compile(self._margin)
-        margin = (self._compiled if self.shapes.compiled else self._margin)(
-            ids, mask, types, mx.array(lengths - 1))
+        if self.model.kind == "cross":
+            logits = self.model.module(ids, attention_mask=mask, token_type_ids=types).logits
+            margin = logits.astype(mx.float32)[:, 0]
+        else:  # causal: right padding never reaches a row's real tokens
+            logits = self.model.module(ids)
+            last = logits[mx.arange(ids.shape[0]), mx.array(lengths - 1)].astype(mx.float32)
+            margin = last[:, self.yes] - last[:, self.no]
         scores = mx.sigmoid(margin[:len(pairs)])
+        mx.eval(scores)
         return [float(s) for s in np.array(scores)]
 
 

@@ -13,10 +13,6 @@ rows are never added.
   grows with the logarithm of the longest input. Never past the model's positions.
 - Rows (GPU only): the next power of two. A launch-bound forward costs the same for 9
   rows as for 16.
-- Compiled (GPU only): each shape's forward is traced once (``mx.compile``) and replayed,
-  so a batch costs the host no graph building in Python and fewer kernel launches (fused
-  element-wise ops). A trace costs about a forward's host time, so it pays only where
-  shapes repeat; on the CPU compute dominates and the fine widths would keep tracing.
 
 Padding rows repeat the batch's first row (real tokens, so no row is fully masked) and
 their results are dropped; padding columns carry the pad id under a zero mask, and each
@@ -33,17 +29,15 @@ CPU_WIDTH_STEP = 8
 
 class Shapes(msgspec.Struct, frozen=True, kw_only=True):
     """How a runner pads a batch: ``coarse`` widths (quarter octaves, for devices where
-    each new shape compiles) or fine ones, and ``rows`` rounded to a power of two; and
-    whether each shape's forward is ``compiled`` (traced once, then replayed)."""
+    each new shape compiles) or fine ones, and ``rows`` rounded to a power of two."""
 
     coarse: bool = True
     rows: bool = True
-    compiled: bool = True
 
     @classmethod
     def for_device(cls, gpu: bool) -> Shapes:
         """The rule for where the model runs (see the module docstring)."""
-        return cls(coarse=gpu, rows=gpu, compiled=gpu)
+        return cls(coarse=gpu, rows=gpu)
 
     def width(self, longest: int, cap: int) -> int:
         """The padded width of a batch whose longest row has ``longest`` tokens; never
