@@ -101,3 +101,26 @@ def test_encode_checks_vocabulary_and_length_and_names_the_input():
         with pytest.raises(InvalidRequest) as err:
             encode(Runner(), items)
         assert err.value.param == param
+
+
+class BatchRunner(Runner):
+    """A runner with the optional ``tokenize_batch``: its calls are recorded."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[str]] = []
+
+    def tokenize_batch(self, texts):
+        self.batches.append(list(texts))
+        return [Encoded([len(w) + 1 for w in t.split()]) for t in texts]
+
+
+def test_encode_takes_a_request_s_texts_in_one_batch_call_where_the_runner_has_one():
+    runner = BatchRunner()
+    got = encode(runner, ["ab c", [9, 0], "a"])
+    assert runner.batches == [["ab c", "a"]]  # the texts only, once, in order
+    assert [e.ids for e in got] == [[3, 2], [9, 0], [2]]
+    with pytest.raises(InvalidRequest) as err:  # still named by the input's own index
+        encode(BatchRunner(), ["a", [1], "a b c d"])
+    assert err.value.param == "input[2]"
+    lone = BatchRunner()
+    assert [e.ids for e in encode(lone, ["ab c"])] == [[2, 1]] and lone.batches == []

@@ -21,6 +21,15 @@ TEXTS = ["a river runs past the quiet stone", "lantern",
          "orbit meadow signal copper harbor thread velvet summit ember glacier"]
 
 
+@pytest.mark.parametrize("kind", ["bert", "qwen3"])
+def test_tokenize_batch_is_tokenize_on_each_text(side_checkpoint, kind):
+    runner = embedder(load(side_checkpoint("embedder", kind=kind), LoadOptions()),
+                      TaskOptions())
+    assert runner.tokenize_batch(TEXTS) == [runner.tokenize(t) for t in TEXTS]
+    if kind == "qwen3":  # the EOS the vector is read at, added by both
+        assert all(e.ids[-1] == runner.model.eos_id for e in runner.tokenize_batch(TEXTS))
+
+
 def _hidden(model, enc) -> np.ndarray:
     """The model's last hidden state for one input alone: no padding, no mask."""
     ids = mx.array([enc.ids])

@@ -53,6 +53,11 @@ class Embedder(Protocol):
     input may have (longer ones are refused by core, naming the input). ``pooling``: the
     pooling it runs (``--pooling``, else the checkpoint's). ``vocab_size``: token ids a
     request may send as input are below it.
+
+    Optional: ``tokenize_batch(texts) -> list[Encoded]``, the same as ``tokenize`` on each
+    text, in order. Where a runner has it, core calls it for a request's texts at once:
+    a Rust tokenizer's batch call encodes them in parallel without holding the GIL, which
+    the engine thread needs for its forwards while the HTTP side takes requests in.
     """
 
     dimensions: int

@@ -82,7 +82,12 @@ class Embedder:
         self.shapes = Shapes.for_device(on_gpu())  # built on the engine thread
 
     def tokenize(self, text: str) -> Encoded:
-        enc = self.tokenizer.encode(text)
+        return self._encoded(self.tokenizer.encode(text))
+
+    def tokenize_batch(self, texts: Sequence[str]) -> list[Encoded]:
+        return [self._encoded(enc) for enc in self.tokenizer.encode_batch(list(texts))]
+
+    def _encoded(self, enc: Any) -> Encoded:
         ids = list(enc.ids)
         if self.model.append_eos and self.model.eos_id is not None \
                 and (not ids or ids[-1] != self.model.eos_id):

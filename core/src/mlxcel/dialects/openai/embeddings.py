@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 import msgspec
+import numpy as np
 from litestar import Request, post
 
 from mlxcel.context import AppContext
@@ -47,14 +48,14 @@ def build(ctx: AppContext) -> list[Any]:
         items = emb.inputs_of(body.input)
         encoded = await prepare_for(request, lambda: emb.encode(runner, items))
         vectors = await emb.embed(side, encoded, runner.pooling, since)
-        code = ctx.settings.embd_normalize
-        out = [normalize(truncate(v, body.dimensions, runner.dimensions), code)
-               for v in vectors]
+        code = ctx.settings.embd_normalize  # one [inputs, D] matrix: a NumPy call each
+        out = normalize(truncate(np.stack(vectors), body.dimensions, runner.dimensions), code)
         tokens = sum(len(e) for e in encoded)
-        wire = to_base64 if body.encoding_format == "base64" else (lambda v: v.tolist())
+        rows = [to_base64(v) for v in out] if body.encoding_format == "base64" \
+            else out.tolist()
         return {"object": "list", "model": body.model or side.name,
-                "data": [{"object": "embedding", "index": i, "embedding": wire(v)}
-                         for i, v in enumerate(out)],
+                "data": [{"object": "embedding", "index": i, "embedding": row}
+                         for i, row in enumerate(rows)],
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
 
     return [embeddings]
