@@ -188,3 +188,19 @@ def test_models_on_the_mixed_path_keep_their_forward(mlxcel_checkpoint_cache):
     worker = worker_for(path, parallel=4, lean_decode=True)
     assert worker.path == "mixed"
     assert worker.forward.__qualname__.startswith("generic")
+
+
+def test_the_engine_batch_line_says_how_long_its_setup_steps_took(mlxcel_checkpoint_cache):
+    """An operator reads where startup time goes from the log: the attention path and
+    fused projections, and the lean forward's agreement check, each in seconds."""
+    from mlxcel.testing.checkpoint import cached_checkpoint
+    from mlxcel.testing.engine import worker_for
+    from structlog.testing import capture_logs
+
+    path = cached_checkpoint("llama", cache_dir=mlxcel_checkpoint_cache, dtype="float32")
+    with capture_logs() as logs:
+        worker_for(path, parallel=2, lean_decode=True)
+    line = next(e for e in logs if e["event"] == "engine_batch")
+    assert line["lean_decode"] is True
+    for key in ("attention_and_fuse_s", "decode_check_s"):
+        assert isinstance(line[key], float) and line[key] >= 0

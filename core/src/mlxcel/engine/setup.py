@@ -8,6 +8,7 @@ submodules, BLAS threads, warm-up).
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import mlx.core as mx
@@ -76,20 +77,25 @@ class EngineSetup:
         """Apply the policy to the model and the batch: positions, the attention path,
         fused projections, bound submodules, BLAS threads, prefill alignment, warm-up."""
         cfg, policy = self.config, self.policy
+        since = time.perf_counter()  # each step's seconds go in the log line: startup time
         shared = cfg.shared_positions and family.relative_positions
         self.rope = shared_position_rope(model, shared) if self.path == "shared" else None
         path = attention.install(model, choice=policy.decode_attention) \
             if self.batchable else None
         fused = fused_proj.fuse(model) if policy.fuse_projections else 0
         bound = module_attrs.bind(model) if policy.bind_modules else 0  # weights final
+        fused_at = time.perf_counter()
         self.forward, lean = lean_decode.forward_for(
             model, policy.lean_decode and self.path == "shared" and not self.dist.active,
             self._decode_checks(model))
+        checked_at = time.perf_counter()
         log.info("engine_batch", cache=self.path,
                  positions="shared" if self.rope is not None else "absolute",
                  masked_decode_attention=path or "mlx", fused_projections=fused,
                  bound_attributes=bound, lean_decode=lean,
-                 prompt_cache_reuse=self.prompt_cache.reuse.mode)
+                 prompt_cache_reuse=self.prompt_cache.reuse.mode,
+                 attention_and_fuse_s=round(fused_at - since, 2),
+                 decode_check_s=round(checked_at - fused_at, 2))
         if policy.limit_blas_threads:
             threads = cpu_blas.limit_threads(self.checkpoint.config, self.prefill_chunk)
             if threads is not None:
