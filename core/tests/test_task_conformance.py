@@ -37,3 +37,21 @@ def test_a_batch_dependent_embedder_fails():
 def test_an_out_of_range_score_fails():
     with pytest.raises(AssertionError, match="outside"):
         check_reranker(OutOfRange())
+
+
+class Batched(NumpyEmbedder):
+    """The optional ``tokenize_batch``, kept (``right``) or broken (reversed order)."""
+
+    def __init__(self, right: bool) -> None:
+        super().__init__()
+        self.right = right
+
+    def tokenize_batch(self, texts):
+        out = [self.tokenize(t) for t in texts]
+        return out if self.right else out[::-1]
+
+
+def test_an_optional_tokenize_batch_must_agree_with_tokenize():
+    check_embedder(Batched(right=True))
+    with pytest.raises(AssertionError, match="tokenize_batch"):
+        check_embedder(Batched(right=False))

@@ -30,6 +30,10 @@ def check_embedder(runner: Any, texts: tuple[str, ...] = TEXTS, atol: float = 1e
         assert isinstance(enc, Encoded), "tokenize must return mlxcel.families.tasks.Encoded"
         assert 0 < len(enc) <= runner.max_length, "an input's tokens exceed max_length"
         assert all(0 <= t < runner.vocab_size for t in enc.ids), "token id out of range"
+    batch = getattr(runner, "tokenize_batch", None)  # optional: core uses it where present
+    if batch is not None:
+        assert list(batch(list(texts))) == encoded, \
+            "tokenize_batch must give what tokenize gives for each text, in order"
     for pooling in (runner.pooling, "none"):
         together = runner.embed(encoded, pooling)
         assert len(together) == len(encoded), "embed must return one array per input"
