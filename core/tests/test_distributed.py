@@ -189,3 +189,19 @@ def test_a_mode_the_model_lacks_or_heads_that_do_not_split_refuse_to_start():
     with pytest.raises(StartupError, match="num_key_value_heads = 2 does not split over 4"):
         sharding.check_split({"num_attention_heads": 8, "num_key_value_heads": 2}, "tensor", 4)
     sharding.check_split({"num_key_value_heads": 2}, "pipeline", 4)
+
+
+def test_the_ring_s_ports_are_free_consecutive_and_outside_the_ephemeral_range():
+    """A port the kernel may give an outgoing connection could be taken before a rank
+    binds it (a test once failed so, EADDRINUSE): the ring's come from below that range."""
+    import socket
+
+    from mlxcel.testing.distributed import RING_PORTS, free_ports
+
+    for _ in range(20):
+        ports = free_ports(3)
+        assert ports == list(range(ports[0], ports[0] + 3))
+        assert RING_PORTS[0] <= ports[0] and ports[-1] < RING_PORTS[1] <= 32768
+    for port in ports:  # still bindable: nothing holds them
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", port))

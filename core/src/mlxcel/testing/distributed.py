@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import pathlib
+import random
 import signal
 import socket
 import subprocess
@@ -21,11 +22,18 @@ from typing import Any
 
 from .servers import HOST, Server, free_port, server_exe
 
+# The ring's ports come from below Linux's default ephemeral range (32768-60999; macOS's
+# starts at 49152): a port the kernel may hand to any process's outgoing connection can be
+# taken between this check and the rank's own bind, which then fails with EADDRINUSE.
+RING_PORTS = (20000, 32000)
+
 
 def free_ports(n: int) -> list[int]:
-    """``n`` consecutive free ports of 127.0.0.1 (mlx.launch's ring numbers them so)."""
-    for _ in range(50):
-        first = free_port()
+    """``n`` consecutive free ports of 127.0.0.1 (mlx.launch's ring numbers them so),
+    from ``RING_PORTS``."""
+    pick = random.Random()
+    for _ in range(200):
+        first = pick.randrange(RING_PORTS[0], RING_PORTS[1] - n)
         socks = []
         try:
             for port in range(first, first + n):
