@@ -60,12 +60,17 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=4000)
     ap.add_argument("--tail", type=int, default=190)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--mlx-lm-dtype", default="float32",
+                    help="mlx-lm's compute dtype: mlxcel's on the CPU is float32 (--dtype auto); "
+                         "'keep' leaves the checkpoint's")
     args = ap.parse_args()
     from mlx_lm import load
     from mlxcel.testing.bench_checkpoints import named_checkpoint
 
     path = str(named_checkpoint(args.shape))
     model, tok = load(path)
+    if args.mlx_lm_dtype != "keep":  # both engines on the same dtype, or it is what is timed
+        model.set_dtype(getattr(mx, args.mlx_lm_dtype))
     ours, theirs = [], []
     for r in range(args.repeats):
         first, second = prompts(tok.vocab_size, args.tokens, args.tail, seed=r)
