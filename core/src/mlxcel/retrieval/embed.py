@@ -46,14 +46,13 @@ def encode(runner: Any, items: list[str | list[int]], param: str = "input") -> l
     """Each input as the model reads it; a token id outside the vocabulary or an input
     longer than the model takes is a 400 naming it."""
     out = []
-    texts = [i for i, item in enumerate(items) if isinstance(item, str)]
+    texts = [item for item in items if isinstance(item, str)]
     batch = getattr(runner, "tokenize_batch", None)  # optional (tasks.Embedder)
-    ready = dict(zip(texts, batch([items[i] for i in texts]), strict=True)
-                 ) if batch is not None and len(texts) > 1 else {}
+    ready = iter(batch(texts)) if batch is not None and len(texts) > 1 else None
     for i, item in enumerate(items):
         where = f"{param}[{i}]" if len(items) > 1 or not isinstance(item, str) else param
         if isinstance(item, str):
-            enc = ready[i] if i in ready else runner.tokenize(item)
+            enc = next(ready) if ready is not None else runner.tokenize(item)
         else:
             bad = next((t for t in item if not 0 <= t < runner.vocab_size), None)
             if bad is not None:
