@@ -145,8 +145,11 @@ async def level(base: str, workload: str, conc: int, max_tokens: int,
 
 def run_config(cfg: dict[str, Any], args: argparse.Namespace, logdir: pathlib.Path,
                model: pathlib.Path) -> dict[str, Any]:
+    extra = list(cfg["args"])
+    if args.trace and cfg["server"] == "mlxcel":  # the engine's timeline, one file each
+        extra += ["--engine-trace", str(logdir / f"{cfg['label']}.trace.jsonl")]
     argv, ready = server_argv(cfg["server"], model, parallel=max(args.concurrency),
-                              extra=cfg["args"])
+                              extra=extra)
     # Granian's worker by 'spawn' on CUDA (see spawn_env)
     env = spawn_env(logdir) if cfg["server"] == "mlxcel" and args.mlxcel_spawn else None
     srv = Server(cfg["server"], argv, ready, logdir, cfg["label"], env=env)
@@ -245,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cache-dir", default=None)
     ap.add_argument("--mlxcel-spawn", action="store_true",
                     help="start Granian's worker with 'spawn' (the CUDA workaround)")
+    ap.add_argument("--trace", action="store_true",
+                    help="write each mlxcel server's engine trace into the log folder")
     ap.add_argument("--out", default="bench/results/speculative_gpu.json")
     args = ap.parse_args(argv)
 

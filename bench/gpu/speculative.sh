@@ -9,7 +9,8 @@
 # runtime imports), installed by install-on-device.sh into /tmp/site.
 # Results in $OUT: speculative_gpu.json / .md, raw_loop.json, run.log, logs.tgz.
 # Knobs: TARGET (llama3-8b), DRAFT (llama3-1b), TRUNC (4), CONFIGS, CONC (1,8,64), MAXTOK
-# (128), CKDIR, MLXCEL_SPAWN (1), RAW (1).
+# (128), CKDIR, MLXCEL_SPAWN (1), RAW (1), TRACE (1: each mlxcel server's engine trace in
+# logs.tgz).
 #   OUT=$OUT bash bench/gpu/speculative.sh
 #   TARGET=30m DRAFT=tiny-draft TRUNC=2 CONC=1,8 MAXTOK=32 RAW=0 PY=.venv/bin/python \
 #       OUT=/tmp/s bash bench/gpu/speculative.sh                    # CPU dry run
@@ -26,8 +27,10 @@ MAXTOK=${MAXTOK:-128}
 CKDIR=${CKDIR:-/tmp/bench-ckpts}
 MLXCEL_SPAWN=${MLXCEL_SPAWN:-1}
 RAW=${RAW:-1}
+TRACE=${TRACE:-0}
 . bench/gpu/common.sh  # bench_env, machine
 bench_env
+[ "$TRACE" = 1 ] && EXTRA+=(--trace)
 {
   machine
   if [ "$RAW" = 1 ]; then

@@ -265,3 +265,33 @@ def test_the_draft_computes_in_the_targets_dtype(pair):
     stored, _, _ = draft_model.load_draft(str(draft))
     assert model_dtype(session.model) == want
     assert model_dtype(stored) == "bfloat16"  # as saved: only the session's copy is cast
+
+
+def test_verify_numerics_decide_whether_prompt_lookup_is_on_by_default(pair):
+    """Prompt lookup, on by default, stays off where a verify forward rounds differently
+    from a one-token step; ``--prompt-lookup on`` still serves it there."""
+    from mlxcel.engine.worker import EngineWorker
+
+    target, _ = pair
+    families = load_plugins().families
+    t = draft_target(target)
+    assert spec_probe.verify_deviation(t.model, t.tokenizer) <= spec_probe.TOLERANCE
+    skew = skewed(load_checkpoint(str(target), families).model)
+    assert spec_probe.verify_deviation(skew, t.tokenizer) > spec_probe.TOLERANCE
+
+    def load(skew: bool):
+        def go():
+            ckpt = load_checkpoint(str(target), families)
+            if skew:
+                skewed(ckpt.model)
+            return ckpt
+        return go
+
+    def lookup(mode: str) -> EngineConfig:
+        return EngineConfig(drafter="mlxcel.drafters.lookup:new_session",
+                            drafter_kind="prompt-lookup", prompt_lookup=mode)
+
+    for skew, mode, on in ((False, "auto", True), (True, "auto", False), (True, "on", True)):
+        worker = EngineWorker(load(skew), parallel=2, prefill_chunk=64, config=lookup(mode))
+        assert worker.setup(), worker.error
+        assert (worker.spec is not None) is on, (skew, mode)

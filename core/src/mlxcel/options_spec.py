@@ -14,7 +14,8 @@ SPEC_ROWS: list[tuple[Any, ...]] = [
      "auto", "MLXCEL_PROMPT_LOOKUP",
      "speculative decoding from the context's own n-grams: auto = each row drafts while its "
      "drafts are accepted, and a batch stops drafting where verifying costs more per token "
-     "than one-token steps; on = rows draft whatever the batch's cost; off = never"),
+     "than one-token steps, and only where a verify forward rounds as a one-token step does "
+     "(greedy output unchanged); on = rows draft whatever the cost or rounding; off = never"),
     (("--draft-max", "--draft", "--draft-n", "--spec-draft-n-max"), "draft_max", int, 16,
      "LLAMA_ARG_SPEC_DRAFT_N_MAX", "most tokens a row drafts in one round", KEPT,
      "LLAMA_ARG_DRAFT_MAX"),

@@ -25,7 +25,7 @@ from mlxcel.engine.memory import compute_dtype_bytes, request_budget
 from mlxcel.engine.parts import Warming
 from mlxcel.engine.policy import resolve_policy
 from mlxcel.engine.side import load_sides
-from mlxcel.engine.spec_probe import check_pairing
+from mlxcel.engine.spec_probe import TOLERANCE, check_pairing, verify_deviation
 from mlxcel.engine.speculative import Speculation
 from mlxcel.engine.trace import Trace
 from mlxcel.lazy import resolve
@@ -141,6 +141,13 @@ class EngineSetup:
             log.info("speculation_off", drafter=cfg.drafter_kind, reason=reason)
             return None
         ckpt = self.checkpoint
+        if not self._verify_exact(model) and cfg.drafter_kind == "prompt-lookup" \
+                and cfg.prompt_lookup == "auto":
+            log.info("speculation_off", drafter=cfg.drafter_kind,
+                     reason="a verify forward rounds differently from a one-token step on "
+                            "this device and dtype, so greedy output could change; "
+                            "--prompt-lookup on serves it anyway")
+            return None
         options = DraftOptions(draft_max=max(1, cfg.draft_max), draft_min=max(0, cfg.draft_min),
                                model=cfg.model_draft)
         target = DraftTarget(model, ckpt.tokenizer, str(ckpt.path), dict(ckpt.config))
@@ -152,6 +159,22 @@ class EngineSetup:
                  governed=cfg.prompt_lookup != "on")
         return Speculation(session, cfg.drafter_kind, options,
                            governed=cfg.prompt_lookup != "on", model=model)
+
+    def _verify_exact(self, model: Any) -> bool:
+        """Whether a verify forward's logits equal one-token steps' here, within
+        ``spec_probe.TOLERANCE``; logged either way. Prompt lookup, on by default, stays
+        off where they do not (exactness first); a drafter the user named still serves,
+        with the warning. A probe that fails counts as exact: it decides a default."""
+        try:
+            deviation = verify_deviation(model, self.checkpoint.tokenizer)
+        except Exception as exc:
+            log.warning("speculation_numerics", error=f"{type(exc).__name__}: {exc}"[:300])
+            return True
+        exact = deviation <= TOLERANCE
+        (log.info if exact else log.warning)(
+            "speculation_numerics", exact=exact, deviation=float(f"{deviation:.3g}"),
+            dtype=self.checkpoint.dtype, device=str(mx.default_device()))
+        return exact
 
     def _decode_checks(self, model: Any) -> list[Any]:
         """Prefilled caches for ``lean_decode.forward_for``: the shared path's

@@ -10,8 +10,12 @@ prompt twice -- one token per forward, then through the drafter's proposals and
 multi-token verify forwards on the same kind of caches -- and compares the tokens. It
 costs a handful of small forwards at startup.
 
-Prompt lookup copies from the context and calls no model of its own: it is exact by
-construction, and the engine does not probe it. A session that reads the target's hidden
+Prompt lookup copies from the context and calls no model of its own, so the pairing needs
+no probe; what decides its exactness is the arithmetic alone. ``verify_deviation`` measures
+that directly: the same tokens through one-token steps and through verify-wide forwards,
+and the largest difference between their logits. In float32 on the CPU it is reordering
+noise; where a wider forward takes other kernels in bf16 (CUDA, and quantized or bf16
+matmuls generally) it is whole roundings, which flip near-tied greedy choices. A session that reads the target's hidden
 states and cache (``needs_hidden``) gets them from the probe's own forwards, as the
 engine gives them.
 """
@@ -30,6 +34,9 @@ PROMPT_TOKENS = 12  # the most prompt tokens the probe feeds
 NEW_TOKENS = 16  # greedy tokens generated each way
 DRAFT_MAX = 4  # the widest verify forward the probe builds
 KEY = -1  # the probe's row key in the drafter's session
+# The largest verify-against-step logit difference, as a share of the logits' scale, that
+# counts as exact: far above float32's reordering noise, below one bf16 rounding (2**-8).
+TOLERANCE = 1e-4
 
 
 class ProbeResult(NamedTuple):
@@ -72,6 +79,29 @@ def plain_tokens(model: Any, prompt: list[int], n: int) -> list[int]:
     while len(out) < n:
         out.append(_greedy(model(mx.array([[out[-1]]], dtype=mx.uint32), cache))[0])
     return out
+
+
+def verify_deviation(model: Any, tokenizer: Any) -> float:
+    """How far a verify forward's logits are from one-token steps' over the same tokens,
+    as a share of the logits' largest magnitude (at least 1): the probe's greedy tokens
+    fed one per forward, then again after the same prompt in forwards ``1 + DRAFT_MAX``
+    wide, as a verify step feeds a row whose drafts were all kept."""
+    prompt = prompt_ids(tokenizer)
+    cache = make_caches(model)
+    steps = [model(mx.array([prompt], dtype=mx.uint32), cache)[0, -1]]
+    tokens = [_greedy(steps[-1][None, None])[0]]
+    while len(tokens) < NEW_TOKENS:
+        steps.append(model(mx.array([[tokens[-1]]], dtype=mx.uint32), cache)[0, -1])
+        tokens.append(_greedy(steps[-1][None, None])[0])
+    cache = make_caches(model)
+    model(mx.array([prompt], dtype=mx.uint32), cache)
+    fed, width = tokens[:-1], 1 + DRAFT_MAX  # the outputs of ``fed`` are ``steps[1:]``
+    wide = mx.concatenate([model(mx.array([fed[i:i + width]], dtype=mx.uint32), cache)[0]
+                           for i in range(0, len(fed), width)])
+    plain = mx.stack(steps[1:]).astype(mx.float32)
+    diff = mx.abs(wide.astype(mx.float32) - plain).max()
+    scale = mx.maximum(mx.abs(plain).max(), 1.0)
+    return float((diff / scale).item())
 
 
 def _forget(model: Any, cache: list[Any], context: list[int], n: int) -> list[Any]:
