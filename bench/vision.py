@@ -533,9 +533,14 @@ def main() -> int:
             print(f"{label} raw: {json.dumps(run['raw'])}", flush=True)
         names = [n for n in args.servers.split(",") if n]
         passes: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
+        out = pathlib.Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
         for r in range(args.rounds):  # servers in turn, so drift hits both alike
             for name in names:
                 passes[name].append(run_server(name, path, args, logdir, f"{label}-r{r}"))
+                # each pass saved as it ends: a run cut off by a time limit keeps its part
+                out.with_suffix(".partial.json").write_text(json.dumps(
+                    report | {"partial": run | {"passes": passes}}, indent=1))
         for name in names:
             run[name] = merge(passes[name])
         run["targets"] = targets(run)
