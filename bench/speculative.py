@@ -94,6 +94,9 @@ async def one(client: Any, url: str, body: dict[str, Any]) -> dict[str, Any]:
                 if not line.startswith("data:") or line[5:].strip() == "[DONE]":
                     continue
                 chunk = json.loads(line[5:])
+                if chunk.get("error"):  # a stream that failed after its headers
+                    rec["error"] = f"stream: {json.dumps(chunk['error'])[:200]}"
+                    return rec
                 now = time.perf_counter()
                 for choice in chunk.get("choices") or ():
                     if choice.get("text"):

@@ -78,6 +78,12 @@ PIXELS = {"min_pixels": 56 * 56, "max_pixels": 28 * 28 * 16384}
 SHAPES: dict[str, tuple[str, int, dict[str, Any], dict[str, Any]]] = {
     "qwen2-vl-tiny": ("qwen2_vl", 512, {}, {}),
     "qwen2.5-vl-tiny": ("qwen2_5_vl", 512, {}, {}),
+    "qwen2-vl-7b": ("qwen2_vl", 8192, {
+        "hidden_size": 3584, "num_hidden_layers": 28, "num_attention_heads": 28,
+        "num_key_value_heads": 4, "intermediate_size": 18944, "vocab_size": 152064,
+        "max_position_embeddings": 32768, "max_window_layers": 28,
+        "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]}}, {
+        "depth": 32, "embed_dim": 1280, "mlp_ratio": 4, "num_heads": 16, "hidden_size": 3584}),
     "qwen2.5-vl-7b": ("qwen2_5_vl", 8192, {
         "hidden_size": 3584, "num_hidden_layers": 28, "num_attention_heads": 28,
         "num_key_value_heads": 4, "intermediate_size": 18944, "vocab_size": 152064,

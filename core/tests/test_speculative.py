@@ -163,14 +163,104 @@ def test_the_row_governor_stops_a_drafter_that_is_always_wrong_and_resumes(tiny_
     assert usage.draft_n_accepted > 20 and usage.draft_rounds > wrong_rounds
 
 
-def test_the_batch_governor_pauses_drafting_where_verify_steps_cost_more():
-    gov = speculative.BatchGovernor()
+class Clock:
+    """A stand-in for ``time.perf_counter`` that moves only when told to."""
+
+    def __init__(self, monkeypatch):
+        self.now = 0.0
+        monkeypatch.setattr(speculative.time, "perf_counter", lambda: self.now)
+
+    def round(self, gov, rows, emitted, seconds):
+        """A verify round that took ``seconds`` of the clock, back to back with the last."""
+        self.now += seconds
+        gov.verified(rows, emitted=emitted, seconds=seconds)
+
+
+def test_the_batch_governor_pauses_drafting_where_verify_steps_cost_more(monkeypatch):
+    gov, clock = speculative.BatchGovernor(), Clock(monkeypatch)
     for _ in range(speculative.SAMPLES + 1):
         gov.cost[(8, False)] = (0.001, speculative.SAMPLES)
-        gov.verified(8, seconds=0.01, emitted=8)  # 1.25 ms per token against 1 ms
+        clock.round(gov, 8, 8, 0.01)  # 1.25 ms per token against 1 ms
     assert not gov.allows(8) and gov.allows(1)
     gov.steps += speculative.BATCH_RETRY
     assert gov.allows(8)
+
+
+def test_the_batch_governor_pauses_longer_each_time_a_retry_loses(monkeypatch):
+    gov, clock = speculative.BatchGovernor(), Clock(monkeypatch)
+    gov.cost[(8, False)] = (0.001, speculative.SAMPLES)
+    pauses = []
+    for _ in range(3):
+        while gov.allows(8):
+            clock.round(gov, 8, 8, 0.02)  # 2.5 ms per token against 1 ms
+        pauses.append(gov.off_until[8] - gov.steps)
+        gov.steps = gov.off_until[8]
+    assert pauses == [speculative.BATCH_RETRY, 2 * speculative.BATCH_RETRY,
+                      4 * speculative.BATCH_RETRY]
+    rounds = 0
+    while gov.allows(8):  # a retry is judged on fewer rounds than the first verdict
+        clock.round(gov, 8, 8, 0.02)
+        rounds += 1
+    assert rounds == speculative.RETRY_SAMPLES < speculative.SAMPLES
+
+
+def test_the_batch_governor_times_a_round_from_the_step_before_it(monkeypatch):
+    """A round's cost runs from when the step before it was queued (its tokens counted:
+    the round waits for them) to the round's end: the drafting and the drafter's commit
+    are in it, not just the verify forward."""
+    clock = iter([0.0, 0.030, 0.030, 0.030, 0.1])
+    monkeypatch.setattr(speculative.time, "perf_counter", lambda: next(clock))
+    gov = speculative.BatchGovernor()
+    gov.plain(4)  # queued at 0 ms
+    gov.round_begins()  # 30 ms: the drafts start after the read-back
+    gov.verified(4, emitted=4, seconds=0.001)  # ends at 30 ms; the forward alone took 1 ms
+    assert gov.cost[(4, True)] == (pytest.approx(0.030 / 8), 1)
+    gov.interrupted()  # a prefill chunk ran: the next round counts from its own start
+    gov.round_begins()  # 30 ms
+    gov.verified(4, emitted=7)  # ends at 100 ms
+    assert gov.cost[(4, True)][0] == pytest.approx(
+        0.030 / 8 + speculative.AVERAGE * (0.070 / 7 - 0.030 / 8))
+
+
+def test_a_row_probes_with_one_token_and_one_miss_backs_it_off_again():
+    gov = speculative.RowGovernor(16)
+    gov.settle(0, 16, 0, 16)
+    gov.settle(1, 8, 0, 16)
+    assert gov.resume_at == 1 + speculative.BACKOFF and gov.length == 1
+    gov.settle(20, 1, 0, 16)  # the probe missed: back off at once, twice as long
+    assert gov.resume_at == 20 + 2 * speculative.BACKOFF and gov.length == 1
+    gov.settle(40, 1, 1, 16)  # a probe that hits: drafting grows again
+    assert gov.length == 2 and gov.backoff == speculative.BACKOFF and not gov.probing
+    cold = speculative.RowGovernor(16, cold_backoff=64)  # a drafter wrong for everyone
+    assert cold.length == 1 and cold.resume_at == 0
+    cold.settle(5, 1, 0, 16)
+    assert cold.resume_at == 5 + 64
+
+
+def test_rows_that_join_a_drafter_that_is_always_wrong_start_backed_off(tiny_checkpoint):
+    prompt = list(range(40, 60))
+    (plain,), _, _ = run(tiny_checkpoint, [prompt], max_tokens=60)
+    wrong = next(t for t in range(1000) if t not in plain)
+    oracle = Oracle(prompt, plain, wrong)
+    worker = worker_for(tiny_checkpoint, parallel=2, config=spec_config(drafter=oracle,
+                                                                        draft_max=8))
+    def serve():
+        sink = ListSink()
+        worker.enqueue(request(prompt, 60), sink)
+        run_until_done(worker, [sink])
+        assert sink.tokens == plain
+        return sink.last.usage
+
+    first = serve()
+    assert first.draft_n > first.draft_rounds  # a fresh drafter's rows start at full length
+    for _ in range(10):  # until the drafter's record is cold
+        if worker.spec.cold >= speculative.COLD_ROUNDS:
+            break
+        serve()
+    assert worker.spec.cold >= speculative.COLD_ROUNDS
+    for _ in range(2):  # one-token probes, far apart
+        u = serve()
+        assert u.draft_rounds <= 2 and u.draft_n == u.draft_rounds, u
 
 
 def test_row_governor_draft_length_follows_acceptance():

@@ -241,6 +241,8 @@ class Admission:
             self.buffers.requested = True  # the failure may have been for want of memory
             return
         self.stats.prefill_chunks_processed += 1
+        if self.spec is not None:  # not a decode step's cost
+            self.spec.batch.interrupted()
         self.buffers.dirty = self.buffers.prefilled = True
         self.trace.note(prefill_rows=len(job.seqs), prefill_cols=job.last_cols)
         fork.report_progress(job, self._prefill_started, done)

@@ -8,13 +8,20 @@ governors decide:
 * **per row** (``RowGovernor``): a row whose drafter proposes nothing, or whose drafts are
   all rejected, ``MISSES`` rounds running, stops drafting for a while (``BACKOFF`` steps,
   doubling up to ``BACKOFF_MAX``, back to the start after an accepted round), then probes
-  again. Its draft length follows what it accepts: all of a draft accepted doubles the
-  next one (up to ``--draft-max``), otherwise the next is one more than was accepted.
-* **per batch** (``BatchGovernor``): the seconds per emitted token of verify steps and of
-  plain steps, kept per batch size (powers of two), as running averages. Where verify
-  steps cost more per token than plain ones, the batch stops drafting at that size and
-  tries again after ``BATCH_RETRY`` plain steps: large batches and MoE models, whose
-  verify forward costs more than the tokens it saves, turn speculation off by themselves.
+  again (after rejected drafts, with a one-token draft, and a probe that misses backs off
+  again at once). Its draft
+  length follows what it accepts: all of a draft accepted doubles the next one (up to
+  ``--draft-max``), otherwise the next is one more than was accepted. The drafter's
+  record carries over to rows that join: after ``COLD_ROUNDS`` rounds running with nothing
+  accepted (any rows), a new row starts as a backed-off row does, with the backoff the
+  drafter has reached, so a drafter that is always wrong costs each request a probe or two.
+* **per batch** (``BatchGovernor``): the seconds per emitted token of verify rounds and of
+  plain steps, kept per batch size (powers of two), as running averages. A round is timed
+  whole: the wait for the step in flight (whose tokens it counts), the drafting, the verify
+  forward and the drafter's commit. Where rounds cost more per token than plain steps, the
+  batch stops drafting at that size for ``BATCH_RETRY`` plain steps, twice as long each
+  time it is stopped again (up to ``BATCH_RETRY_MAX``), and judges a retry on fewer rounds:
+  large batches, MoE models and slow drafters turn speculation off by themselves.
 
 Rows with an output constraint (JSON schema, a grammar, a forced tool call) and rows with
 penalties or a logit bias draft too: the verify step gives each position the masks and
@@ -51,34 +58,42 @@ log = structlog.get_logger("mlxcel.engine")
 MISSES = 2  # empty or fully rejected rounds in a row before a row backs off
 BACKOFF = 8  # steps a row waits before its first probe
 BACKOFF_MAX = 256
+COLD_ROUNDS = 8  # rounds running with nothing accepted before new rows start backed off
 BATCH_RETRY = 64  # plain steps before a batch size that stopped drafting tries again
+BATCH_RETRY_MAX = 4096
 SAMPLES = 4  # timed steps of each kind before the batch governor compares them
+RETRY_SAMPLES = 2  # verify rounds that judge a retry
 AVERAGE = 0.25  # weight of the newest sample in the running averages
 
 
 class RowGovernor:
     """One row's drafting state (see the module docstring)."""
 
-    __slots__ = ("backoff", "length", "misses", "resume_at")
+    __slots__ = ("backoff", "length", "misses", "probing", "resume_at")
 
-    def __init__(self, draft_max: int) -> None:
-        self.length = draft_max
+    def __init__(self, draft_max: int, cold_backoff: int = 0) -> None:
+        """``cold_backoff``: the drafter's backoff when its recent rounds all missed (0
+        when they did not): the row starts as a backed-off row probes."""
+        self.length = 1 if cold_backoff else draft_max
         self.misses = 0
-        self.backoff = BACKOFF
+        self.backoff = max(BACKOFF, cold_backoff)
         self.resume_at = 0
+        self.probing = bool(cold_backoff)  # the next miss backs off at once
 
     def settle(self, step: int, drafted: int, accepted: int, draft_max: int) -> None:
         if drafted and accepted:
-            self.misses, self.backoff = 0, BACKOFF
+            self.misses, self.backoff, self.probing = 0, BACKOFF, False
             self.length = min(draft_max, self.length * 2) if accepted == drafted \
                 else max(1, accepted + 1)
             return
         self.misses += 1
         if drafted:
             self.length = max(1, self.length // 2)
-        if self.misses >= MISSES:
+        if self.misses >= MISSES or (self.probing and drafted):
             self.misses, self.resume_at = 0, step + self.backoff
             self.backoff = min(BACKOFF_MAX, self.backoff * 2)
+            if drafted:  # rejected drafts: the probe after the wait is one token
+                self.length, self.probing = 1, True
 
 
 class BatchGovernor:
@@ -87,8 +102,13 @@ class BatchGovernor:
     def __init__(self) -> None:
         self.cost: dict[tuple[int, bool], tuple[float, int]] = {}  # (bucket, verify)
         self.off_until: dict[int, int] = {}
+        self.retry: dict[int, int] = {}  # bucket -> its next pause's length
         self.steps = 0
         self._plain_at: float | None = None
+        # when the last step ended (a plain step: when it was queued), and the tokens of a
+        # plain step still in flight then, which the next verify round waits for
+        self._last: tuple[float, int] | None = None
+        self._round_at: float | None = None
 
     @staticmethod
     def bucket(rows: int) -> int:
@@ -104,12 +124,27 @@ class BatchGovernor:
         if self._plain_at is not None and rows:
             self._note(rows, False, (now - self._plain_at) / rows)
         self._plain_at = now
+        self._last = (now, rows)
 
-    def verified(self, rows: int, seconds: float, emitted: int) -> None:
+    def interrupted(self) -> None:
+        """Other work ran (a prefill chunk): the next step's cost starts from then."""
+        self._plain_at = self._last = None
+
+    def round_begins(self) -> None:
+        """A verify round starts drafting: its start, where no step ended just before."""
+        self._round_at = time.perf_counter()
+
+    def verified(self, rows: int, emitted: int, seconds: float | None = None) -> None:
+        """A verify round ended now, ``emitted`` tokens kept: its cost is the time since
+        the last step ended, with the tokens of the plain step it waited for; after other
+        work, since the round began (``round_begins``; ``seconds`` without either)."""
+        now = time.perf_counter()
         self.steps += 1
-        self._plain_at = None  # the next plain step starts a new interval
-        if emitted:
-            self._note(rows, True, seconds / emitted)
+        since, inflight = self._last if self._last is not None else (self._round_at, 0)
+        self._plain_at, self._last, self._round_at = None, (now, 0), None
+        spent = now - since if since is not None else seconds
+        if emitted and spent is not None:
+            self._note(rows, True, spent / (emitted + inflight))
             self._judge(rows)
 
     def _note(self, rows: int, verify: bool, per_token: float) -> None:
@@ -120,10 +155,15 @@ class BatchGovernor:
     def _judge(self, rows: int) -> None:
         b = self.bucket(rows)
         spec, plain = self.cost.get((b, True)), self.cost.get((b, False))
-        if spec is None or plain is None or spec[1] < SAMPLES or plain[1] < SAMPLES:
+        need = RETRY_SAMPLES if b in self.retry else SAMPLES
+        if spec is None or plain is None or spec[1] < need or plain[1] < SAMPLES:
             return
-        if spec[0] > plain[0]:
-            self.off_until[b] = self.steps + BATCH_RETRY
+        if spec[0] <= plain[0]:
+            self.retry.pop(b, None)
+        else:
+            pause = self.retry.get(b, BATCH_RETRY)
+            self.off_until[b] = self.steps + pause
+            self.retry[b] = min(BATCH_RETRY_MAX, pause * 2)
             self.cost.pop((b, True))  # the next try starts its average afresh
             log.info("speculation_paused", batch_rows=b, verify_s_per_token=round(spec[0], 6),
                      plain_s_per_token=round(plain[0], 6))
@@ -157,6 +197,8 @@ class Speculation:
         self.batch = BatchGovernor()
         self.failed = False
         self.rounds = self.drafted = self.accepted = 0  # totals, for /metrics and /slots
+        self.cold = 0  # rounds running with nothing accepted, any rows
+        self.cold_backoff = 0  # a new row's first backoff once ``cold`` >= COLD_ROUNDS
 
     def limits(self, seq: Sequence) -> tuple[int, int]:
         """The most and fewest tokens ``seq`` drafts in a round: its request's
@@ -226,13 +268,16 @@ class Speculation:
                 ) -> list[list[int]] | None:
         """Each row's draft ([] for none), or None when no row drafts this step.
         ``cache``: the batch's layer caches, for a session that reads them."""
+        self.batch.round_begins()
         self._forget_departed(rows)
         picked = [i for i, s in enumerate(rows) if self.eligible(s) and self._has_hidden(s)]
         limits, floors = [], []
         for i in picked:
             seq = rows[i]
             cap, floor = self.limits(seq)
-            gov = self.rows.setdefault(id(seq), RowGovernor(cap))
+            gov = self.rows.get(id(seq))
+            if gov is None:
+                gov = self.rows[id(seq)] = RowGovernor(cap, self.cold_backoff)
             room = seq.req.max_tokens - seq.generated - 1
             limits.append(min(max(min(gov.length, cap), floor), room))
             floors.append(max(1, floor))
@@ -277,13 +322,20 @@ class Speculation:
             self.rows[id(seq)].settle(self.batch.steps, len(draft), n, self.limits(seq)[0])
             kept = states[i, :n + 1] if states is not None and self.tap is not None else None
             committed.append((DraftRow(id(seq), seq.context, kept), n))
-        self.batch.verified(sum(not s.finished for s in rows) or len(rows), seconds, emitted)
         if committed:
             try:
                 self.session.commit([r for r, _ in committed], [n for _, n in committed])
             except Exception:
                 log.exception("drafter_failed", kind=self.kind)
                 self.failed = True
+        # the drafter's record, which rows that join start from
+        hit = any(n for d, n in zip(drafts, accepted, strict=True) if d)
+        self.cold = 0 if hit else self.cold + sum(1 for d in drafts if d)
+        if hit:
+            self.cold_backoff = 0
+        elif self.cold >= COLD_ROUNDS:
+            self.cold_backoff = min(BACKOFF_MAX, max(BACKOFF, 2 * self.cold_backoff))
+        self.batch.verified(sum(not s.finished for s in rows) or len(rows), emitted, seconds)
 
     # -- observability (read from the event loop: plain reads, copies of the dicts) --------
     def paused(self, rows: int) -> int:
