@@ -61,6 +61,20 @@ def test_seeded_row_is_independent_of_its_neighbours():
     assert run([seeded]) != run([SamplingParams(temperature=1.0, seed=43)])
 
 
+@pytest.mark.parametrize("kw", [{"top_p": 0.9}, {"seed": 7}, {"top_p": 0.9, "seed": 7},
+                                {"min_p": 0.1}])
+def test_logits_wider_than_the_vocabulary_are_sampled_whole(kw):
+    """Checkpoints pad their output layer past the tokenizer (Qwen: 151936 logits, 151665
+    tokens): every filter and a seeded draw work on the logits' own width."""
+    params = SamplingParams(temperature=1.0, top_k=0, **kw)
+    rows = 64
+    logits = [-9.0] * 4 + [math.log(p) for p in PROBS]  # all the mass past id 4
+    seeds = [None if params.seed is None else params.seed + i for i in range(rows)]
+    sampler = BatchSampler([params] * rows, [RowRandom(s) for s in seeds], 4)
+    out = sampler(mx.array([logits] * rows)).tolist()
+    assert set(out) <= {4, 5, 6, 7} and 4 in out
+
+
 def test_repetition_frequency_presence_penalties():
     base = mx.array([[2.0, -2.0, 1.0, 0.5]])
     rep = Penalties([SamplingParams(repetition_penalty=2.0, repetition_context_size=2)])

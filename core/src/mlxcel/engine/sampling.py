@@ -112,7 +112,8 @@ class BatchSampler:
             return mx.argmax(logits, axis=-1)
         x = logits.astype(mx.float32)
         values, ids = self._candidates(x)
-        position = self._choose(self._filter(values, ordered=ids is not None), ids)
+        position = self._choose(self._filter(values, ordered=ids is not None), ids,
+                                x.shape[-1])
         if ids is None:
             sampled = position
         else:
@@ -128,10 +129,11 @@ class BatchSampler:
         if not (self.use_top_k or self.use_top_p or self.use_xtc):
             return x, None
         k = self.candidate_k
-        if k < self.vocab:
+        width = x.shape[-1]  # the model's output width: it may pass the tokenizer's vocabulary
+        if k < width:
             ids = mx.argpartition(-x, kth=k - 1, axis=-1)[:, :k]
         else:
-            ids = mx.broadcast_to(mx.arange(self.vocab)[None], x.shape)
+            ids = mx.broadcast_to(mx.arange(width)[None], x.shape)
         values = mx.take_along_axis(x, ids, axis=-1)
         order = mx.argsort(-values, axis=-1)
         return mx.take_along_axis(values, order, axis=-1), mx.take_along_axis(ids, order, axis=-1)
@@ -171,7 +173,7 @@ class BatchSampler:
         floor = mx.sum(probs * probs, axis=-1, keepdims=True)
         return mx.where(self.p_less & (probs < floor), NEG_INF, v)
 
-    def _choose(self, v: mx.array, ids: mx.array | None) -> mx.array:
+    def _choose(self, v: mx.array, ids: mx.array | None, width: int) -> mx.array:
         """Temperature, then one uniform draw per row through the cumulative distribution.
         Seeded rows use Gumbel-max with noise keyed by token id instead, so their draw does
         not depend on the order or number of candidates the batch happens to use."""
@@ -186,7 +188,7 @@ class BatchSampler:
             if r.key is None:
                 noise.append(mx.zeros(v.shape[-1:]))
                 continue
-            g = mx.random.gumbel(shape=(self.vocab,), key=r.next())
+            g = mx.random.gumbel(shape=(width,), key=r.next())
             noise.append(g if ids is None else g[ids[i]])
         gumbel = mx.argmax(scaled + mx.stack(noise), axis=-1)
         return mx.where(self.seeded, gumbel, position)
