@@ -1,8 +1,10 @@
 """Probe: what does prompt lookup give inside the batch, engine only (no HTTP)?
 
-Greedy requests on a bench checkpoint at concurrency 1 and 8, each run three ways in one
-process, in turn: ``--prompt-lookup off``, ``on`` (row governor only) and ``auto`` (row and
-batch governors). Two workloads: ``copy`` (prompts that repeat a passage, the case prompt
+Greedy requests on a bench checkpoint at concurrency 1 and 8, each run four ways in one
+process, in turn: ``--prompt-lookup off``, ``on`` (row governor only), ``auto`` (row and
+batch governors), and ``wrong``: a drafter that always proposes a token the model never
+picks (the bench checkpoints' EOS, whose output row is zero), under both governors, the
+bottom of the acceptance range, where the governors must hold the speed of ``off``. Two workloads: ``copy`` (prompts that repeat a passage, the case prompt
 lookup is for; random weights also fall into loops that it copies) and ``fresh`` (prompts
 with no repeat). Reports aggregate tokens/s, the speed-up over ``off``, the acceptance
 (accepted / drafted) and whether the outputs equal ``off``'s, per pass; the median pass
@@ -22,9 +24,20 @@ import time
 from mlxcel.engine.config import EngineConfig
 from mlxcel.testing.bench_checkpoints import named_checkpoint
 from mlxcel.testing.engine import ListSink, request, run_until_done, worker_for
+from mlxcel.testing.stub_drafters import StubDrafter
 
 LOOKUP = "mlxcel.drafters.lookup:new_session"
-MODES = {"off": None, "on": "on", "auto": "auto"}
+MODES = {"off": None, "on": "on", "auto": "auto", "wrong": "auto"}
+
+
+class AlwaysWrong(StubDrafter):
+    """Drafts ``token`` as far as the row may."""
+
+    def __init__(self, token: int) -> None:
+        self.token = token
+
+    def propose(self, rows, limits):
+        return [[self.token] * limit for limit in limits]
 
 
 def prompts(kind: str, n: int, vocab: int, seed: int) -> list[list[int]]:
@@ -41,8 +54,9 @@ def prompts(kind: str, n: int, vocab: int, seed: int) -> list[list[int]]:
 
 def one_run(path, mode, batch, max_tokens):
     lookup = MODES[mode]
+    drafter = AlwaysWrong(eos_id(path)) if mode == "wrong" else LOOKUP
     config = EngineConfig() if lookup is None else EngineConfig(
-        drafter=LOOKUP, prompt_lookup=lookup, draft_max=16)
+        drafter=drafter, prompt_lookup=lookup, draft_max=16)
     worker = worker_for(path, parallel=len(batch), config=config)
     sinks = []
     start = time.perf_counter()
@@ -60,6 +74,11 @@ def one_run(path, mode, batch, max_tokens):
             "acceptance": accepted / drafted if drafted else None,
             "steps": worker.stats.decode_steps_processed,
             "outputs": [s.tokens for s in sinks]}
+
+
+def eos_id(path) -> int:
+    eos = json.loads((path / "generation_config.json").read_text())["eos_token_id"]
+    return eos[0] if isinstance(eos, list) else eos
 
 
 def main() -> None:

@@ -67,7 +67,7 @@ def test_greedy_output_is_the_same_with_and_without_speculation(tiny_checkpoint,
     plain, _, _ = run(tiny_checkpoint, prompts, EngineConfig(shared_positions=shared),
                       stagger=True, samplings=samplings)
     fast, usages, _ = run(tiny_checkpoint, prompts,
-                          spec_config(shared_positions=shared, draft_max=6),
+                          spec_config(shared_positions=shared, draft_max=8),
                           stagger=True, samplings=samplings)
     assert fast == plain
     accepted = [u.draft_n_accepted for u in usages]
@@ -179,7 +179,7 @@ class Clock:
 def test_the_batch_governor_pauses_drafting_where_verify_steps_cost_more(monkeypatch):
     gov, clock = speculative.BatchGovernor(), Clock(monkeypatch)
     for _ in range(speculative.SAMPLES + 1):
-        gov.cost[(8, False)] = (0.001, speculative.SAMPLES)
+        gov.cost[(8, False)] = (0.008, 8.0, speculative.SAMPLES)  # 1 ms per token
         clock.round(gov, 8, 8, 0.01)  # 1.25 ms per token against 1 ms
     assert not gov.allows(8) and gov.allows(1)
     gov.steps += speculative.BATCH_RETRY
@@ -188,7 +188,7 @@ def test_the_batch_governor_pauses_drafting_where_verify_steps_cost_more(monkeyp
 
 def test_the_batch_governor_pauses_longer_each_time_a_retry_loses(monkeypatch):
     gov, clock = speculative.BatchGovernor(), Clock(monkeypatch)
-    gov.cost[(8, False)] = (0.001, speculative.SAMPLES)
+    gov.cost[(8, False)] = (0.008, 8.0, speculative.SAMPLES)  # 1 ms per token
     pauses = []
     for _ in range(3):
         while gov.allows(8):
@@ -214,12 +214,24 @@ def test_the_batch_governor_times_a_round_from_the_step_before_it(monkeypatch):
     gov.plain(4)  # queued at 0 ms
     gov.round_begins()  # 30 ms: the drafts start after the read-back
     gov.verified(4, emitted=4, seconds=0.001)  # ends at 30 ms; the forward alone took 1 ms
-    assert gov.cost[(4, True)] == (pytest.approx(0.030 / 8), 1)
+    assert gov.per_token(4, True) == pytest.approx(0.030 / 8)
     gov.interrupted()  # a prefill chunk ran: the next round counts from its own start
     gov.round_begins()  # 30 ms
     gov.verified(4, emitted=7)  # ends at 100 ms
-    assert gov.cost[(4, True)][0] == pytest.approx(
-        0.030 / 8 + speculative.AVERAGE * (0.070 / 7 - 0.030 / 8))
+    seconds = 0.030 + speculative.AVERAGE * (0.070 - 0.030)
+    tokens = 8 + speculative.AVERAGE * (7 - 8)
+    assert gov.per_token(4, True) == pytest.approx(seconds / tokens)
+
+
+def test_the_batch_governor_weighs_rounds_by_the_tokens_they_kept(monkeypatch):
+    """A first round that kept one token after a slow first use does not stop drafting
+    that pays: the rounds' seconds and tokens average apart, and their ratio decides."""
+    gov, clock = speculative.BatchGovernor(), Clock(monkeypatch)
+    gov.cost[(1, False)] = (0.015, 1.0, speculative.SAMPLES)  # 15 ms per plain token
+    clock.round(gov, 1, 1, 0.040)  # drafted 16, kept none
+    for _ in range(speculative.SAMPLES):
+        clock.round(gov, 1, 17, 0.030)  # drafted 16, kept all: under 2 ms per token
+    assert gov.allows(1) and gov.per_token(1, True) < 0.015
 
 
 def test_a_row_probes_with_one_token_and_one_miss_backs_it_off_again():

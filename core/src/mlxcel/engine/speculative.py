@@ -9,12 +9,14 @@ governors decide:
   all rejected, ``MISSES`` rounds running, stops drafting for a while (``BACKOFF`` steps,
   doubling up to ``BACKOFF_MAX``, back to the start after an accepted round), then probes
   again (after rejected drafts, with a one-token draft, and a probe that misses backs off
-  again at once). Its draft
-  length follows what it accepts: all of a draft accepted doubles the next one (up to
-  ``--draft-max``), otherwise the next is one more than was accepted. The drafter's
-  record carries over to rows that join: after ``COLD_ROUNDS`` rounds running with nothing
-  accepted (any rows), a new row starts as a backed-off row does, with the backoff the
-  drafter has reached, so a drafter that is always wrong costs each request a probe or two.
+  again at once). Its draft length starts at ``START_LENGTH`` (a wrong drafter's first
+  rounds then cost a few positions, not ``--draft-max`` of them, and a draft model's
+  forwards with them) and follows what it accepts: all of a draft accepted doubles the
+  next one (up to ``--draft-max``), otherwise the next is one more than was accepted.
+  The drafter's record carries over to rows that join: after ``COLD_ROUNDS`` rounds
+  running with nothing accepted (any rows), a new row starts as a backed-off row does,
+  with the backoff the drafter has reached, so a drafter that is always wrong costs each
+  request a probe or two.
 * **per batch** (``BatchGovernor``): the seconds per emitted token of verify rounds and of
   plain steps, kept per batch size (powers of two), as running averages. A round is timed
   whole: the wait for the step in flight (whose tokens it counts), the drafting, the verify
@@ -58,6 +60,7 @@ log = structlog.get_logger("mlxcel.engine")
 MISSES = 2  # empty or fully rejected rounds in a row before a row backs off
 BACKOFF = 8  # steps a row waits before its first probe
 BACKOFF_MAX = 256
+START_LENGTH = 4  # a new row's first draft length, doubled by each fully accepted round
 COLD_ROUNDS = 8  # rounds running with nothing accepted before new rows start backed off
 BATCH_RETRY = 64  # plain steps before a batch size that stopped drafting tries again
 BATCH_RETRY_MAX = 4096
@@ -74,7 +77,7 @@ class RowGovernor:
     def __init__(self, draft_max: int, cold_backoff: int = 0) -> None:
         """``cold_backoff``: the drafter's backoff when its recent rounds all missed (0
         when they did not): the row starts as a backed-off row probes."""
-        self.length = 1 if cold_backoff else draft_max
+        self.length = 1 if cold_backoff else min(draft_max, START_LENGTH)
         self.misses = 0
         self.backoff = max(BACKOFF, cold_backoff)
         self.resume_at = 0
@@ -100,7 +103,10 @@ class BatchGovernor:
     """Seconds per emitted token of verify and plain steps, per batch size bucket."""
 
     def __init__(self) -> None:
-        self.cost: dict[tuple[int, bool], tuple[float, int]] = {}  # (bucket, verify)
+        # (bucket, verify) -> running averages of a step's seconds and emitted tokens, and
+        # the samples taken: their ratio weighs each step by its tokens, so one slow round
+        # that kept a single token does not outweigh the rounds that kept many
+        self.cost: dict[tuple[int, bool], tuple[float, float, int]] = {}
         self.off_until: dict[int, int] = {}
         self.retry: dict[int, int] = {}  # bucket -> its next pause's length
         self.steps = 0
@@ -122,7 +128,7 @@ class BatchGovernor:
         now = time.perf_counter()
         self.steps += 1
         if self._plain_at is not None and rows:
-            self._note(rows, False, (now - self._plain_at) / rows)
+            self._note(rows, False, now - self._plain_at, rows)
         self._plain_at = now
         self._last = (now, rows)
 
@@ -144,29 +150,39 @@ class BatchGovernor:
         self._plain_at, self._last, self._round_at = None, (now, 0), None
         spent = now - since if since is not None else seconds
         if emitted and spent is not None:
-            self._note(rows, True, spent / (emitted + inflight))
+            self._note(rows, True, spent, emitted + inflight)
             self._judge(rows)
 
-    def _note(self, rows: int, verify: bool, per_token: float) -> None:
+    def _note(self, rows: int, verify: bool, seconds: float, tokens: int) -> None:
         key = (self.bucket(rows), verify)
-        mean, n = self.cost.get(key, (per_token, 0))
-        self.cost[key] = (mean + AVERAGE * (per_token - mean) if n else per_token, n + 1)
+        if key not in self.cost:
+            self.cost[key] = (seconds, float(tokens), 1)
+            return
+        t, k, n = self.cost[key]
+        self.cost[key] = (t + AVERAGE * (seconds - t), k + AVERAGE * (tokens - k), n + 1)
+
+    def per_token(self, rows: int, verify: bool) -> float | None:
+        """The running seconds per emitted token of a batch of ``rows``' verify rounds
+        (``verify``) or plain steps; None before the first sample."""
+        got = self.cost.get((self.bucket(rows), verify))
+        return got[0] / got[1] if got is not None and got[1] else None
 
     def _judge(self, rows: int) -> None:
         b = self.bucket(rows)
         spec, plain = self.cost.get((b, True)), self.cost.get((b, False))
         need = RETRY_SAMPLES if b in self.retry else SAMPLES
-        if spec is None or plain is None or spec[1] < need or plain[1] < SAMPLES:
+        if spec is None or plain is None or spec[2] < need or plain[2] < SAMPLES:
             return
-        if spec[0] <= plain[0]:
+        spec_s, plain_s = self.per_token(rows, True), self.per_token(rows, False)
+        if spec_s <= plain_s:
             self.retry.pop(b, None)
         else:
             pause = self.retry.get(b, BATCH_RETRY)
             self.off_until[b] = self.steps + pause
             self.retry[b] = min(BATCH_RETRY_MAX, pause * 2)
             self.cost.pop((b, True))  # the next try starts its average afresh
-            log.info("speculation_paused", batch_rows=b, verify_s_per_token=round(spec[0], 6),
-                     plain_s_per_token=round(plain[0], 6))
+            log.info("speculation_paused", batch_rows=b, verify_s_per_token=round(spec_s, 6),
+                     plain_s_per_token=round(plain_s, 6))
 
 
 class Speculation:

@@ -241,10 +241,12 @@ class EngineWorker(EngineSetup, Admission, threading.Thread):
         self.trace.begin()
         self.trace.note(arrived=arrived, waiting=len(self.waiting))
         self.execute(self._plan())
-        if self.lane.run_due(decoding=bool(self.batch or self.prefilling or self.prefilled)):
+        ran = self.lane.run_due(decoding=bool(self.batch or self.prefilling or self.prefilled))
+        ran = self.warming.run_due(self._busy()) or ran
+        if ran:
             self.buffers.dirty = True
-        if self.warming.run_due(self._busy()):
-            self.buffers.dirty = True
+            if self.spec is not None:  # not a decode step's cost
+                self.spec.batch.interrupted()
 
     def execute(self, plan: Plan) -> None:
         """Carry out one plan (``mlxcel.engine.scheduler``): cancellations, leaving rows,
