@@ -263,8 +263,10 @@ async def repeat(base: str, model: str, repeats: int, max_tokens: int,
 def run_server(name: str, path: pathlib.Path, args: argparse.Namespace,
                logdir: pathlib.Path, label: str) -> dict[str, Any]:
     if name == "mlxcel":
-        argv, ready = server_argv("mlxcel", path, parallel=max(args.concurrency),
-                                  extra=args.mlxcel_args.split())
+        extra = args.mlxcel_args.split()
+        if args.trace:  # the engine's timeline, one file per pass, in the log folder
+            extra += ["--engine-trace", str(logdir / f"{label}.trace.jsonl")]
+        argv, ready = server_argv("mlxcel", path, parallel=max(args.concurrency), extra=extra)
         env = spawn_env(logdir) if args.mlxcel_spawn else None
     else:
         argv, ready = [sys.executable, "-m", "mlx_vlm.server", "--model", str(path)], "/health"
@@ -516,6 +518,8 @@ def main() -> int:
     ap.add_argument("--servers", default="mlxcel,mlx_vlm")
     ap.add_argument("--mlxcel-args", default="")
     ap.add_argument("--mlxcel-spawn", action="store_true")
+    ap.add_argument("--trace", action="store_true",
+                    help="write each mlxcel pass's engine trace into the log folder")
     ap.add_argument("--raw", action="store_true", help="the raw mlx-vlm loop (GPU)")
     ap.add_argument("--fetch-rounds", type=int, default=50, help="0: skip")
     ap.add_argument("--checkpoint-dir", default=str(pathlib.Path(tempfile.gettempdir())

@@ -11,7 +11,8 @@
 # Knobs: CHECKPOINTS, DTYPE, CONC (default 1,8), MAXTOK (64), REPEATS (3), ROUNDS (passes
 # per server, in turn; 1), CKDIR (where the checkpoint is built), RAW (1: the raw loop),
 # MLXCEL_SPAWN (1: Granian's worker started with 'spawn', serving.py's CUDA workaround),
-# ARGS (more bench/vision.py arguments).
+# TRACE (1: each mlxcel pass's engine trace in logs.tgz), ARGS (more bench/vision.py
+# arguments).
 #   MLXCEL_SPAWN=1 OUT=$OUT bash bench/gpu/vision.sh
 #   CHECKPOINTS=qwen2.5-vl-tiny DTYPE=float32 PY=.venv/bin/python OUT=/tmp/v bash bench/gpu/vision.sh  # CPU dry run
 set -uo pipefail
@@ -28,9 +29,11 @@ CKDIR=${CKDIR:-/tmp/bench-vlm-ckpts}
 RAW=${RAW:-1}
 MLXCEL_SPAWN=${MLXCEL_SPAWN:-0}
 ARGS=${ARGS:-}
+TRACE=${TRACE:-0}
 . bench/gpu/common.sh  # bench_env, machine
 bench_env families/vlm
 [ "$RAW" = 1 ] && EXTRA+=(--raw)
+[ "$TRACE" = 1 ] && EXTRA+=(--trace)
 {
   machine
   # shellcheck disable=SC2086
