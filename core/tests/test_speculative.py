@@ -142,13 +142,20 @@ class Oracle(StubDrafter):
         return out
 
 
-def test_the_row_governor_stops_a_drafter_that_is_always_wrong_and_resumes(tiny_checkpoint):
+def oracle_worker(checkpoint, max_tokens, draft_max):
+    """A prompt, its greedy output, an ``Oracle`` for it (wrong until told otherwise)
+    and a worker that drafts with it."""
     prompt = list(range(40, 60))
-    (plain,), _, _ = run(tiny_checkpoint, [prompt], max_tokens=200)
+    (plain,), _, _ = run(checkpoint, [prompt], max_tokens=max_tokens)
     wrong = next(t for t in range(1000) if t not in plain)
     oracle = Oracle(prompt, plain, wrong)
-    worker = worker_for(tiny_checkpoint, parallel=2, config=spec_config(drafter=oracle,
-                                                                        draft_max=4))
+    worker = worker_for(checkpoint, parallel=2, config=spec_config(drafter=oracle,
+                                                                   draft_max=draft_max))
+    return prompt, plain, oracle, worker
+
+
+def test_the_row_governor_stops_a_drafter_that_is_always_wrong_and_resumes(tiny_checkpoint):
+    prompt, plain, oracle, worker = oracle_worker(tiny_checkpoint, 200, 4)
     sink = ListSink()
     worker.enqueue(request(prompt, 200), sink)
     for _ in range(120):
@@ -250,12 +257,8 @@ def test_a_row_probes_with_one_token_and_one_miss_backs_it_off_again():
 
 
 def test_rows_that_join_a_drafter_that_is_always_wrong_start_backed_off(tiny_checkpoint):
-    prompt = list(range(40, 60))
-    (plain,), _, _ = run(tiny_checkpoint, [prompt], max_tokens=60)
-    wrong = next(t for t in range(1000) if t not in plain)
-    oracle = Oracle(prompt, plain, wrong)
-    worker = worker_for(tiny_checkpoint, parallel=2, config=spec_config(drafter=oracle,
-                                                                        draft_max=8))
+    prompt, plain, _, worker = oracle_worker(tiny_checkpoint, 60, 8)
+
     def serve():
         sink = ListSink()
         worker.enqueue(request(prompt, 60), sink)
@@ -264,7 +267,7 @@ def test_rows_that_join_a_drafter_that_is_always_wrong_start_backed_off(tiny_che
         return sink.last.usage
 
     first = serve()
-    assert first.draft_n > first.draft_rounds  # a fresh drafter's rows start at full length
+    assert first.draft_n > first.draft_rounds  # a fresh drafter's rows draft several
     for _ in range(10):  # until the drafter's record is cold
         if worker.spec.cold >= speculative.COLD_ROUNDS:
             break
