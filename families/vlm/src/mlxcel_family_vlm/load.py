@@ -18,7 +18,7 @@ import mlx.core as mx
 from mlxcel.families.api import Loaded, LoadOptions
 from mlxcel.types.media import MediaPrompt
 
-from mlxcel_family_vlm import media
+from mlxcel_family_vlm import media, towers
 from mlxcel_family_vlm.features import encoded
 
 _DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
@@ -36,6 +36,7 @@ def load(path: Path, options: LoadOptions) -> Loaded:
     if dtype is not None:
         model.set_dtype(dtype)  # floating parameters only: packed weights stay as they are
     model.eval()
+    towers.repair(model)
     config = model.config.to_dict() if hasattr(model.config, "to_dict") else {}
     return Loaded(model=model, tasks=("generate",), config=_checkpoint_config(path, config),
                   processor=processor)
