@@ -76,6 +76,10 @@ def truncated_copy(target: pathlib.Path, layers: int, out: pathlib.Path) -> path
                 continue
             kept[k] = v
     mx.save_safetensors(str(tmp / "model.safetensors"), kept, metadata={"format": "mlx"})
+    del kept
+    # MLX keeps freed buffers for reuse: on a GPU this process would hold the target's
+    # size while the servers it starts load theirs (their warm-ups ran out of memory)
+    mx.clear_cache()
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
     return out
