@@ -68,6 +68,19 @@ def truncated_copy(target: pathlib.Path, layers: int, out: pathlib.Path) -> path
     cfg = json.loads((target / "config.json").read_text())
     cfg["num_hidden_layers"] = layers
     (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
+    _save_first_layers(target, layers, tmp / "model.safetensors")
+    # MLX keeps freed buffers for reuse: on a GPU this process would hold the target's
+    # size while the servers it starts load theirs (their warm-ups ran out of memory)
+    mx.clear_cache()
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out
+
+
+def _save_first_layers(target: pathlib.Path, layers: int, out: pathlib.Path) -> None:
+    """The target's weights without its layers from ``layers`` on, into ``out``."""
+    import mlx.core as mx
+
     kept: dict[str, Any] = {}
     for shard in sorted(target.glob("*.safetensors")):
         for k, v in mx.load(str(shard)).items():
@@ -75,14 +88,7 @@ def truncated_copy(target: pathlib.Path, layers: int, out: pathlib.Path) -> path
             if "layers" in parts and int(parts[parts.index("layers") + 1]) >= layers:
                 continue
             kept[k] = v
-    mx.save_safetensors(str(tmp / "model.safetensors"), kept, metadata={"format": "mlx"})
-    del kept
-    # MLX keeps freed buffers for reuse: on a GPU this process would hold the target's
-    # size while the servers it starts load theirs (their warm-ups ran out of memory)
-    mx.clear_cache()
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
-    return out
+    mx.save_safetensors(str(out), kept, metadata={"format": "mlx"})
 
 
 async def one(client: Any, url: str, body: dict[str, Any]) -> dict[str, Any]:
