@@ -15,8 +15,8 @@ def test_distinct_bounds_drop_only_repeats():
 def test_qwen2_5_vl_windows_of_padding_alone_are_skipped(vlm_checkpoint):
     """A 56x56 image is a 2x2 grid of merged patches in the tiny tower's 2x2 windows,
     which mlx-vlm pads to 4x4: three windows are padding alone. The family's tower gives
-    each window boundary once (no zero-length attention, which MLX's CUDA kernel cannot
-    run) and the same features as mlx-vlm's own tower."""
+    each window boundary once (no zero-length attention) and the same features as
+    mlx-vlm's own tower."""
     from mlx_vlm.utils import load as vlm_load
 
     path = vlm_checkpoint("qwen2_5_vl")

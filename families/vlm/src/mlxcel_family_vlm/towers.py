@@ -4,11 +4,12 @@
 splits its window attention at cumulative window boundaries. Windows made only of the
 padding that rounds the grid up to whole windows are empty and repeat a boundary; the
 tower means to drop repeated boundaries, but does it with a set of ``mx.array`` scalars,
-which hash by identity, so it drops none. Each empty window then reaches
-``mx.fast.scaled_dot_product_attention`` as a zero-length sequence: Metal and the CPU
-return an empty result, MLX's CUDA kernel raises a floating-point exception that ends the
-process. The repair drops repeated boundaries where the tower computes them; an empty
-window contributes nothing to the output, so the tower's result is unchanged.
+which hash by identity, so it drops none, and each empty window reaches
+``mx.fast.scaled_dot_product_attention`` as a zero-length sequence: work for nothing,
+and a kernel edge case that no backend should have to meet (a crash of this tower on
+MLX's CUDA backend is not yet explained). The repair drops repeated boundaries where the
+tower computes them; an empty window contributes nothing to the output, so the tower's
+result is unchanged.
 """
 
 from __future__ import annotations
