@@ -211,6 +211,21 @@ def test_the_batch_governor_pauses_longer_each_time_a_retry_loses(monkeypatch):
     assert rounds == speculative.RETRY_SAMPLES < speculative.SAMPLES
 
 
+def test_lopsided_rounds_pause_sooner_and_a_pause_covers_larger_batches(monkeypatch):
+    """Rounds that cost many times a plain step per token need fewer samples before the
+    verdict; a batch size that stops drafting stops the larger ones too, not the smaller."""
+    gov, clock = speculative.BatchGovernor(), Clock(monkeypatch)
+    gov.cost[(8, False)] = (0.008, 8.0, speculative.SAMPLES)  # 1 ms per token
+    rounds = 0
+    while gov.allows(8):
+        clock.round(gov, 8, 8, 0.040)  # 5 ms per token
+        rounds += 1
+    assert rounds == speculative.RETRY_SAMPLES < speculative.SAMPLES
+    assert not gov.allows(5) and not gov.allows(64) and gov.allows(4) and gov.allows(1)
+    gov.steps += speculative.BATCH_RETRY
+    assert gov.allows(64)
+
+
 def test_the_batch_governor_times_a_round_from_the_step_before_it(monkeypatch):
     """A round's cost runs from when the step before it was queued (its tokens counted:
     the round waits for them) to the round's end: the drafting and the drafter's commit

@@ -21,9 +21,12 @@ governors decide:
   plain steps, kept per batch size (powers of two), as running averages. A round is timed
   whole: the wait for the step in flight (whose tokens it counts), the drafting, the verify
   forward and the drafter's commit. Where rounds cost more per token than plain steps, the
-  batch stops drafting at that size for ``BATCH_RETRY`` plain steps, twice as long each
-  time it is stopped again (up to ``BATCH_RETRY_MAX``), and judges a retry on fewer rounds:
-  large batches, MoE models and slow drafters turn speculation off by themselves.
+  batch stops drafting at that size and the larger ones for ``BATCH_RETRY`` plain steps,
+  twice as long each time it is stopped again (up to ``BATCH_RETRY_MAX``). A verdict takes
+  ``SAMPLES`` rounds, or ``RETRY_SAMPLES`` for a retry or where rounds cost ``LOPSIDED``
+  times a plain step's per token (not one: a row's first round carries its verify
+  shape's first use): large batches, MoE models and slow drafters turn speculation off
+  by themselves.
 
 Rows with an output constraint (JSON schema, a grammar, a forced tool call) and rows with
 penalties or a logit bias draft too: the verify step gives each position the masks and
@@ -65,7 +68,8 @@ COLD_ROUNDS = 8  # rounds running with nothing accepted before new rows start ba
 BATCH_RETRY = 64  # plain steps before a batch size that stopped drafting tries again
 BATCH_RETRY_MAX = 4096
 SAMPLES = 4  # timed steps of each kind before the batch governor compares them
-RETRY_SAMPLES = 2  # verify rounds that judge a retry
+RETRY_SAMPLES = 2  # verify rounds that judge a retry, or rounds that cost LOPSIDED x more
+LOPSIDED = 3.0
 AVERAGE = 0.25  # weight of the newest sample in the running averages
 
 
@@ -121,7 +125,13 @@ class BatchGovernor:
         return 1 << max(0, rows - 1).bit_length()
 
     def allows(self, rows: int) -> bool:
-        return self.off_until.get(self.bucket(rows), 0) <= self.steps
+        return self.paused_until(rows) <= self.steps
+
+    def paused_until(self, rows: int) -> int:
+        """The step until which a batch of ``rows`` may not draft: a pause at a batch size
+        covers the larger ones too (their verify forwards cost more still)."""
+        b = self.bucket(rows)
+        return max((until for k, until in list(self.off_until.items()) if k <= b), default=0)
 
     def plain(self, rows: int) -> None:
         """A plain step was queued now: the time since the previous one is a step's cost."""
@@ -170,10 +180,12 @@ class BatchGovernor:
     def _judge(self, rows: int) -> None:
         b = self.bucket(rows)
         spec, plain = self.cost.get((b, True)), self.cost.get((b, False))
-        need = RETRY_SAMPLES if b in self.retry else SAMPLES
-        if spec is None or plain is None or spec[2] < need or plain[2] < SAMPLES:
+        if spec is None or plain is None or plain[2] < SAMPLES:
             return
         spec_s, plain_s = self.per_token(rows, True), self.per_token(rows, False)
+        need = RETRY_SAMPLES if b in self.retry or spec_s > LOPSIDED * plain_s else SAMPLES
+        if spec[2] < need:
+            return
         if spec_s <= plain_s:
             self.retry.pop(b, None)
         else:
@@ -359,7 +371,7 @@ class Speculation:
         (0: it does not)."""
         if not self.governed:
             return 0
-        until = dict(self.batch.off_until).get(self.batch.bucket(rows), 0)
+        until = self.batch.paused_until(rows)
         return until if until > self.batch.steps else 0
 
     def row_state(self, seq: Sequence, rows: int) -> dict[str, Any]:
