@@ -15,9 +15,9 @@ no probe; what decides its exactness is the arithmetic alone. ``verify_deviation
 that directly: the same tokens through one-token steps and through verify-wide forwards,
 and the largest difference between their logits. In float32 on the CPU it is reordering
 noise; where a wider forward takes other kernels in bf16 (CUDA, and quantized or bf16
-matmuls generally) it is whole roundings, which flip near-tied greedy choices. A session that reads the target's hidden
-states and cache (``needs_hidden``) gets them from the probe's own forwards, as the
-engine gives them.
+matmuls generally) it is whole roundings, which flip near-tied greedy choices. A session
+that reads the target's hidden states and cache (``needs_hidden``) gets them from the
+probe's own forwards, as the engine gives them.
 """
 
 from __future__ import annotations
