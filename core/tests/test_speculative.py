@@ -6,7 +6,7 @@ import mlx.core as mx
 import pytest
 from mlxcel.drafters import lookup
 from mlxcel.drafters.api import DraftOptions, DraftRow
-from mlxcel.engine import speculative
+from mlxcel.engine import spec_governors as governors
 from mlxcel.engine.cache.kvcache import BatchCache
 from mlxcel.engine.config import EngineConfig
 from mlxcel.testing.conformance import check_drafter
@@ -175,7 +175,7 @@ class Clock:
 
     def __init__(self, monkeypatch):
         self.now = 0.0
-        monkeypatch.setattr(speculative.time, "perf_counter", lambda: self.now)
+        monkeypatch.setattr(governors.time, "perf_counter", lambda: self.now)
 
     def round(self, gov, rows, emitted, seconds):
         """A verify round that took ``seconds`` of the clock, back to back with the last."""
@@ -184,45 +184,45 @@ class Clock:
 
 
 def test_the_batch_governor_pauses_drafting_where_verify_steps_cost_more(monkeypatch):
-    gov, clock = speculative.BatchGovernor(), Clock(monkeypatch)
-    for _ in range(speculative.SAMPLES + 1):
-        gov.cost[(8, False)] = (0.008, 8.0, speculative.SAMPLES)  # 1 ms per token
+    gov, clock = governors.BatchGovernor(), Clock(monkeypatch)
+    for _ in range(governors.SAMPLES + 1):
+        gov.cost[(8, False)] = (0.008, 8.0, governors.SAMPLES)  # 1 ms per token
         clock.round(gov, 8, 8, 0.01)  # 1.25 ms per token against 1 ms
     assert not gov.allows(8) and gov.allows(1)
-    gov.steps += speculative.BATCH_RETRY
+    gov.steps += governors.BATCH_RETRY
     assert gov.allows(8)
 
 
 def test_the_batch_governor_pauses_longer_each_time_a_retry_loses(monkeypatch):
-    gov, clock = speculative.BatchGovernor(), Clock(monkeypatch)
-    gov.cost[(8, False)] = (0.008, 8.0, speculative.SAMPLES)  # 1 ms per token
+    gov, clock = governors.BatchGovernor(), Clock(monkeypatch)
+    gov.cost[(8, False)] = (0.008, 8.0, governors.SAMPLES)  # 1 ms per token
     pauses = []
     for _ in range(3):
         while gov.allows(8):
             clock.round(gov, 8, 8, 0.02)  # 2.5 ms per token against 1 ms
         pauses.append(gov.off_until[8] - gov.steps)
         gov.steps = gov.off_until[8]
-    assert pauses == [speculative.BATCH_RETRY, 2 * speculative.BATCH_RETRY,
-                      4 * speculative.BATCH_RETRY]
+    assert pauses == [governors.BATCH_RETRY, 2 * governors.BATCH_RETRY,
+                      4 * governors.BATCH_RETRY]
     rounds = 0
     while gov.allows(8):  # a retry is judged on fewer rounds than the first verdict
         clock.round(gov, 8, 8, 0.02)
         rounds += 1
-    assert rounds == speculative.RETRY_SAMPLES < speculative.SAMPLES
+    assert rounds == governors.RETRY_SAMPLES < governors.SAMPLES
 
 
 def test_lopsided_rounds_pause_sooner_and_a_pause_covers_larger_batches(monkeypatch):
     """Rounds that cost many times a plain step per token need fewer samples before the
     verdict; a batch size that stops drafting stops the larger ones too, not the smaller."""
-    gov, clock = speculative.BatchGovernor(), Clock(monkeypatch)
-    gov.cost[(8, False)] = (0.008, 8.0, speculative.SAMPLES)  # 1 ms per token
+    gov, clock = governors.BatchGovernor(), Clock(monkeypatch)
+    gov.cost[(8, False)] = (0.008, 8.0, governors.SAMPLES)  # 1 ms per token
     rounds = 0
     while gov.allows(8):
         clock.round(gov, 8, 8, 0.040)  # 5 ms per token
         rounds += 1
-    assert rounds == speculative.RETRY_SAMPLES < speculative.SAMPLES
+    assert rounds == governors.RETRY_SAMPLES < governors.SAMPLES
     assert not gov.allows(5) and not gov.allows(64) and gov.allows(4) and gov.allows(1)
-    gov.steps += speculative.BATCH_RETRY
+    gov.steps += governors.BATCH_RETRY
     assert gov.allows(64)
 
 
@@ -231,8 +231,8 @@ def test_the_batch_governor_times_a_round_from_the_step_before_it(monkeypatch):
     the round waits for them) to the round's end: the drafting and the drafter's commit
     are in it, not just the verify forward."""
     clock = iter([0.0, 0.030, 0.030, 0.030, 0.1])
-    monkeypatch.setattr(speculative.time, "perf_counter", lambda: next(clock))
-    gov = speculative.BatchGovernor()
+    monkeypatch.setattr(governors.time, "perf_counter", lambda: next(clock))
+    gov = governors.BatchGovernor()
     gov.plain(4)  # queued at 0 ms
     gov.round_begins()  # 30 ms: the drafts start after the read-back
     gov.verified(4, emitted=4, seconds=0.001)  # ends at 30 ms; the forward alone took 1 ms
@@ -240,32 +240,32 @@ def test_the_batch_governor_times_a_round_from_the_step_before_it(monkeypatch):
     gov.interrupted()  # a prefill chunk ran: the next round counts from its own start
     gov.round_begins()  # 30 ms
     gov.verified(4, emitted=7)  # ends at 100 ms
-    seconds = 0.030 + speculative.AVERAGE * (0.070 - 0.030)
-    tokens = 8 + speculative.AVERAGE * (7 - 8)
+    seconds = 0.030 + governors.AVERAGE * (0.070 - 0.030)
+    tokens = 8 + governors.AVERAGE * (7 - 8)
     assert gov.per_token(4, True) == pytest.approx(seconds / tokens)
 
 
 def test_the_batch_governor_weighs_rounds_by_the_tokens_they_kept(monkeypatch):
     """A first round that kept one token after a slow first use does not stop drafting
     that pays: the rounds' seconds and tokens average apart, and their ratio decides."""
-    gov, clock = speculative.BatchGovernor(), Clock(monkeypatch)
-    gov.cost[(1, False)] = (0.015, 1.0, speculative.SAMPLES)  # 15 ms per plain token
+    gov, clock = governors.BatchGovernor(), Clock(monkeypatch)
+    gov.cost[(1, False)] = (0.015, 1.0, governors.SAMPLES)  # 15 ms per plain token
     clock.round(gov, 1, 1, 0.040)  # drafted 16, kept none
-    for _ in range(speculative.SAMPLES):
+    for _ in range(governors.SAMPLES):
         clock.round(gov, 1, 17, 0.030)  # drafted 16, kept all: under 2 ms per token
     assert gov.allows(1) and gov.per_token(1, True) < 0.015
 
 
 def test_a_row_probes_with_one_token_and_one_miss_backs_it_off_again():
-    gov = speculative.RowGovernor(16)
+    gov = governors.RowGovernor(16)
     gov.settle(0, 16, 0, 16)
     gov.settle(1, 8, 0, 16)
-    assert gov.resume_at == 1 + speculative.BACKOFF and gov.length == 1
+    assert gov.resume_at == 1 + governors.BACKOFF and gov.length == 1
     gov.settle(20, 1, 0, 16)  # the probe missed: back off at once, twice as long
-    assert gov.resume_at == 20 + 2 * speculative.BACKOFF and gov.length == 1
+    assert gov.resume_at == 20 + 2 * governors.BACKOFF and gov.length == 1
     gov.settle(40, 1, 1, 16)  # a probe that hits: drafting grows again
-    assert gov.length == 2 and gov.backoff == speculative.BACKOFF and not gov.probing
-    cold = speculative.RowGovernor(16, cold_backoff=64)  # a drafter wrong for everyone
+    assert gov.length == 2 and gov.backoff == governors.BACKOFF and not gov.probing
+    cold = governors.RowGovernor(16, cold_backoff=64)  # a drafter wrong for everyone
     assert cold.length == 1 and cold.resume_at == 0
     cold.settle(5, 1, 0, 16)
     assert cold.resume_at == 5 + 64
@@ -284,17 +284,17 @@ def test_rows_that_join_a_drafter_that_is_always_wrong_start_backed_off(tiny_che
     first = serve()
     assert first.draft_n > first.draft_rounds  # a fresh drafter's rows draft several
     for _ in range(10):  # until the drafter's record is cold
-        if worker.spec.cold >= speculative.COLD_ROUNDS:
+        if worker.spec.cold >= governors.COLD_ROUNDS:
             break
         serve()
-    assert worker.spec.cold >= speculative.COLD_ROUNDS
+    assert worker.spec.cold >= governors.COLD_ROUNDS
     for _ in range(2):  # one-token probes, far apart
         u = serve()
         assert u.draft_rounds <= 2 and u.draft_n == u.draft_rounds, u
 
 
 def test_row_governor_draft_length_follows_acceptance():
-    gov = speculative.RowGovernor(16)
+    gov = governors.RowGovernor(16)
     gov.length = 4
     gov.settle(0, 4, 4, 16)
     assert gov.length == 8
@@ -302,7 +302,7 @@ def test_row_governor_draft_length_follows_acceptance():
     assert gov.length == 3
     gov.settle(2, 3, 0, 16)
     gov.settle(3, 0, 0, 16)
-    assert gov.resume_at == 3 + speculative.BACKOFF
+    assert gov.resume_at == 3 + governors.BACKOFF
 
 
 # -- the cache ------------------------------------------------------------------------------

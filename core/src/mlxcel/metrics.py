@@ -120,7 +120,7 @@ DRAFTS: tuple[tuple[str, str, str], ...] = (
     ("mlxcel_draft_tokens_total", "Tokens drafted for verify rounds", "draft_tokens"),
     ("mlxcel_draft_accepted_total", "Drafted tokens the target accepted", "draft_accepted"),
 )
-# the governors' state (mlxcel.engine.speculative), read at scrape time
+# the governors' state (mlxcel.engine.spec_governors), read at scrape time
 GOVERNOR: tuple[tuple[str, str], ...] = (
     ("mlxcel_draft_paused", "1 while the batch governor keeps a batch of the current size "
      "from drafting (verify steps cost more per token than plain ones), else 0"),
