@@ -1,10 +1,11 @@
-"""Probe: what does prompt lookup give inside the batch, engine only (no HTTP)?
+"""Probe: what does speculation give inside the batch, engine only (no HTTP)?
 
 Greedy requests on a bench checkpoint at concurrency 1 and 8, each run four ways in one
 process, in turn: ``--prompt-lookup off``, ``on`` (row governor only), ``auto`` (row and
 batch governors), and ``wrong``: a drafter that always proposes a token the model never
 picks (the bench checkpoints' EOS, whose output row is zero), under both governors, the
-bottom of the acceptance range, where the governors must hold the speed of ``off``. Two workloads: ``copy`` (prompts that repeat a passage, the case prompt
+bottom of the acceptance range, where the governors must hold the speed of ``off``. Two
+workloads: ``copy`` (prompts that repeat a passage, the case prompt
 lookup is for; random weights also fall into loops that it copies) and ``fresh`` (prompts
 with no repeat). Reports aggregate tokens/s, the speed-up over ``off``, the acceptance
 (accepted / drafted) and whether the outputs equal ``off``'s, per pass; the median pass
