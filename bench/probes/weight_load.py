@@ -13,7 +13,14 @@ after another. Each variant runs in its own process, after the files were read o
   thread loading on its own new device stream and evaluating there (MLX releases the GIL
   in ``eval``, and each ``Load`` reads on the evaluating thread);
 - ``numpy``: each file's tensors read through a NumPy memmap of the safetensors layout and
-  turned into arrays with ``mx.array``, evaluated file by file.
+  turned into arrays with ``mx.array``, evaluated file by file;
+- ``mlxcel``: the server's text loader (``mlxcel.builtin.text_loader.load``) with
+  ``read_threads`` = ``--threads``: mlx-lm builds the model lazily and
+  ``mlxcel.builtin.weight_reads`` reads the files in threads (``PYTHONPATH`` must reach
+  ``core/src``).
+
+``touch_s`` is the first device use of every tensor after the load (a sum of each): where
+an array landed in host or managed memory, its move to the device is paid there.
 
 Every variant's bytes are checked against ``files`` (one checksum per tensor), so a faster
 variant that loaded something else is reported as wrong.
@@ -55,16 +62,21 @@ def numpy_file(f):
     return out
 
 t0 = time.perf_counter()
-if variant == "mlx_lm":  # its imports (transformers among them) are not the load
+if variant in ("mlx_lm", "mlxcel"):  # their imports (transformers) are not the load
     from mlx_lm.utils import load_model
     from mlx.utils import tree_flatten
+if variant == "mlxcel":
+    from mlxcel.builtin.text_loader import load as text_load
+    from mlxcel.families.api import LoadOptions
 imports = time.perf_counter() - t0
 t0 = time.perf_counter()
 weights = {}
 if variant == "mlx_lm":
     model, _ = load_model(path)
     weights = dict(tree_flatten(model.parameters()))
-    names = None
+elif variant == "mlxcel":
+    loaded = text_load(path, LoadOptions(read_threads=THREADS))
+    weights = dict(tree_flatten(loaded.model.model.parameters()))
 elif variant == "files":
     for f in files:
         part = mx.load(str(f)); mx.eval(part); weights.update(part)
@@ -89,9 +101,12 @@ elif variant == "numpy":
         part = numpy_file(f); mx.eval(part); weights.update(part)
 mx.synchronize()
 seconds = time.perf_counter() - t0
+t0 = time.perf_counter()
+mx.eval([mx.sum(v) for v in weights.values()])
+touch = time.perf_counter() - t0
 nbytes = sum(a.nbytes for a in weights.values())
 sums = {k: float(mx.sum(v.astype(mx.float32)).item()) for k, v in sorted(weights.items())[:64]}
-print(json.dumps({"variant": variant, "seconds": seconds, "imports_s": imports, "bytes": nbytes,
+print(json.dumps({"variant": variant, "seconds": seconds, "touch_s": touch, "imports_s": imports, "bytes": nbytes,
                   "gb_s": nbytes / seconds / 1e9, "tensors": len(weights), "sums": sums}))
 """
 
@@ -99,7 +114,7 @@ print(json.dumps({"variant": variant, "seconds": seconds, "imports_s": imports, 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--checkpoint", required=True)
-    ap.add_argument("--variants", default="mlx_lm,files,threads,numpy")
+    ap.add_argument("--variants", default="mlx_lm,files,threads,numpy,mlxcel")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--threads", type=int, default=4)
     ap.add_argument("--out", required=True)
@@ -124,7 +139,8 @@ def main() -> int:
             else:
                 report["runs"].append(json.loads(run.stdout.strip().splitlines()[-1]))
             last = report["runs"][-1]
-            print(variant, round(last.get("seconds", 0), 2), "s",
+            print(variant, round(last.get("seconds", 0), 2), "s touch",
+                  round(last.get("touch_s", 0), 2), "s",
                   round(last.get("gb_s", 0), 2), "GB/s", last.get("error", "")[-300:],
                   flush=True)
     ref = next((r["sums"] for r in report["runs"] if r.get("variant") == "files"), None)

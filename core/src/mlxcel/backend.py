@@ -348,6 +348,19 @@ def on_cuda() -> bool:
     return sys.platform != "darwin" and mlx_device() == "gpu"
 
 
+# Threads that read a checkpoint's weights on CUDA (``mlxcel.builtin.weight_reads``). MLX's
+# CUDA load reads each tensor into pageable memory on the evaluating thread and copies it
+# from there, one after another; side by side, the reads and copies overlap. Metal reads
+# straight into unified memory and the CPU has no copy, so both keep MLX's own load.
+CUDA_READ_THREADS = 8
+
+
+def weight_read_threads() -> int:
+    """How many threads the loaders may read weights with: ``CUDA_READ_THREADS`` on CUDA,
+    else 1 (MLX's own load)."""
+    return CUDA_READ_THREADS if on_cuda() else 1
+
+
 # ``sys.setswitchinterval`` on CUDA unless --switch-interval sets one. The engine thread
 # spends most of a decode step in MLX calls that release the GIL; when it needs the GIL back
 # while the event loop runs Python (SSE frames of many streams), it waits until the loop's

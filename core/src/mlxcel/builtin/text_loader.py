@@ -9,6 +9,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load_model
 
+from mlxcel.builtin.weight_reads import load_in_threads
 from mlxcel.families.api import Loaded, LoadOptions
 
 _DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
@@ -32,14 +33,18 @@ class TextModel:
 def load(path: Path, options: LoadOptions) -> Loaded:
     """mlx-lm's model for the checkpoint. A model module that calls ``sys.exit`` on import
     (mlx-lm's olmo does when its optional package is missing) fails the load as an error,
-    since SystemExit would end the engine thread without a word."""
+    since SystemExit would end the engine thread without a word. ``options.read_threads``
+    above 1 reads the weights in that many threads (``mlxcel.builtin.weight_reads``)."""
+    threaded = options.read_threads > 1 and not options.lazy
     try:
-        model, config = load_model(Path(path), lazy=options.lazy,
+        model, config = load_model(Path(path), lazy=options.lazy or threaded,
                                    trust_remote_code=options.trust_remote_code)
     except SystemExit as exc:
         raise RuntimeError(f"mlx-lm's module for this checkpoint's model_type exited on import "
                            f"(status {exc.code}); it needs a package that is not installed, "
                            "named in the message it printed") from None
+    if threaded and not load_in_threads(model, Path(path), options.read_threads):
+        mx.eval(model.parameters())  # mlx-lm's own reads, as its load_model would run them
     dtype = _DTYPES.get(options.dtype)  # "auto": keep the checkpoint's dtype
     if dtype is not None:
         # Floating-point parameters only: in a quantized model that is the scales, biases

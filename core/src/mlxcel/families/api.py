@@ -127,12 +127,18 @@ class LoadOptions(msgspec.Struct, frozen=True, kw_only=True):
     ``lazy``: leave the parameters unevaluated (``--distributed``): the engine shards the
     model first, so each rank reads only its part of the weights. A loader that ignores it
     still works, at the cost of reading every weight on every rank.
+
+    ``read_threads``: how many threads may read the weight files (1: the loader's own
+    way). The server asks for more on CUDA, where MLX reads each tensor on the thread that
+    evaluates it, into pageable memory, one after another. A loader that ignores it still
+    works, at that one thread's speed.
     """
 
     dtype: str = "auto"
     trust_remote_code: bool = False
     lazy: bool = False
     task: str | None = None
+    read_threads: int = 1
 
 
 class Loaded(msgspec.Struct, kw_only=True):

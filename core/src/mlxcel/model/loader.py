@@ -202,7 +202,8 @@ def load_checkpoint(model: str, families: FamilyRegistry, *,
                                  quantized=quantized)
     lazy = distributed != "off"
     brought = resolve(family.load)(path, LoadOptions(dtype=cast or "auto", lazy=lazy,
-                                                     task="generate"))
+                                                     task="generate",
+                                                     read_threads=backend.weight_read_threads()))
     loaded = resolve(family.tasks["generate"])(brought)
     tokenizer = brought.tokenizer or tokenizer
     template = brought.template or template
@@ -315,7 +316,8 @@ def load_task_model(model: str, families: FamilyRegistry, task: str, *,
     cast = backend.resolve_dtype(dtype or "auto", backend.mlx_device(),
                                  fast_blas=backend.is_fast_blas(backend.blas_in_use()),
                                  quantized="quantization" in config)
-    loaded = resolve(family.load)(path, LoadOptions(dtype=cast or "auto", task=task))
+    loaded = resolve(family.load)(path, LoadOptions(dtype=cast or "auto", task=task,
+                                                     read_threads=backend.weight_read_threads()))
     runner = resolve(family.tasks[task])(loaded, options or TaskOptions())
     log.info("side_model_loaded", task=task, path=str(path), family=family.name,
              model_type=config.get("model_type"),
