@@ -120,3 +120,68 @@ def test_the_tap_records_the_final_norms_output_and_keeps_the_logits(tiny_checkp
     assert mx.array_equal(before, after).item()
     assert states.shape[:2] == (1, 4)
     assert "_mlxcel_tap" not in dict(hidden.final_norm(model).parameters())
+
+
+def layer_outputs(model, tokens):
+    """Each decoder layer's output over ``tokens``, from mlx-lm's Qwen3 forward written
+    out layer by layer on fresh caches."""
+    from mlx_lm.models.base import create_attention_mask
+
+    inner = hidden.text_model(model)
+    cache = make_caches(model)
+    h = inner.embed_tokens(mx.array([tokens], dtype=mx.uint32))
+    mask = create_attention_mask(h, cache[0])
+    outs = []
+    for layer, c in zip(inner.layers, cache, strict=True):
+        h = layer(h, mask, c)
+        outs.append(h)
+    return outs
+
+
+class CheckedLayers(Checked):
+    """``Checked`` for a session that reads decoder layers 1 and 0 (in that order): each
+    row's state is those layers' outputs joined, at the row's last kept position."""
+
+    hidden_layers = (1, 0)
+
+    def _check(self, row):
+        outs = layer_outputs(self.model, row.tokens[:-1])
+        want = mx.concatenate([outs[1][0, -1:], outs[0][0, -1:]], axis=-1)
+        assert row.hidden.shape == want.shape, (row.hidden.shape, want.shape)
+        assert mx.allclose(row.hidden, want, atol=1e-4, rtol=1e-3).item(), row.key
+        self.checked += 1
+
+    def commit(self, rows, accepted):
+        width = 2 * hidden.text_model(self.model).embed_tokens.weight.shape[1]
+        for row in rows:
+            if row.hidden.shape[-1] != width:
+                self.errors.append(AssertionError(row.hidden.shape))
+        super().commit(rows, accepted)
+
+
+def test_a_drafter_that_names_layers_gets_their_outputs_joined(tiny_checkpoint):
+    plain, _, _ = run(tiny_checkpoint)
+    stub = CheckedLayers({tuple(p): out for p, out in zip(PROMPTS, plain, strict=True)})
+    config = EngineConfig(drafter=stub, drafter_kind="dflash", prompt_lookup="on",
+                          draft_max=4)
+    fast, usages, worker = run(tiny_checkpoint, config)
+    assert fast == plain
+    assert not stub.errors, stub.errors[0]
+    assert stub.checked > 0 and stub.committed > 0
+    assert sum(u.draft_n_accepted for u in usages) > 0
+    assert isinstance(worker.spec.tap, hidden.LayerTap)
+    assert not type(hidden.final_norm(worker.checkpoint.model)).__name__.startswith("Tapped")
+
+
+def test_a_layer_past_the_targets_refuses_to_start(tiny_checkpoint):
+    from mlxcel.drafters.api import DraftOptions
+    from mlxcel.engine.speculative import Speculation
+    from mlxcel.errors import StartupError
+    from mlxcel.model.loader import load_checkpoint
+    from mlxcel.plugins import load_plugins
+
+    model = load_checkpoint(str(tiny_checkpoint), load_plugins().families).model
+    stub = CheckedLayers({})
+    stub.hidden_layers = (0, 2)  # the tiny target has layers 0 and 1
+    with pytest.raises(StartupError, match=r"no decoder layers \(0, 2\)"):
+        Speculation(stub, "dflash", DraftOptions(), model=model)

@@ -109,9 +109,10 @@ def mlxcel_register_drafters(registry: DrafterRegistry) -> None:
     row's longest prefix that the target itself produces (its argmax, or its own draw at
     each position), so the output is the target's, exactly. ``commit(rows, accepted)``
     tells how many of each row's tokens were kept; ``release(keys)`` that rows left. A
-    session whose class sets ``needs_hidden = True`` (MTP heads, assistants) also gets, per
-    row, the target's last hidden state (``DraftRow.hidden``, the final norm's output at
-    the row's last kept position(s)) and its layer caches (``DraftRow.cache``); others pay
+    session whose class sets ``needs_hidden = True`` (MTP heads, assistants, DFlash) also
+    gets, per row, the target's last hidden state (``DraftRow.hidden``, the final norm's
+    output at the row's last kept position(s), or with ``hidden_layers`` those decoder
+    layers' outputs joined) and its layer caches (``DraftRow.cache``); others pay
     nothing for it. Core registers ``prompt-lookup`` (``mlxcel.drafters.lookup``). What a
     drafter must pass: ``mlxcel.testing.conformance.check_drafter``.
     """

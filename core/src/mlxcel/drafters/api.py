@@ -28,6 +28,13 @@ positions, the last one that of its new last token (``cache`` is None there). Th
 takes the state from the verify or decode forward that computed it: a view of it, no
 copy (``mlxcel.drafters.hidden``).
 
+A session that also sets ``hidden_layers`` (a tuple of the target's decoder layer
+indices: DFlash's ``target_layer_ids``) reads those layers' outputs instead of the final
+norm's: ``hidden`` is then [1, k * H] in ``propose`` and [n + 1, k * H] in ``commit``, the
+k layers' outputs joined on the last axis in the order given, at the same positions.
+The attribute may be set per instance (it depends on the drafter's checkpoint); an
+index past the target's layers refuses to start.
+
 ``propose`` must not change ``tokens``. A session that raises fails only the step's
 speculation: the engine logs it once, stops drafting with that session, and decodes on.
 What a drafter must pass: ``mlxcel.testing.conformance.check_drafter``.
@@ -101,6 +108,7 @@ class DraftRow(NamedTuple):
 
 class DraftSession(Protocol):
     needs_hidden: bool  # optional: absent is False
+    hidden_layers: tuple[int, ...] | None  # optional: absent is the final norm's output
 
     def propose(self, rows: list[DraftRow], limits: list[int]) -> list[list[int]]: ...
 

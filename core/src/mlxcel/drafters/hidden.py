@@ -9,10 +9,16 @@ its place in the model and the graph the forward builds are unchanged, and the r
 is the forward's own array, so reading it copies nothing. A tap is installed only for a
 drafter that needs it; every other engine leaves the model as loaded.
 
-The recording is whatever the norm computed last, prefill chunks included: the engine
-reads it right after the decode or verify forward it wants (``Tap.take``), and a forward
-that does not call the module (a path that inlines the norm) leaves nothing, so its rows
-do not draft with such a drafter.
+A DFlash drafter reads the outputs of chosen decoder layers instead
+(``DraftSession.hidden_layers``): ``tap(model, layers)`` makes each of those layers
+record its output the same way, and ``take`` joins them on the last axis, in the order
+given. The join is one lazy concatenation: it is computed only where a session reads the
+states, and only at the positions the engine slices out of it.
+
+The recording is whatever the module computed last, prefill chunks included: the engine
+reads it right after the decode or verify forward it wants (``take``), and a forward
+that does not call the module (a path that inlines it) leaves nothing, so its rows do
+not draft with such a drafter.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ _TAPPED: dict[type, type] = {}
 
 
 class Tap:
-    """The latest output of a tapped norm (``last``: [B, L, H], or None)."""
+    """The latest output of a tapped module (``last``: [B, L, H], or None)."""
 
     def __init__(self) -> None:
         self.last: Any = None
@@ -37,6 +43,31 @@ class Tap:
         """The latest output, forgotten here (the next forward records its own)."""
         out, self.last = self.last, None
         return out
+
+    def clear(self) -> None:
+        """Forget what was recorded: what the next forward records is that forward's."""
+        self.last = None
+
+
+class LayerTap:
+    """The latest outputs of tapped decoder layers, joined on the last axis
+    ([B, L, len(layers) * H]); None where one of them recorded nothing."""
+
+    def __init__(self, taps: list[Tap]) -> None:
+        self.taps = taps
+
+    def take(self) -> Any:
+        """The layers' latest outputs joined, forgotten here."""
+        import mlx.core as mx
+
+        outs = [t.take() for t in self.taps]
+        if any(o is None for o in outs) or len({tuple(o.shape[:-1]) for o in outs}) != 1:
+            return None
+        return outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=-1)
+
+    def clear(self) -> None:
+        for t in self.taps:
+            t.clear()
 
 
 def network(model: Any) -> Any:
@@ -76,18 +107,34 @@ def _tapped(cls: type) -> type:
     return _TAPPED[cls]
 
 
-def tap(model: Any) -> Tap | None:
-    """``model``'s final norm made to record its output (once: a second call returns the
-    same ``Tap``); None where the model has no such module."""
-    norm = final_norm(model)
-    if norm is None:
-        return None
-    found = norm.__dict__.get(_ATTR)
+def decoder_layers(model: Any) -> list[Any] | None:
+    """The text model's decoder layers, in the order the forward runs them, or None."""
+    layers = getattr(text_model(model), "layers", None)
+    return list(layers) if isinstance(layers, (list, tuple)) else None
+
+
+def _record(module: nn.Module) -> Tap:
+    """``module`` made to record its output (once: a second call returns the same
+    ``Tap``)."""
+    found = module.__dict__.get(_ATTR)
     if found is not None:
         return found
-    norm.__dict__[_ATTR] = Tap()  # an instance attribute: not one of the module's children
-    norm.__class__ = _tapped(type(norm))
-    return norm.__dict__[_ATTR]
+    module.__dict__[_ATTR] = Tap()  # an instance attribute: not one of the module's children
+    module.__class__ = _tapped(type(module))
+    return module.__dict__[_ATTR]
+
+
+def tap(model: Any, layers: tuple[int, ...] | None = None) -> Tap | LayerTap | None:
+    """``model``'s final norm made to record its output, or with ``layers`` (decoder
+    layer indices) those layers; None where the model has no such modules (no final
+    norm, an index past its layers)."""
+    if layers is None:
+        norm = final_norm(model)
+        return None if norm is None else _record(norm)
+    found = decoder_layers(model)
+    if not layers or found is None or any(not 0 <= i < len(found) for i in layers):
+        return None
+    return LayerTap([_record(found[i]) for i in layers])
 
 
 def bind_head(head: Any, target: Any) -> Any:

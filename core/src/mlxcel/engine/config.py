@@ -33,6 +33,7 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     prompt_lookup: str = "auto"
     draft_max: int = 16
     draft_min: int = 0
+    draft_block_size: int = 0  # --draft-block-size: a block drafter's width (0: its own)
     model_draft: str | None = None  # -md: the draft-model drafter's checkpoint
     draft_force: bool = False  # serve a drafter that fails the startup exactness probe
 

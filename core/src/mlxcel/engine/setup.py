@@ -102,8 +102,12 @@ class EngineSetup:
                 log.info("engine_blas_threads", threads=threads, reason="small matmuls")
         # prefill columns a multiple of the policy's where rows may be padded
         self.align = policy.prefill_align if self.grouped else 1
-        self.batch = self._new_batch()
         self.spec = self._speculation(model)
+        if self.spec is not None and self.spec.tap is not None:
+            # the lean decode step runs its own copy of the layers and norms, on [B, D]:
+            # a drafter that reads hidden states needs the model's own forward
+            self.forward = lean_decode.generic(model)
+        self.batch = self._new_batch()
         if policy.warm_up and self.batchable:
             self._warm_up(model)
 
@@ -149,7 +153,7 @@ class EngineSetup:
                             "--prompt-lookup on serves it anyway")
             return None
         options = DraftOptions(draft_max=max(1, cfg.draft_max), draft_min=max(0, cfg.draft_min),
-                               model=cfg.model_draft)
+                               model=cfg.model_draft, block_size=max(0, cfg.draft_block_size))
         target = DraftTarget(model, ckpt.tokenizer, str(ckpt.path), dict(ckpt.config))
         session = resolve(cfg.drafter)(target, options)
         if cfg.drafter_kind != "prompt-lookup":  # lookup copies the context: exact as built

@@ -21,7 +21,9 @@ A drafter that reads the target's hidden states (``DraftSession.needs_hidden``) 
 them from the forward that computed them (``mlxcel.drafters.hidden``): after each decode
 step (``plain``) and verify step (``kept``) the engine keeps, per row, a view of the
 state at the row's last kept position, and offers the session only rows that have one.
-For any other drafter none of this runs.
+The state is the final norm's output, or the joined outputs of the decoder layers the
+session names (``DraftSession.hidden_layers``, DFlash). For any other drafter none of
+this runs.
 """
 
 from __future__ import annotations
@@ -44,26 +46,36 @@ from mlxcel.engine.spec_governors import (
 
 log = structlog.get_logger("mlxcel.engine")
 
+
+def hidden_layers(session: Any) -> tuple[int, ...] | None:
+    """The decoder layers whose outputs ``session`` reads (``DraftSession.hidden_layers``),
+    or None: the final norm's."""
+    layers = getattr(session, "hidden_layers", None)
+    return None if layers is None else tuple(int(i) for i in layers)
+
+
 class Speculation:
     """The engine's drafting state: the drafter's session, the governors, the counters."""
 
     def __init__(self, session: Any, kind: str, options: DraftOptions,
                  governed: bool = True, model: Any = None) -> None:
         """``governed``: the batch governor may stop drafting (``--prompt-lookup auto``).
-        ``model``: the target, whose final norm is tapped for a session that reads its
-        hidden states."""
+        ``model``: the target, whose final norm (or the decoder layers the session names)
+        is tapped for a session that reads its hidden states."""
         self.session = session
         self.kind = kind
         self.options = options
         self.governed = governed
         self.tap = None
         if getattr(session, "needs_hidden", False):
-            self.tap = hidden_states.tap(model)
+            layers = hidden_layers(session)
+            self.tap = hidden_states.tap(model, layers)
             if self.tap is None:
                 from mlxcel.errors import StartupError
 
+                where = "no final norm" if layers is None else f"no decoder layers {layers}"
                 raise StartupError(f"the {kind} drafter reads the target's hidden states, "
-                                   "and this model has no final norm to take them from")
+                                   f"and this model has {where} to take them from")
         # per row key: its index in ``hidden`` [B, H], the states at the rows' last kept
         # positions after the latest step (needs_hidden only)
         self.hidden_at: dict[int, int] = {}
@@ -98,7 +110,7 @@ class Speculation:
     def wants(self, rows: list[Sequence]) -> bool:
         """Whether this step should stop to draft: some row may, and the batch allows it."""
         if self.tap is not None:
-            self.tap.last = None  # what the next forward records is that step's
+            self.tap.clear()  # what the next forward records is that step's
         if self.failed or any(s.req.media is not None and not s.finished for s in rows):
             return False  # a media row's decoder shifts its positions: one-token steps only
         if self.governed and not self.batch.allows(sum(not s.finished for s in rows)):

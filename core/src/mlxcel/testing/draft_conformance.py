@@ -28,9 +28,10 @@ def _outputs(checkpoint: Any, config: EngineConfig | None, max_tokens: int
 
 
 def _row(model: Any, session: Any, key: int, tokens: list[int]) -> DraftRow:
-    """A row as the engine offers it: with the target's hidden state and caches for a
-    session that reads them (``needs_hidden``), from a forward of all but its last token
-    on caches of its own."""
+    """A row as the engine offers it: with the target's hidden state (the final norm's,
+    or the joined outputs of the session's ``hidden_layers``) and caches for a session
+    that reads them (``needs_hidden``), from a forward of all but its last token on
+    caches of its own."""
     if not getattr(session, "needs_hidden", False):
         return DraftRow(key, tokens)
     import mlx.core as mx
@@ -38,7 +39,7 @@ def _row(model: Any, session: Any, key: int, tokens: list[int]) -> DraftRow:
     from mlxcel.drafters.hidden import tap
     from mlxcel.engine.spec_probe import make_caches
 
-    states = tap(model)
+    states = tap(model, getattr(session, "hidden_layers", None))
     cache = make_caches(model)
     model(mx.array([tokens[:-1]], dtype=mx.uint32), cache)
     return DraftRow(key, tokens, states.take()[0, -1:], TargetCache(cache, 0))
