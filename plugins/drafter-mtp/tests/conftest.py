@@ -52,3 +52,28 @@ def mtp_target(request):
     """Each kind of Qwen3.5 target with MTP heads: ``qwen3_5`` and ``qwen3_5_moe``."""
     name = "qwen3_5_mtp" if request.param == "dense" else "qwen3_5_moe_mtp"
     return request.getfixturevalue(name)
+
+
+@pytest.fixture(scope="session")
+def dflash_draft(tiny_checkpoint, mlxcel_checkpoint_cache):
+    """A random DFlash drafter for ``tiny_checkpoint`` (a 2-layer qwen3), reading both
+    its layers."""
+    from dflash_fixtures import with_dflash
+    from mlxcel.testing.checkpoint import build_once
+
+    final = mlxcel_checkpoint_cache / f"{tiny_checkpoint.name}-dflash"
+    return build_once(final, lambda tmp: with_dflash(tmp, tiny_checkpoint))
+
+
+@pytest.fixture(scope="session")
+def constant_pair(tiny_checkpoint, mlxcel_checkpoint_cache):
+    """A target that says token 0 after any context and a DFlash drafter that always
+    guesses it: every draft is kept."""
+    from dflash_fixtures import constant_target, with_dflash
+    from mlxcel.testing.checkpoint import build_once
+
+    root = mlxcel_checkpoint_cache / f"{tiny_checkpoint.name}-constant"
+    target = build_once(root, lambda tmp: constant_target(tmp, tiny_checkpoint))
+    draft = build_once(root.with_name(f"{root.name}-dflash"),
+                       lambda tmp: with_dflash(tmp, target, constant=True))
+    return target, draft

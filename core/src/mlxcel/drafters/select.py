@@ -18,6 +18,10 @@
 for one that does not; each lookup reads only its own sort, so a Qwen3.5 checkpoint given
 to ``-md`` is a draft model, never the MTP heads.
 
+A DFlash checkpoint's ``config.json`` gives the ``model_type`` of its layers (``qwen3``)
+and a ``dflash_config`` beside it; its type here is ``<model_type>_dflash``, as mlx-vlm
+names it (``qwen3_dflash``), so it is never taken for a draft model of that type.
+
 ``--spec-type none`` is no drafter from a checkpoint (``-md`` is then refused as a
 contradiction); prompt lookup follows ``--prompt-lookup`` in every case without ``-md``.
 """
@@ -31,7 +35,8 @@ from mlxcel.drafters.api import Drafter
 from mlxcel.errors import StartupError
 
 # draft checkpoints' model_type -> the distribution whose drafter serves it
-DRAFTER_HINTS = {"gemma4_assistant": "mlxcel-family-gemma4[mtp]"}
+DRAFTER_HINTS = {"gemma4_assistant": "mlxcel-family-gemma4[mtp]",
+                 "qwen3_dflash": "mlxcel-drafter-mtp"}
 # targets' model_type -> the distribution whose drafter reads the heads inside them
 TARGET_HINTS = {t: "mlxcel-drafter-mtp" for t in ("qwen3_5", "qwen3_5_moe", "qwen3_5_text",
                                                   "qwen3_5_moe_text")}
@@ -49,8 +54,9 @@ def wanted_kind(settings: Any) -> str | None:
 
 
 def draft_model_type(model: str, flag: str = "--model-draft") -> str | None:
-    """The checkpoint's ``model_type`` (None where its config has none); ``flag`` names
-    the checkpoint in the refusal."""
+    """The checkpoint's ``model_type`` (None where its config has none; a DFlash
+    checkpoint's is ``<model_type>_dflash``); ``flag`` names the checkpoint in the
+    refusal."""
     from mlxcel.model.loader import resolve_model_path
 
     try:
@@ -59,7 +65,9 @@ def draft_model_type(model: str, flag: str = "--model-draft") -> str | None:
         raise StartupError(f"{flag} {model}: cannot read its config.json "
                            f"({type(exc).__name__})") from exc
     value = config.get("model_type") if isinstance(config, dict) else None
-    return value if isinstance(value, str) else None
+    if not isinstance(value, str):
+        return None
+    return f"{value}_dflash" if isinstance(config.get("dflash_config"), dict) else value
 
 
 def in_target(settings: Any, drafters: Any, kind: str) -> Drafter:
