@@ -33,8 +33,8 @@ SPEC_ROWS: list[tuple[Any, ...]] = [
      "from the target's own); without it such a pairing refuses to start"),
     (("--draft-kind",), "draft_kind", choice("--draft-kind", "dflash", "mtp"), None,
      "MLXCEL_DRAFT_KIND", "what the -md checkpoint drafts as: mtp = an MTP assistant "
-     "(Gemma 4's gemma4_assistant); dflash = a DFlash block drafter (a Qwen3 DFlash "
-     "checkpoint, served by mlxcel-drafter-mtp). Unset: from its config's model_type",
+     "(Gemma 4's gemma4_assistant); dflash = a DFlash block drafter (a Qwen3 or Gemma 4 "
+     "DFlash checkpoint, served by mlxcel-drafter-mtp). Unset: from its config's model_type",
      KEPT, "LLAMA_ARG_DRAFT_KIND"),
     (("--draft-block-size",), "draft_block_size", int, 0, "MLXCEL_DRAFT_BLOCK_SIZE",
      "block width of a block drafter (DFlash): it drafts at most this many tokens less "

@@ -77,3 +77,19 @@ def constant_pair(tiny_checkpoint, mlxcel_checkpoint_cache):
     draft = build_once(root.with_name(f"{root.name}-dflash"),
                        lambda tmp: with_dflash(tmp, target, constant=True))
     return target, draft
+
+
+@pytest.fixture(scope="session")
+def gemma4_dflash_pair(mlxcel_checkpoint_cache):
+    """A tiny float32 ``gemma4_text`` target (sliding-window and full attention, layers
+    that share keys and values) and a random Gemma 4 DFlash drafter reading its 4
+    layers."""
+    from dflash_fixtures import with_dflash
+    from mlxcel.testing.checkpoint import build_once, cached_checkpoint
+
+    target = cached_checkpoint("gemma4_text", cache_dir=mlxcel_checkpoint_cache,
+                               dtype="float32")
+    draft = build_once(mlxcel_checkpoint_cache / f"{target.name}-dflash",
+                       lambda tmp: with_dflash(tmp, target, model_type="gemma4",
+                                               final_logit_softcapping=30.0))
+    return target, draft

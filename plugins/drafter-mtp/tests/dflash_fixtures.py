@@ -1,9 +1,11 @@
-"""Tiny DFlash draft checkpoints for a tiny qwen3 target (``mlxcel.testing.checkpoint``).
+"""Tiny DFlash draft checkpoints for tiny qwen3 and Gemma 4 targets
+(``mlxcel.testing.checkpoint``).
 
 ``with_dflash`` writes what a DFlash conversion holds: a ``config.json`` whose
-``model_type`` is ``qwen3`` with a ``dflash_config`` (mask token, target layers) beside
-it, and the seeded weights of mlx-vlm's own ``DFlashDraftModel`` (no embeddings nor LM
-head: it borrows the target's). ``constant`` zeroes a final norm's weight, so that its
+``model_type`` is ``qwen3`` (or ``gemma4``) with a ``dflash_config`` (mask token, target
+layers) beside it, and the seeded weights of mlx-vlm's own model class for it
+(``qwen3_dflash``, ``gemma4_dflash``; no embeddings nor LM head: it borrows the
+target's). ``constant`` zeroes a final norm's weight, so that its
 logits are all zero and greedy picks token 0 at every position: a target and a drafter
 both made so agree on every token.
 """
@@ -35,13 +37,16 @@ def with_dflash(path: pathlib.Path, target: pathlib.Path, seed: int = 5,
                 constant: bool = False, **changes: Any) -> pathlib.Path:
     """Write a random DFlash drafter for ``target`` into ``path`` (``dflash_config``'s
     ``changes``); ``constant``: its final norm zeroed."""
+    import importlib
+
     import mlx.core as mx
     from mlx.utils import tree_flatten
-    from mlx_vlm.speculative.drafters import qwen3_dflash
 
     config = dflash_config(target, **changes)
+    module = importlib.import_module(
+        f"mlx_vlm.speculative.drafters.{config['model_type']}_dflash")
     mx.random.seed(seed)
-    model = qwen3_dflash.Model(qwen3_dflash.ModelConfig.from_dict(dict(config)))
+    model = module.Model(module.ModelConfig.from_dict(dict(config)))
     weights = dict(tree_flatten(model.parameters()))
     if constant:
         weights["norm.weight"] = mx.zeros_like(weights["norm.weight"])

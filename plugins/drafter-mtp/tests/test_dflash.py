@@ -1,6 +1,7 @@
 """DFlash drafters (``-md`` a DFlash checkpoint, kind ``dflash``) on tiny random
-checkpoints: greedy output is the target's in a batch whose rows join, leave and
-sometimes do not draft; a drafter that agrees with its target has every draft kept, in
+checkpoints (qwen3, and Gemma 4 with its sliding windows and shared keys and values):
+greedy output is the target's in a batch whose rows join, leave and sometimes do not
+draft; a drafter that agrees with its target has every draft kept, in
 blocks of ``--draft-block-size``; the flags pick it and refuse what does not fit."""
 
 from __future__ import annotations
@@ -41,6 +42,15 @@ def test_the_dflash_drafter_passes_the_drafter_conformance(tiny_checkpoint, dfla
 def test_greedy_output_is_the_targets_beside_rows_that_do_not_draft(tiny_checkpoint,
                                                                      dflash_draft):
     check_greedy_beside_silent_rows(tiny_checkpoint, config(dflash_draft), "dflash")
+
+
+def test_a_gemma4_target_with_its_dflash_drafter_keeps_its_greedy_output(
+        gemma4_dflash_pair):
+    target, draft = gemma4_dflash_pair
+    picked = choose(DraftFlags(str(target), model_draft=str(draft),
+                               spec_type="draft-dflash"), registry())
+    assert picked.name == "dflash"
+    check_greedy_beside_silent_rows(target, config(draft), "dflash")
 
 
 @pytest.mark.parametrize(("block", "widest"), [(0, 3), (3, 2)])

@@ -13,7 +13,9 @@ A DFlash drafter reads the outputs of chosen decoder layers instead
 (``DraftSession.hidden_layers``): ``tap(model, layers)`` makes each of those layers
 record its output the same way, and ``take`` joins them on the last axis, in the order
 given. The join is one lazy concatenation: it is computed only where a session reads the
-states, and only at the positions the engine slices out of it.
+states, and only at the positions the engine slices out of it. A layer that returns a
+tuple (Gemma 4's: its output, then the keys and values it shares and their offset)
+records its first item, the hidden state the next layer reads.
 
 The recording is whatever the module computed last, prefill chunks included: the engine
 reads it right after the decode or verify forward it wants (``take``), and a forward
@@ -100,7 +102,7 @@ def _tapped(cls: type) -> type:
     if cls not in _TAPPED:
         def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
             out = cls.__call__(self, *args, **kwargs)
-            self.__dict__[_ATTR].last = out
+            self.__dict__[_ATTR].last = out[0] if isinstance(out, tuple) else out
             return out
 
         _TAPPED[cls] = type(f"Tapped{cls.__name__}", (cls,), {"__call__": __call__})

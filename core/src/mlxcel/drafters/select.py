@@ -36,7 +36,7 @@ from mlxcel.errors import StartupError
 
 # draft checkpoints' model_type -> the distribution whose drafter serves it
 DRAFTER_HINTS = {"gemma4_assistant": "mlxcel-family-gemma4[mtp]",
-                 "qwen3_dflash": "mlxcel-drafter-mtp"}
+                 "qwen3_dflash": "mlxcel-drafter-mtp", "gemma4_dflash": "mlxcel-drafter-mtp"}
 # targets' model_type -> the distribution whose drafter reads the heads inside them
 TARGET_HINTS = {t: "mlxcel-drafter-mtp" for t in ("qwen3_5", "qwen3_5_moe", "qwen3_5_text",
                                                   "qwen3_5_moe_text")}

@@ -1,9 +1,10 @@
 """DFlash block drafters (``-md`` a DFlash checkpoint, kind ``dflash``), through mlx-vlm.
 
-A DFlash checkpoint (``z-lab``'s Qwen3 ones: ``model_type`` ``qwen3`` with a
-``dflash_config``, ``qwen3_dflash`` as mlx-vlm names it) is a few non-causal decoder
-layers that read the outputs of chosen target layers (``target_layer_ids``), joined and
-projected into a KV cache of their own: the context. A round feeds the block ``[last
+A DFlash checkpoint (the Qwen3 and Gemma 4 ones mlx-vlm loads: ``model_type`` ``qwen3``
+or ``gemma4`` with a ``dflash_config``, ``qwen3_dflash`` / ``gemma4_dflash`` as mlx-vlm
+names them) is a few non-causal decoder layers that read the outputs of chosen target
+layers (``target_layer_ids``), joined and projected into a KV cache of their own: the
+context. A round feeds the block ``[last
 token, mask, mask, ...]`` after that context and reads one guess per mask position, all
 in one forward; the block's own keys are not kept. mlx-vlm's ``DFlashDraftModel`` (its
 loader, its ``draft_block``) does the work, bound to the target's embeddings and LM head;

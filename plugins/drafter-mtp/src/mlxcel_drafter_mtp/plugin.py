@@ -15,7 +15,7 @@ from mlxcel.plugin_kit import adding
 QWEN3_5_TYPES = ("qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text")
 # DFlash draft checkpoints whose model is mlx-vlm's DFlashDraftModel (a model_type with a
 # dflash_config beside it reads as <model_type>_dflash)
-DFLASH_TYPES = ("qwen3_dflash",)
+DFLASH_TYPES = ("qwen3_dflash", "gemma4_dflash")
 
 
 mlxcel_register_drafters = adding(
