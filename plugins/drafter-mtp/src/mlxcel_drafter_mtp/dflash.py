@@ -4,9 +4,9 @@ A DFlash checkpoint (the Qwen3 and Gemma 4 ones mlx-vlm loads: ``model_type`` ``
 or ``gemma4`` with a ``dflash_config``, ``qwen3_dflash`` / ``gemma4_dflash`` as mlx-vlm
 names them) is a few non-causal decoder layers that read the outputs of chosen target
 layers (``target_layer_ids``), joined and projected into a KV cache of their own: the
-context. A round feeds the block ``[last
-token, mask, mask, ...]`` after that context and reads one guess per mask position, all
-in one forward; the block's own keys are not kept. mlx-vlm's ``DFlashDraftModel`` (its
+context. A round feeds the block ``[last token, mask, mask, ...]`` after that context and
+reads one guess per mask position, all in one forward; the block's own keys are not
+kept. mlx-vlm's ``DFlashDraftModel`` (its
 loader, its ``draft_block``) does the work, bound to the target's embeddings and LM head;
 the engine gives the target layers' outputs (``hidden_layers``, ``DraftRow.hidden``).
 
