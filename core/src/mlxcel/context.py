@@ -12,6 +12,7 @@ from mlxcel.engine.client import EngineClient
 from mlxcel.engine.side import SideEngine
 from mlxcel.errors import NoModelForRoute
 from mlxcel.families.tasks import TASKS
+from mlxcel.media.decode import recent_images
 from mlxcel.metrics import Metrics
 from mlxcel.plugins import Plugins
 from mlxcel.settings import Settings
@@ -61,6 +62,8 @@ class AppContext(msgspec.Struct, kw_only=True):
     sides: dict[str, SideEngine] = {}
     created: int = msgspec.field(default_factory=lambda: int(time.time()))
     extra: dict[str, Any] = {}
+    # images decoded lately, for the conversation's next turn (``mlxcel.media.decode``)
+    decoded: Any = msgspec.field(default_factory=recent_images)
 
     def __post_init__(self) -> None:
         if self.engine is None:

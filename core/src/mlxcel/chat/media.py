@@ -42,9 +42,10 @@ class MediaInput(msgspec.Struct, frozen=True):
     registry: Any
     limits: MediaLimits
     options: dict[str, Any] = {}
+    recent: Any = None  # the server's decoded images (``mlxcel.media.recent``), or None
 
     def decode(self) -> list[Any]:
-        return decode_all(self.fetched, self.registry, self.limits)
+        return decode_all(self.fetched, self.registry, self.limits, self.recent)
 
 
 def kind_of(part: MediaPart) -> str:
@@ -96,9 +97,11 @@ def _declared(fmt: str | None) -> str:
     return fmt if "/" in fmt else f"image/{fmt.lower().lstrip('.')}"
 
 
-def decode_all(fetched: list[Fetched], registry: Any, limits: MediaLimits) -> list[Any]:
-    """Each fetched part decoded into its item (``mlxcel.media.decode``)."""
-    return [decode_media(f.blob, f.kind, registry, limits, f.part) for f in fetched]
+def decode_all(fetched: list[Fetched], registry: Any, limits: MediaLimits,
+               recent: Any = None) -> list[Any]:
+    """Each fetched part decoded into its item (``mlxcel.media.decode``); ``recent``: the
+    images decoded lately, reused for the same bytes."""
+    return [decode_media(f.blob, f.kind, registry, limits, f.part, recent) for f in fetched]
 
 
 def template_content(message: Message) -> list[dict[str, Any]]:

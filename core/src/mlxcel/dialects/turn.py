@@ -160,7 +160,7 @@ async def gather_media(ctx: AppContext, prompt: PromptRequest) -> MediaInput | N
     check_media(parts, media_kinds(ctx.checkpoint.model), settings.max_images)
     fetched = await fetch_media(parts, FetchPolicy.from_settings(settings))
     return MediaInput(fetched, ctx.plugins.media_decoders, MediaLimits.of(settings),
-                      dict(prompt.media_options))
+                      dict(prompt.media_options), ctx.decoded)
 
 
 async def start_turn(ctx: AppContext, request: Request, prompt: PromptRequest,

@@ -12,6 +12,7 @@ bytes, nor a decoder's own error text, which may.
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import structlog
 
@@ -25,6 +26,7 @@ from mlxcel.media.api import (
     MediaRefused,
     check_image_size,
 )
+from mlxcel.media.recent import Recent
 from mlxcel.media.registry import MediaDecoderRegistry
 from mlxcel.types.media import MediaBlob
 
@@ -39,20 +41,40 @@ ALIASES = {
     "audio/wave": "audio/wav", "audio/vnd.wave": "audio/wav", "audio/mp3": "audio/mpeg",
     "audio/x-flac": "audio/flac", "image/x-icon": "image/vnd.microsoft.icon",
 }
+# decoded images kept for the next turn of a conversation (``recent_images``): an RGB
+# 1080p screenshot holds ~6 MB
+RECENT_IMAGES = 32
+RECENT_BYTES = 128 << 20
 _SHOWN = re.compile(r"[\w.+-]{1,40}/[\w.+-]{1,40}")
 
 
 def decode_media(blob: MediaBlob, kind: str, registry: MediaDecoderRegistry,
-                 limits: MediaLimits, part: str) -> MediaItem:
+                 limits: MediaLimits, part: str, recent: Recent[Any] | None = None
+                 ) -> MediaItem:
     """Decode ``blob`` as a ``kind`` item with the decoder its bytes select; ``part`` is
     the content part's path (``messages[0].content[1]``), the ``param`` of every 400.
 
     Refused (``MediaRefused``, 400): bytes of no type a decoder of ``kind`` takes, a
     declared type that disagrees with them, a size over ``limits``, bytes the decoder
     cannot read. A decoder that breaks its contract (wrong item, wrong digest) is a 500.
+    ``recent``: images decoded lately (``mlxcel.media.recent``), by digest, decoder and
+    limits; the bytes and the declared type are still checked first, every time.
     It is CPU work (Pillow decodes here): call it off the event loop.
     """
     decoder, mime = _pick(blob, kind, registry, part)
+    if recent is None or kind != "image":
+        return _decode(decoder, mime, blob, kind, limits, part)
+    return recent.get((blob.digest, decoder.name, limits),
+                      lambda: _decode(decoder, mime, blob, kind, limits, part))
+
+
+def recent_images() -> Recent[Any]:
+    """The server's memo of decoded images (``RECENT_IMAGES``, ``RECENT_BYTES``)."""
+    return Recent(RECENT_IMAGES, RECENT_BYTES, lambda item: item.width * item.height * 3)
+
+
+def _decode(decoder: MediaDecoder, mime: str, blob: MediaBlob, kind: str,
+            limits: MediaLimits, part: str) -> MediaItem:
     decode = resolve(decoder.decode)  # a missing module is the server's fault, not a 400
     try:
         item = decode(blob, limits)

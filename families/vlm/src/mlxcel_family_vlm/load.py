@@ -20,6 +20,7 @@ from mlxcel.types.media import MediaPrompt
 
 from mlxcel_family_vlm import media, towers
 from mlxcel_family_vlm.features import encoded
+from mlxcel_family_vlm.processed import ProcessedImages
 
 _DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
 
@@ -78,6 +79,7 @@ class VisionLanguageModel:
         text = config.get("text_config") or {}
         scaling = config.get("rope_scaling") or text.get("rope_scaling") or {}
         self.mrope = isinstance(scaling, dict) and "mrope_section" in scaling
+        self.processed = ProcessedImages()  # the processor's arrays of recent images
 
     @property
     def language_model(self) -> Any:
@@ -98,7 +100,7 @@ class VisionLanguageModel:
     def expand_media(self, token_ids: list[int], items: list[Any],
                      options: dict[str, Any]) -> MediaPrompt:
         return media.expand(self.processor, token_ids, [item.image for item in items],
-                            tuple(item.digest for item in items))
+                            tuple(item.digest for item in items), self.processed)
 
     def media_positions(self, prompt: MediaPrompt) -> tuple[mx.array | None, int]:
         grid = (prompt.inputs or {}).get("image_grid_thw")

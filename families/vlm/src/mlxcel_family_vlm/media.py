@@ -27,6 +27,8 @@ import numpy as np
 from mlxcel.errors import InvalidRequest
 from mlxcel.types.media import MediaPrompt
 
+from mlxcel_family_vlm.processed import ProcessedImages
+
 
 def rule(processor: Any) -> str:
     """How ``processor`` expands an image placeholder (the module docstring)."""
@@ -79,13 +81,16 @@ def placeholders_at(ids: list[int], token: int, count: int) -> list[int]:
     return at
 
 
-def expand(processor: Any, ids: list[int], images: list[Any], digests: tuple[bytes, ...]
-           ) -> MediaPrompt:
-    """``ids`` with each image placeholder replaced by the image's tokens (the rules)."""
+def expand(processor: Any, ids: list[int], images: list[Any], digests: tuple[bytes, ...],
+           processed: ProcessedImages | None = None) -> MediaPrompt:
+    """``ids`` with each image placeholder replaced by the image's tokens (the rules);
+    ``processed``: the arrays of images seen lately, by digest (``grid`` and ``sequence``
+    rules; ``mlxcel_family_vlm.processed``)."""
     how = rule(processor)
     if how == "text":
         return _expand_text(processor, ids, images, digests)
-    pixels = _arrays(processor.image_processor(images=images, return_tensors="np"))
+    pixels = (processed.arrays(processor, images, digests) if processed is not None
+              else _arrays(processor.image_processor(images=images, return_tensors="np")))
     if how == "grid":
         token = int(processor.image_token_id)
         merge = int(processor.image_processor.merge_size)

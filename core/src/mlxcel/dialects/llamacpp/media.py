@@ -117,7 +117,7 @@ def media_input(ctx: AppContext, raw: RawMedia, options: dict[str, Any]) -> Medi
                for j, entry in enumerate(raw.data)
                for part in (f"{raw.param}.{DATA_KEY}[{j}]",)]
     return MediaInput(fetched, ctx.plugins.media_decoders, MediaLimits.of(settings),
-                      options)
+                      options, ctx.decoded)
 
 
 def expanded(ctx: AppContext, raw: RawMedia, options: dict[str, Any],
