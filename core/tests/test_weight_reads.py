@@ -77,10 +77,13 @@ def test_files_that_do_not_fit_are_not_read(mlxcel_checkpoint_cache, tmp_path, m
 def test_a_failing_thread_fails_the_read(tiny_checkpoint, monkeypatch):
     """An error in a reading thread reaches the caller instead of leaving a part empty."""
     files = sorted(tiny_checkpoint.glob("model*.safetensors"))
+    real = weight_reads.mx.load
 
-    def no_stream(device):
-        raise RuntimeError("no stream for this thread")
+    def load(path, stream=None):
+        if stream is not None:  # the threads' loads
+            raise RuntimeError("this thread cannot read")
+        return real(path)
 
-    monkeypatch.setattr(weight_reads.mx, "new_stream", no_stream)
-    with pytest.raises(RuntimeError, match="no stream for this thread"):
+    monkeypatch.setattr(weight_reads.mx, "load", load)
+    with pytest.raises(RuntimeError, match="this thread cannot read"):
         weight_reads.read_weights(files, threads=2)

@@ -37,7 +37,7 @@ def read_weights(files: list[Path], threads: int) -> dict[str, mx.array]:
 
     def read(i: int) -> None:
         try:
-            stream = mx.new_stream(mx.default_device())
+            stream = mx.new_stream(mx.default_device())  # MLX's streams are per thread
             opened = {f: mx.load(str(f), stream=stream) for f in {f for f, _ in shares[i]}}
             part = {name: opened[f][name] for f, name in shares[i]}
             mx.eval(part)
