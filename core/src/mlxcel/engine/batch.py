@@ -126,9 +126,13 @@ class PrefillJob(Prefill):
         if batchable:
             # the group's cache holds its prompts only: joining copies it into the batch's
             # buffer anyway, so a 256-slot growth step would only hold memory while a burst
-            # prefills (64 rows of 64 tokens on a Llama-3-8B shape: ~2.1 GB, not ~0.5 GB)
+            # prefills (64 rows of 64 tokens on a Llama-3-8B shape: ~2.1 GB, not ~0.5 GB).
+            # A lone row's buffer becomes the batch's own when it joins an empty batch (an
+            # agent's next turn): it gets room for its decode steps, or the first of them
+            # would copy its whole cache to grow it
+            room = BatchCache.step if len(seqs) == 1 else 0
             for c in self.cache:
-                c.reserve = width
+                c.reserve = width + room
         rows = [[0] * pad + list(s.req.prompt_tokens[:-1]) for s, pad in zip(seqs, pads,
                                                                              strict=True)]
         self.tokens = mx.array(rows, dtype=mx.uint32)
