@@ -12,8 +12,7 @@ drafter that needs it; every other engine leaves the model as loaded.
 A DFlash drafter reads the outputs of chosen decoder layers instead
 (``DraftSession.hidden_layers``): ``tap(model, layers)`` makes each of those layers
 record its output the same way, and ``take`` joins them on the last axis, in the order
-given. The join is one lazy concatenation: it is computed only where a session reads the
-states, and only at the positions the engine slices out of it. A layer that returns a
+given. The join is one lazy concatenation, evaluated only where a session's states are. A layer that returns a
 tuple (Gemma 4's: its output, then the keys and values it shares and their offset)
 records its first item, the hidden state the next layer reads.
 
@@ -124,6 +123,21 @@ def _record(module: nn.Module) -> Tap:
     module.__dict__[_ATTR] = Tap()  # an instance attribute: not one of the module's children
     module.__class__ = _tapped(type(module))
     return module.__dict__[_ATTR]
+
+
+def session_layers(session: Any) -> tuple[int, ...] | None:
+    """The decoder layers whose outputs ``session`` reads (``DraftSession.hidden_layers``),
+    or None: the final norm's."""
+    layers = getattr(session, "hidden_layers", None)
+    return None if layers is None else tuple(int(i) for i in layers)
+
+
+def tap_for(model: Any, session: Any) -> Tap | LayerTap | None:
+    """``model`` tapped where ``session`` reads it (``tap``), or None for a session that
+    reads no hidden states (no ``needs_hidden``) or a model without those modules."""
+    if not getattr(session, "needs_hidden", False):
+        return None
+    return tap(model, session_layers(session))
 
 
 def tap(model: Any, layers: tuple[int, ...] | None = None) -> Tap | LayerTap | None:

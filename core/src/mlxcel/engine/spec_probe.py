@@ -124,8 +124,7 @@ def speculative_tokens(model: Any, session: Any, prompt: list[int], n: int,
                        draft_max: int) -> tuple[list[int], int, int]:
     """``n`` greedy tokens after ``prompt`` through ``session``'s drafts and verify
     forwards; with the tokens drafted and accepted."""
-    tap = hidden_states.tap(model, getattr(session, "hidden_layers", None)) \
-        if getattr(session, "needs_hidden", False) else None
+    tap = hidden_states.tap_for(model, session)
     cache = make_caches(model)
     first = _greedy(model(mx.array([prompt], dtype=mx.uint32), cache)[:, -1:])[0]
     last = tap.take()[0, -1:] if tap is not None else None  # the state that gave ``first``

@@ -47,13 +47,6 @@ from mlxcel.engine.spec_governors import (
 log = structlog.get_logger("mlxcel.engine")
 
 
-def hidden_layers(session: Any) -> tuple[int, ...] | None:
-    """The decoder layers whose outputs ``session`` reads (``DraftSession.hidden_layers``),
-    or None: the final norm's."""
-    layers = getattr(session, "hidden_layers", None)
-    return None if layers is None else tuple(int(i) for i in layers)
-
-
 class Speculation:
     """The engine's drafting state: the drafter's session, the governors, the counters."""
 
@@ -66,16 +59,14 @@ class Speculation:
         self.kind = kind
         self.options = options
         self.governed = governed
-        self.tap = None
-        if getattr(session, "needs_hidden", False):
-            layers = hidden_layers(session)
-            self.tap = hidden_states.tap(model, layers)
-            if self.tap is None:
-                from mlxcel.errors import StartupError
+        self.tap = hidden_states.tap_for(model, session)
+        if self.tap is None and getattr(session, "needs_hidden", False):
+            from mlxcel.errors import StartupError
 
-                where = "no final norm" if layers is None else f"no decoder layers {layers}"
-                raise StartupError(f"the {kind} drafter reads the target's hidden states, "
-                                   f"and this model has {where} to take them from")
+            layers = hidden_states.session_layers(session)
+            where = "no final norm" if layers is None else f"no decoder layers {layers}"
+            raise StartupError(f"the {kind} drafter reads the target's hidden states, "
+                               f"and this model has {where} to take them from")
         # per row key: its index in ``hidden`` [B, H], the states at the rows' last kept
         # positions after the latest step (needs_hidden only)
         self.hidden_at: dict[int, int] = {}

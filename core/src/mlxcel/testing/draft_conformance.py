@@ -36,10 +36,10 @@ def _row(model: Any, session: Any, key: int, tokens: list[int]) -> DraftRow:
         return DraftRow(key, tokens)
     import mlx.core as mx
 
-    from mlxcel.drafters.hidden import tap
+    from mlxcel.drafters.hidden import tap_for
     from mlxcel.engine.spec_probe import make_caches
 
-    states = tap(model, getattr(session, "hidden_layers", None))
+    states = tap_for(model, session)
     cache = make_caches(model)
     model(mx.array([tokens[:-1]], dtype=mx.uint32), cache)
     return DraftRow(key, tokens, states.take()[0, -1:], TargetCache(cache, 0))
