@@ -25,10 +25,13 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 
 
-def read_weights(files: list[Path], threads: int) -> dict[str, mx.array]:
+def read_weights(files: list[Path], threads: int,
+                 headers: dict[Path, dict[str, mx.array]] | None = None) -> dict[str, mx.array]:
     """Every tensor of ``files``, evaluated, read by ``threads`` threads on their own
-    streams; the largest tensors are dealt out first, so the threads' shares even out."""
-    sizes = {(f, name): array.nbytes for f in files for name, array in mx.load(str(f)).items()}
+    streams; the largest tensors are dealt out first, so the threads' shares even out.
+    ``headers``: each file's lazy ``mx.load``, where the caller has it already."""
+    headers = headers or {f: mx.load(str(f)) for f in files}
+    sizes = {(f, name): array.nbytes for f in files for name, array in headers[f].items()}
     shares: list[list[tuple[Path, str]]] = [[] for _ in range(max(1, threads))]
     for i, key in enumerate(sorted(sizes, key=lambda k: sizes[k], reverse=True)):
         shares[i % len(shares)].append(key)
@@ -73,13 +76,12 @@ def load_in_threads(model: Any, path: Path, threads: int) -> bool:
     files = sorted(path.glob("model*.safetensors"))
     if not files:
         return False
-    lazy: dict[str, mx.array] = {}
-    for f in files:  # headers only: what the read will give, checked before reading it
-        lazy.update(mx.load(str(f)))
+    headers = {f: mx.load(str(f)) for f in files}  # lazy: what the read will give
+    lazy = {name: array for part in headers.values() for name, array in part.items()}
     sanitize = getattr(model, "sanitize", lambda weights: weights)
     if layout(sanitize(lazy)) != layout(dict(tree_flatten(model.parameters()))):
         return False
-    weights = sanitize(read_weights(files, threads))
+    weights = sanitize(read_weights(files, threads, headers))
     model.load_weights(list(weights.items()), strict=True)
     mx.eval(model.parameters())
     return True
