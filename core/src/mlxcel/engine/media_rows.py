@@ -14,46 +14,46 @@ only the uncached tail is fed, its embeddings sliced from the whole prompt's.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
 import mlx.core as mx
 
 from mlxcel.engine.sequence import Sequence
+from mlxcel.media.recent import Recent
 
 
 class FeatureCache:
     """Vision features by item digest, least recently used first out; ``size`` items at
-    most (``--vision-cache-size``; 0 keeps none)."""
+    most (``--vision-cache-size``; 0 keeps none): the media path's memo
+    (``mlxcel.media.recent.Recent``), counted in items, not bytes."""
 
     def __init__(self, size: int = 20) -> None:
         self.size = size
-        self._items: OrderedDict[bytes, Any] = OrderedDict()
-        self.hits = 0
-        self.misses = 0
+        self.kept: Recent[Any] = Recent(size, 1, lambda features: 0)
 
     def __len__(self) -> int:
-        return len(self._items)
+        return len(self.kept)
+
+    @property
+    def hits(self) -> int:
+        return self.kept.hits
+
+    @property
+    def misses(self) -> int:
+        return self.kept.misses
 
     def get(self, digest: bytes, compute: Callable[[], Any]) -> Any:
         """The features of the item ``digest``, computed (and evaluated) on a miss."""
-        found = self._items.get(digest)
-        if found is not None:
-            self._items.move_to_end(digest)
-            self.hits += 1
-            return found
-        self.misses += 1
-        features = compute()
-        mx.eval(features)
-        if self.size > 0:
-            self._items[digest] = features
-            while len(self._items) > self.size:
-                self._items.popitem(last=False)
-        return features
+        return self.kept.get(digest, lambda: _evaluated(compute()))
 
     def clear(self) -> None:
-        self._items.clear()
+        self.kept.clear()
+
+
+def _evaluated(features: Any) -> Any:
+    mx.eval(features)
+    return features
 
 
 class MediaFeed:

@@ -3,14 +3,15 @@ that a repeated image would otherwise redo on every turn.
 
 Agents send the whole conversation every turn, so the images in it (screenshots, pasted
 files) come back again and again with the same bytes, hence the same digest. Core keeps
-the decoded items (``mlxcel.media.decode.decode_media``); a family may keep its
-processor's output the same way (``mlxcel_family_vlm.processed``). A family kit: import
-it from here.
+the decoded items (``mlxcel.media.decode.decode_media``) and the engine the vision
+features (``mlxcel.engine.media_rows.FeatureCache``); a family may keep its processor's
+output the same way (``mlxcel_family_vlm.processed``). A family kit: import it from here.
 
 At most ``size`` values are kept, holding at most ``budget`` bytes together (``nbytes``
 says what one holds); a value over a quarter of the budget is not kept, so one huge image
-does not push the conversation's others out. Safe to share between the threads that render requests; a value is made outside the lock, so two threads that miss
-the same key at once both make it, and the later one's is kept.
+does not push the conversation's others out. Safe to share between the threads that
+render requests; a value is made outside the lock, so two threads that miss the same key
+at once both make it, and the later one's is kept.
 """
 
 from __future__ import annotations
