@@ -286,7 +286,7 @@ def itl(label: str, path: pathlib.Path, args: argparse.Namespace,
     chat = named_checkpoint(args.chat_checkpoint)
     argv, ready = server_argv("mlxcel", chat, parallel=8, extra=[
         "--embedding-model", str(path), "--embedding-batch-size", "16",
-        "--embedding-queue-depth", "64"])
+        "--embedding-queue-depth", "64", "--engine-trace", str(logdir / f"{label}-itl.jsonl")])
     srv = serve("mlxcel", argv, logdir, f"{label}-itl", ready)
     try:
         asyncio.run(chat_itl(srv.base, 2, 8, "warm"))

@@ -229,6 +229,9 @@ def configs(args: argparse.Namespace, draft: pathlib.Path | None,
     n = str(args.draft_max)
     table = {
         "mlxcel-off": ("mlxcel", ["--prompt-lookup", "off"]),
+        # a second server without speculation: its "identical" column is the floor, how
+        # often batched greedy output differs between two runs of the same server
+        "mlxcel-off-again": ("mlxcel", ["--prompt-lookup", "off"]),
         "mlxcel-lookup": ("mlxcel", ["--prompt-lookup", "auto", "--draft-max", n]),
         "mlxcel-lookup-on": ("mlxcel", ["--prompt-lookup", "on", "--draft-max", n]),
         "mlxcel-draft": ("mlxcel", ["-md", str(draft), "--draft-max", n]),
