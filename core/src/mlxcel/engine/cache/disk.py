@@ -9,6 +9,9 @@ that finds its best match on disk loads it back, across server restarts.
   computed before they are queued. A write queue that is full drops the entry (the memory
   tier already let it go).
 * The tier holds at most ``capacity_bytes``; the least recently used files go first.
+* A hit's arrays are read with ``read_threads`` threads: the backend's choice for weights
+  (``mlxcel.backend.weight_read_threads``: several on CUDA, MLX's own load elsewhere),
+  unless set before the tier is opened.
 * Any failure to write (a full disk, a directory that is not writable) logs one warning
   and turns the tier off; the server goes on with the memory tier. A file that fails its
   checks when read is deleted and counted as ``refused``: the lookup is a miss.
@@ -64,11 +67,16 @@ class DiskTier:
         self._queue: queue.Queue = queue.Queue(QUEUE)
         self._generation = 0  # bumped by clear(): a write queued before it is discarded
         self._writer: threading.Thread | None = None
+        self.read_threads: int | None = None  # None: the backend's choice, when opened
 
     # -- set-up (engine thread) -----------------------------------------------------------------
     def open(self, fingerprint: str) -> None:
         """Index the directory's files of this model; on any error the tier stays off."""
         self.fingerprint = fingerprint
+        if self.read_threads is None:
+            from mlxcel.backend import weight_read_threads
+
+            self.read_threads = weight_read_threads()
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             probe = self.directory / f".probe.{id(self)}"
@@ -158,7 +166,8 @@ class DiskTier:
         it fails its checks."""
         header = stub.disk
         try:
-            payload, checkpoints = _files().read_entry(self.directory, header, self.fingerprint)
+            payload, checkpoints = _files().read_entry(self.directory, header, self.fingerprint,
+                                                       self.read_threads or 1)
         except (_files().FileRefused, OSError) as exc:
             log.warning("prompt_cache_disk_refused", key=header.key,
                         reason=getattr(exc, "reason", str(exc)))

@@ -12,10 +12,13 @@ header (``FileHeader``), both named by ``entry_key``.
 * A header binds its data by size and checksum (``checksum``), its tokens by its key, the
   model by its fingerprint (``model_fingerprint``): a cache read for other weights or from
   a torn file decodes to plausible garbage rather than failing, so all are checked before
-  parsing. The checksum is CRC-32, named in the value (``crc32:...``): it guards against
-  torn, truncated and corrupted files, which is all a digest stored beside its file can do
-  (whoever can rewrite the data can rewrite its header), and it reads at memory speed, so
+  parsing. The checksum is CRC-32 per chunk (``mlxcel.engine.cache.checksums``), checked
+  by several threads while the tensors load: it guards against torn, truncated and
+  corrupted files, which is all a digest stored beside its file can do (whoever can
+  rewrite the data can rewrite its header), and it runs at memory speed on every core, so
   a hit's load from disk is not spent hashing.
+* A hit's arrays are read by MLX's own load, or on CUDA by several threads
+  (``mlxcel.model.safetensors_reads``; the caller says how many).
 
 No locking: the caller runs ``scan`` and ``clear`` while no write to the directory runs.
 """
@@ -28,7 +31,6 @@ import os
 import re
 import secrets
 import time
-import zlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -37,9 +39,11 @@ import mlx.core as mx
 import msgspec
 from mlx_lm.models import cache as lm_cache
 
+from mlxcel.engine.cache import checksums
 from mlxcel.engine.cache.entries import BLOCK_SIZE, block_hashes
 from mlxcel.engine.cache.kinds import Checkpoint, RowCaches
 from mlxcel.engine.cache.kvcache import KVRows
+from mlxcel.model.safetensors_reads import read_weights
 
 FORMAT = 1  # version of the metadata tree; another one is refused
 META_KEY = "mlxcel.entry"
@@ -49,7 +53,6 @@ _ENTRY = re.compile(rf"({_KEY})\.(safetensors|json)")
 _TMP = re.compile(rf"({_KEY})\.(\d+)\.[0-9a-f]+\.tmp\.(safetensors|json)")
 SAMPLES, SAMPLE_BYTES = 16, 64 * 1024  # model_fingerprint's reads of each weights file
 MAX_HEADER = 100 << 20  # safetensors' own limit on its JSON header
-CHUNK = 1 << 20
 STALE_S = 600.0  # a temporary or header-less file this old is a crashed write
 
 
@@ -180,22 +183,8 @@ def _paths(directory: Path, key: str) -> tuple[Path, Path]:
 
 
 def checksum(data: bytes) -> str:
-    """The header's checksum of ``data``."""
-    return _named(zlib.crc32(data))
-
-
-def _named(crc: int) -> str:
-    return f"crc32:{crc:08x}"
-
-
-def _hash(path: Path) -> tuple[int, str]:
-    """Size and ``checksum`` of ``path``."""
-    crc, size = 0, 0
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            crc = zlib.crc32(chunk, crc)
-            size += len(chunk)
-    return size, _named(crc)
+    """The header's checksum of a data file's bytes ``data``."""
+    return checksums.data_checksum(data)
 
 
 def _install(directory: Path, key: str, suffix: str, write: Any) -> tuple[int, str]:
@@ -206,7 +195,7 @@ def _install(directory: Path, key: str, suffix: str, write: Any) -> tuple[int, s
         write(tmp)
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
-        done = _hash(tmp)
+        done = checksums.file_checksum(tmp)
         os.replace(tmp, directory / f"{key}.{suffix}")
     finally:
         tmp.unlink(missing_ok=True)
@@ -246,6 +235,7 @@ def _valid_header(directory: Path, key: str, fingerprint: str) -> FileHeader | N
     try:
         header = msgspec.json.decode(header_path.read_bytes(), type=FileHeader)
         ok = header.key == key and header.kind in KINDS and header.fingerprint == fingerprint \
+            and header.checksum.startswith(checksums.scheme()) \
             and header.nbytes == data_path.stat().st_size and entry_key(header.tokens) == key
     except (OSError, ValueError, ArithmeticError, msgspec.MsgspecError):
         return None  # unreadable, not a header, or tokens that are not token ids
@@ -289,33 +279,52 @@ def _stale(path: Path) -> bool:
         return False
 
 
-def read_entry(directory: Path, header: FileHeader,
-               fingerprint: str) -> tuple[RowCaches | KVRows, list[Checkpoint]]:
-    """The entry's payload and checkpoints, their arrays computed. The data file's size and
-    checksum, the header's key and the fingerprint are checked before the file is parsed; on
-    any mismatch or load error both files are deleted and ``FileRefused`` raised. Another
-    ``OSError`` reading the file propagates."""
+def read_entry(directory: Path, header: FileHeader, fingerprint: str,
+               threads: int = 1) -> tuple[RowCaches | KVRows, list[Checkpoint]]:
+    """The entry's payload and checkpoints, their arrays computed: read by MLX's own load,
+    or by ``threads`` threads when above 1. The header's key and the fingerprint are checked
+    first, then the data file's size and checksum: the safetensors header's chunks before
+    the file is parsed, the tensors' while they load (``checksums.verify_while``), so that
+    no array is returned before every byte matched. On any mismatch or load error both
+    files are deleted and ``FileRefused`` raised. Another ``OSError`` reading the file
+    propagates."""
     data_path = directory / f"{header.key}.safetensors"
     try:
         if header.fingerprint != fingerprint or header.kind not in KINDS \
                 or entry_key(header.tokens) != header.key:
             raise FileRefused("header of another model or of other tokens")
         try:
-            nbytes, checksum = _hash(data_path)
+            arrays, metadata = checksums.verify_while(
+                data_path, header.checksum, header.nbytes, _head(data_path),
+                lambda: _load(data_path, threads))
+            return _rebuild(header, arrays, msgspec.json.decode(metadata[META_KEY]))
         except FileNotFoundError:
             raise FileRefused("data file missing") from None
-        if nbytes != header.nbytes or checksum != header.checksum:
-            raise FileRefused("data file differs from its header")
-        try:
-            arrays, metadata = mx.load(str(data_path), return_metadata=True)
-            return _rebuild(header, arrays, msgspec.json.decode(metadata[META_KEY]))
-        except FileRefused:
+        except checksums.Mismatch:
+            raise FileRefused("data file differs from its header") from None
+        except (FileRefused, OSError):
             raise
         except Exception as e:  # the checksum held: a file we did not write this way
             raise FileRefused(f"cannot load: {type(e).__name__}") from e
     except FileRefused:
         delete(directory, header)
         raise
+
+
+def _head(path: Path) -> int:
+    """Bytes before a safetensors file's tensors: its length field and its JSON header."""
+    with open(path, "rb") as f:
+        return 8 + int.from_bytes(f.read(8), "little")
+
+
+def _load(path: Path, threads: int) -> tuple[dict[str, mx.array], dict[str, str]]:
+    """The file's arrays, evaluated by MLX's load or by ``threads`` threads, and its
+    metadata."""
+    arrays, metadata = mx.load(str(path), return_metadata=True)
+    if threads > 1:
+        return read_weights([path], threads, {path: arrays}), metadata
+    mx.eval(list(arrays.values()))
+    return arrays, metadata
 
 
 def delete(directory: Path, header: FileHeader) -> None:
