@@ -7,15 +7,17 @@
 #   OUT=/tmp/emb-gpu bash bench/gpu/embeddings.sh
 #   CHECKPOINTS=tiny DTYPE=float32 CHAT=tiny PY=.venv/bin/python OUT=/tmp/e bash bench/gpu/embeddings.sh  # CPU dry run
 set -uo pipefail
+# shellcheck disable=SC2086
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/emb-gpu}
 PY=${PY:-python3}
 CHECKPOINTS=${CHECKPOINTS:-bert-base,qwen3-emb-0.6b}
 DTYPE=${DTYPE:-bfloat16}
 CHAT=${CHAT:-30m}
+ARGS=${ARGS:-}  # more bench/embeddings.py arguments, e.g. --servers mlxcel
 . bench/gpu/common.sh  # bench_env, machine
 bench_env families/embeddings
 "$PY" bench/embeddings.py --checkpoint "$CHECKPOINTS" --dtype "$DTYPE" \
-    --chat-checkpoint "$CHAT" --out "$OUT/embeddings_gpu.json" 2>&1 | tee "$OUT/run.log"
+    --chat-checkpoint "$CHAT" --out "$OUT/embeddings_gpu.json" $ARGS 2>&1 | tee "$OUT/run.log"
 tar czf "$OUT/logs.tgz" -C /tmp $(cd /tmp && ls -d mlxcel-bench-emb-* 2>/dev/null) 2>/dev/null
 exit 0
