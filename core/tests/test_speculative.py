@@ -293,6 +293,45 @@ def test_rows_that_join_a_drafter_that_is_always_wrong_start_backed_off(tiny_che
         assert u.draft_rounds <= 2 and u.draft_n == u.draft_rounds, u
 
 
+class CountingWrong(StubDrafter):
+    """Drafts a token the model never picks, as far as each row may, and records how many
+    rows each round asks it for."""
+
+    def __init__(self, token: int) -> None:
+        self.token = token
+        self.asked: list[int] = []
+
+    def propose(self, rows, limits):
+        self.asked.append(len(rows))
+        return [[self.token] * n for n in limits]
+
+
+def test_a_cold_drafter_lets_one_row_scout_per_round(tiny_checkpoint):
+    prompts = [list(range(40 + k, 60 + k)) for k in range(4)]
+    plain, _, _ = run(tiny_checkpoint, prompts, max_tokens=60)
+    drafter = CountingWrong(next(t for t in range(1000) if all(t not in p for p in plain)))
+    worker = worker_for(tiny_checkpoint, parallel=4,
+                        config=spec_config(drafter=drafter, draft_max=8))
+
+    def serve():
+        sinks = [ListSink() for _ in prompts]
+        for prompt, sink in zip(prompts, sinks, strict=True):
+            worker.enqueue(request(prompt, 60), sink)
+        run_until_done(worker, sinks)
+        assert [s.tokens for s in sinks] == plain
+
+    serve()
+    assert max(drafter.asked) > 1  # a fresh drafter: the rows draft together
+    for _ in range(10):
+        if worker.spec.cold >= governors.COLD_ROUNDS:
+            break
+        serve()
+    assert worker.spec.cold >= governors.COLD_ROUNDS
+    drafter.asked.clear()
+    serve()
+    assert drafter.asked and max(drafter.asked) == 1  # one scout per round
+
+
 def test_row_governor_draft_length_follows_acceptance():
     gov = governors.RowGovernor(16)
     gov.length = 4

@@ -12,7 +12,11 @@ its size drafts at all (``mlxcel.engine.speculative`` asks them each step).
   The drafter's record carries over to rows that join: after ``COLD_ROUNDS`` rounds
   running with nothing accepted (any rows), a new row starts as a backed-off row does,
   with the backoff the drafter has reached, so a drafter that is always wrong costs each
-  request a probe or two.
+  request a probe or two. While the record is that cold, one row drafts per round (the
+  first that may, a scout): a probe costs its row's admission to the drafter (a draft
+  model prefills the row's context first) and widens the verify forward, so probing
+  every row of a large batch would cost that batch-wide; the scout's first accepted
+  token ends the cold record and every row drafts again.
 * **per batch** (``BatchGovernor``): the seconds per emitted token of verify rounds and of
   plain steps, kept per batch size (powers of two), as running averages. A round is timed
   whole: the wait for the step in flight (whose tokens it counts), the drafting, the verify

@@ -149,6 +149,8 @@ class Speculation:
         self.batch.round_begins()
         self._forget_departed(rows)
         picked = [i for i, s in enumerate(rows) if self.eligible(s) and self._has_hidden(s)]
+        if self.cold >= COLD_ROUNDS:  # wrong for every row lately: one row scouts
+            picked = picked[:1]
         limits, floors = [], []
         for i in picked:
             seq = rows[i]
