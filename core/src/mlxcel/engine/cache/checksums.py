@@ -59,7 +59,7 @@ def file_checksum(path: Path, threads: int = THREADS) -> tuple[int, str]:
     ``threads`` threads (no more than the cores). A file cut short while it is read gives
     the size it was read at; ``OSError`` (the file missing, unreadable) propagates."""
     size = path.stat().st_size
-    done = _start(path, size, range(_chunks(size)), threads)()
+    done = _start(path, size, range(_chunks(size)), threads, background=False)()
     return sum(n for _, n in done), _named([crc for crc, _ in done])
 
 
@@ -74,7 +74,7 @@ def verify_while(path: Path, value: str, size: int, head: int, work: Callable[[]
     if expected is None or len(expected) != _chunks(size) or path.stat().st_size != size:
         raise Mismatch("size or scheme")
     first = min(len(expected), _chunks(max(head, 1)))
-    if _start(path, size, range(first), threads)() != [(c, _length(size, i))
+    if _start(path, size, range(first), threads, background=False)() != [(c, _length(size, i))
                                                       for i, c in enumerate(expected[:first])]:
         raise Mismatch("the chunks of the head")
     rest = _start(path, size, range(first, len(expected)), threads)
@@ -102,11 +102,13 @@ def _length(size: int, index: int) -> int:
     return max(0, min(CHUNK, size - index * CHUNK))
 
 
-def _start(path: Path, size: int, indices: Sequence[int],
-           threads: int) -> Callable[[], list[tuple[int, int]]]:
+def _start(path: Path, size: int, indices: Sequence[int], threads: int,
+           background: bool = True) -> Callable[[], list[tuple[int, int]]]:
     """Start checksumming the chunks ``indices`` of ``path`` (``size`` bytes) on up to
     ``threads`` threads; the returned call waits for them and gives each chunk's (CRC,
-    bytes read), or raises a thread's error."""
+    bytes read), or raises a thread's error. Work for one thread that the caller waits for
+    at once (not ``background``) runs on the caller's thread: a thread started from a busy
+    process waits for the GIL before it runs, which a small file's check would pay twice."""
     indices = list(indices)
     out: list[tuple[int, int]] = [(0, 0)] * len(indices)
     errors: list[BaseException] = []
@@ -122,8 +124,11 @@ def _start(path: Path, size: int, indices: Sequence[int],
         except BaseException as exc:  # re-raised on the waiting thread
             errors.append(exc)
 
+    inline = workers == 1 and not background
+    if inline:
+        work(0)
     pool = [threading.Thread(target=work, args=(k,), name=f"mlxcel-checksum-{k}", daemon=True)
-            for k in range(workers if indices else 0)]
+            for k in range(0 if inline or not indices else workers)]
     for t in pool:
         t.start()
 
