@@ -348,7 +348,8 @@ def on_cuda() -> bool:
     return sys.platform != "darwin" and mlx_device() == "gpu"
 
 
-# Threads that read a checkpoint's weights on CUDA (``mlxcel.builtin.weight_reads``). MLX's
+# Threads that read safetensors files on CUDA (``mlxcel.model.safetensors_reads``: a
+# checkpoint's weights, the prompt cache's disk tier). MLX's
 # CUDA load reads each tensor into pageable memory on the evaluating thread and copies it
 # from there, one after another; side by side, the reads and copies overlap. Metal reads
 # straight into unified memory and the CPU has no copy, so both keep MLX's own load.
