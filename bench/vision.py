@@ -50,6 +50,7 @@ import io
 import json
 import os
 import pathlib
+import signal
 import statistics
 import subprocess
 import sys
@@ -284,8 +285,15 @@ def run_server(name: str, path: pathlib.Path, args: argparse.Namespace,
             out["levels"][str(c)] = lv = asyncio.run(
                 level(srv.base, model, c, n, f"{tag}-c{c}", args.max_tokens))
             print(f"{label} {name} c={c}: {json.dumps(lv)}", flush=True)
-        out["repeat"] = asyncio.run(repeat(srv.base, model, args.repeats, args.max_tokens,
-                                           f"rep-{tag}"))
+        spy = sampling(srv, logdir / f"{label}.spy.json") if args.py_spy and \
+            name == "mlxcel" else None
+        try:
+            out["repeat"] = asyncio.run(repeat(srv.base, model, args.repeats,
+                                               args.max_tokens, f"rep-{tag}"))
+        finally:
+            if spy is not None:
+                spy.send_signal(signal.SIGINT)  # py-spy writes its file and exits
+                spy.wait(timeout=60)
         print(f"{label} {name} repeat: {json.dumps(out['repeat'])}", flush=True)
     finally:
         out["alive_at_end"] = srv.alive()
@@ -293,6 +301,19 @@ def run_server(name: str, path: pathlib.Path, args: argparse.Namespace,
         srv.stop()
     out["loadavg_after"] = loadavg()
     return out
+
+
+def sampling(srv: Server, out: pathlib.Path) -> subprocess.Popen[bytes]:
+    """``py-spy record`` of the server's processes (Granian's worker is a child) and all
+    their threads, idle ones too, into a speedscope file: where a request's time goes on
+    the host, the engine thread's waits included."""
+    assert srv.proc is not None
+    spy = subprocess.Popen(["py-spy", "record", "--subprocesses", "--threads", "--idle",
+                            "--rate", "250", "--format", "speedscope", "--output", str(out),
+                            "--pid", str(srv.proc.pid)],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    time.sleep(1.0)  # attached before the first request
+    return spy
 
 
 def merge(passes: list[dict[str, Any]]) -> dict[str, Any]:
@@ -518,6 +539,8 @@ def main() -> int:
     ap.add_argument("--servers", default="mlxcel,mlx_vlm")
     ap.add_argument("--mlxcel-args", default="")
     ap.add_argument("--mlxcel-spawn", action="store_true")
+    ap.add_argument("--py-spy", action="store_true",
+                    help="py-spy records each mlxcel pass's repeated-image requests")
     ap.add_argument("--trace", action="store_true",
                     help="write each mlxcel pass's engine trace into the log folder")
     ap.add_argument("--raw", action="store_true", help="the raw mlx-vlm loop (GPU)")

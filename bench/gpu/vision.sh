@@ -12,7 +12,8 @@
 # per server, in turn; 1), CKDIR (where the checkpoint is built), RAW (1: the raw loop),
 # MLXCEL_SPAWN (1: Granian's worker started with 'spawn', serving.py's CUDA workaround),
 # TRACE (1: each mlxcel pass's engine trace in logs.tgz), ARGS (more bench/vision.py
-# arguments).
+# arguments), PY_SPY (1: py-spy records mlxcel's repeated-image requests, into logs.tgz;
+# py-spy on PATH).
 #   MLXCEL_SPAWN=1 OUT=$OUT bash bench/gpu/vision.sh
 #   CHECKPOINTS=qwen2.5-vl-tiny DTYPE=float32 PY=.venv/bin/python OUT=/tmp/v bash bench/gpu/vision.sh  # CPU dry run
 set -uo pipefail
@@ -30,10 +31,12 @@ RAW=${RAW:-1}
 MLXCEL_SPAWN=${MLXCEL_SPAWN:-0}
 ARGS=${ARGS:-}
 TRACE=${TRACE:-0}
+PY_SPY=${PY_SPY:-0}
 . bench/gpu/common.sh  # bench_env, machine
 bench_env families/vlm
 [ "$RAW" = 1 ] && EXTRA+=(--raw)
 [ "$TRACE" = 1 ] && EXTRA+=(--trace)
+[ "$PY_SPY" = 1 ] && EXTRA+=(--py-spy)
 {
   machine
   # shellcheck disable=SC2086

@@ -17,7 +17,10 @@ is the answer.
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
+import pathlib
+import pstats
 import random
 import statistics
 import time
@@ -84,23 +87,34 @@ def eos_id(path) -> int:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--checkpoint", default="30m")
+    ap.add_argument("--checkpoint", default="30m", help="a bench checkpoint name or a path")
     ap.add_argument("--passes", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--concurrency", default="1,8")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--modes", default=",".join(MODES),
+                    help="of " + ",".join(MODES) + " (off always runs)")
+    ap.add_argument("--profile", default=None, metavar="MODE",
+                    help="cProfile MODE's passes; print where the engine thread's time goes")
     args = ap.parse_args()
-    path = named_checkpoint(args.checkpoint)
+    given = pathlib.Path(args.checkpoint)
+    path = given if given.is_dir() else named_checkpoint(args.checkpoint)
+    modes = ["off", *(m for m in args.modes.split(",") if m != "off")]  # off: the baseline
+    profile = cProfile.Profile() if args.profile else None
     vocab = json.loads((path / "config.json").read_text())["vocab_size"]
     results = []
     for kind in ("copy", "fresh"):
         for c in (int(x) for x in args.concurrency.split(",")):
             batch = prompts(kind, c, vocab, seed=c)
             one_run(path, "off", batch, 8)  # warm
-            passes = {m: [] for m in MODES}
+            passes = {m: [] for m in modes}
             for _ in range(args.passes):
-                for mode in MODES:
+                for mode in modes:
+                    if mode == args.profile:
+                        profile.enable()
                     passes[mode].append(one_run(path, mode, batch, args.max_tokens))
+                    if mode == args.profile:
+                        profile.disable()
             base = statistics.median(r["tok_s"] for r in passes["off"])
             for mode, runs in passes.items():
                 rate = statistics.median(r["tok_s"] for r in runs)
@@ -113,6 +127,10 @@ def main() -> None:
                        "same_output_as_off": same}
                 results.append(row)
                 print(json.dumps(row), flush=True)
+    if profile is not None:
+        # MLX's functions are not C functions to cProfile: the time a call spends in MLX
+        # (an evaluation's wait for the device included) is its Python caller's own time
+        pstats.Stats(profile).sort_stats("tottime").print_stats(40)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"checkpoint": args.checkpoint, "results": results}, f, indent=1)
