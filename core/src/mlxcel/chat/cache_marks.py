@@ -82,11 +82,15 @@ def token_positions(offsets: Sequence[tuple[int, int]], chars: Sequence[tuple[in
                     ) -> tuple[tuple[int, str], ...]:
     """The token counts at character offsets ``chars``, given each token's ``(start, end)``
     character span: the tokens that end at or before the offset, when the next one starts
-    at or after it (a token across the offset gives no position)."""
-    ends = [end for _, end in offsets]
+    at or after it (a token across the offset gives no position). The spans are searched,
+    not copied: a long prompt has tens of thousands, and a few marks."""
     out = []
     for char, kind in chars:
-        n = bisect_right(ends, char)
+        n = bisect_right(offsets, char, key=_end)
         if 0 < n < len(offsets) and offsets[n][0] >= char:
             out.append((n, kind))
     return tuple(out)
+
+
+def _end(span: tuple[int, int]) -> int:
+    return span[1]

@@ -6,6 +6,7 @@ refused without holding the GIL for a list of ids that will be thrown away.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from mlxcel.errors import ContextLengthExceeded
@@ -41,7 +42,7 @@ def encode_prompt(engine: Any, text: str, param: str, add_special: bool) -> list
 
 
 def encode_prompt_spans(engine: Any, text: str, param: str, add_special: bool
-                        ) -> tuple[list[int], list[tuple[int, int]]]:
+                        ) -> tuple[list[int], Sequence[tuple[int, int]]]:
     """``encode_prompt`` with each token's character span (``Tokenizer.encode_spans``)."""
     return _encode(engine, text, param, lambda tok, limit: tok.encode_spans(
         text, add_special, max_tokens=limit))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,36 @@ def _read_json(path: Path) -> dict:
         raise StartupError(f"cannot read {path}: {exc}") from exc
 
 
+class Spans(Sequence):
+    """Each token's ``(start, end)`` character span of one encoding (its ``offsets``), read
+    from it when asked: a prompt's message boundaries need a few dozen of a long prompt's
+    spans, and the whole list as Python tuples would be made on every request. A token
+    the post-processor added (BOS) has no span of its own to read: for those the list is
+    made once."""
+
+    def __init__(self, encoding: Any) -> None:
+        self._encoding = encoding
+        self._n = len(encoding)
+        self._all: list[tuple[int, int]] | None = None
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self._n))]
+        if i < 0:
+            i += self._n
+        if not 0 <= i < self._n:
+            raise IndexError("token index out of range")
+        span = self._encoding.token_to_chars(i)
+        if span is None:
+            if self._all is None:
+                self._all = self._encoding.offsets
+            span = self._all[i]
+        return span
+
+
 class Tokenizer:
     """Encode/decode plus the special tokens a server needs (BOS, EOS ids, template)."""
 
@@ -80,10 +111,11 @@ class Tokenizer:
         return self._encoding(text, add_special, max_tokens).ids
 
     def encode_spans(self, text: str, add_special: bool = False,
-                     max_tokens: int | None = None) -> tuple[list[int], list[tuple[int, int]]]:
-        """``encode``, with each token's ``(start, end)`` character span in ``text``."""
+                     max_tokens: int | None = None) -> tuple[list[int], Spans]:
+        """``encode``, with each token's ``(start, end)`` character span in ``text``
+        (``Spans``: read on demand)."""
         encoding = self._encoding(text, add_special, max_tokens)
-        return encoding.ids, encoding.offsets
+        return encoding.ids, Spans(encoding)
 
     def _encoding(self, text: str, add_special: bool, max_tokens: int | None) -> Any:
         if len(text) >= GIL_FREE_CHARS:
