@@ -38,6 +38,38 @@ def test_block_hashes_keep_their_byte_layout():
     assert block_hashes(tokens) == [first, second]
 
 
+def test_block_hashes_extend_the_hashes_a_prefix_already_has():
+    """A finished row's store hashes only the blocks past those its prompt's lookup
+    hashed (``known``): the chain is the one hashing every block gives, digests
+    included, and known hashes past the tokens' full blocks are not kept."""
+    import numpy as np
+
+    tokens = [(7 * i) % 251 for i in range(100)]
+    digests = {20: b"image-a", 70: b"image-b"}
+    whole = block_hashes(tokens, None, digests)
+    for k in (0, 15, 16, 47, 64, 99, 100):
+        known = block_hashes(tokens[:k], None, digests)
+        assert block_hashes(tokens, None, digests, known) == whole, k
+    assert block_hashes(tokens, 40, digests, whole) == whole[:2]
+    assert block_hashes(tuple(np.array(tokens, dtype=np.int64))) == block_hashes(tokens)
+
+
+def test_an_insert_given_its_prompts_hashes_is_the_entry_hashing_gives():
+    from mlxcel.engine.cache.entries import prompt_hashes
+
+    cache, again = PromptCache(capacity_bytes=1 << 20), PromptCache(capacity_bytes=1 << 20)
+    prompt = list(range(50))
+    known = prompt_hashes(prompt)
+    assert len(known) == 3 and cache.lookup(prompt, hashes=known) is None
+    assert cache.insert(prompt + [7] * 20, kv(70), prompt_len=50, known=known)
+    assert again.insert(prompt + [7] * 20, kv(70), prompt_len=50)
+    mine, = cache._entries.values()
+    theirs, = again._entries.values()
+    assert mine.hashes == theirs.hashes == block_hashes(prompt + [7] * 20)
+    assert cache.lookup(prompt + [7] * 20 + [1], hashes=prompt_hashes(
+        prompt + [7] * 20 + [1])).n == 64
+
+
 def test_longest_prefix_hit_leaves_one_token_to_compute():
     cache = PromptCache(capacity_bytes=1 << 20)
     tokens = list(range(50))

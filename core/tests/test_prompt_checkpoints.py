@@ -271,3 +271,23 @@ def test_a_conversation_keeps_one_entry_when_answers_come_back_as_text(
         assert generate(eng, SYSTEM + tokens(9), marks=())[0][1] == 40
     finally:
         eng.shutdown()
+
+
+@pytest.mark.parametrize("kind", ["plain", "kv-shared"])
+def test_stored_entries_hash_as_their_tokens_do(kind, mlxcel_checkpoint_cache):
+    """The engine hashes a prompt once, at its lookup, and its store extends those
+    hashes (``PromptCache.insert``'s ``known``): every entry's index is still the hash
+    chain of its own tokens, after a cold turn and after a hit."""
+    from mlxcel.engine.cache.entries import block_hashes
+
+    eng = engine(checkpoint(kind, mlxcel_checkpoint_cache))
+    try:
+        generate(eng, PROMPT)
+        _, cached, _ = generate(eng, LATER["prompt"][0])[0]
+        assert cached > 0
+        entries = list(eng.prompt_cache._entries.values())
+        assert entries
+        for entry in entries:
+            assert entry.hashes == block_hashes(entry.tokens, None, entry.digests)
+    finally:
+        eng.shutdown()

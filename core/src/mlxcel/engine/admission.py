@@ -18,6 +18,7 @@ import structlog
 from mlxcel.engine import fork, scheduler
 from mlxcel.engine.batch import PrefillJob
 from mlxcel.engine.cache.capture import marks_for
+from mlxcel.engine.cache.entries import prompt_hashes
 from mlxcel.engine.media_rows import MediaFeed
 from mlxcel.engine.mixed_batch import MixedPrefill
 from mlxcel.engine.scheduler import Limits, Plan, View
@@ -121,10 +122,12 @@ class Admission:
     def _lookup(self, seq: Sequence) -> tuple | None:
         if seq.cache_hit is None:
             found = None
+            cache, tokens = self.prompt_cache, seq.req.prompt_tokens
             try:
-                found = self.prompt_cache.lookup(seq.req.prompt_tokens,
-                                                 dict(seq.req.media_digests)) \
-                    if seq.req.cache_prompt else None
+                if seq.req.cache_prompt and cache.enabled:
+                    digests = dict(seq.req.media_digests)
+                    seq.prompt_hashes = prompt_hashes(tokens, digests)
+                    found = cache.lookup(tokens, digests, seq.prompt_hashes)
             except Exception:  # the cache's problem, not the request's: a miss
                 log.exception("prompt_cache_lookup_failed", request_id=seq.req.request_id)
             seq.cache_hit = found or ()

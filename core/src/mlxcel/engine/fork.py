@@ -126,6 +126,7 @@ class ForkedPrefill:
             lead = self.job.seqs[r]
             if seq is not lead:
                 seq.cached, seq.cache_hit = lead.cached, lead.cache_hit
+                seq.prompt_hashes = lead.prompt_hashes  # the same prompt
         job = self.job
         if isinstance(job, MixedPrefill) and is_lone(job.cache):
             job.cache[:] = merge_rows([job.cache] * len(self.seqs))

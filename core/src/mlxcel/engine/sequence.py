@@ -61,6 +61,8 @@ class Sequence:
         self.cached = 0  # prompt tokens taken from the prompt cache
         self.fed_from = 0  # its batch's ``DecodeBatch.fed`` = this + the batch's steps
         self.cache_hit: Any = None  # the prompt cache's Hit at admission, () for none
+        # the prompt's block hashes, from its lookup (``cache.entries.prompt_hashes``)
+        self.prompt_hashes: list[bytes] = []
         self.checkpoints: list[Any] = []  # taken while prefilling (``cache.capture``)
         self.finished = False
         # admitted alone: its group could not be set up with it, or it has media

@@ -294,7 +294,7 @@ class EngineWorker(EngineSetup, Admission, threading.Thread):
             for seq, (tokens, stored) in zip(keep, self.batch.snapshots(keep), strict=True):
                 self.prompt_cache.insert(tokens, stored, seq.checkpoints,
                                          dict(seq.req.media_digests), seq.cache_hit or None,
-                                         len(seq.req.prompt_tokens))
+                                         len(seq.req.prompt_tokens), seq.prompt_hashes)
                 seq.checkpoints = []
         except Exception:
             log.exception("prompt_cache_insert_failed",

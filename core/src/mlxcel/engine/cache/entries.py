@@ -33,26 +33,47 @@ CHECKPOINT_VALUE = {"system": 4, "turn": 3, "prompt": 2, "interval": 1}
 
 
 def block_hashes(tokens: Sequence[int], limit: int | None = None,
-                 digests: Digests = NO_DIGESTS) -> list[bytes]:
+                 digests: Digests = NO_DIGESTS, known: Sequence[bytes] = ()) -> list[bytes]:
     """Chained sha256 of each full 16-token block (of the first ``limit`` tokens), each
-    block's digests (``Digests``) included. A token is 4 bytes, unsigned little-endian; the
-    prompt is packed once and sliced, since an agent's prompt is tens of thousands of
-    tokens and this runs on every lookup and store."""
+    block's digests (``Digests``) included. ``known``: the hashes of the first blocks,
+    already computed for these tokens (a finished row's prompt, hashed when it was looked
+    up): only the blocks past them are hashed. A token is 4 bytes, unsigned
+    little-endian; the tokens to hash are packed once and sliced, since an agent's prompt
+    is tens of thousands of tokens and this runs on every lookup and store."""
     n = len(tokens) if limit is None else min(limit, len(tokens))
     full = n - n % BLOCK_SIZE
-    packed = array("I", [int(t) for t in tokens[:full]])
-    if sys.byteorder == "big":
-        packed.byteswap()
-    data, width = packed.tobytes(), 4 * BLOCK_SIZE
-    out, prev = [], b""
-    for start in range(0, full, BLOCK_SIZE):
-        block = data[4 * start:4 * start + width]
+    out = list(known[:full // BLOCK_SIZE])
+    first = len(out) * BLOCK_SIZE
+    data, width = _pack(tokens[first:full]), 4 * BLOCK_SIZE
+    prev = out[-1] if out else b""
+    for start in range(first, full, BLOCK_SIZE):
+        at = 4 * (start - first)
+        block = data[at:at + width]
         if digests:
             block += b"".join(p.to_bytes(4, "little") + digests[p]
                               for p in sorted(digests) if start <= p < start + BLOCK_SIZE)
         prev = hashlib.sha256(prev + block).digest()
         out.append(prev)
     return out
+
+
+def prompt_hashes(tokens: Sequence[int], digests: Digests = NO_DIGESTS) -> list[bytes]:
+    """The block hashes a lookup of the prompt ``tokens`` reads: its full blocks before its
+    last token, which is always computed. The engine keeps them with the sequence for its
+    lookup and, once it ends, its store (``known``), so a turn hashes its prompt once."""
+    return block_hashes(tokens, len(tokens) - 1, digests)
+
+
+def _pack(tokens: Sequence[int]) -> bytes:
+    """Token ids as 4-byte unsigned little-endian integers; ids of another integer type
+    (NumPy's) are converted first where ``array`` refuses them."""
+    try:
+        packed = array("I", tokens)
+    except TypeError:
+        packed = array("I", [int(t) for t in tokens])
+    if sys.byteorder == "big":
+        packed.byteswap()
+    return packed.tobytes()
 
 
 class Stored(Protocol):

@@ -37,6 +37,7 @@ from mlxcel.engine.cache.entries import (
     Stored,
     best_in,
     block_hashes,
+    prompt_hashes,
 )
 from mlxcel.engine.cache.kinds import Checkpoint, Reuse
 
@@ -72,13 +73,16 @@ class PromptCache:
         self._calls = 0  # insert() calls since the journal was last drained
 
     # -- engine thread ----------------------------------------------------------------------
-    def lookup(self, tokens: Sequence[int], digests: Digests = NO_DIGESTS) -> Hit | None:
+    def lookup(self, tokens: Sequence[int], digests: Digests = NO_DIGESTS,
+               hashes: list[bytes] | None = None) -> Hit | None:
         """The most of ``tokens`` (always leaving at least one prompt token to compute) that
-        some entry gives (``entries.best_in``): the longest wins, the newest among equals."""
+        some entry gives (``entries.best_in``): the longest wins, the newest among equals.
+        ``hashes``: ``entries.prompt_hashes(tokens, digests)``, when the caller has them."""
         if not self.enabled:
             return None
         limit = len(tokens) - 1
-        hashes = block_hashes(tokens, limit, digests)
+        if hashes is None:
+            hashes = prompt_hashes(tokens, digests)
         with self._lock:
             self._expire()
             self.counters["lookups"] += 1
@@ -143,15 +147,16 @@ class PromptCache:
 
     def insert(self, tokens: Sequence[int], payload: Stored, checkpoints: Sequence[Any] = (),
                digests: Digests = NO_DIGESTS, started: Hit | None = None,
-               prompt_len: int | None = None) -> bool:
+               prompt_len: int | None = None, known: Sequence[bytes] = ()) -> bool:
         """Store ``payload``, the state of ``tokens`` (cut to whole blocks where any prefix
         may be reused), with its ``checkpoints``; False when refused. ``prompt_len``: how
         many of the tokens were the prompt (the rest generated); ``started``: the hit the
-        sequence was prefilled from, which the new entry may supersede (``_supersede``)."""
+        sequence was prefilled from, which the new entry may supersede (``_supersede``);
+        ``known``: the first blocks' hashes (``block_hashes``' ``known``)."""
         call, self._calls = self._calls, self._calls + 1
         if not self.enabled:
             return False
-        hashes = block_hashes(tokens, None, digests)
+        hashes = block_hashes(tokens, None, digests, known)
         if not hashes:
             return False
         if self.reuse.mode == "prefix":
