@@ -428,3 +428,24 @@ def test_trim_drops_the_padding_every_row_has():
         lone.update_and_fetch(keys[:1], keys[:1])
         lone.trim()
         assert lone.pads == [0] and lone.make_mask(1) is None
+
+
+def test_a_lone_restored_row_holds_its_entrys_buffers_until_written():
+    """A prompt-cache hit restored alone (an agent's next turn) is not copied when its
+    caches are made; the first write grows each layer into a buffer of its own and leaves
+    the entry's arrays as they were."""
+    mx.random.seed(4)
+    keys, values = mx.random.normal((2, 1, 2, 2048, 64)), mx.random.normal((2, 1, 2, 2048, 64))
+    mx.eval(keys, values)
+    kept = mx.array(keys)
+    mx.eval(kept)
+    before = mx.get_active_memory()
+    caches = BatchCache.from_prefixes([(keys, values)], [0], 2048, None)
+    mx.eval([a for c in caches for a in c.state])
+    assert mx.get_active_memory() - before < keys.nbytes // 4
+    new = mx.ones((1, 2, 1, 64))
+    for layer, cache in enumerate(caches):
+        k, v = cache.update_and_fetch(new, new)
+        assert k.shape[2] == 2049 and mx.array_equal(k[:, :, :2048], keys[layer]).item()
+        assert mx.array_equal(v[:, :, 2048:], new).item()
+    assert mx.array_equal(keys, kept).item()

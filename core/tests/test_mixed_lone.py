@@ -127,6 +127,21 @@ def test_private_copies_share_no_array_handle_with_the_entry():
     assert entry.keys.sum().item() == 8  # the entry's slots are as they were
 
 
+def test_private_caches_are_views_until_written():
+    """A restore's caches hold the entry's buffers, not copies of them (a 32k-token
+    entry would otherwise be copied once here and once more by its first write); the
+    first write then leaves the entry's values as they were."""
+    entry = KVCache()
+    entry.update_and_fetch(mx.ones((1, 4, 4096, 128)), mx.ones((1, 4, 4096, 128)))
+    mx.eval(entry.keys, entry.values)
+    before = mx.get_active_memory()
+    mine, = private([entry])
+    mx.eval(mine.keys, mine.values)
+    assert mx.get_active_memory() - before < entry.keys.nbytes // 2
+    mine.update_and_fetch(mx.zeros((1, 4, 1, 128)), mx.zeros((1, 4, 1, 128)))
+    assert entry.offset == 4096 and entry.keys.sum().item() == entry.keys.size
+
+
 def test_lone_kinds_are_plain_and_rotating_caches_without_kept_tokens():
     assert lone_kinds([KVCache(), RotatingKVCache(8)])
     assert not lone_kinds([KVCache(), RotatingKVCache(8, keep=4)])

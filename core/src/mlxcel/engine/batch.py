@@ -133,9 +133,13 @@ class PrefillJob(Prefill):
             room = BatchCache.step if len(seqs) == 1 else 0
             for c in self.cache:
                 c.reserve = width + room
-        rows = [[0] * pad + list(s.req.prompt_tokens[:-1]) for s, pad in zip(seqs, pads,
-                                                                             strict=True)]
+        # the columns still to compute (from ``start``): a prompt-cache hit's prefix is
+        # never fed, and a long prompt's ids cost a list and an array to copy
+        rows = [[0] * max(0, pad - start)
+                + list(s.req.prompt_tokens[max(0, start - pad):-1])
+                for s, pad in zip(seqs, pads, strict=True)]
         self.tokens = mx.array(rows, dtype=mx.uint32)
+        self.start = start
         self.width = width
         self.done_cols = start
         self.last_cols = 0  # columns the last step() computed
@@ -146,7 +150,7 @@ class PrefillJob(Prefill):
         if self.done_cols < self.width:
             cols = max(self.align, self.per_row(chunk, max_cols) // self.align * self.align)
             end = min(self.width, self.done_cols + cols)
-            chunk = self.tokens[:, self.done_cols:end]
+            chunk = self.tokens[:, self.done_cols - self.start:end - self.start]
             if self.feed is not None:  # one unpadded row: columns are prompt positions
                 self.feed(chunk, self.cache, self.done_cols, end)
             else:

@@ -127,14 +127,15 @@ def is_lone(caches: list[Any]) -> bool:
 def private(caches: list[Any]) -> list[Any]:
     """Single-row plain ``caches`` (``lone_kinds``; a prompt-cache entry's, cut) as new
     cache objects on new array handles, so decoding on them, which writes into its arrays
-    in place, never writes into the stored entry's."""
-    import mlx.core as mx
-
+    in place, never writes into the stored entry's. The handles are views of the entry's
+    buffers, not copies: MLX writes in place only into a buffer no other array holds, so
+    the first write into a shared one copies it (a KV layer's first write grows it into a
+    new buffer anyway), and a restore copies no layer twice."""
     out = []
     for c in caches:
         mine = copy.copy(c)
         if c.keys is not None:
-            mine.keys, mine.values = mx.array(c.keys), mx.array(c.values)
+            mine.keys, mine.values = c.keys[...], c.values[...]
         out.append(mine)
     return out
 

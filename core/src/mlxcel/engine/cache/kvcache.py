@@ -136,7 +136,10 @@ class BatchCache:
 
         The rows are padded and joined once per side with every layer stacked, and
         re-rotated in one call: a group of prompt-cache hits then costs a graph of rows +
-        layers ops, not rows x layers (the prefill of a wave of agent turns waits for it)."""
+        layers ops, not rows x layers (the prefill of a wave of agent turns waits for it).
+        Each layer's cache is a view of the stacked arrays, and a lone unpadded row's are
+        views of its entry's: the first token written grows each layer into a buffer of
+        its own (``update_and_fetch``), the one copy its prefix needs."""
         ref_k, ref_v = next(p for p in parts if p is not None)
         layers, _, h, _, dk = ref_k.shape
         dv = ref_v.shape[-1]
@@ -149,13 +152,19 @@ class BatchCache:
                 n = start - pad
                 keys.append(_left_pad(part[0][..., :n, :], pad))
                 values.append(_left_pad(part[1][..., :n, :], pad))
-        stacked_k, stacked_v = mx.concatenate(keys, axis=1), mx.concatenate(values, axis=1)
+        if len(keys) == 1:
+            stacked_k, stacked_v = keys[0], values[0]
+        else:
+            stacked_k, stacked_v = mx.concatenate(keys, axis=1), mx.concatenate(values, axis=1)
         if rope is not None:  # canonical position i -> slot pads[r] + i, every layer
             stacked_k = rotate_layers(rope, stacked_k, list(pads))
         out = []
         for layer in range(layers):
             cache = cls(pads, rope)
-            cache.keys, cache.values, cache._idx = stacked_k[layer], stacked_v[layer], start
+            # a slice is a view; an integer index would copy the layer
+            cache.keys = stacked_k[layer:layer + 1].squeeze(0)
+            cache.values = stacked_v[layer:layer + 1].squeeze(0)
+            cache._idx = start
             out.append(cache)
         return out
 
