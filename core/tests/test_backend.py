@@ -165,6 +165,15 @@ def test_preload_env_prepends_and_marks():
     assert backend.preload_env({}, OPENBLAS)["LD_PRELOAD"] == OPENBLAS
 
 
+def test_preload_env_sets_the_allocator_unless_the_user_did():
+    env = backend.preload_env({}, OPENBLAS)
+    assert {k: env[k] for k in backend.CPU_MALLOC_ENV} == backend.CPU_MALLOC_ENV
+    assert env["MALLOC_ARENA_MAX"] == "1"
+    mine = backend.preload_env({"MALLOC_ARENA_MAX": "4"}, OPENBLAS)
+    assert mine["MALLOC_ARENA_MAX"] == "4"  # the user's value wins
+    assert mine["MALLOC_MMAP_THRESHOLD_"] == str(32 << 20)
+
+
 @pytest.fixture
 def fake_machine(monkeypatch, tmp_path):
     """A Linux CPU machine with OpenBLAS installed at a tmp path; execve is recorded."""

@@ -222,9 +222,22 @@ def preload_decision(*, platform: str, device: str, no_fast_blas: bool,
     return True, f"preloading {blas_path}"
 
 
+# glibc's allocator for the re-executed CPU server (``mallopt``'s settings, which glibc
+# reads from the environment at start; after start the engine thread's arena is made).
+# MLX's CPU allocator keeps at most its cache limit of freed buffers and hands the rest
+# back to malloc, so a forward's large temporaries come and go every step: with glibc's
+# defaults those above its adaptive mmap threshold are mapped and unmapped each time and
+# their pages faulted in again, and each thread's arena holds its own. One arena, mmap
+# only for buffers past MLX's own cache limit, and no trimming keep them in the heap for
+# the next step. A value the user set wins.
+CPU_MALLOC_ENV = {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_THRESHOLD_": str(32 << 20),
+                  "MALLOC_TRIM_THRESHOLD_": str(16 << 30)}
+
+
 def preload_env(env: Mapping[str, str], blas_path: str) -> dict[str, str]:
-    """``env`` with ``blas_path`` prepended to ``LD_PRELOAD`` and the loop marker set."""
-    out = dict(env)
+    """``env`` with ``blas_path`` prepended to ``LD_PRELOAD``, glibc's allocator settings
+    (``CPU_MALLOC_ENV``) where unset, and the loop marker set."""
+    out = {**CPU_MALLOC_ENV, **env}
     out["LD_PRELOAD"] = ":".join([blas_path, *preloaded(env)])
     out[REEXEC_MARKER] = "1"
     return out
