@@ -42,6 +42,7 @@ import sys
 import tempfile
 import time
 
+from mlxcel.testing import bench_report
 from mlxcel.testing.servers import (
     Server,
     loadavg,
@@ -56,21 +57,9 @@ LEVEL_KEYS = ("agg_tok_s", "ttft_p50_ms", "ttft_p95_ms", "itl_p50_ms", "tpot_p50
               "failed", "wall_s")
 
 
-def _serving():
-    """``bench/serving.py`` (bench/ is no package), loaded from its file and registered
-    under one name at import, so its client processes (spawned: they import this script
-    first) unpickle its functions."""
-    import importlib.util
-
-    name = "bench_serving"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / "serving.py")
-        sys.modules[name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules[name])
-    return sys.modules[name]
-
-
-run_level = _serving().run_level
+# bench/serving.py, registered under one name at import, so its client processes (spawned:
+# they import this script first) unpickle its functions
+run_level = bench_report.harness(ROOT / "bench" / "serving.py", "bench_serving").run_level
 
 
 TIMELINE = {"http_up": "route=/health", "model_loaded": "model_loaded",

@@ -29,7 +29,6 @@ import hashlib
 import inspect
 import pstats
 import statistics
-import sys
 import time
 import types
 from collections import defaultdict
@@ -37,25 +36,14 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+from mlxcel.testing import bench_report
 
 MAX_TOKENS = 8
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _harness() -> types.ModuleType:
-    """``bench/prompt_cache.py`` (bench/ is no package), loaded from its file: its
-    conversation content and template are this probe's workload."""
-    import importlib.util
-
-    name = "bench_prompt_cache"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / "prompt_cache.py")
-        sys.modules[name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules[name])
-    return sys.modules[name]
-
-
-pc = _harness()
+# bench/prompt_cache.py: its conversation content and template are this probe's workload
+pc = bench_report.harness(ROOT / "bench" / "prompt_cache.py", "bench_prompt_cache")
 
 
 class Phases:

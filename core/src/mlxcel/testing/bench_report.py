@@ -1,6 +1,7 @@
 """What the benches share around their own
 measurements: the closed loop of requests, the versions, the targets table, the table's
-numbers and ratios, the machine line and the written report.
+numbers and ratios, the machine line, the written report, and a harness loaded by a
+probe.
 
 A closed loop is how the benches load a server: ``concurrency`` workers over one client
 take the next request as soon as their last one ends, so the server always has exactly
@@ -12,10 +13,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.metadata
+import importlib.util
 import json
 import math
 import pathlib
+import sys
 import time
+import types
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -89,3 +93,15 @@ def write_report(out: pathlib.Path, report: dict[str, Any], markdown: str,
     out.with_suffix(".md").write_text(markdown)
     print(markdown)
     print(f"wrote {out}; logs in {logdir}")
+
+
+def harness(path: pathlib.Path, name: str) -> types.ModuleType:
+    """The bench harness at ``path`` (bench/ is no package), loaded from its file once and
+    registered as ``name``, so a probe can use its workload and functions, and processes
+    spawned from the probe unpickle them by that name."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None, path
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[name])
+    return sys.modules[name]
