@@ -12,7 +12,11 @@ workloads: ``copy`` (a passage repeated four times, what prompt lookup is for) a
 ``fresh`` (no repeat; random weights still fall into loops that lookup can copy). The
 acceptance is read from each response's ``timings`` (``draft_n_accepted / draft_n``).
 Every output is compared with the same server's speculation-off output on the same
-prompt: greedy speculation must not change a byte.
+prompt: greedy speculation must not change a byte. Each level is first run untimed on
+other prompts of its workload (``--no-level-warmup`` skips it): on CUDA a batch size's
+first verify and draft forwards compile their kernels, seconds that a level of a few
+hundred milliseconds would otherwise carry; the drafter's governors keep what the
+untimed run taught them, as a server's do from one request to the next.
 
     python bench/speculative.py --target 30m --draft-preset tiny-draft --concurrency 1,8 \\
         --max-tokens 64 --out /tmp/spec.json                     # CPU dry run (minutes)
@@ -128,7 +132,8 @@ async def one(client: Any, url: str, body: dict[str, Any]) -> dict[str, Any]:
 
 
 async def level(base: str, workload: str, conc: int, max_tokens: int,
-                model: str) -> dict[str, Any]:
+                model: str, first: int = 0) -> dict[str, Any]:
+    """``conc`` requests at once, prompts ``first`` .. ``first + conc - 1`` of ``workload``."""
     import httpx
 
     body = {"model": model, "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
@@ -138,7 +143,7 @@ async def level(base: str, workload: str, conc: int, max_tokens: int,
         t0 = time.perf_counter()
         recs = await asyncio.gather(*(
             one(client, base + "/v1/completions", {**body, "prompt": prompt(workload, i)})
-            for i in range(conc)))
+            for i in range(first, first + conc)))
         wall = time.perf_counter() - t0
     ok = [r for r in recs if r["error"] is None]
     drafted = sum((r["timings"] or {}).get("draft_n", 0) for r in ok)
@@ -177,6 +182,9 @@ def run_config(cfg: dict[str, Any], args: argparse.Namespace, logdir: pathlib.Pa
             for conc in args.concurrency:
                 if cfg["server"] != "mlxcel" and conc not in args.peer_concurrency:
                     continue
+                if args.level_warmup:  # other prompts, untimed (module docstring)
+                    asyncio.run(level(srv.base, workload, conc, args.max_tokens, name,
+                                      first=1000))
                 rec = asyncio.run(level(srv.base, workload, conc, args.max_tokens, name))
                 out["levels"].append(rec)
                 print(json.dumps({k: v for k, v in rec.items() if k != "texts"}
@@ -260,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--peer-concurrency", type=lambda s: [int(x) for x in s.split(",")],
                     default=[1], help="the levels mlx_lm.server runs (it drafts at batch 1)")
     ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--no-level-warmup", dest="level_warmup", action="store_false",
+                    help="time each level's first run (no untimed run before it)")
     ap.add_argument("--draft-max", type=int, default=16)
     ap.add_argument("--cache-dir", default=None)
     ap.add_argument("--mlxcel-spawn", action="store_true",
