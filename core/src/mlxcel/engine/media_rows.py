@@ -23,32 +23,17 @@ from mlxcel.engine.sequence import Sequence
 from mlxcel.media.recent import Recent
 
 
-class FeatureCache:
+class FeatureCache(Recent[Any]):
     """Vision features by item digest, least recently used first out; ``size`` items at
     most (``--vision-cache-size``; 0 keeps none): the media path's memo
     (``mlxcel.media.recent.Recent``), counted in items, not bytes."""
 
     def __init__(self, size: int = 20) -> None:
-        self.size = size
-        self.kept: Recent[Any] = Recent(size, 1, lambda features: 0)
-
-    def __len__(self) -> int:
-        return len(self.kept)
-
-    @property
-    def hits(self) -> int:
-        return self.kept.hits
-
-    @property
-    def misses(self) -> int:
-        return self.kept.misses
+        super().__init__(size, 1, lambda features: 0)
 
     def get(self, digest: bytes, compute: Callable[[], Any]) -> Any:
         """The features of the item ``digest``, computed (and evaluated) on a miss."""
-        return self.kept.get(digest, lambda: _evaluated(compute()))
-
-    def clear(self) -> None:
-        self.kept.clear()
+        return super().get(digest, lambda: _evaluated(compute()))
 
 
 def _evaluated(features: Any) -> Any:
