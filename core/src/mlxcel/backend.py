@@ -222,14 +222,10 @@ def preload_decision(*, platform: str, device: str, no_fast_blas: bool,
     return True, f"preloading {blas_path}"
 
 
-# glibc's allocator for the re-executed CPU server (``mallopt``'s settings, which glibc
-# reads from the environment at start; after start the engine thread's arena is made).
-# MLX's CPU allocator keeps at most its cache limit of freed buffers and hands the rest
-# back to malloc, so a forward's large temporaries come and go every step: with glibc's
-# defaults those above its adaptive mmap threshold are mapped and unmapped each time and
-# their pages faulted in again, and each thread's arena holds its own. One arena, mmap
-# only for buffers past MLX's own cache limit, and no trimming keep them in the heap for
-# the next step. A value the user set wins.
+# glibc's allocator for the re-executed CPU server (read from the environment at start).
+# MLX's CPU allocator hands freed buffers past its cache limit back to malloc, whose
+# defaults map, unmap and fault in a forward's large temporaries every step: one arena,
+# mmap only past MLX's cache limit and no trimming keep them in the heap. User values win.
 CPU_MALLOC_ENV = {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_THRESHOLD_": str(32 << 20),
                   "MALLOC_TRIM_THRESHOLD_": str(16 << 30)}
 
