@@ -13,6 +13,7 @@ import asyncio
 import random
 
 import pytest
+from mlxcel.engine.cache.capture import NEAR, marks_for
 from mlxcel.engine.config import EngineConfig
 from mlxcel.testing.checkpoint import cached_checkpoint
 from mlxcel.testing.engine import engine_for, request
@@ -289,5 +290,46 @@ def test_stored_entries_hash_as_their_tokens_do(kind, mlxcel_checkpoint_cache):
         assert entries
         for entry in entries:
             assert entry.hashes == block_hashes(entry.tokens, None, entry.digests)
+    finally:
+        eng.shutdown()
+
+
+def test_a_mark_just_past_a_restored_checkpoint_is_not_taken():
+    """Ending a chunk a few tokens past the restored checkpoint would cost a pass for
+    nothing that checkpoint does not already give; a cold row keeps every mark."""
+    assert marks_for(200, 0, ((3, "system"), (100, "turn")), 0) == [
+        (3, "system"), (100, "turn"), (199, "prompt")]
+    assert marks_for(200, 93, ((95, "turn"), (93 + NEAR - 1, "turn"),
+                               (93 + NEAR, "turn")), 0) == [(93 + NEAR, "turn"),
+                                                            (199, "prompt")]
+    assert marks_for(200, 10, (), 32) == [(96, "interval"), (128, "interval"),
+                                          (160, "interval"), (192, "interval"),
+                                          (199, "prompt")]
+
+
+def test_a_turn_sharing_a_skipped_mark_reuses_the_checkpoint_before_it(
+        mlxcel_checkpoint_cache):
+    """A short answer re-sent as text puts the next turn's boundary 3 tokens past its hit:
+    no checkpoint there, so a prompt that shares it reuses the one before, and answers as
+    a cold prefill does."""
+    path = checkpoint("recurrent", mlxcel_checkpoint_cache)
+    answer, user = tokens(3), tokens(20)
+    second = PROMPT + answer + user + GEN
+    at = len(PROMPT) + len(answer)
+    marks = (*MARKS, (at, "turn"), (len(second) - len(GEN), "turn"))
+    third = second[:at] + tokens(25)
+    cold = engine_for(path, 1, chunk=32)
+    try:
+        want = generate(cold, third)[0]
+    finally:
+        cold.shutdown()
+    eng = engine(path)
+    try:
+        generate(eng, PROMPT)
+        assert generate(eng, second, marks=marks)[0][1] == len(PROMPT) - 1
+        ids, cached, tops = generate(eng, third, marks=marks)[0]
+        assert cached == len(PROMPT) - 1
+        assert ids == want[0]
+        same_logits(tops, want[2])
     finally:
         eng.shutdown()

@@ -7,6 +7,12 @@ the message boundaries of the last turn), every ``interval`` tokens of a long pr
 the end of its prompt before generation (the next turn of a conversation re-sends it, with
 the answer as text). A prefill chunk ends at each mark inside the prompt; the prompt's end
 is taken once the whole prompt is in.
+
+A mark fewer than ``NEAR`` tokens past the checkpoint the row was restored from is not
+taken: ending a chunk there costs a forward pass of its own (every weight read again, a
+pass's launches), while that checkpoint already serves a later prompt sharing the mark,
+with those few tokens to prefill. A short answer re-sent as text puts the boundary before
+the final user turn just past the restored point.
 """
 
 from __future__ import annotations
@@ -17,22 +23,25 @@ from typing import Any
 from mlxcel.engine.cache.kinds import Checkpoint, arrays, cuttable, owned, row_copy
 
 PROMPT_END = "prompt"
+NEAR = 64  # tokens past a restored checkpoint within which a mark is not worth a pass
 
 
 def marks_for(prompt_len: int, cached: int, marks: Sequence[tuple[int, str]],
               interval: int) -> list[tuple[int, str]]:
     """The checkpoints a row whose first ``cached`` tokens came from the cache takes, as
-    sorted ``(position, kind)``: a position is a token count, past ``cached`` and at most
-    ``prompt_len - 1`` (the last prompt token is fed with the first decode step). Where
-    kinds share a position the first given wins; the prompt's end is always there."""
+    sorted ``(position, kind)``: a position is a token count, past ``cached`` (by ``NEAR``
+    where ``cached`` > 0, a restored checkpoint) and at most ``prompt_len - 1`` (the last
+    prompt token is fed with the first decode step). Where kinds share a position the
+    first given wins; the prompt's end is always there."""
     end = prompt_len - 1
+    start = cached + NEAR if cached else 1
     found: dict[int, str] = {}
     for position, kind in marks:
-        if cached < position < end:
+        if start <= position < end:
             found.setdefault(position, kind)
     if interval > 0:
         for position in range(interval, end, interval):
-            if position > cached:
+            if position >= start:
                 found.setdefault(position, "interval")
     if end > cached:
         found[end] = PROMPT_END
