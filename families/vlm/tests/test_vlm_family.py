@@ -122,3 +122,24 @@ def test_core_keeps_the_processor_the_family_brings(vlm_checkpoint):
 
     ckpt = load_checkpoint(str(vlm_checkpoint("qwen2_vl")), load_plugins().families)
     assert ckpt.family.name == "vlm" and hasattr(ckpt.processor, "image_processor")
+
+
+@pytest.mark.parametrize("shape", ["qwen2_5_vl", "llava_1_5"])
+def test_the_warm_up_runs_one_decoder_layer_of_a_vlm(vlm_checkpoint, shape):
+    """The engine's warm-up finds the decoder's layers through ``language_model``: a
+    prefill shape between served steps costs one layer, not a whole forward."""
+    from mlxcel.engine.accel.warmup import one_layer
+    from mlxcel.engine.cache.kvcache import BatchCache
+
+    model = decoder(load(vlm_checkpoint(shape), LoadOptions()))
+    holder = model.language_model.model
+    layers = list(holder.layers)
+    calls = []
+    for i, layer in enumerate(layers):
+        layer.__class__ = type("Spied", (type(layer),), {
+            "__call__": lambda self, *a, i=i, **k: (calls.append(i),
+                                                    super(type(self), self).__call__(*a, **k))[1]})
+    with one_layer(model) as running:
+        assert running == 1
+        model(mx.zeros((2, 8), mx.uint32), [BatchCache([0, 1]) for _ in range(running)])
+    assert calls == [0] and holder.layers == layers

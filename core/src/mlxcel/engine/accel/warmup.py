@@ -63,13 +63,12 @@ def prefill_shapes(chunk: int, align: int, parallel: int | None = None,
 def one_layer(model: Any) -> Iterator[int]:
     """While inside, ``model`` runs its first decoder layer only, when all of its layers
     have the same parameter shapes (a prefill shape then costs its plans and 1/layers of
-    its compute); yields the number of layers the model runs."""
-    inner, layers = model, None
-    for _ in range(4):  # engine wrapper -> mlx-lm Model -> the module that holds the layers
-        if isinstance(inner, nn.Module) and isinstance(inner.get("layers"), list):
-            layers = inner["layers"]
-            break
-        inner = getattr(inner, "model", None)
+    its compute); yields the number of layers the model runs. The layers are found through
+    ``language_model`` too (a VLM's decoder, mlx-lm's multimodal wrappers): a model whose
+    layers are not found runs whole, and a warm-up item between served steps then holds
+    the engine thread for a full forward, which a request arriving then waits out."""
+    inner = _layer_holder(model)
+    layers = None if inner is None else inner["layers"]
     if layers is None or len(layers) < 2 or \
             len({_signature(layer) for layer in layers}) != 1:
         yield len(make_prompt_cache(model))
@@ -79,6 +78,20 @@ def one_layer(model: Any) -> Iterator[int]:
         yield 1
     finally:
         inner.layers = layers
+
+
+def _layer_holder(model: Any) -> Any:
+    """The module whose ``layers`` list is the decoder's, or None: engine wrapper ->
+    (a VLM's ``language_model``) -> mlx-lm Model -> the module that holds the layers."""
+    inner = model
+    for _ in range(5):
+        if isinstance(inner, nn.Module) and isinstance(inner.get("layers"), list):
+            return inner
+        language = getattr(inner, "language_model", None)
+        inner = language if language is not None else getattr(inner, "model", None)
+        if inner is None:
+            return None
+    return None
 
 
 def _signature(layer: Any) -> tuple:
