@@ -265,13 +265,34 @@ def test_warming_runs_back_to_back_when_idle_and_within_its_share_when_busy():
     def item(n):
         return ("prefill", lambda: (ran.append(n), time.sleep(0.02)))
 
-    warming = Warming([item(n) for n in range(4)], share=0.1)
+    warming = Warming([item(n) for n in range(4)], share=0.1, idle_s=0.0)
     assert warming.run_due(busy=False) and warming.run_due(busy=False)
     assert ran == [0, 1]
     assert warming.run_due(busy=True) and ran == [0, 1, 2]
     assert not warming.run_due(busy=True)  # 0.02 s ran: the next waits ~0.18 s
     assert warming.run_due(busy=False) and ran == [0, 1, 2, 3]  # idle: due at once
     assert not warming and not warming.run_due(busy=False)
+
+
+def test_an_idle_engine_warms_only_once_idle_for_a_while():
+    """A client that sends its next request as soon as the last one ended finds no item
+    in the way: items start once the engine has been idle for ``idle_s``."""
+    import math
+    import time
+
+    from mlxcel.engine.parts import Warming
+
+    ran = []
+    warming = Warming([("prefill", lambda n=n: ran.append(n)) for n in range(3)], idle_s=0.05)
+    assert not warming.run_due(busy=False) and ran == []  # just went idle
+    assert 0 < warming.idle_wait() <= 0.05
+    time.sleep(0.03)
+    assert warming.run_due(busy=True) and ran == [0]  # busy: within its share
+    assert not warming.run_due(busy=False) and warming.idle_wait() > 0.03  # idle anew
+    time.sleep(0.06)
+    assert warming.idle_wait() == 0 and warming.run_due(busy=False) and ran == [0, 1]
+    assert warming.run_due(busy=False) and ran == [0, 1, 2]  # then back to back
+    assert warming.idle_wait() == math.inf
 
 
 def test_a_failing_later_item_drops_the_rest():
@@ -281,7 +302,7 @@ def test_a_failing_later_item_drops_the_rest():
         raise MemoryError("no room")
 
     ran = []
-    warming = Warming([("prefill", boom), ("prefill", lambda: ran.append(1))])
+    warming = Warming([("prefill", boom), ("prefill", lambda: ran.append(1))], idle_s=0.0)
     assert warming.run_due(busy=False) and not warming and ran == []
 
 

@@ -5,6 +5,7 @@ own.)"""
 
 from __future__ import annotations
 
+import math
 import queue
 import threading
 import time
@@ -21,6 +22,7 @@ log = structlog.get_logger("mlxcel.engine")
 IDLE_RELEASE_S = 2.0  # idle this long after work: MLX's buffer cache goes back
 PREFILL_HELD_BYTES = 1 << 30  # more than this held after a prefill chunk: it goes back
 WARM_SHARE = 0.1  # of the engine thread's time the warm-up takes while requests run
+WARM_IDLE_S = 0.05  # idle this long before warm-up items run back to back
 
 
 class Inbox:
@@ -119,22 +121,47 @@ class TimeShare:
 
 class Warming:
     """Warm-up items left for after startup (``accel.warmup.WarmPlan.later``), run on the
-    engine thread between steps, one per step, within their ``TimeShare``. An item that
-    fails drops the rest: the warm-up is only a speed-up."""
+    engine thread between steps, one per step: within their ``TimeShare`` while requests
+    run, back to back once the engine has been idle for ``idle_s``. An item that fails
+    drops the rest: the warm-up is only a speed-up.
+
+    The idle wait is for clients that send their next request as soon as the last one
+    ended (an agent's turns, a sequential benchmark): the engine is idle between them for
+    a round trip, and an item started then is what the next request would wait out."""
 
     def __init__(self, items: list[tuple[str, Callable[[], Any]]] | None = None,
-                 share: float = WARM_SHARE) -> None:
+                 share: float = WARM_SHARE, idle_s: float = WARM_IDLE_S) -> None:
         self.items = deque(items or ())
         self.turns = TimeShare(share)
+        self.idle_s = idle_s
         self.spent = 0.0  # seconds the items took so far
+        self._idle_since: float | None = None
 
     def __bool__(self) -> bool:
         return bool(self.items)
 
+    def idle_wait(self) -> float:
+        """Seconds until an idle engine's next item is due: 0 for now, ``math.inf`` with
+        none left."""
+        if not self.items:
+            return math.inf
+        if self._idle_since is None:
+            return self.idle_s
+        return max(0.0, self._idle_since + self.idle_s - time.perf_counter())
+
     def run_due(self, busy: bool) -> bool:
         """Run the next item if one is due (see the class docstring); True when one ran."""
-        if not self.items or (busy and not self.turns.due()):
+        if not self.items:
             return False
+        if busy:
+            self._idle_since = None
+            if not self.turns.due():
+                return False
+        else:
+            if self._idle_since is None:
+                self._idle_since = time.perf_counter()
+            if self.idle_wait() > 0:
+                return False
         started = time.perf_counter()
         _, work = self.items.popleft()
         try:

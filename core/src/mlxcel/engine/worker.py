@@ -232,12 +232,12 @@ class EngineWorker(EngineSetup, Admission, threading.Thread):
         """One loop of the engine thread: take what arrived (waiting for it when idle),
         plan, execute, then at most one batch of side jobs and one warm-up item, each within
         its share of the time while requests run (``JobLane.run_due``, ``Warming``). With
-        nothing else to do, a side batch that is still gathering (``JobLane.due_in``) is
-        waited for here, as a side-only ``LaneWorker`` does: a submit or a request wakes
-        the wait."""
+        nothing else to do, a side batch that is still gathering (``JobLane.due_in``) and
+        the warm-up's idle wait (``Warming.idle_wait``) are waited for here, as a side-only
+        ``LaneWorker`` does: a submit or a request wakes the wait."""
         busy = bool(self.batch or self.prefilling or self.prefilled or self.waiting)
-        side = 0.0 if busy or self.warming else self.lane.due_in()
-        arrived = self._drain(block=side > 0, timeout=min(side, 0.5))
+        wait = 0.0 if busy else min(self.lane.due_in(), self.warming.idle_wait())
+        arrived = self._drain(block=wait > 0, timeout=min(wait, 0.5))
         self.trace.begin()
         self.trace.note(arrived=arrived, waiting=len(self.waiting))
         self.execute(self._plan())
