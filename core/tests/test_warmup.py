@@ -6,7 +6,7 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 from mlxcel.engine.accel.warmup import prefill_shapes, shared_plan, warm_up
-from mlxcel.engine.cache.kvcache import BatchCache, shared_position_rope
+from mlxcel.engine.cache.kvcache import shared_position_rope
 
 
 def test_prefill_shapes_cover_every_chunk_the_engine_can_cut():
@@ -156,19 +156,13 @@ def test_one_layer_runs_the_first_layer_and_restores_the_rest(mlxcel_checkpoint_
     from mlxcel.model.loader import load_checkpoint
     from mlxcel.plugins import load_plugins
     from mlxcel.testing.checkpoint import cached_checkpoint
+    from mlxcel.testing.engine import warm_up_layers
 
     path = cached_checkpoint("qwen3", cache_dir=mlxcel_checkpoint_cache, dtype="float32")
     model = load_checkpoint(str(path), load_plugins().families).model
     layers = list(model.model.model.layers)
-    calls = []
-    for i, layer in enumerate(layers):
-        layer.__class__ = type("Spied", (type(layer),), {
-            "__call__": lambda self, *a, i=i, **k: (calls.append(i),
-                                                    super(type(self), self).__call__(*a, **k))[1]})
-    with one_layer(model) as running:
-        assert running == 1
-        model(mx.zeros((1, 4), mx.uint32), [BatchCache([0]) for _ in range(running)])
-    assert calls == [0] and model.model.model.layers == layers
+    assert warm_up_layers(model, layers) == (1, [0])
+    assert model.model.model.layers == layers
     try:
         with one_layer(model):
             raise RuntimeError("a shape failed")

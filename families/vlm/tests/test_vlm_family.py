@@ -10,6 +10,7 @@ import pathlib
 import mlx.core as mx
 import pytest
 from mlxcel.families.api import LoadOptions
+from mlxcel.testing.engine import warm_up_layers
 from mlxcel.testing.imports import imported_by
 from mlxcel_family_vlm.detect import MODEL_TYPES, check
 from mlxcel_family_vlm.load import decoder, load
@@ -128,18 +129,8 @@ def test_core_keeps_the_processor_the_family_brings(vlm_checkpoint):
 def test_the_warm_up_runs_one_decoder_layer_of_a_vlm(vlm_checkpoint, shape):
     """The engine's warm-up finds the decoder's layers through ``language_model``: a
     prefill shape between served steps costs one layer, not a whole forward."""
-    from mlxcel.engine.accel.warmup import one_layer
-    from mlxcel.engine.cache.kvcache import BatchCache
-
     model = decoder(load(vlm_checkpoint(shape), LoadOptions()))
     holder = model.language_model.model
     layers = list(holder.layers)
-    calls = []
-    for i, layer in enumerate(layers):
-        layer.__class__ = type("Spied", (type(layer),), {
-            "__call__": lambda self, *a, i=i, **k: (calls.append(i),
-                                                    super(type(self), self).__call__(*a, **k))[1]})
-    with one_layer(model) as running:
-        assert running == 1
-        model(mx.zeros((2, 8), mx.uint32), [BatchCache([0, 1]) for _ in range(running)])
-    assert calls == [0] and holder.layers == layers
+    assert warm_up_layers(model, layers) == (1, [0])
+    assert holder.layers == layers

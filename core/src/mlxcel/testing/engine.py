@@ -238,3 +238,31 @@ def wait_ready(client: Any, timeout: float = 60.0) -> None:
     while client.get("/health").json()["status"] == "loading model":
         assert time.time() < deadline, "model did not load"
         time.sleep(0.05)
+
+
+def warm_up_layers(model: Any, layers: Sequence[Any], rows: int = 2, cols: int = 8
+                   ) -> tuple[int, list[int]]:
+    """What one warm-up prefill shape (``rows`` x ``cols``) runs on ``model``
+    (``mlxcel.engine.accel.warmup.one_layer``): (the layer count it yields, the indices
+    of ``layers``, the decoder's, that ran). Each layer is spied on for the call, and its
+    class restored after."""
+    import mlx.core as mx
+
+    from mlxcel.engine.accel.warmup import one_layer
+    from mlxcel.engine.cache.kvcache import BatchCache
+
+    calls: list[int] = []
+    classes = [type(layer) for layer in layers]
+    for i, layer in enumerate(layers):
+        base = classes[i]
+        layer.__class__ = type("Spied", (base,), {
+            "__call__": lambda self, *a, i=i, base=base, **k: (
+                calls.append(i), base.__call__(self, *a, **k))[1]})
+    try:
+        with one_layer(model) as running:
+            model(mx.zeros((rows, cols), mx.uint32),
+                  [BatchCache([0] * (rows - 1) + [1]) for _ in range(running)])
+    finally:
+        for layer, cls in zip(layers, classes, strict=True):
+            layer.__class__ = cls
+    return running, calls
