@@ -93,3 +93,28 @@ def registry_with(*plugins: Any) -> DrafterRegistry:
     for module in (builtin, *plugins):
         module.mlxcel_register_drafters(reg)
     return reg
+
+
+def chi2_independence_p(table: list[list[int]]) -> float:
+    """The p-value of Pearson's chi-squared test of independence on a 2 x k table (each
+    row a run's counts per outcome: does speculation keep the target's distribution?; no
+    scipy in core's test environment): the statistic against the chi-squared survival
+    function, from the series of the regularised lower incomplete gamma function."""
+    import math
+
+    cols = [c for c in zip(*table, strict=True) if sum(c)]
+    rows = [sum(r[i] for i, c in enumerate(zip(*table, strict=True)) if sum(c)) for r in table]
+    total = sum(rows)
+    stat = sum((c[r] - rows[r] * sum(c) / total) ** 2 / (rows[r] * sum(c) / total)
+               for c in cols for r in range(len(rows)))
+    k, x = (len(cols) - 1) / 2, stat / 2
+    if k <= 0:
+        return 1.0
+    term = total_sum = 1.0 / k
+    n = 0
+    while term > 1e-16 * total_sum:
+        n += 1
+        term *= x / (k + n)
+        total_sum += term
+    lower = math.exp(k * math.log(x) - x - math.lgamma(k)) * total_sum if x > 0 else 0.0
+    return max(0.0, 1.0 - lower)
