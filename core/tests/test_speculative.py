@@ -389,3 +389,24 @@ def test_batch_cache_rollback_keeps_each_rows_accepted_prefix():
     assert cache.row(0, 6)[0].reshape(-1).tolist() == [1, 2, 3, 4, 5, 6]
     assert cache.row(1, 3)[0].reshape(-1).tolist() == [7, 8, 9]
     assert cache.offset.tolist() == [6, 3]
+
+
+def test_greedy_rows_verify_every_position_in_one_argmax(tiny_checkpoint, monkeypatch):
+    """Plain greedy rows take each position's argmax in one op; rows that want logprobs
+    go through the per-position chain, with the same tokens."""
+    from mlxcel.engine import verify
+
+    calls = []
+    original = verify.Chain.sample
+    monkeypatch.setattr(verify.Chain, "sample",
+                        lambda self, logits, j: (calls.append(j), original(self, logits, j))[1])
+    prompt, plain, oracle, worker = oracle_worker(tiny_checkpoint, 20, 4)
+    oracle.right = True
+    sink = ListSink()
+    worker.enqueue(request(prompt, 20), sink)
+    run_until_done(worker, [sink])
+    assert sink.tokens == plain and worker.stats.draft_rounds > 0 and calls == []
+    sink = ListSink()
+    worker.enqueue(request(prompt, 20, SamplingParams(temperature=0.0, logprobs=True)), sink)
+    run_until_done(worker, [sink])
+    assert sink.tokens == plain and calls

@@ -66,12 +66,18 @@ def verify_step(batch: DecodeBatch, drafts: list[list[int]], spec: Speculation,
     states = spec.tap.take() if spec.tap is not None else None  # needs_hidden: [B, width, H]
     keys = [s.random.key for s in rows]
     positions, chains = [], []
-    for j in range(width):
-        sampled, extras = chain.sample(logits[:, j, :], j)
-        positions.append(_Position(sampled, extras, batch.top))
-        chains.append([s.random.key for s in rows])
-    mx.eval([p.sampled for p in positions], [p.logprobs for p in positions])
-    tokens = mx.stack([p.sampled for p in positions], axis=1).tolist()  # [B, width]
+    if chain.argmax_only:  # every position's tokens in one op
+        picked = mx.argmax(logits, axis=-1).astype(mx.uint32)  # [B, width]
+        positions = [_Position(picked[:, j], (), batch.top) for j in range(width)]
+        chains = [keys] * width
+        tokens = picked.tolist()
+    else:
+        for j in range(width):
+            sampled, extras = chain.sample(logits[:, j, :], j)
+            positions.append(_Position(sampled, extras, batch.top))
+            chains.append([s.random.key for s in rows])
+        mx.eval([p.sampled for p in positions], [p.logprobs for p in positions])
+        tokens = mx.stack([p.sampled for p in positions], axis=1).tolist()  # [B, width]
     accepted = []
     for i, draft in enumerate(fed):
         n = 0
@@ -132,6 +138,15 @@ class Chain:
                         for s, d in zip(rows, self.fed, strict=True)]
                 gen = [s.generated_ids + d[:j] for s, d in zip(rows, self.fed, strict=True)]
                 self.plans.append(batch.penalties.prepare(walk, gen, guard))
+
+    @property
+    def argmax_only(self) -> bool:
+        """Every row greedy, with no constraint, penalty, logit bias, logprobs or shared
+        choice: each position's token is its logits' argmax, which one op gives for all
+        positions (the per-position chain would give the same, in ~4 ops a position)."""
+        batch = self.batch
+        return (batch.sampler.all_greedy and batch.penalties is None and not self.guided
+                and batch.top_logprobs < 0 and batch.share is None)
 
     def sample(self, logits: mx.array, j: int) -> tuple[mx.array, tuple[mx.array, ...]]:
         """Position ``j``'s logits [B, V] -> its sampled tokens [B] and logprob arrays."""
