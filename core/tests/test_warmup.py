@@ -262,6 +262,8 @@ def test_warming_runs_back_to_back_when_idle_and_within_its_share_when_busy():
     warming = Warming([item(n) for n in range(4)], share=0.1, idle_s=0.0)
     assert warming.run_due(busy=False) and warming.run_due(busy=False)
     assert ran == [0, 1]
+    assert not warming.run_due(busy=True)  # requests came: an idle run's wait holds too
+    time.sleep(0.2)
     assert warming.run_due(busy=True) and ran == [0, 1, 2]
     assert not warming.run_due(busy=True)  # 0.02 s ran: the next waits ~0.18 s
     assert warming.run_due(busy=False) and ran == [0, 1, 2, 3]  # idle: due at once

@@ -233,7 +233,7 @@ class JobLane:
             return False
         started = time.perf_counter()
         ran = self.run_one()
-        self.turns.ran(started, decoding)
+        self.turns.ran(started)
         return ran
 
     def run_one(self) -> bool:

@@ -100,10 +100,13 @@ class BufferRelease:
 
 class TimeShare:
     """At most ``share`` of the engine thread's time for work beside serving (side jobs, the
-    warm-up): after a run that took t seconds while requests ran, the next waits
-    t * (1 - share) / share; after a run while idle, none waits. Work that runs while
-    streams decode then stretches them by a bounded factor, and runs back to back once
-    nothing is served."""
+    warm-up): after a run that took t seconds, the next one while requests run waits
+    t * (1 - share) / share; while nothing is served, runs are not held (``due`` is asked
+    only while requests run). Work that runs while streams decode then stretches them by
+    a bounded factor, and runs back to back once nothing is served. The wait follows a
+    run made while idle too: streams that start right after one get their steps first,
+    rather than a second run at once, which would stall their first tokens' gaps by a
+    whole run."""
 
     def __init__(self, share: float) -> None:
         self.share = share
@@ -112,10 +115,10 @@ class TimeShare:
     def due(self) -> bool:
         return time.perf_counter() >= self._next
 
-    def ran(self, started: float, busy: bool) -> float:
+    def ran(self, started: float) -> float:
         """A run that began at ``started`` (``perf_counter``) just ended; its seconds."""
         spent = time.perf_counter() - started
-        self._next = started + spent / self.share if busy else 0.0
+        self._next = started + spent / self.share
         return spent
 
 
@@ -171,7 +174,7 @@ class Warming:
                         left=len(self.items))
             self.items.clear()
             return True
-        self.spent += self.turns.ran(started, busy)
+        self.spent += self.turns.ran(started)
         if not self.items:
             log.info("engine_warmup_done", seconds=round(self.spent, 2))
         return True
