@@ -301,7 +301,7 @@ def itl(label: str, path: pathlib.Path, args: argparse.Namespace,
     argv, ready = server_argv("mlxcel", chat, parallel=8, extra=[
         "--embedding-model", str(path), "--embedding-batch-size", "16",
         "--embedding-queue-depth", "64", "--engine-trace", str(logdir / f"{label}-itl.jsonl")])
-    srv = serve("mlxcel", argv, logdir, f"{label}-itl", ready)
+    srv = serve("mlxcel", argv, logdir, f"{label}-itl", ready, args.server_env)
     try:
         asyncio.run(chat_itl(srv.base, 2, 8, "warm"))
         alone = [asyncio.run(chat_itl(srv.base, args.streams, args.max_tokens, f"a{i}"))
