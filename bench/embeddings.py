@@ -13,8 +13,8 @@ Rules, and why:
   HTTP, no tokenizer): the ceiling a server can approach. mlxcel's ratio to it at C = 16
   measures the lane's dynamic batching and the HTTP path together.
 - ITL: chat streams' inter-token latency alone, then while C = 16 clients in another
-  process flood the embeddings route, on one mlxcel server holding both models; the ratio is the cost of the
-  side jobs to decoding. A stream's ITL is its mean gap, (last token - first) / (tokens -
+  process flood the embeddings route, on one mlxcel server holding both models; the ratio
+  is the cost of the side jobs to decoding. A stream's ITL is its mean gap, (last token - first) / (tokens -
   1), and a round's is the median over its streams: a fast model's tokens reach the client
   several per read, so the gaps between reads are mostly ~0 and their median says nothing.
 - The client decodes each response with msgspec and holds ``level_requests(C)`` requests
