@@ -14,9 +14,10 @@ Rules, and why:
   measures the lane's dynamic batching and the HTTP path together.
 - ITL: chat streams' inter-token latency alone, then while C = 16 clients in another
   process flood the embeddings route, on one mlxcel server holding both models; the ratio
-  is the cost of the side jobs to decoding. A stream's ITL is its mean gap, (last token - first) / (tokens -
-  1), and a round's is the median over its streams: a fast model's tokens reach the client
-  several per read, so the gaps between reads are mostly ~0 and their median says nothing.
+  is the cost of the side jobs to decoding. A stream's ITL is its mean gap, (last token -
+  first) / (tokens - 1), and a round's is the median over its streams: a fast model's
+  tokens reach the client several per read, so the gaps between reads are mostly ~0 and
+  their median says nothing.
 - The client decodes each response with msgspec and holds ``level_requests(C)`` requests
   per level: a response carries N x D floats as JSON text (16 x 768 is ~250 kB), which
   Python's json module parses in milliseconds, and a short level is mostly ramp: the
