@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import types
+
 import mlx.core as mx
 import pytest
 from mlxcel.drafters import lookup
@@ -281,6 +283,40 @@ def test_the_batch_governor_weighs_rounds_by_the_tokens_they_kept(monkeypatch):
     for _ in range(governors.SAMPLES):
         clock.round(gov, 1, 17, 0.030)  # drafted 16, kept all: under 2 ms per token
     assert gov.allows(1) and gov.per_token(1, True) < 0.015
+
+
+def test_a_one_off_stall_is_not_a_sample_but_a_drafter_always_that_slow_is_judged(
+        monkeypatch):
+    """A round that costs STALL times the plain step (a kernel compiled on a shape's
+    first use) does not pause a batch whose other rounds pay; a drafter whose every round
+    is that slow is still paused once its skips are spent."""
+    gov, clock = governors.BatchGovernor(), Clock(monkeypatch)
+    gov.cost[(8, False)] = (0.008, 8.0, governors.SAMPLES)  # 1 ms per token
+    clock.round(gov, 8, 40, 0.025)  # 0.6 ms per token
+    clock.round(gov, 8, 40, 4.0)  # a 4 s compile
+    for _ in range(governors.SAMPLES):
+        clock.round(gov, 8, 40, 0.025)
+    assert gov.allows(8) and gov.per_token(8, True) < 0.001
+
+    slow, clock = governors.BatchGovernor(), Clock(monkeypatch)
+    slow.cost[(8, False)] = (0.008, 8.0, governors.SAMPLES)
+    rounds = 0
+    while slow.allows(8):
+        clock.round(slow, 8, 40, 1.0)  # 25 ms per token, every round
+        rounds += 1
+    assert rounds == governors.STALL_SKIPS + governors.RETRY_SAMPLES
+
+
+def test_a_round_counts_at_the_batch_size_its_forward_ran():
+    """Rows that finish in a round leave the batch after it: the round's cost is still
+    the forward's batch size's, not the survivors'."""
+    from mlxcel.engine.speculative import Speculation
+
+    spec = Speculation(object(), "test", DraftOptions(draft_max=4))
+    rows = [types.SimpleNamespace(finished=i < 3, drafts=types.SimpleNamespace(
+        kind=None, rounds=0, drafted=0, accepted=0), context=[1]) for i in range(4)]
+    spec.settle(rows, [[] for _ in rows], [0] * 4, 0.01, emitted=4)
+    assert spec.batch.per_token(4, True) is not None and spec.batch.per_token(1, True) is None
 
 
 def test_a_row_probes_with_one_token_and_one_miss_backs_it_off_again():

@@ -26,7 +26,12 @@ its size drafts at all (``mlxcel.engine.speculative`` asks them each step).
   ``SAMPLES`` rounds, or ``RETRY_SAMPLES`` for a retry or where rounds cost ``LOPSIDED``
   times a plain step's per token (not one: a row's first round carries its verify
   shape's first use): large batches, MoE models and slow drafters turn speculation off
-  by themselves.
+  by themselves. A round is counted at the batch size its forward ran (rows that finish
+  in it included). A step that costs ``STALL`` times its kind's running cost (a verify
+  round's first: the plain step's) is a one-off, such as a kernel compiled on a batch
+  shape's first use (seconds on CUDA), and is not sampled, ``STALL_SKIPS`` times per
+  batch size and kind at most, so that a drafter that is always that slow is still
+  judged.
 """
 
 from __future__ import annotations
@@ -48,6 +53,8 @@ SAMPLES = 4  # timed steps of each kind before the batch governor compares them
 RETRY_SAMPLES = 2  # verify rounds that judge a retry, or rounds that cost LOPSIDED x more
 LOPSIDED = 3.0
 AVERAGE = 0.25  # weight of the newest sample in the running averages
+STALL = 20.0  # a step this many times its kind's running cost is a one-off, not a sample
+STALL_SKIPS = 2  # one-offs skipped per batch size and kind
 
 
 class RowGovernor:
@@ -89,6 +96,7 @@ class BatchGovernor:
         # that kept a single token does not outweigh the rounds that kept many
         self.cost: dict[tuple[int, bool], tuple[float, float, int]] = {}
         self.off_until: dict[int, int] = {}
+        self.skipped: dict[tuple[int, bool], int] = {}  # one-off steps left out, per key
         self.retry: dict[int, int] = {}  # bucket -> its next pause's length
         self.steps = 0
         self._plain_at: float | None = None
@@ -142,11 +150,21 @@ class BatchGovernor:
 
     def _note(self, rows: int, verify: bool, seconds: float, tokens: int) -> None:
         key = (self.bucket(rows), verify)
+        if self._stalled(key, seconds):
+            return
         if key not in self.cost:
             self.cost[key] = (seconds, float(tokens), 1)
             return
         t, k, n = self.cost[key]
         self.cost[key] = (t + AVERAGE * (seconds - t), k + AVERAGE * (tokens - k), n + 1)
+
+    def _stalled(self, key: tuple[int, bool], seconds: float) -> bool:
+        """Whether a step of ``seconds`` is a one-off to leave out (module docstring)."""
+        ref = self.cost.get(key) or self.cost.get((key[0], False))
+        if ref is None or seconds <= STALL * ref[0] or self.skipped.get(key, 0) >= STALL_SKIPS:
+            return False
+        self.skipped[key] = self.skipped.get(key, 0) + 1
+        return True
 
     def per_token(self, rows: int, verify: bool) -> float | None:
         """The running seconds per emitted token of a batch of ``rows``' verify rounds

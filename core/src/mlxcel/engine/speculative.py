@@ -226,7 +226,7 @@ class Speculation:
             self.cold_backoff = 0
         elif self.cold >= COLD_ROUNDS:
             self.cold_backoff = min(BACKOFF_MAX, max(BACKOFF, 2 * self.cold_backoff))
-        self.batch.verified(sum(not s.finished for s in rows) or len(rows), emitted, seconds)
+        self.batch.verified(len(rows), emitted, seconds)  # the batch its forward ran
 
     # -- observability (read from the event loop: plain reads, copies of the dicts) --------
     def paused(self, rows: int) -> int:
