@@ -10,7 +10,7 @@ import pathlib
 import mlx.core as mx
 import pytest
 from mlxcel.families.api import LoadOptions
-from mlxcel.testing.engine import warm_up_layers
+from mlxcel.testing.engine import padded_attention, warm_up_layers
 from mlxcel.testing.imports import imported_by
 from mlxcel_family_vlm.detect import MODEL_TYPES, check
 from mlxcel_family_vlm.load import decoder, load
@@ -134,3 +134,13 @@ def test_the_warm_up_runs_one_decoder_layer_of_a_vlm(vlm_checkpoint, shape):
     layers = list(holder.layers)
     assert warm_up_layers(model, layers) == (1, [0])
     assert holder.layers == layers
+
+
+@pytest.mark.parametrize("shape", ["qwen2_5_vl", "gemma3"])
+def test_the_engines_masked_attention_reaches_a_vlms_decoder(vlm_checkpoint, shape):
+    """The engine's masked attention path (on CUDA: the varlen kernel for padded rows and
+    short chunks) is installed in the module the language model's layers call, found
+    through ``language_model``, and gives the same logits as MLX's own."""
+    model = decoder(load(vlm_checkpoint(shape), LoadOptions()))
+    calls, diff = padded_attention(model)
+    assert calls > 0 and diff < 1e-4

@@ -266,3 +266,42 @@ def warm_up_layers(model: Any, layers: Sequence[Any], rows: int = 2, cols: int =
         for layer, cls in zip(layers, classes, strict=True):
             layer.__class__ = cls
     return running, calls
+
+
+def padded_attention(model: Any, lengths: Sequence[int] = (5, 3)) -> tuple[int, float]:
+    """Rows of ``lengths`` tokens, left-padded in the engine's ``BatchCache``, prefilled and
+    then decoded one step through ``model`` twice: with MLX's own attention, and with the
+    engine's masked path installed (``mlxcel.engine.accel.attention``, ``grouped``, as on
+    CUDA). Returns (the calls that path took, the largest logit difference between the
+    two runs); a model whose attention the engine cannot reach takes no call."""
+    import mlx.core as mx
+
+    from mlxcel.engine.accel import attention
+    from mlxcel.engine.cache.kvcache import BatchCache
+
+    width = max(lengths)
+    prompt = mx.array([[0] * (width - n) + [7 + i] * n for i, n in enumerate(lengths)],
+                      dtype=mx.uint32)
+    step = mx.array([[3]] * len(lengths), dtype=mx.uint32)
+
+    def logits() -> mx.array:
+        cache = [BatchCache([width - n for n in lengths]) for _ in model.make_cache()]
+        model(prompt, cache)
+        return model(step, cache)
+
+    plain = logits()
+    calls: list[int] = []
+    real = attention.grouped_decode_attention
+
+    def spied(*args: Any) -> Any:
+        calls.append(1)
+        return real(*args)
+
+    attention.grouped_decode_attention = spied
+    try:
+        routed = attention.install(model, enable=True, choice="grouped") is not None
+        got = logits() if routed else plain
+    finally:
+        attention.uninstall(model)
+        attention.grouped_decode_attention = real
+    return len(calls), float(mx.abs(got - plain).max())

@@ -18,8 +18,9 @@ On MLX's CPU device the engine takes ``mlxcel.engine.accel.cpu_attention`` for p
 the same attention with a softmax that avoids MLX's scalar CPU ``exp``, 1.4-1.7x faster
 per layer for a chunk of a few hundred tokens.
 
-``install(model)`` wraps the ``scaled_dot_product_attention`` that the model's mlx-lm
-module calls; on CUDA the wrapper takes the kernel for steps on the engine's own
+``install(model)`` wraps the ``scaled_dot_product_attention`` that the model's decoder
+layers call, in the module that defines them (an mlx-lm model's, or a VLM language
+model's in mlx-vlm, found through ``language_model``); on CUDA the wrapper takes the kernel for steps on the engine's own
 ``BatchCache`` with an array mask and for decode steps on mlx-lm's ``BatchKVCache`` and
 unwrapped ``BatchRotatingKVCache`` (a KV-shared layer, which gets no cache, takes its
 source layer's rows: it gets the same mask), the grouped path for other decode steps with
@@ -37,6 +38,7 @@ from mlx_lm.models.cache import BatchKVCache, BatchRotatingKVCache
 
 from mlxcel.backend import mlx_device, on_cuda
 from mlxcel.engine.accel import cpu_attention, varlen_attention
+from mlxcel.engine.accel.layers import first_layer
 from mlxcel.engine.cache.kvcache import BatchCache
 
 
@@ -124,7 +126,13 @@ def mode(choice: str | None = None) -> str:
 
 
 def _module(model: Any) -> Any:
-    """The mlx-lm module that defines ``model``'s class (and its attention call)."""
+    """The module whose ``scaled_dot_product_attention`` the decoder layers call: the one
+    that defines their class (an mlx-lm model's, a VLM language model's: found through
+    ``language_model``), else the one that defines ``model``'s class."""
+    layer = first_layer(model)
+    module = sys.modules.get(type(layer).__module__) if layer is not None else None
+    if module is not None and hasattr(module, "scaled_dot_product_attention"):
+        return module
     return sys.modules.get(type(getattr(model, "model", model)).__module__)
 
 

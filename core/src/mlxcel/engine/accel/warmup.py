@@ -31,12 +31,12 @@ from types import SimpleNamespace
 from typing import Any, NamedTuple
 
 import mlx.core as mx
-import mlx.nn as nn
 import structlog
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
 
 from mlxcel.engine.accel import lean_decode
+from mlxcel.engine.accel.layers import layer_holder
 from mlxcel.engine.batch import DecodeBatch, PrefillJob
 from mlxcel.engine.cache.kinds import arrays, lone_kinds
 from mlxcel.engine.cache.kvcache import BatchCache, stored_rows
@@ -67,7 +67,7 @@ def one_layer(model: Any) -> Iterator[int]:
     ``language_model`` too (a VLM's decoder, mlx-lm's multimodal wrappers): a model whose
     layers are not found runs whole, and a warm-up item between served steps then holds
     the engine thread for a full forward, which a request arriving then waits out."""
-    inner = _layer_holder(model)
+    inner = layer_holder(model)
     layers = None if inner is None else inner["layers"]
     if layers is None or len(layers) < 2 or \
             len({_signature(layer) for layer in layers}) != 1:
@@ -78,20 +78,6 @@ def one_layer(model: Any) -> Iterator[int]:
         yield 1
     finally:
         inner.layers = layers
-
-
-def _layer_holder(model: Any) -> Any:
-    """The module whose ``layers`` list is the decoder's, or None: engine wrapper ->
-    (a VLM's ``language_model``) -> mlx-lm Model -> the module that holds the layers."""
-    inner = model
-    for _ in range(5):
-        if isinstance(inner, nn.Module) and isinstance(inner.get("layers"), list):
-            return inner
-        language = getattr(inner, "language_model", None)
-        inner = language if language is not None else getattr(inner, "model", None)
-        if inner is None:
-            return None
-    return None
 
 
 def _signature(layer: Any) -> tuple:
