@@ -110,12 +110,18 @@ def test_image_rows_batched_equal_solo_and_mlx_vlms_own(qwen):
 
 
 def test_a_repeated_image_hits_both_caches_and_another_misses(qwen):
+    """The same prompt again reuses the prompt cache past its image: the tail is text, fed
+    as ids, so neither the tower nor the feature cache is asked. The same image after other
+    text misses the prompt cache before the image and takes its features from the feature
+    cache; another image misses both."""
     path, model, ids = qwen
     first, other = (model.expand_media(ids, [image(s)], {}) for s in (8, 9))
-    (tokens, _, _), (again, last_again, _), (_, last_other, (misses, hits)) = \
-        one_at_a_time(path, [first, first, other])
+    moved = model.expand_media(ids[:1] + [ids[1] + 1] + ids[1:], [image(8)], {})
+    (tokens, _, counts), (again, last_again, counts_again), (_, last_moved, counts_moved), \
+        (_, last_other, counts_other) = one_at_a_time(path, [first, first, moved, other])
     start = first.spans[0][0]
     assert again == tokens
     assert last_again.usage.cached_tokens > start + first.spans[0][1]
-    assert last_other.usage.cached_tokens <= start
-    assert hits >= 1 and misses == 2
+    assert counts == counts_again == (1, 0)  # (misses, hits): the repeat asked nothing
+    assert last_moved.usage.cached_tokens <= start and counts_moved == (1, 1)
+    assert last_other.usage.cached_tokens <= start and counts_other == (2, 1)

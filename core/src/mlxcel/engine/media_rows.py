@@ -8,8 +8,11 @@ vision-feature cache (``FeatureCache``) or the vision tower; every chunk then fe
 slice of both. After prefill the row decodes beside text rows: ``DecodeBatch`` hands
 each row's shift to the decoder (``shift``), so M-RoPE positions stay right per row.
 
-A prompt-cache hit works as for text rows (the media digests are in the block hashes):
-only the uncached tail is fed, its embeddings sliced from the whole prompt's.
+A chunk that holds no item's tokens is fed its token ids with its positions, as a text
+row's chunk: the embeddings of a text token are the model's own. So a prompt-cache hit,
+which works as for text rows (the media digests are in the block hashes) and feeds only
+the uncached tail, builds no embeddings for the whole prompt when its items are all in
+the cached prefix (an agent's next turn about the same image).
 """
 
 from __future__ import annotations
@@ -54,9 +57,11 @@ class MediaFeed:
         self.embeds: mx.array | None = None
 
     def __call__(self, tokens: mx.array, cache: list[Any], start: int, end: int) -> Any:
+        positions = None if self.positions is None else self.positions[..., start:end]
+        if not any(s < end and start < s + n for s, n in self.prompt.spans):
+            return self.model(tokens, cache, positions=positions)  # text only
         if self.embeds is None:
             self.embeds = self.model.media_embeddings(self.prompt, self.features)
-        positions = None if self.positions is None else self.positions[..., start:end]
         return self.model(tokens, cache, embeds=self.embeds[:, start:end],
                           positions=positions)
 

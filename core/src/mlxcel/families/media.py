@@ -35,7 +35,9 @@ the vision tower runs once per image while it stays cached (``--vision-cache-siz
 ``__call__(inputs, cache, *, embeds=None, positions=None, shift=None)``: the usual
 forward, plus a prefill chunk's rows of ``embeds`` and ``positions`` (sliced to the
 chunk) in place of the tokens' own, and in a decode step ``shift`` ``[B]``, each row's
-shift (0 for a text row).
+shift (0 for a text row). A prefill chunk that holds no item's tokens comes with
+``positions`` and without ``embeds``: the embeddings of its text tokens must be what
+``media_embeddings`` gives there, so that a cache hit past the items skips building them.
 """
 
 from __future__ import annotations

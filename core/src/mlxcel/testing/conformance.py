@@ -201,9 +201,10 @@ def check_media_model(checkpoint: Any, items: list[Any], token_ids: list[int]) -
     ``items`` (decoded items, e.g. ``mlxcel.media.image.decode`` of PNG bytes).
 
     The expansion's spans, digests and growth agree with its ids; the embeddings and
-    positions cover the whole prompt; an image row's greedy tokens batched beside a text
-    row equal the same request alone; the same prompt again reuses the prompt cache past
-    its items."""
+    positions cover the whole prompt; the text after the items fed as token ids (with
+    its positions) gives the logits it gives fed as embeddings; an image row's greedy
+    tokens batched beside a text row equal the same request alone; the same prompt again
+    reuses the prompt cache past its items."""
     from mlxcel.engine.cache.entries import BLOCK_SIZE
     from mlxcel.engine.media_rows import FeatureCache
     from mlxcel.families.media import media_kinds
@@ -229,6 +230,7 @@ def check_media_model(checkpoint: Any, items: list[Any], token_ids: list[int]) -
         _, again = run(engine, [image])[0]
     finally:
         engine.shutdown()
+    _text_tail_matches(checkpoint, prompt)
     assert together == solo_tokens(checkpoint, [image, text]), \
         "an image row batched beside a text row differs from the two alone"
     whole = (len(ids) - 1) // BLOCK_SIZE * BLOCK_SIZE  # the prompt's whole blocks
@@ -236,3 +238,37 @@ def check_media_model(checkpoint: Any, items: list[Any], token_ids: list[int]) -
         "give a prompt with a whole 16-token block of text after its items"
     assert again.usage.cached_tokens >= whole, \
         "the same image prompt again did not reuse the cache past its items"
+
+
+def _text_tail_matches(checkpoint: Any, prompt: Any) -> None:
+    """``prompt`` fed whole as embeddings, and fed as embeddings up to the end of its last
+    item then as token ids: the text's logits agree (the media contract's ``__call__``)."""
+    import mlx.core as mx
+
+    from mlxcel.engine.media_rows import FeatureCache
+    from mlxcel.model.loader import load_checkpoint
+    from mlxcel.plugins import load_plugins
+
+    if callable(checkpoint):
+        loaded = checkpoint()
+    else:
+        loaded = load_checkpoint(str(checkpoint), load_plugins().families)
+    model, ids = loaded.model, prompt.token_ids
+    cut = max(s + n for s, n in prompt.spans)
+    assert cut < len(ids), "give a prompt with text after its items"
+    positions, _ = model.media_positions(prompt)
+    embeds = model.media_embeddings(prompt, FeatureCache(4))
+    tokens = mx.array([list(ids)], dtype=mx.uint32)
+
+    def at(n: int, m: int) -> Any:
+        return None if positions is None else positions[..., n:m]
+
+    # fresh slices each call: a model may scale the embeddings it is given in place
+    # (mlx-vlm's Gemma 3: ``h = inputs_embeds; h *= ...``), as the engine's slices allow
+    whole = model(tokens, model.make_cache(), embeds=embeds[:, :len(ids)], positions=positions)
+    cache = model.make_cache()
+    model(tokens[:, :cut], cache, embeds=embeds[:, :cut], positions=at(0, cut))
+    tail = model(tokens[:, cut:], cache, positions=at(cut, len(ids)))
+    gap = float(mx.abs(tail.astype(mx.float32) - whole[:, cut:].astype(mx.float32)).max())
+    assert gap < 1e-3 * max(1.0, float(mx.abs(whole).max())), \
+        f"the text after the items fed as ids differs from its embeddings by {gap}"
