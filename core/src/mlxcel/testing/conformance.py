@@ -246,14 +246,9 @@ def _text_tail_matches(checkpoint: Any, prompt: Any) -> None:
     import mlx.core as mx
 
     from mlxcel.engine.media_rows import FeatureCache
-    from mlxcel.model.loader import load_checkpoint
-    from mlxcel.plugins import load_plugins
+    from mlxcel.testing.engine import _load
 
-    if callable(checkpoint):
-        loaded = checkpoint()
-    else:
-        loaded = load_checkpoint(str(checkpoint), load_plugins().families)
-    model, ids = loaded.model, prompt.token_ids
+    model, ids = _load(checkpoint)().model, prompt.token_ids
     cut = max(s + n for s, n in prompt.spans)
     assert cut < len(ids), "give a prompt with text after its items"
     positions, _ = model.media_positions(prompt)

@@ -20,12 +20,12 @@ per layer for a chunk of a few hundred tokens.
 
 ``install(model)`` wraps the ``scaled_dot_product_attention`` that the model's decoder
 layers call, in the module that defines them (an mlx-lm model's, or a VLM language
-model's in mlx-vlm, found through ``language_model``); on CUDA the wrapper takes the kernel for steps on the engine's own
-``BatchCache`` with an array mask and for decode steps on mlx-lm's ``BatchKVCache`` and
-unwrapped ``BatchRotatingKVCache`` (a KV-shared layer, which gets no cache, takes its
-source layer's rows: it gets the same mask), the grouped path for other decode steps with
-a boolean [B, 1, 1, L] mask (a wrapped sliding window, a head size the kernel lacks), and
-calls the original otherwise.
+model's in mlx-vlm, found through ``language_model``). On CUDA the wrapper takes the
+kernel for steps on the engine's own ``BatchCache`` with an array mask and for decode
+steps on mlx-lm's ``BatchKVCache`` and unwrapped ``BatchRotatingKVCache`` (a KV-shared
+layer, which gets no cache, takes its source layer's rows: it gets the same mask), the
+grouped path for other decode steps with a boolean [B, 1, 1, L] mask (a wrapped sliding
+window, a head size the kernel lacks), and calls the original otherwise.
 """
 
 from __future__ import annotations
