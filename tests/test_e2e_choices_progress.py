@@ -97,10 +97,13 @@ def test_streamed_choices_interleave_by_index(http):
     assert finishes == {0: "length", 1: "length"}
     usage = [c for c in chunks if not c["choices"]]
     assert len(usage) == 1 and usage[0]["usage"]["completion_tokens"] == 12
+    # a sampled ``<think>`` sends the rest of a choice to reasoning_content: both are its text
     text = {0: "", 1: ""}
     for c in chunks:
         if c["choices"]:
-            text[c["choices"][0]["index"]] += c["choices"][0]["delta"].get("content") or ""
+            delta = c["choices"][0]["delta"]
+            text[c["choices"][0]["index"]] += ((delta.get("content") or "")
+                                               + (delta.get("reasoning_content") or ""))
     assert text[0] and text[1]
 
 
