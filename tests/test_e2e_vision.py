@@ -582,6 +582,18 @@ def test_a_corrupt_png_is_refused(http):
     assert_refused(r, "messages[0].content[1]")
 
 
+def test_an_image_the_processor_refuses_is_a_400_naming_the_part(http):
+    wide = io.BytesIO()
+    Image.new("RGB", (3000, 10)).save(wide, "PNG")  # Qwen-VL's bound: sides 200x apart
+    r = chat(http, [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": data_uri(png(11))}},
+        {"type": "image_url", "image_url": {"url": data_uri(wide.getvalue())}},
+        {"type": "text", "text": QUESTION}]}])
+    reason = assert_refused(r, "messages[0].content[1]")
+    assert "aspect ratio" in reason, reason
+    assert_serving(http)
+
+
 def test_a_wrong_mime_type_in_a_data_uri_names_the_part(http):
     r = chat(http, [image_message(data_uri(png(10), "image/jpeg"))])
     reason = assert_refused(r, "messages[0].content[1]")

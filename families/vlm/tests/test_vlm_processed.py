@@ -9,6 +9,7 @@ import io
 import numpy as np
 import pytest
 from mlxcel.families.api import LoadOptions
+from mlxcel.families.media import MediaRefused
 from mlxcel.media.api import MediaLimits
 from mlxcel.media.image import decode as decode_image
 from mlxcel.types.media import MediaBlob
@@ -113,3 +114,13 @@ def test_the_family_model_keeps_its_images(vlm_checkpoint):
     model.expand_media(ids, [item], {})
     model.expand_media(ids, [item], {})
     assert (model.processed.kept.misses, model.processed.kept.hits) == (1, 1)
+
+
+def test_an_image_the_processor_refuses_is_named_by_its_index(vlm_checkpoint):
+    qwen = decoder(load(vlm_checkpoint("qwen2_vl"), LoadOptions()))
+    ids = [qwen.processor.image_token_id] * 2
+    items = [image(1), image(2, 3000, 10)]  # Qwen-VL refuses sides 200 times apart
+    with pytest.raises(MediaRefused) as caught:
+        qwen.expand_media(ids, items, {})
+    assert caught.value.index == 1 and "aspect ratio" in caught.value.reason
+    assert len(qwen.expand_media(ids[:1], items[:1], {}).spans) == 1

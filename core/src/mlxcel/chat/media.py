@@ -15,7 +15,8 @@ from typing import Any
 
 import msgspec
 
-from mlxcel.errors import CapabilityNotSupported
+from mlxcel.errors import CapabilityNotSupported, InvalidRequest
+from mlxcel.families.media import MediaRefused
 from mlxcel.media.api import MediaLimits
 from mlxcel.media.decode import check_image_count, decode_media
 from mlxcel.media.fetch import FetchPolicy, blob_from_base64, fetch
@@ -138,12 +139,22 @@ def lift_tool_media(messages: tuple[Message, ...]) -> tuple[Message, ...]:
 
 
 def expand(model: Any, ids: list[int], items: list[Any], options: dict[str, Any],
-           marks: tuple[tuple[int, str], ...]
-           ) -> tuple[MediaPrompt, tuple[tuple[int, str], ...]]:
+           marks: tuple[tuple[int, str], ...], parts: tuple[str, ...] = (),
+           param: str = "messages") -> tuple[MediaPrompt, tuple[tuple[int, str], ...]]:
     """The decoder's expansion of ``ids`` (``families.media``), and the cache marks moved
-    by the tokens each item added before them."""
-    prompt = model.expand_media(ids, items, {k: v for k, v in options.items()
-                                             if k in MEDIA_OPTIONS})
+    by the tokens each item added before them. ``parts``: each item's path in the
+    request, which a refusal names (400): the one the decoder named, or the only one,
+    else ``param``."""
+    try:
+        prompt = model.expand_media(ids, items, {k: v for k, v in options.items()
+                                                 if k in MEDIA_OPTIONS})
+    except ValueError as exc:
+        index = exc.index if isinstance(exc, MediaRefused) else 0 if len(items) == 1 else None
+        where = parts[index] if index is not None and index < len(parts) else None
+        kind = getattr(items[index], "kind", "media") if where is not None else "media"
+        reason = exc.reason if isinstance(exc, MediaRefused) else str(exc)
+        raise InvalidRequest(f"{where or param}: the model's processor cannot take "
+                             f"this {kind}: {reason}", param=where or param) from None
     moved = tuple((position + sum(added for at, added in prompt.grown if at < position), kind)
                   for position, kind in marks)
     return prompt, moved

@@ -249,7 +249,8 @@ def prompt_input(request: PromptRequest, engine: Any, *,
     expanded = None
     if media is not None:
         expanded, cache_marks = expand(engine.checkpoint.model, list(ids), items,
-                                       media.options, cache_marks)
+                                       media.options, cache_marks,
+                                       tuple(f.part for f in media.fetched))
         ids = list(expanded.token_ids)
         check_length(engine, len(ids), "messages")
     forced = request.tool_choice == "required" or isinstance(request.tool_choice,

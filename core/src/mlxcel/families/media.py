@@ -17,7 +17,10 @@ placeholders (one per item, in order) it replaces with each item's own tokens, s
 as the model's processor sizes the item; ``inputs`` carries the processor's outputs
 (NumPy arrays). ``options``: the request's media knobs (``max_soft_tokens``), unknown
 keys ignored. It runs on the HTTP side, in a worker thread, so it must not touch MLX
-arrays; a placeholder count that is not the item count is ``InvalidRequest``.
+arrays; a placeholder count that is not the item count is ``InvalidRequest``. An item
+its processor cannot take (Qwen-VL's refuses an image whose sides differ by more than
+200 times) is ``MediaRefused(index, reason)``, or any ``ValueError`` where the decoder
+cannot tell which item it was: core answers 400 naming the part, never 500.
 
 On the engine thread:
 
@@ -43,6 +46,17 @@ shift (0 for a text row). A prefill chunk that holds no item's tokens comes with
 from __future__ import annotations
 
 from typing import Any
+
+
+class MediaRefused(ValueError):
+    """``expand_media``'s refusal of one item: ``index`` in ``items``, and ``reason``,
+    the processor's own words (they name sizes, never the request's bytes)."""
+
+    def __init__(self, index: int, reason: str) -> None:
+        super().__init__(reason)
+        self.index = index
+        self.reason = reason
+
 
 MEMBERS = ("media_kinds", "media_placeholder", "expand_media", "media_positions",
            "media_embeddings")

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 from mlxcel.errors import InvalidRequest
+from mlxcel.families.media import MediaRefused
 from mlxcel.types.media import MediaPrompt
 
 from mlxcel_family_vlm.processed import ProcessedImages
@@ -144,15 +145,19 @@ def _expand_text(processor: Any, ids: list[int], images: list[Any],
     image_id = _image_token_id(processor)
     at = placeholders_at(ids, image_id, len(images))
     mark = placeholder(processor)
+    runs = []
+    for index, image in enumerate(images if len(images) > 1 else ()):
+        try:
+            runs.append(_bare(processor, processor(text=[mark], images=[image],
+                                                   return_tensors="np")["input_ids"]))
+        except ValueError as exc:
+            raise MediaRefused(index, str(exc)) from None
     arrays = _arrays(processor(text=[mark * len(images)], images=images, return_tensors="np"))
     joined = _bare(processor, arrays.pop("input_ids"))
     arrays.pop("attention_mask", None)
     if len(images) == 1:
         runs = [joined]
     else:
-        runs = [_bare(processor, processor(text=[mark], images=[image],
-                                           return_tensors="np")["input_ids"])
-                for image in images]
         if [t for run in runs for t in run] != joined:
             raise InvalidRequest("the model's processor expands an image differently "
                                  "beside other images", param="messages")

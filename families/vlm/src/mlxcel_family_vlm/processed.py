@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from mlxcel.families.media import MediaRefused
 from mlxcel.media.recent import Recent
 
 SIZE = 32  # images kept
@@ -36,8 +37,13 @@ class ProcessedImages:
     def arrays(self, processor: Any, images: list[Any], digests: tuple[bytes, ...]) -> Arrays:
         """``processor.image_processor``'s arrays for ``images`` (with ``digests``), each
         image's from this cache or processed alone, joined on the first axis."""
-        parts = [self.kept.get(digest, lambda image=image: _processed(processor, image))
-                 for image, digest in zip(images, digests, strict=True)]
+        parts = []
+        for index, (image, digest) in enumerate(zip(images, digests, strict=True)):
+            try:
+                parts.append(self.kept.get(digest,
+                                           lambda image=image: _processed(processor, image)))
+            except ValueError as exc:  # e.g. Qwen-VL's bound on an image's aspect ratio
+                raise MediaRefused(index, str(exc)) from None
         if len(parts) == 1:
             return dict(parts[0])
         return {key: np.concatenate([part[key] for part in parts], axis=0) for key in parts[0]}

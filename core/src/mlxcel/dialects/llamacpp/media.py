@@ -125,12 +125,18 @@ def expanded(ctx: AppContext, raw: RawMedia, options: dict[str, Any],
     """The prompt with its images (blocking work: run it through ``prepare``): the
     entries decoded, the markers made the model's placeholders, the text tokenized by
     ``encode(text, param)``, and each placeholder expanded into its image's tokens."""
-    items = media_input(ctx, raw, options).decode()
+    media = media_input(ctx, raw, options)
+    items = media.decode()
     model = ctx.checkpoint.model
     text = raw.text.replace(MARKER, model.media_placeholder("image"))
+    parts = tuple(f.part for f in media.fetched)
     try:
-        prompt, _ = expand(model, list(encode(text, raw.param)), items, options, ())
-    except InvalidRequest as exc:  # placeholders the text held besides the markers
+        prompt, _ = expand(model, list(encode(text, raw.param)), items, options, (),
+                           parts, raw.param)
+    except InvalidRequest as exc:
+        if exc.param != "messages":  # an image the processor refused, named
+            raise
+        # placeholders the text held besides the markers
         param = f"{raw.param}.prompt_string"
         raise InvalidRequest(f"'{param}': {exc.message}; put {MARKER} where each image "
                              "goes, and nothing else of the model's image tokens",
