@@ -245,3 +245,13 @@ def test_the_compactor_counts_images_as_input_tokens_does(client):
         "context_management": [{"type": "compaction", "compact_threshold": 1}]}))
     started = next(e for e in events if e["type"] == "mlx.compaction.started")
     assert started["input_tokens"] == input_tokens(client, {"input": history})
+
+
+@pytest.mark.parametrize("part", [{"type": "image_url"}, {"type": "image_url", "image_url": {}},
+                                  {"type": "image_url", "image_url": {"detail": "low"}}])
+def test_an_image_part_without_a_source_is_a_400_naming_it(client, part):
+    r = client.post("/v1/chat/completions", json={"max_tokens": 1, "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "Hi"}, part]}]})
+    error = refused(r)
+    assert error["param"] == "messages[0].content[1]", error
+    assert "no source" in error["message"], error

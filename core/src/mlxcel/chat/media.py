@@ -65,15 +65,19 @@ def media_parts(messages: tuple[Message, ...]) -> list[tuple[str, MediaPart]]:
 def check_media(parts: list[tuple[str, MediaPart]], kinds: tuple[str, ...],
                 max_images: int) -> None:
     """Refuse, before any fetch, a part of a kind the model does not take (501 naming it,
-    in the client's vocabulary) and more images than ``--max-images`` (400)."""
+    in the client's vocabulary), a part with no source (400) and more images than
+    ``--max-images`` (400)."""
     for path, part in parts:
         kind = kind_of(part)
+        shown = part.wire_type or kind
         if kind not in kinds:
-            shown = part.wire_type or kind
             takes = f"{' and '.join(kinds)} and text" if kinds else "text only"
             raise CapabilityNotSupported(
                 f"{kind} input is not supported: the loaded model accepts {takes}; {path} "
                 f"is '{shown}'", param=path)
+        if part.url is None and part.data is None:
+            raise InvalidRequest(f"{path}: the '{shown}' part has no source: give a URL "
+                                 "or a data: URI ('url'), or base64 'data'", param=path)
     check_image_count(sum(kind_of(p) == "image" for _, p in parts), max_images)
 
 
