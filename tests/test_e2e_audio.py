@@ -299,6 +299,17 @@ def test_speech_streamed_as_pcm(oai):
     assert total > 0 and total % 2 == 0  # 16-bit samples
 
 
+def test_an_openai_voice_name_speaks_with_the_default_voice(oai):
+    """The SDK requires a voice and its examples say ``alloy``: the checkpoint has no
+    ``*_alloy`` pack, so its default voice speaks: as many samples as asking for it (the
+    voice sets the durations; the vocoder's noise differs per call)."""
+    asked = oai.audio.speech.create(model="tts-1", voice="alloy", input=SAY,
+                                    response_format="pcm").content
+    default = oai.audio.speech.create(model="tts-1", voice="af_heart", input=SAY,
+                                      response_format="pcm").content
+    assert len(asked) > 0 and len(asked) == len(default)
+
+
 def test_an_unknown_voice_is_a_400_listing_the_voices(oai):
     from mlxcel.testing.kokoro_checkpoints import VOICES
 

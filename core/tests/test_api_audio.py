@@ -263,6 +263,24 @@ def test_pcm_is_raw_16_bit_and_speed_and_mixed_voices_reach_the_model():
     assert speaker.seen[0].voice == "af_heart,am_adam" and speaker.seen[0].speed == 2.0
 
 
+class AlloySpeaker(ToneSpeaker):
+    voices = ("af_heart", "am_adam", "af_alloy")
+
+
+@pytest.mark.parametrize("speaker,voice,used", [
+    (ToneSpeaker, "alloy", "af_heart"), (AlloySpeaker, "alloy", "af_alloy"),
+    (ToneSpeaker, "Nova", "af_heart"), (AlloySpeaker, "echo,am_adam", "af_heart,am_adam"),
+    (AlloySpeaker, "af_alloy", "af_alloy")])
+def test_openai_voice_names_stand_for_the_models_voices(speaker, voice, used):
+    """OpenAI's voice names (its SDK requires one): the model's voice of that name, else
+    its default voice."""
+    speaker = speaker()
+    with audio_app(tts=speaker) as c:
+        r = c.post(TTS, json={"input": "hi", "voice": voice})
+    assert r.status_code == 200, r.text
+    assert speaker.seen[0].voice == used
+
+
 @pytest.mark.parametrize("body,param", [
     ({"input": "hi", "voice": "nobody"}, "voice"), ({"input": "x" * 4097}, "input"),
     ({"input": " "}, "input"), ({"input": "hi", "speed": 9}, "speed"),

@@ -22,6 +22,9 @@ from mlxcel.speech import encode, jobs, transcripts, upload
 
 MAX_INPUT = 4096
 SPEED = (0.25, 4.0)
+# the voices OpenAI's speech API names (its SDK requires one)
+OPENAI_VOICES = ("alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage",
+                 "shimmer", "verse", "marin", "cedar")
 
 
 class SpeechRequest(msgspec.Struct, kw_only=True):
@@ -94,15 +97,25 @@ async def _transcript_events(first: tuple[str, Any], events: AsyncIterator[tuple
 
 
 def _voice(runner: Any, voice: str | None) -> str:
+    """The model's voice (or two, mixed) for ``voice``; OpenAI's voice names, which its
+    SDK makes every client pass, stand for the model's voice of that name (Kokoro's
+    ``af_alloy`` for ``alloy``), else for its default voice."""
     name = (voice or runner.default_voice).strip()
-    parts = [p.strip() for p in name.split(",")]
+    parts = [_openai_voice(runner, p.strip()) for p in name.split(",")]
     unknown = [p for p in parts if p not in runner.voices]
     if unknown or not 1 <= len(parts) <= 2:
         shown = ", ".join(runner.voices)
         raise InvalidRequest(f"'voice' {name!r} is not a voice of this model (one, or two "
-                             f"joined by a comma to mix them); available: {shown}",
-                             param="voice")
+                             f"joined by a comma to mix them; or one of OpenAI's voice "
+                             f"names); available: {shown}", param="voice")
     return ",".join(parts)
+
+
+def _openai_voice(runner: Any, name: str) -> str:
+    if name in runner.voices or name.lower() not in OPENAI_VOICES:
+        return name
+    named = sorted(v for v in runner.voices if v.rpartition("_")[2] == name.lower())
+    return named[0] if named else runner.default_voice
 
 
 async def speak(ctx: AppContext, request: Request, path: str) -> Any:
