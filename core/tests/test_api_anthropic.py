@@ -217,7 +217,7 @@ BAD = [
         {"type": "tool_result", "tool_use_id": "t", "content": 5}]}]},
      "messages[0].content[0].content"),
     ({"messages": [{"role": "user", "content": [
-        {"type": "tool_result", "tool_use_id": "t", "content": [{"type": "document"}]}]}]},
+        {"type": "tool_result", "tool_use_id": "t", "content": [{"type": "container_upload"}]}]}]},
      "messages[0].content[0].content[0].type"),
     ({"messages": [USER, {"role": "assistant", "content": [
         {"type": "tool_use", "id": "t", "name": "f", "input": "x"}]}]},
@@ -351,3 +351,37 @@ def test_the_wire_turns_as_the_chat_layer_reads_them():
         "description": "The time in a zone."}}]
     assert prompt.tool_choice == FunctionChoice(name="get_time")
     assert not prompt.continue_final_message
+
+
+def test_documents_and_search_results_are_their_text():
+    text_doc = {"type": "document", "title": "Notes", "context": "from a wiki",
+                "source": {"type": "text", "media_type": "text/plain", "data": "Llamas hum."},
+                "citations": {"enabled": True}}
+    content_doc = {"type": "document", "source": {"type": "content", "content": [
+        {"type": "text", "text": "One."}, {"type": "text", "text": "Two."}]}}
+    result = {"type": "search_result", "source": "https://x/llamas", "title": "Llamas",
+              "content": [{"type": "text", "text": "They hum."}]}
+    body = msgspec.convert({"model": "m", "max_tokens": 5, "messages": [
+        {"role": "user", "content": [text_doc, content_doc, {"type": "text", "text": "Q?"}]},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "search",
+                                           "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                                      "content": [result]}]}]}, MessagesRequest)
+    user, _, tool = prompt_request(body).messages
+    assert [p.text for p in user.content] == ["Notes\n\nfrom a wiki\n\nLlamas hum.",
+                                              "One.\n\nTwo.", "Q?"]
+    assert [p.text for p in tool.content] == ["Llamas\n\nhttps://x/llamas\n\nThey hum."]
+
+
+@pytest.mark.parametrize("source, param", [
+    ({"type": "base64", "media_type": "application/pdf", "data": "JVBERi0="},
+     "messages[0].content[0].source"),
+    ({"type": "file", "file_id": "file_1"}, "messages[0].content[0].source"),
+    ({"type": "content", "content": [{"type": "image"}]},
+     "messages[0].content[0].source.content[0].type"),
+])
+def test_a_pdf_or_a_file_document_is_a_400_naming_it(client, source, param):
+    r = client.post("/v1/messages", json={**BASE, "messages": [{"role": "user", "content": [
+        {"type": "document", "source": source}]}]})
+    assert r.status_code == 400, r.text
+    assert param in r.json()["error"]["message"], r.text

@@ -6,7 +6,8 @@ Turns map as the chat templates expect them: the top-level ``system`` is the lea
 system message; a ``system`` turn inside ``messages`` is folded into the next user turn
 (else the one before it); each ``tool_result`` block becomes a ``tool`` message; an
 assistant turn's ``tool_use`` blocks are its tool calls and its ``thinking`` blocks its
-reasoning. A final assistant turn is continued (Anthropic's prefill).
+reasoning. A final assistant turn is continued (Anthropic's prefill). A plain-text
+``document`` and a ``search_result`` block are their text, after their title.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from .schemas import CountTokensRequest, InputMessage, MessagesRequest
 Recall = Callable[[mt.Message], "str | None"]  # an assistant turn -> its remembered reasoning
 THINKING_ON = ("enabled", "adaptive", "between_tools")
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed")
+# the blocks a user turn and a tool result hold (documents and search results as text)
+RESULT_BLOCKS = ("text", "image", "document", "search_result")
 
 
 def _bad(message: str, param: str) -> InvalidRequest:
@@ -57,6 +60,43 @@ def _image(block: dict[str, Any], where: str) -> mt.ImagePart:
                f"{where}.source")
 
 
+def _texts(blocks: Any, where: str) -> list[str]:
+    if not isinstance(blocks, list):
+        raise _bad(f"{where} must be a list of text blocks", where)
+    out = []
+    for k, block in enumerate(blocks):
+        if not isinstance(block, dict) or block.get("type") != "text":
+            raise _bad(f"{where}[{k}].type must be \"text\"", f"{where}[{k}].type")
+        out.append(_string(block, "text", f"{where}[{k}]"))
+    return out
+
+
+def _titled(block: dict[str, Any], where: str, body: list[str]) -> mt.TextPart:
+    """A document's or a search result's text, after its title and context when given
+    (they tell the model what the text is; citations are not made)."""
+    head = []
+    for key in ("title", "context"):
+        if block.get(key) is not None:
+            head.append(_string(block, key, where))
+    return mt.TextPart(text="\n\n".join(head + body))
+
+
+def _document(block: dict[str, Any], where: str) -> mt.TextPart:
+    """A ``text`` or ``content`` document as text; a PDF (``base64``, ``url``) or a
+    ``file`` id is refused, since nothing here reads PDFs or holds files."""
+    source = block.get("source")
+    kind = source.get("type") if isinstance(source, dict) else None
+    if kind == "text":
+        return _titled(block, where, [_string(source, "data", f"{where}.source")])
+    if kind == "content":
+        content = source.get("content")
+        if isinstance(content, str):
+            return _titled(block, where, [content])
+        return _titled(block, where, _texts(content, f"{where}.source.content"))
+    raise _bad(f"{where}.source: only plain-text documents are supported (source \"text\" or "
+               f"\"content\"); send a PDF's text instead", f"{where}.source")
+
+
 def _part(block: Any, where: str, allowed: tuple[str, ...]) -> mt.Part:
     kind = block.get("type") if isinstance(block, dict) else None
     if kind not in allowed:
@@ -64,6 +104,11 @@ def _part(block: Any, where: str, allowed: tuple[str, ...]) -> mt.Part:
         raise _bad(f"{where}.type must be {kinds}", f"{where}.type")
     if kind == "text":
         return mt.TextPart(text=_string(block, "text", where))
+    if kind == "document":
+        return _document(block, where)
+    if kind == "search_result":
+        return _titled(block, where, [_string(block, "source", where),
+                                      *_texts(block.get("content"), f"{where}.content")])
     return _image(block, where)
 
 
@@ -72,7 +117,7 @@ def _tool_result(block: dict[str, Any], where: str) -> mt.Message:
     if isinstance(content, str):
         parts: tuple[mt.Part, ...] = (mt.TextPart(text=content),)
     elif isinstance(content, list):
-        parts = tuple(_part(b, f"{where}.content[{k}]", ("text", "image"))
+        parts = tuple(_part(b, f"{where}.content[{k}]", RESULT_BLOCKS)
                       for k, b in enumerate(content))
     else:
         raise _bad(f"{where}.content must be a string or a list of blocks", f"{where}.content")
@@ -93,7 +138,7 @@ def _user_turns(blocks: list[dict[str, Any]], where: str) -> list[mt.Message]:
                 parts = []
             out.append(_tool_result(block, at))
         else:
-            parts.append(_part(block, at, ("text", "image", "tool_result")))
+            parts.append(_part(block, at, (*RESULT_BLOCKS, "tool_result")))
     if parts or not out:
         out.append(mt.Message(role="user", content=tuple(parts)))
     return out
