@@ -303,3 +303,23 @@ def test_a_text_checkpoint_still_loads_through_mlx_lm(gemma4_checkpoint):
     model = decoder(load(gemma4_checkpoint, LoadOptions()))
     assert type(model.model).__module__.startswith("mlx_lm.models.")
     assert media_kinds(model) == ()
+
+
+def test_the_engine_warm_up_plays_an_image_row_on_the_mixed_path(path):
+    """``accel.warmup.media_lifecycle`` on Gemma 4's sliding-window caches: the tower and
+    an image row's prefill and decode steps run once, before any client's image."""
+    from mlxcel.engine import mixed_batch
+    from mlxcel.engine.accel.warmup import media_lifecycle, media_prompt
+    from mlxcel.model.loader import load_checkpoint
+    from mlxcel.plugins import load_plugins
+
+    checkpoint = load_checkpoint(str(path), load_plugins().families)
+    lane, merge, _ = mixed_batch.cache_path(checkpoint.model, checkpoint.family)
+    assert lane == "mixed"
+    prompt = media_prompt(checkpoint.model, checkpoint.tokenizer)
+    calls = []
+    embeddings = checkpoint.model.media_embeddings
+    checkpoint.model.media_embeddings = lambda *a: calls.append(1) or embeddings(*a)
+    media_lifecycle(checkpoint.model, None, checkpoint.tokenizer.vocab_size, prompt,
+                    merge=merge)
+    assert calls == [1]

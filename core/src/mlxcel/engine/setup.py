@@ -8,6 +8,7 @@ submodules, BLAS threads, warm-up).
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any
 
@@ -17,7 +18,13 @@ import structlog
 from mlxcel.drafters.api import DraftOptions, DraftTarget
 from mlxcel.engine import distributed, mixed_batch
 from mlxcel.engine.accel import attention, cpu_blas, fused_proj, lean_decode, module_attrs
-from mlxcel.engine.accel.warmup import mixed_plan, run_items, shared_plan
+from mlxcel.engine.accel.warmup import (
+    media_lifecycle,
+    media_prompt,
+    mixed_plan,
+    run_items,
+    shared_plan,
+)
 from mlxcel.engine.cache.kinds import reuse_rule
 from mlxcel.engine.cache.kvcache import BatchCache, shared_position_rope
 from mlxcel.engine.cache.rollback import rollback_reason
@@ -28,6 +35,7 @@ from mlxcel.engine.side import load_sides
 from mlxcel.engine.spec_probe import TOLERANCE, check_pairing, verify_deviation
 from mlxcel.engine.speculative import Speculation
 from mlxcel.engine.trace import Trace
+from mlxcel.families.media import media_kinds
 from mlxcel.lazy import resolve
 
 log = structlog.get_logger("mlxcel.engine")
@@ -123,6 +131,8 @@ class EngineSetup:
                                    self.align, self.burst_chunks, vocab, self.forward, width)
             else:
                 plan = mixed_plan(model, self.merge, vocab, self.prefill_chunk, self.align)
+            if media_kinds(model):
+                plan.first.append(("media", functools.partial(self._warm_media, model, vocab)))
             spent = run_items(plan.first)
         except Exception as exc:
             log.warning("engine_warmup_failed", error=f"{type(exc).__name__}: {exc}")
@@ -131,6 +141,16 @@ class EngineSetup:
         log.info("engine_warmup", cache=self.path, first_items=len(plan.first),
                  later_items=len(plan.later), seconds=round(sum(spent.values()), 2),
                  **{f"{phase}_s": round(s, 2) for phase, s in spent.items()})
+
+    def _warm_media(self, model: Any, vocab: int) -> None:
+        """``media_lifecycle`` on a synthetic image; a failure only logs, and the rest of
+        the warm-up goes on (an image request then compiles the tower itself)."""
+        try:
+            prompt = media_prompt(model, self.checkpoint.tokenizer)
+            media_lifecycle(model, self.rope, vocab, prompt, self.forward,
+                            self.merge if self.path == "mixed" else None)
+        except Exception as exc:
+            log.warning("engine_media_warmup_failed", error=f"{type(exc).__name__}: {exc}")
 
     def _speculation(self, model: Any) -> Speculation | None:
         """The drafter's session (``EngineConfig.drafter``), where verify steps can roll

@@ -17,6 +17,10 @@ on a few short rows, through the engine's own classes: groups prefilled and join
 and seeded rows, penalties and logprobs, the cache growing, a row leaving, rows copied out
 for the prompt cache and a prompt reusing them.
 
+A decoder that takes images also plays one image row's life (``media_lifecycle``): a
+synthetic image through the vision tower and the media feed, its row decoding beside a
+text row. The tower's kernels compile then, not on the first image a client sends.
+
 What a lone request meets runs before the engine is ready, the rest between served steps
 (``WarmPlan``): time-to-ready stays short while bursts still find their shapes warm.
 """
@@ -296,3 +300,56 @@ def warm_mixed(model: Any, merge: Any, vocab: int, chunk: int = 512, align: int 
     """``mixed_plan``'s every item, now; seconds spent."""
     plan = mixed_plan(model, merge, vocab, chunk, align)
     return sum(run_items(plan.first + plan.later).values())
+
+
+WARM_SIDE = 224  # the synthetic image's side: a few dozen tokens on most VLMs
+
+
+def media_prompt(model: Any, tokenizer: Any) -> Any:
+    """A short prompt holding one synthetic image (a mid-grey PNG, decoded by core's image
+    decoder), expanded by ``model``'s decoder (``mlxcel.families.media``)."""
+    import io
+
+    from PIL import Image
+
+    from mlxcel.media.api import MediaLimits
+    from mlxcel.media.image import decode
+    from mlxcel.types.media import MediaBlob
+
+    out = io.BytesIO()
+    Image.new("RGB", (WARM_SIDE, WARM_SIDE), (128, 128, 128)).save(out, "PNG")
+    item = decode(MediaBlob.of(out.getvalue(), "image/png", "warm-up"), MediaLimits())
+    text = f"Look: {model.media_placeholder('image')} What is it?"
+    return model.expand_media(list(tokenizer.encode(text)), [item], {})
+
+
+def media_lifecycle(model: Any, rope: Any | None, vocab: int, prompt: Any,
+                    forward: Any = None, merge: Any = None) -> None:
+    """One image row's life (``prompt``: ``media_prompt``'s): its prefill through the
+    media feed (``engine.media_rows``, no feature kept), then decode steps beside a text
+    row, on the shared path's caches, or with ``merge`` the mixed path's."""
+    from mlxcel.engine.media_rows import FeatureCache, MediaFeed
+
+    greedy = SamplingParams(temperature=0.0)
+    row = _Row(list(prompt.token_ids), greedy)
+    row.req.media = prompt
+    feed = MediaFeed(model, row, FeatureCache(0))
+    text = _Row(list(range(3, 12)), greedy)
+    if merge is None:
+        job = PrefillJob(model, [row], True, None, rope, 1, feed=feed)
+        while not job.step(len(prompt.token_ids)):
+            pass
+        batch = DecodeBatch(model, vocab, lazy_leave=True, forward=forward)
+        beside = _prefilled(model, [text], rope, 1)
+    else:
+        from mlxcel.engine.mixed_batch import MixedOps, MixedPrefill
+
+        job = MixedPrefill(model, [row], [None], merge, feed=feed)
+        while not job.step(len(prompt.token_ids)):
+            pass
+        batch = DecodeBatch(model, vocab, lazy_leave=True, ops=MixedOps)
+        beside = _mixed_prefilled(model, [text], merge)
+    batch.join([job])
+    batch.join([beside])
+    _step(batch)
+    _step(batch)
