@@ -48,8 +48,37 @@ def test_the_openai_sdk_gets_unit_vectors_in_float_and_base64(sdk):
 
 def test_sdk_errors_name_the_input(sdk):
     with pytest.raises(openai.BadRequestError) as err:
-        sdk.embeddings.create(model="emb", input=["ok", ""])
+        sdk.embeddings.create(model="emb", input=[[1, 2], [10 ** 9]])
     assert err.value.body["param"] == "input[1]"
+    with pytest.raises(openai.BadRequestError) as err:
+        sdk.embeddings.create(model="emb", input=["ok", "word " * 5000])
+    assert err.value.body["param"] == "input[1]" and "too large" in err.value.message
+
+
+@pytest.mark.parametrize("value,count", [
+    ("", 1), ([12, 34, "string", 56, 78], 1), (["string1", [12, 34, 56]], 2),
+    ([[12, 34, 56], [12, "string", 34, 56]], 2), ({"prompt_string": "string"}, 1),
+    (["string1", {"prompt_string": "string2"},
+      {"content": [{"type": "text", "text": "string3"}]}], 3),
+])
+def test_llama_servers_input_forms(server, value, count):
+    """llama-server's own input forms (its test suite's cases): an empty text, a list of
+    ids and texts as one input, prompt objects; a content object's text parts embed as
+    their joined text."""
+    import httpx
+
+    with httpx.Client(base_url=server.base_url, timeout=30,
+                      headers={"Authorization": f"Bearer {KEY}"}) as c:
+        r = c.post("/v1/embeddings", json={"input": value})
+        assert r.status_code == 200, r.text
+        assert len(r.json()["data"]) == count
+        joined = c.post("/v1/embeddings", json={"input": ["hello world", {"content": [
+            {"type": "text", "text": "hello "}, {"type": "text", "text": "world"}]}]})
+        image = c.post("/v1/embeddings", json={"input": {"content": [
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}})
+    a, b = (d["embedding"] for d in joined.json()["data"])
+    assert a == b
+    assert image.status_code == 400 and image.json()["error"]["param"] == "input.content[0]"
 
 
 def test_rerank_and_models_over_http(server):

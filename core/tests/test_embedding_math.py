@@ -69,16 +69,24 @@ def test_a_non_finite_value_anywhere_is_a_server_error(bad):
 
 
 @pytest.mark.parametrize("value,items", [
-    ("a b", ["a b"]), (["a", "b"], ["a", "b"]), ([1, 2, 3], [[1, 2, 3]]),
+    ("a b", ["a b"]), ("", [""]), (["a", "b"], ["a", "b"]), ([1, 2, 3], [[1, 2, 3]]),
     ([[1], [2, 3]], [[1], [2, 3]]),
+    # llama-server's forms: a mixed list is one input, objects are their text
+    ([12, "ab", 3], [[12, "ab", 3]]), (["a", [1, 2]], ["a", [1, 2]]),
+    ([[1, "ab"], [2]], [[1, "ab"], [2]]), ({"prompt_string": "a b"}, ["a b"]),
+    ({"content": [{"type": "text", "text": "a "}, {"type": "text", "text": "b"}]}, ["a b"]),
+    (["x", {"prompt_string": "y"}], ["x", "y"]),
 ])
 def test_input_shapes_become_a_list_of_inputs(value, items):
     assert inputs_of(value) == items
 
 
 @pytest.mark.parametrize("value,param", [
-    ("", "input[0]"), ([], "input"), (["a", ""], "input[1]"), ([[1], []], "input[1]"),
-    ([1, "a"], "input"), ([True], "input"), (3, "input"), ({"text": "a"}, "input"),
+    ([], "input"), ([True], "input[0]"), (3, "input"), ({"text": "a"}, "input"),
+    ({"content": "a"}, "input"), (["a", None], "input[1]"), ([1.5], "input[0]"),
+    ({"content": [{"type": "image_url", "image_url": {"url": "data:,"}}]},
+     "input.content[0]"),
+    ({"prompt_string": "a", "multimodal_data": ["AAAA"]}, "input.multimodal_data"),
     (["a"] * (MAX_INPUTS + 1), "input"),
 ])
 def test_bad_inputs_are_400s_naming_where(value, param):
@@ -97,10 +105,23 @@ class Runner:
 def test_encode_checks_vocabulary_and_length_and_names_the_input():
     assert [e.ids for e in encode(Runner(), ["ab c", [9, 0]])] == [[2, 1], [9, 0]]
     for items, param in (([[1], [10]], "input[1]"), (["a b c d"], "input"),
-                         (["a", "a b c d"], "input[1]"), ([[-1]], "input[0]")):
+                         (["a", "a b c d"], "input[1]"), ([[-1]], "input[0]"),
+                         ([""], "input"), (["a", []], "input[1]"), ([[1, 12, "a"]], "input[0]")):
         with pytest.raises(InvalidRequest) as err:
             encode(Runner(), items)
         assert err.value.param == param
+    with pytest.raises(InvalidRequest, match="too large"):
+        encode(Runner(), ["a b c d"])
+
+
+class PieceRunner(Runner):
+    def tokenize_piece(self, text: str) -> list[int]:
+        return [len(w) + 5 for w in text.split()]
+
+
+def test_a_mixed_input_tokenizes_its_texts_in_place():
+    assert encode(Runner(), [[1, "abc", 2]])[0].ids == [1, 3, 2]
+    assert encode(PieceRunner(), [[1, "abc", 2]])[0].ids == [1, 8, 2]
 
 
 class BatchRunner(Runner):

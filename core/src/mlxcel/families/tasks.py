@@ -58,6 +58,9 @@ class Embedder(Protocol):
     text, in order. Where a runner has it, core calls it for a request's texts at once:
     a Rust tokenizer's batch call encodes them in parallel without holding the GIL, which
     the engine thread needs for its forwards while the HTTP side takes requests in.
+    ``tokenize_piece(text) -> list[int]``: ``text``'s ids without special tokens, for the
+    texts inside llama-server's mixed prompts (ids and texts in one list); without it
+    core takes ``tokenize``'s ids there.
     """
 
     dimensions: int

@@ -55,8 +55,8 @@ def encode_pairs(runner: Any, query: str, texts: list[str], param: str) -> list[
     for i, text in enumerate(texts):
         pair = runner.encode_pair(query, text)
         if len(pair) > runner.max_length:
-            raise InvalidRequest(f"{param}[{i}] with the query has {len(pair)} tokens; the "
-                                 f"reranker takes at most {runner.max_length}",
+            raise InvalidRequest(f"{param}[{i}] with the query is too large: {len(pair)} "
+                                 f"tokens, and the reranker takes at most {runner.max_length}",
                                  param=f"{param}[{i}]")
         pairs.append(pair)
     return pairs

@@ -87,6 +87,9 @@ class Embedder:
     def tokenize_batch(self, texts: Sequence[str]) -> list[Encoded]:
         return [self._encoded(enc) for enc in self.tokenizer.encode_batch(list(texts))]
 
+    def tokenize_piece(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
+
     def _encoded(self, enc: Any) -> Encoded:
         ids = list(enc.ids)
         if self.model.append_eos and self.model.eos_id is not None \
