@@ -153,8 +153,12 @@ def test_props_and_models_say_the_model_takes_images(client):
     props = ok(client.get("/props"))
     assert props["modalities"] == {"vision": True, "audio": False}
     assert props["media_marker"] == MARKER
-    models = ok(client.get("/v1/models"))["data"]
-    assert models[0]["capabilities"] == ["completion", "multimodal"]
+    for path in ("/v1/models", "/models"):
+        listed = ok(client.get(path))
+        assert listed["data"][0]["capabilities"] == ["completion", "multimodal"]
+        # llama-server's own list, where its clients read the capabilities
+        assert listed["models"][0]["capabilities"] == ["completion", "multimodal"]
+        assert listed["models"][0]["name"] == listed["data"][0]["id"]
 
 
 # -- counting ----------------------------------------------------------------------------------

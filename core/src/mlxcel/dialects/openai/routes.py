@@ -116,7 +116,9 @@ def build(ctx: AppContext) -> list[Any]:
     @get(["/v1/models", "/models"])
     async def models() -> Response:
         """Each model the server holds, with what it serves (``capabilities``): the chat
-        model under each of its names (``--alias a,b``), then the side models."""
+        model under each of its names (``--alias a,b``), then the side models; in
+        OpenAI's ``data`` and in llama-server's ``models`` (its clients read the
+        capabilities there)."""
         names = (ctx.settings.aliases() or (ctx.model_name,)) if ctx.has_chat else ()
         tags = ctx.settings.tag_list()  # --tags: the chat model's, as llama-server lists them
         entries = [(name, chat_capabilities(ctx), tags) for name in names] + [
@@ -124,7 +126,9 @@ def build(ctx: AppContext) -> list[Any]:
         return Response({"object": "list", "data": [
             {"id": name, "object": "model", "created": ctx.created, "owned_by": "user",
              "capabilities": caps, "tags": tags} for name, caps, tags in entries
-        ]})
+        ], "models": [
+            {"name": name, "model": name, "type": "model", "capabilities": caps, "tags": tags}
+            for name, caps, tags in entries]})
 
     return [chat_completions, completions, models, *embeddings.build(ctx), *audio.build(ctx),
             *images.build(ctx), *unserved_routes(UNSERVED)]
