@@ -55,3 +55,31 @@ def test_other_errors_are_not_taken_for_a_refusal():
         expand(Refusing(KeyError("bug")), [1], [item(0)], {}, (), PARTS[:1])
     prompt, marks = expand(Refusing(None), [1, 2], [item(0)], {}, ((1, "end"),), PARTS[:1])
     assert prompt.token_ids == (1, 2) and marks == ((1, "end"),)
+
+
+class Odd:
+    """A decoder that fails on images whose sides are over 100 times apart."""
+
+    def __init__(self, error: type[Exception], index: int = 0) -> None:
+        self.error, self.index = error, index
+
+    def expand_media(self, ids, items, options):
+        w, h = items[0].width, items[0].height
+        if max(w, h) > 100 * min(w, h):
+            if self.error is MediaRefused:
+                raise MediaRefused(self.index, "too thin")
+            raise self.error("too thin")
+        return MediaPrompt(token_ids=tuple(ids), spans=(), digests=(), grown=(), inputs={})
+
+
+@pytest.mark.parametrize("decoder, passes", [
+    (Odd(MediaRefused), True), (Odd(ValueError), True), (Odd(ZeroDivisionError), False),
+    (Odd(MediaRefused, index=3), False)])
+def test_the_conformance_kit_holds_decoders_to_the_refusal_rule(decoder, passes):
+    from mlxcel.testing.conformance import _odd_images_expand_or_are_refused
+
+    if passes:
+        _odd_images_expand_or_are_refused(decoder, [1, 2], 1)
+    else:
+        with pytest.raises(AssertionError):
+            _odd_images_expand_or_are_refused(decoder, [1, 2], 1)

@@ -204,7 +204,9 @@ def check_media_model(checkpoint: Any, items: list[Any], token_ids: list[int]) -
     positions cover the whole prompt; the text after the items fed as token ids (with
     its positions) gives the logits it gives fed as embeddings; an image row's greedy
     tokens batched beside a text row equal the same request alone; the same prompt again
-    reuses the prompt cache past its items."""
+    reuses the prompt cache past its items; an image its processor cannot take (sides
+    500 times apart, one pixel) is expanded or refused with ``MediaRefused`` or a
+    ``ValueError``, which core answers with a 400, never another error."""
     from mlxcel.engine.cache.entries import BLOCK_SIZE
     from mlxcel.engine.media_rows import FeatureCache
     from mlxcel.families.media import media_kinds
@@ -214,6 +216,7 @@ def check_media_model(checkpoint: Any, items: list[Any], token_ids: list[int]) -
         model = engine.worker.checkpoint.model
         assert "image" in media_kinds(model), "the decoder lacks a media contract member"
         prompt = model.expand_media(list(token_ids), items, {})
+        _odd_images_expand_or_are_refused(model, token_ids, len(items))
         ids = prompt.token_ids
         assert len(prompt.spans) == len(items) == len(prompt.digests) == len(prompt.grown)
         assert len(ids) == len(token_ids) + sum(added for _, added in prompt.grown)
@@ -238,6 +241,32 @@ def check_media_model(checkpoint: Any, items: list[Any], token_ids: list[int]) -
         "give a prompt with a whole 16-token block of text after its items"
     assert again.usage.cached_tokens >= whole, \
         "the same image prompt again did not reuse the cache past its items"
+
+
+def _odd_images_expand_or_are_refused(model: Any, token_ids: list[int], count: int) -> None:
+    import io
+
+    from PIL import Image
+
+    from mlxcel.families.media import MediaRefused
+    from mlxcel.media.api import MediaLimits
+    from mlxcel.media.image import decode
+    from mlxcel.types.media import MediaBlob
+
+    for size in ((4000, 8), (8, 4000), (1, 1)):
+        out = io.BytesIO()
+        Image.new("RGB", size, (90, 120, 200)).save(out, "PNG")
+        item = decode(MediaBlob.of(out.getvalue(), "image/png", "odd"), MediaLimits())
+        try:
+            model.expand_media(list(token_ids), [item] * count, {})
+        except MediaRefused as exc:
+            assert 0 <= exc.index < count, f"MediaRefused names item {exc.index} of {count}"
+        except ValueError:
+            pass  # core answers 400 for the request's media as a whole
+        except Exception as exc:
+            raise AssertionError(f"expand_media raised {type(exc).__name__} for a "
+                                 f"{size[0]}x{size[1]} image; refuse an item with "
+                                 "MediaRefused (or a ValueError)") from exc
 
 
 def _text_tail_matches(checkpoint: Any, prompt: Any) -> None:
