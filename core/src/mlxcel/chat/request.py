@@ -10,6 +10,17 @@ from typing import Any
 from mlxcel.errors import InvalidRequest, StartupError
 from mlxcel.types import LoopPolicy, SamplingParams
 
+
+def one_prompt(value: Any) -> bool:
+    """llama-server's rule for a ``prompt`` (or an embedding ``input``): a string, an
+    object, or a list of token ids (strings may be mixed in when there is at least one
+    id) is one prompt; any other list is a list of prompts."""
+    if isinstance(value, (str, dict)):
+        return True
+    return isinstance(value, list) and any(type(p) is int for p in value) and all(
+        type(p) in (int, str) for p in value)
+
+
 # llama-server's defaults; generation_config.json, then the CLI flags, override them.
 SAMPLING_DEFAULTS: dict[str, Any] = {
     "temperature": 0.8, "top_p": 0.95, "top_k": 40, "min_p": 0.05, "p_less": False,

@@ -94,6 +94,16 @@ def _oriented(image: Any) -> Any:
     return ImageOps.exif_transpose(image)
 
 
+def plain(width: int, height: int, rgb: tuple[int, int, int] = (128, 128, 128)) -> ImageItem:
+    """An image of one colour as ``decode`` makes it from a PNG: what the engine's warm-up
+    and the conformance kit give a model's decoder where no client sent an image."""
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", (width, height), rgb).save(out, "PNG")
+    return decode(MediaBlob.of(out.getvalue(), "image/png", "data"), MediaLimits())
+
+
 def _reader(mime: str) -> Any:
     module, cls = READERS[mime]
     return getattr(importlib.import_module(f"PIL.{module}"), cls)

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from mlxcel.chat.request import one_prompt
 from mlxcel.engine.side import SideEngine
 from mlxcel.errors import InvalidRequest
 from mlxcel.families.tasks import Encoded
@@ -26,24 +27,11 @@ MAX_INPUTS = 2048  # OpenAI's limit on inputs per request
 Input = str | list[int] | list[int | str]  # a text, token ids, or ids and texts mixed
 
 
-def _is_id(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_ids(value: Any) -> bool:
-    return isinstance(value, list) and all(_is_id(x) for x in value)
-
-
-def _is_mixed(value: Any) -> bool:
-    return isinstance(value, list) and any(_is_id(x) for x in value) and \
-        all(_is_id(x) or isinstance(x, str) for x in value)
-
-
 def _one(value: Any, where: str) -> Input:
-    if isinstance(value, str) or _is_ids(value) or _is_mixed(value):
-        return value
     if isinstance(value, dict):
         return _object(value, where)
+    if isinstance(value, str) or value == [] or one_prompt(value):
+        return value  # an empty list is refused once tokenized, naming it
     raise InvalidRequest(f"{where} must be a string, a list of token ids (and strings), or "
                          "an object with 'prompt_string' or 'content'", param=where)
 
@@ -74,7 +62,7 @@ def inputs_of(value: Any, param: str = "input") -> list[Input]:
     """``input`` as a list of inputs (module docstring)."""
     if isinstance(value, list) and not value:
         raise InvalidRequest(f"'{param}' must not be empty", param=param)
-    if isinstance(value, str) or isinstance(value, dict) or _is_ids(value) or _is_mixed(value):
+    if one_prompt(value):
         items = [_one(value, param)]
     elif isinstance(value, list):
         items = [_one(x, f"{param}[{i}]") for i, x in enumerate(value)]

@@ -244,19 +244,11 @@ def check_media_model(checkpoint: Any, items: list[Any], token_ids: list[int]) -
 
 
 def _odd_images_expand_or_are_refused(model: Any, token_ids: list[int], count: int) -> None:
-    import io
-
-    from PIL import Image
-
     from mlxcel.families.media import MediaRefused
-    from mlxcel.media.api import MediaLimits
-    from mlxcel.media.image import decode
-    from mlxcel.types.media import MediaBlob
+    from mlxcel.media.image import plain
 
     for size in ((4000, 8), (8, 4000), (1, 1)):
-        out = io.BytesIO()
-        Image.new("RGB", size, (90, 120, 200)).save(out, "PNG")
-        item = decode(MediaBlob.of(out.getvalue(), "image/png", "odd"), MediaLimits())
+        item = plain(*size, rgb=(90, 120, 200))
         try:
             model.expand_media(list(token_ids), [item] * count, {})
         except MediaRefused as exc:

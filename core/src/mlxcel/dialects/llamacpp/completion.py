@@ -20,6 +20,7 @@ from mlxcel.chat.reasoning import budget_limit, prompt_opens
 from mlxcel.chat.request import (
     REASONING_BUDGET_ALIASES,
     SEED_UNSET,
+    one_prompt,
     reasoning_budget,
     request_loop_policy,
     sampling_params,
@@ -78,20 +79,11 @@ def refuse_unsupported(body: NativeFields) -> None:
 
 
 # -- prompts --------------------------------------------------------------------------------
-def _is_one_prompt(prompt: Any) -> bool:
-    """A string, an object, or a list of token ids (strings may be mixed in when there is
-    at least one id) is one prompt; any other list is a list of prompts."""
-    if isinstance(prompt, (str, dict)):
-        return True
-    return any(type(p) is int for p in prompt) and all(
-        type(p) in (int, str) for p in prompt)
-
-
 def split_prompts(prompt: Any) -> list[Any]:
     """The prompts of a request: one, or each element of a list of prompts."""
     if isinstance(prompt, list) and not prompt:
         raise InvalidRequest("'prompt' is an empty list", param="prompt")
-    return [prompt] if _is_one_prompt(prompt) else list(prompt)
+    return [prompt] if one_prompt(prompt) else list(prompt)
 
 
 def mixed_tokens(engine: Any, pieces: list[Any], param: str, bos: bool,

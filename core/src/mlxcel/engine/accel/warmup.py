@@ -306,19 +306,11 @@ WARM_SIDE = 224  # the synthetic image's side: a few dozen tokens on most VLMs
 
 
 def media_prompt(model: Any, tokenizer: Any) -> Any:
-    """A short prompt holding one synthetic image (a mid-grey PNG, decoded by core's image
-    decoder), expanded by ``model``'s decoder (``mlxcel.families.media``)."""
-    import io
+    """A short prompt holding one synthetic image (a mid-grey one, ``media.image.plain``),
+    expanded by ``model``'s decoder (``mlxcel.families.media``)."""
+    from mlxcel.media.image import plain
 
-    from PIL import Image
-
-    from mlxcel.media.api import MediaLimits
-    from mlxcel.media.image import decode
-    from mlxcel.types.media import MediaBlob
-
-    out = io.BytesIO()
-    Image.new("RGB", (WARM_SIDE, WARM_SIDE), (128, 128, 128)).save(out, "PNG")
-    item = decode(MediaBlob.of(out.getvalue(), "image/png", "warm-up"), MediaLimits())
+    item = plain(WARM_SIDE, WARM_SIDE)
     text = f"Look: {model.media_placeholder('image')} What is it?"
     return model.expand_media(list(tokenizer.encode(text)), [item], {})
 
