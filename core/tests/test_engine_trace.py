@@ -33,3 +33,23 @@ def test_trace_records_prefill_decode_and_store(path, tmp_path):
 
 def test_no_trace_without_a_path(path):
     assert traced_worker(path, None).trace.enabled is False
+
+
+def test_trace_times_a_verify_steps_phases(path, tmp_path):
+    out = tmp_path / "trace.jsonl"
+    config = EngineConfig(engine_trace=str(out), drafter="mlxcel.drafters.lookup:new_session",
+                          prompt_lookup="on", draft_max=4)
+    worker = worker_for(path, parallel=2, config=config)
+    # a repeated passage: prompt lookup drafts from the second step on
+    sinks = [submit(worker, list(range(20, 40)) * 3, max_tokens=24)]
+    run_until_done(worker, sinks)
+    worker.trace.flush()
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    verify = [r for r in rows if "verify_ms" in r]
+    assert verify, "no verify step ran"
+    phases = ("verify_chain_ms", "verify_graph_ms", "verify_sync_ms", "verify_post_ms")
+    for r in verify:
+        assert r["propose_ms"] >= 0
+        assert all(r[p] >= 0 and r[p.removesuffix("_ms") + "_cpu_ms"] >= 0 for p in phases)
+        # the phases are consecutive parts of the step
+        assert sum(r[p] for p in phases) <= r["verify_ms"] + 0.5

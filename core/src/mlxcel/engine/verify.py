@@ -38,6 +38,9 @@ from mlxcel.engine.constraints.protocol import mask_words
 from mlxcel.engine.constraints.speculate import draft_masks
 from mlxcel.engine.sequence import Sequence, fail_alone
 from mlxcel.engine.speculative import Speculation
+from mlxcel.engine.trace import NullTrace
+
+NULL_TRACE = NullTrace()
 
 
 class _Position:
@@ -50,11 +53,16 @@ class _Position:
 
 
 def verify_step(batch: DecodeBatch, drafts: list[list[int]], spec: Speculation,
-                stats: Any) -> list[Sequence]:
+                stats: Any, trace: NullTrace = NULL_TRACE) -> list[Sequence]:
     """Run one verify step for ``batch`` (whose previous step was read back) with each
     row's draft (``[]``: none); hand the kept tokens to the rows. Returns the rows that
-    finished, their finish events held (``Sequence.defer_finish``) as ``read_back`` does."""
+    finished, their finish events held (``Sequence.defer_finish``) as ``read_back`` does.
+    ``trace``: the engine trace, which notes the step's phases (``verify_chain_ms``: the
+    host's work before the forward; ``verify_graph_ms``: building the forward's graph;
+    ``verify_sync_ms``: computing it, and what earlier steps left lazy, up to the tokens'
+    read-back; ``verify_post_ms``: acceptance, rollback and hand-out)."""
     started = time.perf_counter()
+    mark = trace.lap()
     rows = list(batch.rows)
     chain = Chain(batch, drafts)  # the host work, before the forward
     fed = chain.fed
@@ -62,7 +70,9 @@ def verify_step(batch: DecodeBatch, drafts: list[list[int]], spec: Speculation,
     inputs = mx.array([[s.context[-1], *d, *[0] * (width - 1 - len(d))]
                        for s, d in zip(rows, fed, strict=True)], dtype=mx.uint32)
     begin_verify(batch.model, batch.cache, inputs)  # mixed path: each layer's rollback
+    mark = trace.lap("verify_chain_ms", mark)
     logits = batch.model(inputs, batch.cache)  # [B, width, V]
+    mark = trace.lap("verify_graph_ms", mark)
     states = spec.tap.take() if spec.tap is not None else None  # needs_hidden: [B, width, H]
     keys = [s.random.key for s in rows]
     positions, chains = [], []
@@ -78,6 +88,7 @@ def verify_step(batch: DecodeBatch, drafts: list[list[int]], spec: Speculation,
             chains.append([s.random.key for s in rows])
         mx.eval([p.sampled for p in positions], [p.logprobs for p in positions])
         tokens = mx.stack([p.sampled for p in positions], axis=1).tolist()  # [B, width]
+    mark = trace.lap("verify_sync_ms", mark)
     accepted = []
     for i, draft in enumerate(fed):
         n = 0
@@ -102,7 +113,10 @@ def verify_step(batch: DecodeBatch, drafts: list[list[int]], spec: Speculation,
     stats.draft_rounds += sum(1 for d in drafts if d)
     stats.draft_tokens += sum(len(d) for d in drafts)
     stats.draft_accepted += sum(n for d, n in zip(drafts, accepted, strict=True) if d)
-    return _hand_out(rows, tokens, accepted, positions, stats)
+    try:
+        return _hand_out(rows, tokens, accepted, positions, stats)
+    finally:
+        trace.lap("verify_post_ms", mark)
 
 
 class Chain:

@@ -353,11 +353,12 @@ class EngineWorker(EngineSetup, Admission, threading.Thread):
         self.batch.drop_finished()
         if not self.batch:
             return True
-        drafts = self.spec.propose(self.batch.rows, self.batch.cache)
+        drafts = self.trace.timed("propose_ms",
+                                  lambda: self.spec.propose(self.batch.rows, self.batch.cache))
         if drafts is None:
             return False
         done = self.trace.timed("verify_ms", lambda: verify_step(self.batch, drafts, self.spec,
-                                                                 self.stats))
+                                                                 self.stats, self.trace))
         self.stats.decode_steps_processed += 1
         self.buffers.dirty = True
         self._settle(done)
