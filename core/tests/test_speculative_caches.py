@@ -43,25 +43,27 @@ def spec_config(drafter=LOOKUP, **kw) -> EngineConfig:
     return EngineConfig(drafter=drafter, prompt_lookup="on", draft_max=6, **kw)
 
 
-def run(path, config=None, parallel=3, sampling=SamplingParams(temperature=0.0)):
+def run(path, config=None, parallel=3, sampling=SamplingParams(temperature=0.0), **policy):
     """Every prompt, one joining per engine step (more than ``parallel`` rows in all, so
     rows wait, join a running batch and leave it at different times)."""
     reqs = [request(prompt, n, sampling) for prompt, n in zip(PROMPTS, MAX_TOKENS, strict=True)]
-    return run_joining(path, reqs, config, parallel=parallel, chunk=16)
+    return run_joining(path, reqs, config, parallel=parallel, chunk=16, **policy)
 
 
 # -- exactness on the engine ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["gemma3", "gpt-oss", "qwen3-next"])
-def test_greedy_output_is_the_same_with_and_without_speculation(name, mlxcel_checkpoint_cache):
+@pytest.mark.parametrize("name,stages", [("gemma3", 1), ("gpt-oss", 1), ("qwen3-next", 1),
+                                         ("gemma3", 4), ("qwen3-next", 4)])
+def test_greedy_output_is_the_same_with_and_without_speculation(name, stages,
+                                                                mlxcel_checkpoint_cache):
     """Ragged acceptance, rows joining and leaving, rings wrapping: the tokens of
-    one-token decoding."""
+    one-token decoding; also with the verify forward queued in stages (CUDA's policy)."""
     path = checkpoint(name, mlxcel_checkpoint_cache)
     plain, _, base = run(path)
     assert base.path == "mixed" and base.spec is None
     stub = OneWrong({tuple(p): out for p, out in zip(PROMPTS, plain, strict=True)})
-    fast, usages, worker = run(path, spec_config(drafter=stub))
+    fast, usages, worker = run(path, spec_config(drafter=stub), verify_stages=stages)
     assert worker.spec is not None, "speculation stayed off"
     assert fast == plain
     accepted = [u.draft_n_accepted for u in usages]

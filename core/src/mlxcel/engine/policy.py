@@ -15,6 +15,7 @@ from mlxcel.backend import CUDA_SWITCH_INTERVAL, mlx_device, on_cuda
 from mlxcel.engine.config import EngineConfig
 
 BURST_CHUNKS = 8  # CUDA: a burst's prefill group may take this many chunks' tokens per step
+CUDA_VERIFY_STAGES = 4  # CUDA: a verify forward's parts queued while it is built
 
 
 class EnginePolicy(msgspec.Struct, frozen=True, kw_only=True):
@@ -44,6 +45,9 @@ class EnginePolicy(msgspec.Struct, frozen=True, kw_only=True):
     ``limit_blas_threads``: small prefill matmuls run OpenBLAS on one thread (MLX's CPU
     device; ``mlxcel.engine.accel.cpu_blas``).
     ``switch_interval``: ``sys.setswitchinterval`` for the process, or None to keep it.
+    ``verify_stages``: a speculative verify forward is queued to the device in this many
+    parts while its graph is built (CUDA, where the device otherwise idles while the host
+    builds it; ``mlxcel.engine.accel.staged``); 1 queues it whole.
     """
 
     hold_groups: bool = False
@@ -58,6 +62,7 @@ class EnginePolicy(msgspec.Struct, frozen=True, kw_only=True):
     decode_attention: str = "fused"
     limit_blas_threads: bool = False
     switch_interval: float | None = None
+    verify_stages: int = 1
 
 
 def resolve_policy(config: EngineConfig) -> EnginePolicy:
@@ -77,4 +82,5 @@ def resolve_policy(config: EngineConfig) -> EnginePolicy:
         lean_decode=cuda if config.lean_decode is None else config.lean_decode,
         bind_modules=cuda,
         decode_attention=attention.mode(config.decode_attention),
-        limit_blas_threads=mlx_device() == "cpu", switch_interval=interval)
+        limit_blas_threads=mlx_device() == "cpu", switch_interval=interval,
+        verify_stages=CUDA_VERIFY_STAGES if cuda else 1)

@@ -32,6 +32,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
+from mlxcel.engine.accel.staged import staged
 from mlxcel.engine.batch import DecodeBatch, row_logprobs
 from mlxcel.engine.cache.rollback import begin_verify
 from mlxcel.engine.constraints.protocol import mask_words
@@ -53,14 +54,17 @@ class _Position:
 
 
 def verify_step(batch: DecodeBatch, drafts: list[list[int]], spec: Speculation,
-                stats: Any, trace: NullTrace = NULL_TRACE) -> list[Sequence]:
+                stats: Any, trace: NullTrace = NULL_TRACE, stages: int = 1
+                ) -> list[Sequence]:
     """Run one verify step for ``batch`` (whose previous step was read back) with each
     row's draft (``[]``: none); hand the kept tokens to the rows. Returns the rows that
     finished, their finish events held (``Sequence.defer_finish``) as ``read_back`` does.
     ``trace``: the engine trace, which notes the step's phases (``verify_chain_ms``: the
     host's work before the forward; ``verify_graph_ms``: building the forward's graph;
     ``verify_sync_ms``: computing it, and what earlier steps left lazy, up to the tokens'
-    read-back; ``verify_post_ms``: acceptance, rollback and hand-out)."""
+    read-back; ``verify_post_ms``: acceptance, rollback and hand-out). ``stages``: the
+    forward is queued to the device in this many parts as it is built
+    (``EnginePolicy.verify_stages``)."""
     started = time.perf_counter()
     mark = trace.lap()
     rows = list(batch.rows)
@@ -71,7 +75,8 @@ def verify_step(batch: DecodeBatch, drafts: list[list[int]], spec: Speculation,
                        for s, d in zip(rows, fed, strict=True)], dtype=mx.uint32)
     begin_verify(batch.model, batch.cache, inputs)  # mixed path: each layer's rollback
     mark = trace.lap("verify_chain_ms", mark)
-    logits = batch.model(inputs, batch.cache)  # [B, width, V]
+    with staged(batch.cache, stages):
+        logits = batch.model(inputs, batch.cache)  # [B, width, V]
     mark = trace.lap("verify_graph_ms", mark)
     states = spec.tap.take() if spec.tap is not None else None  # needs_hidden: [B, width, H]
     keys = [s.random.key for s in rows]

@@ -357,8 +357,8 @@ class EngineWorker(EngineSetup, Admission, threading.Thread):
                                   lambda: self.spec.propose(self.batch.rows, self.batch.cache))
         if drafts is None:
             return False
-        done = self.trace.timed("verify_ms", lambda: verify_step(self.batch, drafts, self.spec,
-                                                                 self.stats, self.trace))
+        done = self.trace.timed("verify_ms", lambda: verify_step(
+            self.batch, drafts, self.spec, self.stats, self.trace, self.policy.verify_stages))
         self.stats.decode_steps_processed += 1
         self.buffers.dirty = True
         self._settle(done)

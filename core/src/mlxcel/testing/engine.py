@@ -143,13 +143,13 @@ def run_until_done(worker: EngineWorker, sinks: Sequence[ListSink], settle: bool
 
 
 def run_joining(checkpoint: Any, reqs: Sequence[GenerationRequest],
-                config: EngineConfig | None = None, parallel: int = 8, chunk: int = 512
-                ) -> tuple[list[list[int]], list[Any], EngineWorker]:
+                config: EngineConfig | None = None, parallel: int = 8, chunk: int = 512,
+                **policy: Any) -> tuple[list[list[int]], list[Any], EngineWorker]:
     """``reqs`` on a worker, each enqueued one engine step after the one before, so rows
     join a running batch (and, asking for different lengths, leave it at different
     times); run until all finished. Returns each row's tokens, each finish's usage, and
-    the worker."""
-    worker = worker_for(checkpoint, parallel=parallel, config=config, chunk=chunk)
+    the worker. ``policy``: EnginePolicy fields to change."""
+    worker = worker_for(checkpoint, parallel=parallel, config=config, chunk=chunk, **policy)
     sinks = []
     for req in reqs:
         sink = ListSink()
