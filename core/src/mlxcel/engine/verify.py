@@ -63,8 +63,8 @@ def verify_step(batch: DecodeBatch, drafts: list[list[int]], spec: Speculation,
     host's work before the forward; ``verify_graph_ms``: building the forward's graph;
     ``verify_sync_ms``: computing it, and what earlier steps left lazy, up to the tokens'
     read-back; ``verify_post_ms``: acceptance, rollback and hand-out). ``stages``: the
-    forward is queued to the device in this many parts as it is built
-    (``EnginePolicy.verify_stages``)."""
+    forward is queued to the device in this many parts as it is built, and the
+    rollback as soon as it is known (``EnginePolicy.verify_stages``)."""
     started = time.perf_counter()
     mark = trace.lap()
     rows = list(batch.rows)
@@ -106,6 +106,8 @@ def verify_step(batch: DecodeBatch, drafts: list[list[int]], spec: Speculation,
     drops = [width - 1 - n for n in accepted]
     for c in batch.cache:
         c.rollback(drops)
+    if stages > 1:  # the device rolls back while the host hands out and drafts
+        mx.async_eval([a for c in batch.cache for a in c.state if a is not None])
     for seq, n in zip(rows, accepted, strict=True):
         seq.fed_from += n
     batch.steps += 1
