@@ -7,8 +7,7 @@ Three parts, each a table on stdout:
   without the engine.
 * attention per layer for a chunk of C queries over L keys, left-padded rows, bf16,
   Llama-3-8B heads: the engine's varlen kernel (``mlxcel.engine.accel.varlen_attention``),
-  its chunk kernel at other query tiles (``QT``), the decode kernel run with a block per
-  query (how chunks ran before the chunk kernel), the same chunk as grouped matmuls (defined here: each KV head's queries as the rows of
+  the same chunk as grouped matmuls (defined here: each KV head's queries as the rows of
   one matmul), and MLX's own masked SDPA on a shape it has seen; then the grouped path
   with L growing by one per call, as a verify step's cache does.
 * MLX's masked SDPA on a shape it has not seen against one it has (a cuDNN plan per
@@ -80,33 +79,9 @@ def raw_verify(path: str, rows: int) -> None:
         print(f"| {k} | {statistics.median(times[2:]):.2f} |", flush=True)
 
 
-TILES = (1, 2, 4, 8)  # QT: queries per block of the chunk kernel
-
-
-def kernel_at(q: mx.array, k: mx.array, v: mx.array, starts: mx.array, tile: int | None
-              ) -> mx.array:
-    """The varlen kernels at a given query tile (None: the decode kernel, a block per
-    query)."""
-    b, hq, c, d = q.shape
-    group = hq // k.shape[1]
-    per_block = va._heads_per_block(group, d)
-    template = [("T", q.dtype), ("D", d), ("G", group), ("GT", per_block)]
-    if tile is None:
-        kernel, blocks = va._kernel(), b * c
-    else:
-        kernel, blocks = va._chunk_kernel(), b * -(-c // tile)
-        template.append(("QT", tile))
-    return kernel(inputs=[q, k, v, starts, va._scale_array(0.088)], template=template,
-                  grid=(k.shape[1] * group // per_block * 32, va.NW, blocks),
-                  threadgroup=(32, va.NW, 1), output_shapes=[q.shape],
-                  output_dtypes=[q.dtype])[0]
-
-
 def attention() -> None:
-    tiles = " | ".join(f"QT={t} ms" for t in TILES)
-    print(f"| B | C | L | kernel ms | grouped ms | MLX (seen) ms | grouped, new L ms | "
-          f"block per query ms | {tiles} |")
-    print("|---" * (8 + len(TILES)) + "|")
+    print("| B | C | L | kernel ms | grouped ms | MLX (seen) ms | grouped, new L ms |")
+    print("|---|---|---|---|---|---|---|")
     for b, c, length in SHAPES:
         print("| " + " | ".join(map(str, (b, c, length))) + " | "
               + " | ".join(f"{t:.3f}" for t in chunk_costs(b, c, length)) + " |", flush=True)
@@ -128,17 +103,7 @@ def chunk_costs(b: int, c: int, length: int) -> tuple[float, ...]:
     new_l = statistics.median(
         once(lambda n=n: grouped(q, k[:, :, :n], v[:, :, :n], 0.088, starts))
         for n in range(length - 5, length))
-    variants = []
-    for tile in (None, *TILES):
-        if not va.available() or (c == 1 and tile is not None):
-            variants.append(float("nan"))
-            continue
-        want = va.reference(q, k, v, 0.088, starts).astype(mx.float32)
-        got = kernel_at(q, k, v, starts, tile).astype(mx.float32)
-        if not mx.allclose(got, want, atol=2e-2, rtol=2e-2).item():
-            print(f"  (B={b} C={c} L={length} tile={tile}: differs from the reference)")
-        variants.append(ms(lambda t=tile: kernel_at(q, k, v, starts, t)))
-    return kernel, group, own, new_l, *variants
+    return kernel, group, own, new_l
 
 
 def sdpa_plans() -> None:

@@ -337,9 +337,6 @@ def test_varlen_kernel_reference_and_where_the_kernel_is_used():
     assert va.supports(mx.zeros((1, 8, 32, 64)), mx.zeros((1, 2, 96, 64)),
                        mx.zeros((1, 2, 96, 64)))
     assert va._heads_per_block(16, 256) == 4 and va._heads_per_block(7, 128) == 7
-    # a chunk's query tile keeps a thread's queries within 64 floats
-    assert va._queries_per_block(4, 128) == 4 and va._queries_per_block(7, 128) == 2
-    assert va._queries_per_block(8, 256) == 1 and va._queries_per_block(1, 64) == 8
 
 
 def test_a_varlen_instantiation_is_used_only_once_it_passed_its_check(monkeypatch):
@@ -358,25 +355,16 @@ def test_a_varlen_instantiation_is_used_only_once_it_passed_its_check(monkeypatc
         assert not va.supports(q, k, k)  # its check failed: the grouped path takes it
         assert not va.supports(mx.zeros((1, 8, 1, 80)), mx.zeros((1, 2, 11, 80)),
                                mx.zeros((1, 2, 11, 80)))  # no kernel for D=80: no check
-        # a chunk's kernel is checked on its own, so either may fail alone
-        assert not va.supports(mx.zeros((3, 8, 5, 64)), k, k)
-        assert checked == [(mx.float32, 64, 4, False), (mx.float32, 64, 4, True)]
+        assert checked == [(mx.float32, 64, 4)]
     finally:
         va._supports.cache_clear()
     # the check itself passes a kernel that computes the reference, and fails one that
     # does not (the kernel replaced, as CUDA is not here)
     monkeypatch.setattr(va, "varlen_decode_attention", va.reference)
-    assert real(mx.bfloat16, 128, 4, False) and real(mx.float32, 256, 2, True)
+    assert real(mx.bfloat16, 128, 4) and real(mx.float32, 256, 2)
     monkeypatch.setattr(va, "varlen_decode_attention",
                         lambda q, k, v, scale, starts: va.reference(q, k, v, scale, starts * 0))
-    assert not real(mx.bfloat16, 128, 4, False) and not real(mx.bfloat16, 128, 4, True)
-
-    def last_query_wrong(q, k, v, scale, starts):  # a chunk kernel's partial tile, say
-        out = va.reference(q, k, v, scale, starts)
-        return mx.concatenate([out[:, :, :-1], out[:, :, -1:] * 0], axis=2)
-
-    monkeypatch.setattr(va, "varlen_decode_attention", last_query_wrong)
-    assert not real(mx.float32, 64, 4, True)
+    assert not real(mx.bfloat16, 128, 4)
 
 
 @pytest.mark.parametrize("shape,kind", [

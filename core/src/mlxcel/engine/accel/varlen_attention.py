@@ -8,9 +8,6 @@ online softmax per query head, one lane holding ``D / 32`` elements of each quer
 output, key and value (a key and value are read once for all the block's query heads),
 then a reduction of the 8 warps' partial results in shared memory. Keys and values
 are read in place through their strides (the cache hands out slices of a larger buffer).
-A chunk of several queries per row (a verify step, a short prefill chunk) takes a second
-kernel of the same layout whose block serves a tile of consecutive queries, so that a key
-is read once per tile rather than once per query.
 
 ``available()`` says whether the kernel can be built here; each instantiation is compiled
 and checked against the composed reference (``reference``) once per process, when a shape
@@ -150,151 +147,12 @@ _SOURCE = """
 """.replace("@NW@", str(NW))
 
 
-# A chunk of C > 1 queries per row (a verify step, a short prefill chunk): the same layout
-# with a block per (row, tile of QT consecutive queries, KV head, GT query heads), so that
-# each key and value is read once for the tile's QT queries (a block per query read them
-# C times, and waited on each read). Query q of the tile skips the keys past its own
-# slot. Launch: grid (Hkv * G / GT * 32, NW, B * ceil(C / QT)), threadgroup (32, NW, 1).
-# The warps' partial results are merged one query at a time through the same shared
-# memory as the decode kernel's.
-_CHUNK_SOURCE = """
-  constexpr int NW = @NW@;
-  constexpr int P = D / 32;
-  constexpr int SPLIT = G / GT;
-  __shared__ float part_max[NW][GT];
-  __shared__ float part_sum[NW][GT];
-  __shared__ float part_out[NW][GT * D];
-
-  const int lane = threadIdx.x;
-  const int warp = threadIdx.y;
-  const int kvh = blockIdx.x / SPLIT;
-  const int h0 = kvh * G + (blockIdx.x % SPLIT) * GT;
-  const int hq = gridDim.x / SPLIT * G;
-  const int queries = q_shape[2];
-  const int tiles = (queries + QT - 1) / QT;
-  const int b = blockIdx.z / tiles;
-  const int t0 = (blockIdx.z % tiles) * QT;
-  const int first = k_shape[2] - queries;  // the slot of query 0
-  const int end = min(first + t0 + QT, static_cast<int>(k_shape[2]));  // past the tile's last
-  const float neg_inf = -__int_as_float(0x7f800000);
-  const float qscale = scale[0] * 1.44269504089f;
-
-  float qv[QT][GT][P];
-  float run_max[QT][GT], run_sum[QT][GT], acc[QT][GT][P];
-  #pragma unroll
-  for (int u = 0; u < QT; ++u) {
-    const int t = min(t0 + u, queries - 1);  // a tile past the chunk's end repeats its last
-    #pragma unroll
-    for (int g = 0; g < GT; ++g) {
-      const T* qp = q + b * q_strides[0] + (h0 + g) * q_strides[1] + t * q_strides[2]
-                    + lane * P * q_strides[3];
-      #pragma unroll
-      for (int i = 0; i < P; ++i) {
-        qv[u][g][i] = mlxcel_f32(qp[i * q_strides[3]]) * qscale;
-        acc[u][g][i] = 0.f;
-      }
-      run_max[u][g] = neg_inf;
-      run_sum[u][g] = 0.f;
-    }
-  }
-  const T* kp = k + b * k_strides[0] + kvh * k_strides[1] + lane * P * k_strides[3];
-  const T* vp = v + b * v_strides[0] + kvh * v_strides[1] + lane * P * v_strides[3];
-
-  for (int j = starts[b] + warp; j < end; j += NW) {
-    const T* kj = kp + j * k_strides[2];
-    const T* vj = vp + j * v_strides[2];
-    float kf[P], vf[P];
-    #pragma unroll
-    for (int i = 0; i < P; ++i) kf[i] = mlxcel_f32(kj[i * k_strides[3]]);
-    #pragma unroll
-    for (int i = 0; i < P; ++i) vf[i] = mlxcel_f32(vj[i * v_strides[3]]);
-    #pragma unroll
-    for (int u = 0; u < QT; ++u) {
-      // past the chunk, or past query u's slot (the same for the whole warp)
-      if (t0 + u >= queries || j > first + t0 + u) continue;
-      float dot[GT];
-      #pragma unroll
-      for (int g = 0; g < GT; ++g) {
-        dot[g] = 0.f;
-        #pragma unroll
-        for (int i = 0; i < P; ++i) dot[g] += qv[u][g][i] * kf[i];
-      }
-      #pragma unroll
-      for (int off = 16; off > 0; off >>= 1) {
-        #pragma unroll
-        for (int g = 0; g < GT; ++g) dot[g] += __shfl_xor_sync(0xffffffff, dot[g], off);
-      }
-      #pragma unroll
-      for (int g = 0; g < GT; ++g) {
-        const float new_max = fmaxf(run_max[u][g], dot[g]);
-        const float keep = exp2f(run_max[u][g] - new_max);
-        const float weight = exp2f(dot[g] - new_max);
-        run_sum[u][g] = run_sum[u][g] * keep + weight;
-        #pragma unroll
-        for (int i = 0; i < P; ++i) acc[u][g][i] = acc[u][g][i] * keep + weight * vf[i];
-        run_max[u][g] = new_max;
-      }
-    }
-  }
-
-  #pragma unroll
-  for (int u = 0; u < QT; ++u) {
-    const int t = t0 + u;
-    if (t >= queries) break;  // the same for the whole block
-    if (lane == 0) {
-      #pragma unroll
-      for (int g = 0; g < GT; ++g) {
-        part_max[warp][g] = run_max[u][g];
-        part_sum[warp][g] = run_sum[u][g];
-      }
-    }
-    #pragma unroll
-    for (int g = 0; g < GT; ++g) {
-      #pragma unroll
-      for (int i = 0; i < P; ++i) part_out[warp][g * D + lane * P + i] = acc[u][g][i];
-    }
-    __syncthreads();
-    for (int e = warp * 32 + lane; e < GT * D; e += NW * 32) {
-      const int g = e / D;
-      float top = neg_inf;
-      for (int w = 0; w < NW; ++w) top = fmaxf(top, part_max[w][g]);
-      float total = 0.f, sum = 0.f;
-      for (int w = 0; w < NW; ++w) {
-        if (part_max[w][g] > neg_inf) {
-          const float f = exp2f(part_max[w][g] - top);
-          total += part_sum[w][g] * f;
-          sum += part_out[w][e] * f;
-        }
-      }
-      mlxcel_store(out + ((static_cast<long>(b) * hq + h0 + g) * queries + t) * D
-                   + (e - g * D), total > 0.f ? sum / total : 0.f);
-    }
-    __syncthreads();  // the next query's partial results reuse the shared memory
-  }
-""".replace("@NW@", str(NW))
-
-
 @functools.cache
 def _kernel() -> Any:
     return mx.fast.cuda_kernel(name="mlxcel_varlen_decode_attention",
                                input_names=["q", "k", "v", "starts", "scale"],
                                output_names=["out"], source=_SOURCE, header=_HEADER,
                                ensure_row_contiguous=False)
-
-
-@functools.cache
-def _chunk_kernel() -> Any:
-    return mx.fast.cuda_kernel(name="mlxcel_varlen_chunk_attention",
-                               input_names=["q", "k", "v", "starts", "scale"],
-                               output_names=["out"], source=_CHUNK_SOURCE, header=_HEADER,
-                               ensure_row_contiguous=False)
-
-
-@functools.cache
-def _queries_per_block(per_block: int, d: int) -> int:
-    """Queries a chunk kernel's block takes (QT): as many as keep a thread's query and
-    running output within 64 floats each (registers, not local memory), at most 8."""
-    return max(1, min(8, 64 // (per_block * (d // 32))))
 
 
 @functools.cache
@@ -305,9 +163,9 @@ def _scale_array(scale: float) -> mx.array:
 def supports(queries: mx.array, keys: mx.array, values: mx.array) -> bool:
     """Shapes this kernel computes (head dims it knows, K/V alike) and computes well.
 
-    A chunk's blocks read each row's keys once per tile of queries, so the work grows
-    with queries x keys: fine for decoding, verify steps and short prefill chunks (where
-    it also spares CUDA a per-shape cuDNN plan), not for long prompts. A long context spread over few blocks is slow too.
+    Each block reads its row's keys once per query, so the work grows with queries x keys:
+    fine for decoding and for short prefill chunks (where it also spares CUDA a per-shape
+    cuDNN plan), not for long prompts. A long context spread over few blocks is slow too.
     On CUDA, also only where the shape's instantiation passed its check (``available``)."""
     return _supports(queries.shape, keys.shape, values.shape[-1], queries.dtype)
 
@@ -325,7 +183,7 @@ def _supports(q_shape: tuple[int, ...], k_shape: tuple[int, ...], dv: int,
     else:
         blocks = b * hq // _heads_per_block(hq // hkv, d)
         fits = length <= LONG_CONTEXT or blocks >= MANY_BLOCKS
-    return fits and (not available() or _checked(dtype, d, hq // hkv, n > 1))
+    return fits and (not available() or _checked(dtype, d, hq // hkv))
 
 
 @functools.cache
@@ -343,17 +201,10 @@ def varlen_decode_attention(queries: mx.array, keys: mx.array, values: mx.array,
     hkv = keys.shape[1]
     group = hq // hkv
     per_block = _heads_per_block(group, d)
-    template = [("T", queries.dtype), ("D", d), ("G", group), ("GT", per_block)]
-    if c == 1:
-        kernel, blocks = _kernel(), b
-    else:
-        tile = _queries_per_block(per_block, d)
-        kernel, blocks = _chunk_kernel(), b * -(-c // tile)
-        template.append(("QT", tile))
-    out = kernel(inputs=[queries, keys, values, starts, _scale_array(float(scale))],
-                 template=template, grid=(hkv * group // per_block * 32, NW, blocks),
-                 threadgroup=(32, NW, 1), output_shapes=[(b, hq, c, d)],
-                 output_dtypes=[queries.dtype])
+    out = _kernel()(inputs=[queries, keys, values, starts, _scale_array(float(scale))],
+                    template=[("T", queries.dtype), ("D", d), ("G", group), ("GT", per_block)],
+                    grid=(hkv * group // per_block * 32, NW, b * c), threadgroup=(32, NW, 1),
+                    output_shapes=[(b, hq, c, d)], output_dtypes=[queries.dtype])
     return out[0]
 
 
@@ -381,14 +232,12 @@ def available() -> bool:
 
 
 @functools.cache
-def _checked(dtype: mx.Dtype, d: int, group: int, chunk: bool) -> bool:
-    """Whether this instantiation of the decode kernel (``chunk`` False) or the chunk
-    kernel compiles here and matches ``reference`` over strided keys (a cache's slice of
-    its buffer): for a decode step, or two chunks whose last query tiles are full and
-    partial. Each kernel is checked on its own, so one failing leaves the other in use."""
+def _checked(dtype: mx.Dtype, d: int, group: int) -> bool:
+    """Whether this instantiation compiles here and matches ``reference``, for a decode
+    step and a short prefill chunk over strided keys (a cache's slice of its buffer)."""
     try:
         b, hkv, cap, length = 3, 2, 80, 70
-        for c in (6, 17) if chunk else (1,):  # own keys: the seed is the requests' business
+        for c in (1, 9):  # own keys: the global seed is the requests' business
             kq, kk, kv = mx.random.split(mx.random.key(d * 31 + group * 7 + c), 3)
             q = mx.random.normal((b, c, hkv * group, d), key=kq).astype(dtype)
             q = q.transpose(0, 2, 1, 3)
