@@ -56,12 +56,12 @@ def prompts(kind: str, n: int, vocab: int, seed: int) -> list[list[int]]:
     return out
 
 
-def one_run(path, mode, batch, max_tokens):
+def one_run(path, mode, batch, max_tokens, policy=None):
     lookup = MODES[mode]
     drafter = AlwaysWrong(eos_id(path)) if mode == "wrong" else LOOKUP
     config = EngineConfig() if lookup is None else EngineConfig(
         drafter=drafter, prompt_lookup=lookup, draft_max=16)
-    worker = worker_for(path, parallel=len(batch), config=config)
+    worker = worker_for(path, parallel=len(batch), config=config, **(policy or {}))
     sinks = []
     start = time.perf_counter()
     for p in batch:
@@ -94,25 +94,38 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     ap.add_argument("--modes", default=",".join(MODES),
                     help="of " + ",".join(MODES) + " (off always runs)")
+    ap.add_argument("--verify-stages", default=None, metavar="N,M",
+                    help="run each drafting mode once per EnginePolicy.verify_stages value "
+                         "(mode@N in the rows); default: the device's policy")
+    ap.add_argument("--no-warm-up", action="store_true",
+                    help="skip the engine's warm-up (CUDA's policy runs it at each run's "
+                         "setup; the first, discarded run then takes the first shapes)")
     ap.add_argument("--profile", default=None, metavar="MODE",
                     help="cProfile MODE's passes; print where the engine thread's time goes")
     args = ap.parse_args()
     given = pathlib.Path(args.checkpoint)
     path = given if given.is_dir() else named_checkpoint(args.checkpoint)
     modes = ["off", *(m for m in args.modes.split(",") if m != "off")]  # off: the baseline
+    stages = [int(x) for x in args.verify_stages.split(",")] if args.verify_stages else None
+    if stages:  # mode@N: mode with the verify forward queued in N parts
+        modes = ["off", *(f"{m}@{n}" for m in modes if m != "off" for n in stages)]
     profile = cProfile.Profile() if args.profile else None
     vocab = json.loads((path / "config.json").read_text())["vocab_size"]
     results = []
     for kind in ("copy", "fresh"):
         for c in (int(x) for x in args.concurrency.split(",")):
             batch = prompts(kind, c, vocab, seed=c)
-            one_run(path, "off", batch, 8)  # warm
+            base_policy = {"warm_up": False} if args.no_warm_up else {}
+            one_run(path, "off", batch, 8, base_policy or None)  # warm
             passes = {m: [] for m in modes}
             for _ in range(args.passes):
                 for mode in modes:
                     if mode == args.profile:
                         profile.enable()
-                    passes[mode].append(one_run(path, mode, batch, args.max_tokens))
+                    name, _, n = mode.partition("@")
+                    policy = {**base_policy, **({"verify_stages": int(n)} if n else {})}
+                    passes[mode].append(one_run(path, name, batch, args.max_tokens,
+                                                policy or None))
                     if mode == args.profile:
                         profile.disable()
             base = statistics.median(r["tok_s"] for r in passes["off"])

@@ -20,6 +20,7 @@ Without padding in any row, a one-token step needs no mask at all.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import mlx.core as mx
@@ -61,13 +62,16 @@ def shared_position_rope(model: Any, family_allows: bool) -> Any | None:
     return ropes[0]
 
 
-def rotate(rope: Any, keys: mx.array, delta: int | list[int]) -> mx.array:
-    """Keys [B, H, L, D] moved ``delta`` positions (one int, or one per row): each position
-    is rotated as a length-1 sequence at offset ``delta``."""
-    if isinstance(delta, list):
+def rotate(rope: Any, keys: mx.array, delta: int | list[int] | mx.array) -> mx.array:
+    """Keys [B, H, L, D] moved ``delta`` positions (one int, or one per row as a list or
+    an int array [B]): each position is rotated as a length-1 sequence at offset
+    ``delta``."""
+    if isinstance(delta, mx.array):
+        offset: int | mx.array = delta
+    elif isinstance(delta, list):
         if not any(delta):
             return keys
-        offset: int | mx.array = mx.array(delta)
+        offset = mx.array(delta)
     elif delta == 0:
         return keys
     else:
@@ -98,6 +102,16 @@ class KVRows:
 
     def prefix(self, n: int) -> KVRows:
         return KVRows(self.keys[..., :n, :], self.values[..., :n, :])
+
+
+@functools.lru_cache(maxsize=4)
+def _rollback_index(end: int, extra: tuple[int, ...]) -> tuple[mx.array, mx.array]:
+    """A ragged rollback's gather index [B, 1, end, 1] (slot t of row r reads slot
+    t - extra[r]) and its per-row shift [B]: the same for every layer of a verify step,
+    so built once per step rather than once per layer."""
+    shift = mx.array(list(extra))
+    src = mx.maximum(mx.arange(end)[None, :] - shift[:, None], 0)
+    return src[:, None, :, None], shift
 
 
 def _left_pad(x: mx.array, n: int) -> mx.array:
@@ -254,12 +268,11 @@ class BatchCache:
         # copy per row: a per-row slice update that reads its own buffer cannot be done in
         # place, so each would copy every row
         end = self._idx
-        src = mx.maximum(mx.arange(end)[None, :] - mx.array(extra)[:, None], 0)
-        src = src[:, None, :, None]
+        src, shift = _rollback_index(end, tuple(extra))
         keys = mx.take_along_axis(self.keys[..., :end, :], src, axis=2)
         values = mx.take_along_axis(self.values[..., :end, :], src, axis=2)
         if self.rope is not None:
-            keys = rotate(self.rope, keys, extra)
+            keys = rotate(self.rope, keys, shift)
         self.keys[..., :end, :] = keys
         self.values[..., :end, :] = values
         self._set_pads([p + e for p, e in zip(self.pads, extra, strict=True)])
