@@ -105,12 +105,12 @@ class KVRows:
 
 
 @functools.lru_cache(maxsize=4)
-def _rollback_index(end: int, extra: tuple[int, ...]) -> tuple[mx.array, mx.array]:
-    """A ragged rollback's gather index [B, 1, end, 1] (slot t of row r reads slot
+def _rollback_index(size: int, extra: tuple[int, ...]) -> tuple[mx.array, mx.array]:
+    """A ragged rollback's gather index [B, 1, size, 1] (slot t of row r reads slot
     t - extra[r]) and its per-row shift [B]: the same for every layer of a verify step,
     so built once per step rather than once per layer."""
     shift = mx.array(list(extra))
-    src = mx.maximum(mx.arange(end)[None, :] - shift[:, None], 0)
+    src = mx.maximum(mx.arange(size)[None, :] - shift[:, None], 0)
     return src[:, None, :, None], shift
 
 
@@ -266,15 +266,15 @@ class BatchCache:
             return
         # one gather for the whole batch (slot t of row r reads slot t - extra[r]), not one
         # copy per row: a per-row slice update that reads its own buffer cannot be done in
-        # place, so each would copy every row
-        end = self._idx
-        src, shift = _rollback_index(end, tuple(extra))
-        keys = mx.take_along_axis(self.keys[..., :end, :], src, axis=2)
-        values = mx.take_along_axis(self.values[..., :end, :], src, axis=2)
+        # place, so each would copy every row. The gather covers the whole buffer and
+        # becomes it (its slots past the write index hold nothing anyone reads), so no
+        # copy back into the old buffer follows: each layer's rollback is two gathers and,
+        # in shared mode, one rotation, queued on the device per layer of every ragged step
+        src, shift = _rollback_index(self.keys.shape[2], tuple(extra))
+        self.keys = mx.take_along_axis(self.keys, src, axis=2)
+        self.values = mx.take_along_axis(self.values, src, axis=2)
         if self.rope is not None:
-            keys = rotate(self.rope, keys, shift)
-        self.keys[..., :end, :] = keys
-        self.values[..., :end, :] = values
+            self.keys = rotate(self.rope, self.keys, shift)
         self._set_pads([p + e for p, e in zip(self.pads, extra, strict=True)])
 
     def filter(self, keep: list[int]) -> None:
