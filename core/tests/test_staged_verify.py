@@ -49,3 +49,15 @@ def test_staging_marks_every_nth_layer_for_one_forward_only():
     with staged_mod.staged(caches, 8):
         got = caches[0].update_and_fetch(k, k)  # the marked method still updates
     assert caches[0]._idx == 3 and mx.array_equal(got[0], k)
+
+
+def test_a_cache_that_takes_no_attribute_is_left_whole():
+    class Slotted:
+        __slots__ = ("n",)
+
+        def update_and_fetch(self, keys, values):
+            return keys, values
+
+    caches = [Slotted() for _ in range(4)]
+    with staged_mod.staged(caches, 2):  # no error: the forward runs as one
+        assert caches[1].update_and_fetch(1, 2) == (1, 2)

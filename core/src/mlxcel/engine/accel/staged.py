@@ -32,9 +32,15 @@ def staged(caches: list[Any], stages: int) -> Iterator[None]:
         yield
         return
     step = max(1, layers // stages)
-    marked = [c for i, c in enumerate(caches) if (i + 1) % step == 0 and i < layers - 1]
-    for cache in marked:
-        cache.update_and_fetch = _launching(cache.update_and_fetch)
+    marked = []
+    for i, cache in enumerate(caches):
+        if (i + 1) % step or i == layers - 1:
+            continue
+        try:  # a cache class with __slots__ takes no instance attribute: left whole
+            cache.update_and_fetch = _launching(cache.update_and_fetch)
+        except AttributeError:
+            continue
+        marked.append(cache)
     try:
         yield
     finally:
