@@ -2,8 +2,10 @@
 
 One JSON line per engine iteration that did any work: its start (seconds since the engine
 became ready), requests that arrived, rows waiting, the prefill group's rows x columns and
-time, the decode batch size and the time spent launching and reading back its step, and
-the prompt-cache store time. Each timed phase has its wall time (``build_ms``) and the
+time, the decode batch size and the time spent launching and reading back its step, a
+speculative round's drafting (``propose_ms``) and verify step with its phases
+(``verify_ms``; ``verify_chain_ms``, ``verify_graph_ms``, ``verify_sync_ms``,
+``verify_post_ms``: see ``engine.verify.verify_step``), and the prompt-cache store time. Each timed phase has its wall time (``build_ms``) and the
 engine thread's CPU time in it (``build_cpu_ms``): a phase whose wall time exceeds its CPU
 time waited, for the GIL (another thread's Python) or for the device. Lines are written in blocks (and at shutdown), so tracing
 costs a dictionary per iteration. Off (no file) unless a path is set: the engine then
