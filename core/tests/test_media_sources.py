@@ -131,6 +131,49 @@ def test_a_base64_data_uri_decodes_with_its_mime_type():
     assert run(wrapped).data == PNG and run(wrapped).mime == "image/png"
 
 
+def test_a_large_inline_source_sent_again_is_not_decoded_again(monkeypatch):
+    """Agents re-send the conversation's images every turn: the same text gives the
+    same blob without a second decode, for data: URIs and raw base64 alike."""
+    from mlxcel.media import fetch as fetch_mod
+
+    decodes = []
+    real = fetch_mod._b64decode
+    monkeypatch.setattr(fetch_mod, "_b64decode",
+                        lambda *a: (decodes.append(1), real(*a))[1])
+    data = PNG + os.urandom(fetch_mod.INLINE_MEMO_MIN)  # this test's own bytes
+    text = base64.b64encode(data).decode()
+    uri = "data:image/png;base64," + text
+    first = run(uri)
+    again = run("".join(list(uri)))  # an equal string, not the same object
+    assert again == first and again.data == data and len(decodes) == 1
+    assert again.digest == hashlib.sha256(data).digest()
+    # raw base64 (Anthropic's source) is keyed with its declared type
+    png = blob_from_base64(text, "image/png", PART, max_bytes=1 << 20)
+    jpeg = blob_from_base64(text, "image/jpeg", PART, max_bytes=1 << 20)
+    assert png.mime == "image/png" and jpeg.mime == "image/jpeg" and len(decodes) == 3
+    assert blob_from_base64(text, "image/png", PART, max_bytes=1 << 20) == png
+    assert len(decodes) == 3
+    # a small source is decoded each time (not worth a memo entry)
+    small = "data:image/png;base64," + base64.b64encode(PNG).decode()
+    run(small), run(small)
+    assert len(decodes) == 5
+
+
+def test_the_inline_memo_never_lets_a_source_past_the_policy():
+    """A refusal is not remembered, and a text that passed under one size limit is
+    refused under a smaller one."""
+    from mlxcel.media import fetch as fetch_mod
+
+    data = PNG + os.urandom(fetch_mod.INLINE_MEMO_MIN)
+    uri = "data:image/png;base64," + base64.b64encode(data).decode()
+    assert run(uri, FetchPolicy(max_bytes=1 << 20)).data == data
+    exc = refused(uri, FetchPolicy(max_bytes=len(data) - 1))
+    assert "--max-image-payload-size" in exc.message
+    bad = uri[:-8] + "@@@@@@@@"  # as long, not base64
+    for _ in range(2):
+        assert "not valid" in refused(bad).message
+
+
 def test_a_percent_encoded_data_uri_decodes():
     blob = run("data:image/svg+xml,%3Csvg%20xmlns%3D%22x%22%2F%3E")
     assert blob.data == b'<svg xmlns="x"/>' and blob.mime == "image/svg+xml"

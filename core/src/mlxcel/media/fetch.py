@@ -13,6 +13,13 @@ caller without sandboxing what the server then reads, so:
 - no source may exceed ``--max-image-payload-size`` (refused as soon as it shows:
   Content-Length, then while streaming) or take longer than ``timeout_s`` in all.
 
+Inline sources (``data:`` URIs, base64) of ``INLINE_MEMO_MIN`` characters or more are
+memoized by their exact text (``mlxcel.media.recent``): agents re-send every image of the
+conversation on every turn, and decoding a screenshot's base64 and hashing its bytes
+costs milliseconds each time, where finding the same text again costs one string hash.
+A refusal is never memoized, so the policy is applied to every text that is not a
+repeat of one that passed it.
+
 A refusal is ``InvalidRequest`` (400) naming the part (``messages[0].content[1]``) and the
 reason in general terms; it never echoes an address, a path or the bytes read. It is no
 hostname allow-list and no HTTPS-only rule: restricting callers and enforcing egress and
@@ -37,11 +44,19 @@ import msgspec
 
 from mlxcel.errors import InvalidRequest
 from mlxcel.media.addresses import GuardedTransport, Refused
+from mlxcel.media.recent import Recent
 from mlxcel.types.media import MediaBlob
 
 _MIME = re.compile(r"^[a-z0-9][a-z0-9!#$&^_.+-]*/[a-z0-9][a-z0-9!#$&^_.+-]*$")
 _OCTETS = "application/octet-stream"
 OUTSIDE = "the file is outside the allowed media paths"
+INLINE_MEMO_MIN = 64 * 1024  # characters of inline source worth memoizing
+INLINE_MEMO_ITEMS = 32
+INLINE_MEMO_BYTES = 256 << 20  # the texts kept as keys and their decoded bytes
+
+# inline sources by their text (module docstring): (blob, the key's length)
+_inline: Recent[tuple[MediaBlob, int]] = Recent(
+    INLINE_MEMO_ITEMS, INLINE_MEMO_BYTES, lambda kept: len(kept[0].data) + kept[1])
 
 
 class FetchPolicy(msgspec.Struct, frozen=True, kw_only=True):
@@ -84,8 +99,9 @@ async def fetch(source: str, policy: FetchPolicy, part: str) -> MediaBlob:
     try:
         scheme = source[:source.find(":") + 1].lower() if ":" in source[:8] else ""
         if scheme == "data:":
-            data, mime = _from_data_uri(source, policy.max_bytes)
-            return MediaBlob.of(data, mime, "data")
+            return _memoized(source, policy.max_bytes,
+                             lambda: MediaBlob.of(*_from_data_uri(source, policy.max_bytes),
+                                                  "data"))
         if scheme in ("http:", "https:"):
             data, mime = await _within(policy, _fetch_remote(source, policy))
             return MediaBlob.of(data, mime, "http")
@@ -110,9 +126,19 @@ def blob_from_base64(data: str, mime: str, part: str, *,
     """A blob from raw base64 with its declared MIME type (Anthropic's ``base64``
     source); more than ``max_bytes`` decoded bytes is refused."""
     try:
-        return MediaBlob.of(_b64decode(data, max_bytes), _mime(mime), "data")
+        return _memoized(data, max_bytes,
+                         lambda: MediaBlob.of(_b64decode(data, max_bytes), _mime(mime), "data"),
+                         mime)
     except Refused as exc:
         raise _refusal(part, exc) from None
+
+
+def _memoized(text: str, max_bytes: int | None, make: Any, *key: str) -> MediaBlob:
+    """``make()``'s blob for an inline source, from the memo when ``text`` (with the
+    limit and ``key``) was seen lately (module docstring)."""
+    if len(text) < INLINE_MEMO_MIN:
+        return make()
+    return _inline.get((text, max_bytes, *key), lambda: (make(), len(text)))[0]
 
 
 async def _within(policy: FetchPolicy, work: Any) -> tuple[bytes, str]:
