@@ -62,13 +62,11 @@ class Trace(NullTrace):
     def timed(self, key: str, fn: Callable[[], Any]) -> Any:
         """``fn()``, its wall time noted as ``key`` (ms) and this thread's CPU time in it
         as ``key`` with ``_cpu`` before ``_ms``."""
-        t, c = time.perf_counter(), time.thread_time()
+        mark = self.lap()
         try:
             return fn()
         finally:
-            self.current[key.removesuffix("_ms") + "_cpu_ms"] = round(
-                (time.thread_time() - c) * 1e3, 3)
-            self.add_ms(key, t)
+            self.lap(key, mark)
 
     def begin(self) -> None:
         self.current = {"t": round(time.perf_counter() - self.t0, 6)}

@@ -41,8 +41,6 @@ from mlxcel.engine.sequence import Sequence, fail_alone
 from mlxcel.engine.speculative import Speculation
 from mlxcel.engine.trace import NullTrace
 
-NULL_TRACE = NullTrace()
-
 
 class _Position:
     """One verify position's sampled tokens [B] and logprob arrays, with the per-row
@@ -54,8 +52,7 @@ class _Position:
 
 
 def verify_step(batch: DecodeBatch, drafts: list[list[int]], spec: Speculation,
-                stats: Any, trace: NullTrace = NULL_TRACE, stages: int = 1
-                ) -> list[Sequence]:
+                stats: Any, trace: NullTrace, stages: int) -> list[Sequence]:
     """Run one verify step for ``batch`` (whose previous step was read back) with each
     row's draft (``[]``: none); hand the kept tokens to the rows. Returns the rows that
     finished, their finish events held (``Sequence.defer_finish``) as ``read_back`` does.
