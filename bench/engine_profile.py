@@ -313,8 +313,10 @@ class EngineSteps(Timed):
         job = worker._new_job(seqs)
         while not job.step(1 << 20):
             pass
+        from mlxcel.engine.batch import read_back
+
         self.worker, self.batch = worker, worker._new_batch()
-        self.batch.join([job])
+        read_back(self.batch.join([job]), worker.stats)  # the rows' first tokens
 
     def build(self):
         self.step = self.batch.launch()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from mlxcel.testing.engine import run_until_done, solo_outputs, submit, worker_for
 
-BURST = [[20 + i] * 12 for i in range(10)]  # 11 tokens to prefill each
+BURST = [[20 + i] * 12 for i in range(10)]  # 12 tokens to prefill each
 
 
 def record_steps(worker, job) -> list[int]:
@@ -28,7 +28,7 @@ def test_without_burst_chunks_the_budget_is_one_chunk(path):
         submit(worker, prompt)
     worker._drain(block=False)
     assert worker._budget(worker._free()) == 16
-    assert len(worker._admit().seqs) == 1  # 2 x 11 > 16
+    assert len(worker._admit().seqs) == 1  # 2 x 12 > 16
 
 
 def test_a_burst_at_one_decoding_row_prefills_in_one_group(path):
@@ -40,7 +40,7 @@ def test_a_burst_at_one_decoding_row_prefills_in_one_group(path):
     assert len(worker.batch) == 1
     sinks = [submit(worker, p) for p in BURST]
     worker._drain(block=False)
-    # 10 arriving at 1 decoding row: 8 chunks (capped), 128 tokens, 11 rows of 11 fit
+    # 10 arriving at 1 decoding row: 8 chunks (capped), 128 tokens, 10 rows of 12 fit
     assert worker._budget(worker._free()) == 128
     job = worker._admit()
     assert len(job.seqs) == 10
@@ -48,14 +48,14 @@ def test_a_burst_at_one_decoding_row_prefills_in_one_group(path):
     worker.prefilling = job
     before = len(running.tokens)
     run_until_done(worker, sinks)
-    assert cols == [11]  # one step for the whole burst
+    assert cols == [12]  # one step for the whole burst
     assert [s.tokens for s in sinks[:3]] == expected
     assert all(len(s.tokens) == 6 for s in sinks)
     assert len(running.tokens) > before
 
 
 def test_burst_rows_take_at_most_one_chunk_of_columns_per_step(path):
-    prompts = [[30 + i] + list(range(3, 42)) for i in range(4)]  # 39 tokens to prefill each
+    prompts = [[30 + i] + list(range(3, 42)) for i in range(4)]  # 40 tokens to prefill each
     expected = solo_outputs(path, prompts, chunk=16)
     worker = worker_for(path, cache=False, chunk=16, parallel=12, burst_chunks=8)
     sinks = [submit(worker, p) for p in prompts]
@@ -66,7 +66,7 @@ def test_burst_rows_take_at_most_one_chunk_of_columns_per_step(path):
     cols = record_steps(worker, job)
     worker.prefilling = job
     run_until_done(worker, sinks)
-    assert cols == [16, 16, 7]
+    assert cols == [16, 16, 8]
     assert [s.tokens for s in sinks] == expected
 
 
@@ -75,7 +75,7 @@ def test_a_long_prompt_arriving_alone_still_prefills_a_chunk_per_step(path):
     running = submit(worker, list(range(3, 13)), max_tokens=40)
     for _ in range(3):
         worker.step()
-    long = submit(worker, list(range(3, 60)))  # 56 tokens to prefill
+    long = submit(worker, list(range(3, 60)))  # 57 tokens to prefill
     worker._drain(block=False)
     # 1 arriving at 1 decoding row: 8 chunks, but a row computes one chunk's columns a step
     assert worker._budget(worker._free()) == 128
@@ -84,7 +84,7 @@ def test_a_long_prompt_arriving_alone_still_prefills_a_chunk_per_step(path):
     worker.prefilling = job
     before = len(running.tokens)
     run_until_done(worker, [long])
-    assert cols == [16, 16, 16, 8]
+    assert cols == [16, 16, 16, 9]
     # the running row got a token with every chunk
     assert len(running.tokens) >= before + len(cols)
 
@@ -107,9 +107,9 @@ def test_held_rows_do_not_shrink_the_next_burst_group(path):
         return job
 
     worker._admit = recording
-    sinks = [submit(worker, [20 + i] * 12) for i in range(14)]  # 11 tokens each
+    sinks = [submit(worker, [20 + i] * 12) for i in range(14)]  # 12 tokens each
     run_until_done(worker, sinks)
-    assert groups == [11, 3]  # 128 tokens: 11 rows; then 3 arriving at 1 decoding row
+    assert groups == [10, 4]  # 128 tokens: 10 rows; then 4 arriving at 1 decoding row
     assert all(len(s.tokens) == 6 for s in sinks) and not running.done
 
 

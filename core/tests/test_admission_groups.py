@@ -24,8 +24,8 @@ def test_prompt_cache_hits_are_prefilled_together_with_misses(path):
     worker._drain(block=False)
     job = worker._admit()
     assert job is not None and len(job.seqs) == 3  # one group: two hits and a miss
-    # right-aligned (prefill widths 35, 42, 4) and computing the widest uncached tail
-    # (42 - 32 = 10 columns): the second hit reuses its whole block-aligned 32 tokens, the
+    # right-aligned (prefill widths 36, 43, 5) and computing the widest uncached tail
+    # (43 - 32 = 11 columns): the second hit reuses its whole block-aligned 32 tokens, the
     # first only the 25 left of those columns, the miss nothing
     assert [s.cached for s in job.seqs] == [25, 32, 0]
     worker.prefilling = job
@@ -37,10 +37,10 @@ def test_prompt_cache_hits_are_prefilled_together_with_misses(path):
 
 def test_groups_are_bounded_by_rows_times_the_widest_tail(path):
     worker = worker_for(path, cache=False, chunk=40)
-    sinks = [submit(worker, [3 + i] * 12) for i in range(5)]  # 11 tokens to prefill each
+    sinks = [submit(worker, [3 + i] * 12) for i in range(5)]  # 12 tokens to prefill each
     worker._drain(block=False)
     job = worker._admit()
-    assert len(job.seqs) == 3  # 3 x 11 <= 40 < 4 x 11
+    assert len(job.seqs) == 3  # 3 x 12 <= 40 < 4 x 12
     worker.prefilling = job
     run_until_done(worker, sinks)
     assert all(len(s.tokens) == 6 for s in sinks)
@@ -56,10 +56,10 @@ def test_aligned_prefill_columns_give_the_same_tokens(path):
     sinks = [submit(worker, p) for p in PROMPTS]
     worker._drain(block=False)
     job = worker._admit()
-    # aligned tails: 16 columns per row (widest uncached tail 10 -> 16), so 3 x 16 <= 48
+    # aligned tails: 16 columns per row (widest uncached tail 11 -> 16), so 3 x 16 <= 48
     assert len(job.seqs) == 3 and job.width - job.done_cols == 16
-    # the widest prompt (42 to prefill) reuses 42 - 16 = 26 of its 32 cached tokens
-    assert [s.cached for s in job.seqs] == [19, 26, 0]
+    # the widest prompt (43 to prefill) reuses 43 - 16 = 27 of its 32 cached tokens
+    assert [s.cached for s in job.seqs] == [20, 27, 0]
     widths = []
     step = job.step
 
@@ -74,7 +74,7 @@ def test_aligned_prefill_columns_give_the_same_tokens(path):
     run_until_done(worker, sinks)
     assert widths and all(w % 16 == 0 for w in widths)
     assert [s.tokens for s in sinks] == expected
-    assert [s.events[-1].usage.cached_tokens for s in sinks] == [19, 26, 0]
+    assert [s.events[-1].usage.cached_tokens for s in sinks] == [20, 27, 0]
 
 
 def test_cuda_step_order_gives_the_same_tokens(path):
@@ -140,7 +140,7 @@ def _record_joins(worker) -> list[int]:
 
     def join(jobs):
         joins.append(len(jobs))
-        real(jobs)
+        return real(jobs)
 
     worker.batch.join = join
     return joins
@@ -232,13 +232,13 @@ def test_a_lone_row_with_aligned_columns_decodes_unmasked(path):
     """The left padding that aligning a lone row's prefill adds (CUDA's column multiple,
     here 16) is dropped when its prefill ends: its decode steps need no mask, as an
     unpadded cache's do, and give the solo tokens."""
-    prompt = PROMPTS[0]  # 35 tokens to prefill: 13 slots of padding at a multiple of 16
+    prompt = PROMPTS[0]  # 36 tokens to prefill: 12 slots of padding at a multiple of 16
     expected = solo(path, [prompt])
     worker = worker_for(path, cache=False, prefill_align=16)
     sink = submit(worker, prompt)
     worker._drain(block=False)
     job = worker._admit()
-    assert job.width == 48 and job.cache[0].pads == [13]
+    assert job.width == 48 and job.cache[0].pads == [12]
     while not job.step(512):
         pass
     assert all(c.pads == [0] and c.make_mask(1) is None for c in job.cache)

@@ -20,10 +20,12 @@ def test_trace_records_prefill_decode_and_store(path, tmp_path):
     worker.trace.flush()
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert rows[0]["arrived"] == 2 and rows[0]["prefill_rows"] == 2
-    assert rows[0]["prefill_cols"] == 19 and rows[0]["prefill_ms"] > 0
+    assert rows[0]["prefill_cols"] == 20 and rows[0]["prefill_ms"] > 0
+    # the first tokens come from the prompts' last logits, read back at the join
+    assert rows[0]["joined"] == 2 and rows[0]["first_ms"] >= 0
     decode = [r for r in rows if "decode_rows" in r]
-    # 4 tokens each; the step after the last one is already built when they finish
-    assert len(decode) in (4, 5) and all(r["decode_rows"] == 2 for r in decode)
+    # 3 more tokens each; the step after the last one is already built when they finish
+    assert len(decode) in (3, 4) and all(r["decode_rows"] == 2 for r in decode)
     assert all(r["build_ms"] >= 0 and r["queue_ms"] >= 0 for r in decode)
     # the engine thread's CPU time in a phase, next to its wall time
     assert all(0 <= r["build_cpu_ms"] <= r["build_ms"] + 0.5 for r in decode)

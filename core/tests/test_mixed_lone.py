@@ -163,15 +163,16 @@ def test_aligned_prefill_pads_a_lone_row_and_trims_it_back(mlxcel_checkpoint_cac
     path = gemma4(mlxcel_checkpoint_cache)  # sliding window 16
     worker = worker_for(path, chunk=16, parallel=4, prefill_align=8)
     job = _job(worker, [SHORT[:6]])
-    assert (job.width, job.trim) == (8, 3)
+    assert (job.width, job.trim) == (8, 2)
     while not job.step(16):
         pass
-    assert {c.offset for c in job.cache} == {5}
+    assert {c.offset for c in job.cache} == {6}
     assert job.trim == 0
-    assert (_job(worker, [LONG]).width, _job(worker, [LONG]).trim) == (39, 0)
-    group = _job(worker, [SHORT, SHORT[::-1]])  # tails of 8: aligned already
+    long = LONG[:39]  # 39 columns: padding to 40 would fill the window
+    assert (_job(worker, [long]).width, _job(worker, [long]).trim) == (39, 0)
+    group = _job(worker, [SHORT[:8], SHORT[7::-1]])  # tails of 8: aligned already
     assert group.width == 8 and not group.padded
-    group = _job(worker, [SHORT[:4], SHORT[:6]])  # tails 3 and 5: both padded on the right
+    group = _job(worker, [SHORT[:4], SHORT[:6]])  # tails 4 and 6: both padded on the right
     assert group.width == 8 and group.padded
 
 
@@ -196,8 +197,8 @@ def test_aligned_prefill_from_a_stored_entry_keeps_the_tokens(mlxcel_checkpoint_
     path = cached_checkpoint("gemma4_text", cache_dir=mlxcel_checkpoint_cache, dtype="float32",
                              config={"sliding_window": 64})
     worker = worker_for(path, cache=True, chunk=16, parallel=2, prefill_align=8)
-    prompt = LONG[:21]  # 20 to prefill -> 24 columns, trimmed back
-    assert _job(worker, [prompt]).trim == 4
+    prompt = LONG[:21]  # 21 to prefill -> 24 columns, trimmed back
+    assert _job(worker, [prompt]).trim == 3
     first = submit(worker, prompt, max_tokens=6)
     run_until_done(worker, [first], settle=True)
     turn2 = prompt + first.tokens + [7, 8, 9]

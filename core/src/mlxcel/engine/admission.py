@@ -16,7 +16,7 @@ from typing import Any
 import structlog
 
 from mlxcel.engine import fork, scheduler
-from mlxcel.engine.batch import PrefillJob
+from mlxcel.engine.batch import PrefillJob, read_back
 from mlxcel.engine.cache.capture import marks_for
 from mlxcel.engine.cache.entries import prompt_hashes
 from mlxcel.engine.media_rows import MediaFeed
@@ -40,6 +40,7 @@ class Admission:
     checkpoint: Any
     dist: Any
     batchable: bool
+    heads: Any  # the output projection at each row's last column (``engine.heads``)
     _prefill_started = 0.0  # when the prefilling group started (its progress reports)
 
     def _drain(self, block: bool, timeout: float = 0.5) -> int:
@@ -137,7 +138,7 @@ class Admission:
         """Prompt tokens ``seq`` must compute (past its prompt-cache hit, if any)."""
         hit = self._lookup(seq)
         seq.cached = hit.n if hit else 0
-        return len(seq.req.prompt_tokens) - 1 - seq.cached
+        return len(seq.req.prompt_tokens) - seq.cached
 
     def _free(self) -> int:
         return scheduler.free_slots(self._limits(), self._view())
@@ -199,14 +200,14 @@ class Admission:
             starts = [hit.state().caches if hit is not None and s.cached else None
                       for s, hit in zip(group, hits, strict=True)]
             marks = [self._marks(s) for s in group]
-            job: PrefillJob | MixedPrefill = MixedPrefill(model, group, starts, self.merge,
-                                                          align, marks,
-                                                          feed=self._feed(group, media))
+            job: PrefillJob | MixedPrefill = MixedPrefill(
+                model, group, starts, self.merge, align, marks,
+                feed=self._feed(group, media), heads=self.heads)
             return job
         prefixes = [(hit.payload.keys, hit.payload.values) if hit is not None else None
                     for hit in hits]
         return PrefillJob(model, group, self.batchable, prefixes, self.rope, align,
-                          feed=self._feed(group, media))
+                          feed=self._feed(group, media), heads=self.heads)
 
     def _feed(self, group: list[Sequence], media: bool) -> MediaFeed | None:
         return MediaFeed(self.checkpoint.model, group[0], self.features) if media else None
@@ -277,9 +278,16 @@ class Admission:
                                     decoding)
 
     def _join_prefilled(self) -> None:
+        """Held and just-prefilled groups join the batch, and their first tokens (sampled
+        from their prompts' last logits, ``DecodeBatch.join``) go out at once: the rows
+        that finish with it are settled (stored) while still rows, then leave."""
         if self.prefilled:
             jobs, self.prefilled = self.prefilled, []
             self.dist.joined()
-            self.trace.timed("join_ms", lambda: self.batch.join(jobs))
-            self.batch.drop_finished()  # rows whose client left while they were held
+            first = self.trace.timed("join_ms", lambda: self.batch.join(jobs))
+            done = self.trace.timed("first_ms", lambda: read_back(first, self.stats))
+            self.deliveries.flush()  # the first tokens go out before the next step's work
+            self._settle(done)
+            self.dist.dropped()
+            self.batch.drop_finished()  # rows that finished, or whose client left
             self.trace.note(joined=sum(len(job.seqs) for job in jobs))

@@ -1,8 +1,12 @@
 """The running batch and prompt prefill, on mlx-lm's batched KV caches.
 
-Every sequence first prefills all but its last prompt token (padded with the others
-admitted with it, chunk by chunk), then joins the decode batch with that last token as its
-next input, so the first generated token comes out of an ordinary batched decode step.
+Every sequence prefills its whole prompt (padded with the others admitted with it, chunk
+by chunk); the last chunk also gives the logits at each row's last prompt position
+(``mlxcel.engine.heads``: that column only). Joining the decode batch samples each row's
+first token from them, as a decode step samples (``DecodeBatch.first_step``), and that
+token is the row's next input: a short tail after a prompt-cache hit costs one forward,
+not a prefill and then a decode step, and the first token does not wait for the batch's
+next step.
 Models on plain KV caches run on ``mlxcel.engine.cache.kvcache.BatchCache`` (``PrefillJob``,
 ``SharedOps``; ``rope``, from ``shared_position_rope``, selects its shared-position mode);
 every other cache mix on mlx-lm's batch caches (``mlxcel.engine.mixed_batch``).
@@ -21,6 +25,7 @@ from mlxcel.engine import penalties as pen
 from mlxcel.engine import sampling as samp
 from mlxcel.engine.accel import lean_decode
 from mlxcel.engine.cache.kvcache import BatchCache, KVRows, stored_rows
+from mlxcel.engine.heads import Heads
 from mlxcel.engine.masks import apply_masks, guided_rows
 from mlxcel.engine.media_rows import shifts
 from mlxcel.engine.penalties import Penalties
@@ -67,10 +72,6 @@ def is_batchable(model: Any) -> bool:
     return bool(cache) and all(type(c) is KVCache for c in cache)
 
 
-def _eval_cache(cache: list[Any]) -> None:
-    mx.eval([c.state for c in cache])
-
-
 class Prefill:
     """What every prefill job shares: its rows (``seqs``) and how many of its columns a
     step computes."""
@@ -88,11 +89,13 @@ class Prefill:
 
 
 class PrefillJob(Prefill):
-    """Prefills ``seqs`` (all but their last prompt token) a chunk per engine step."""
+    """Prefills ``seqs`` a chunk per engine step; ``logits`` [B, V]: each row's at its
+    prompt's last position, once done."""
 
     def __init__(self, model: Any, seqs: list[Sequence], batchable: bool,
                  prefixes: list[tuple[mx.array, mx.array] | None] | None = None,
-                 rope: Any | None = None, align: int = 1, feed: Any = None) -> None:
+                 rope: Any | None = None, align: int = 1, feed: Any = None,
+                 heads: Heads | None = None) -> None:
         """``prefixes[i]``: cached (keys, values) of every layer ([layers, 1, H, n, D], a
         ``KVRows``'), whose first ``seqs[i].cached`` tokens are that prompt's, or None.
         Rows are right-aligned and every row computes the columns of the longest uncached
@@ -101,13 +104,15 @@ class PrefillJob(Prefill):
         ``align``: the columns computed, and every chunk of them, are a multiple of it
         (more left padding, or fewer reused tokens), so chunk shapes repeat (see
         ``prefill_align``). ``feed``: a media row's chunk feeder (``media_rows.MediaFeed``;
-        its group is that row alone, unaligned)."""
+        its group is that row alone, unaligned). ``heads``: the model's output projection
+        narrowed to the last column (``Heads.for_model``; None: full logits)."""
         self.model = model
         self.feed = feed
+        self.heads = heads or Heads(None)
         self.seqs = seqs
         self.batchable = batchable
         self.align = align = max(1, align) if batchable else 1  # padding needs a mask
-        lengths = [len(s.req.prompt_tokens) - 1 for s in seqs]  # the last token is decoded
+        lengths = [len(s.req.prompt_tokens) for s in seqs]
         width = max(lengths)
         tail = aligned(max(n - s.cached for n, s in zip(lengths, seqs, strict=True)), align)
         width = max(width, tail)  # a short prompt gets extra left padding
@@ -136,13 +141,14 @@ class PrefillJob(Prefill):
         # the columns still to compute (from ``start``): a prompt-cache hit's prefix is
         # never fed, and a long prompt's ids cost a list and an array to copy
         rows = [[0] * max(0, pad - start)
-                + list(s.req.prompt_tokens[max(0, start - pad):-1])
+                + list(s.req.prompt_tokens[max(0, start - pad):])
                 for s, pad in zip(seqs, pads, strict=True)]
         self.tokens = mx.array(rows, dtype=mx.uint32)
         self.start = start
         self.width = width
         self.done_cols = start
         self.last_cols = 0  # columns the last step() computed
+        self.logits: mx.array | None = None
 
     def step(self, chunk: int, max_cols: int | None = None) -> bool:
         """Run one chunk (``chunk`` tokens in all, at most ``max_cols`` per row); True when
@@ -151,14 +157,22 @@ class PrefillJob(Prefill):
             cols = max(self.align, self.per_row(chunk, max_cols) // self.align * self.align)
             end = min(self.width, self.done_cols + cols)
             chunk = self.tokens[:, self.done_cols - self.start:end - self.start]
-            if self.feed is not None:  # one unpadded row: columns are prompt positions
-                self.feed(chunk, self.cache, self.done_cols, end)
-            else:
-                self.model(chunk, self.cache)
-            if end == self.width and self.batchable:
-                for c in self.cache:  # padding all rows share (alignment) needs no mask
-                    c.trim()
-            _eval_cache(self.cache)
+            done_cols = self.done_cols
+
+            def forward() -> mx.array:
+                if self.feed is not None:  # one unpadded row: columns are prompt positions
+                    return self.feed(chunk, self.cache, done_cols, end)
+                return self.model(chunk, self.cache)
+
+            if end < self.width:
+                forward()  # its logits are never evaluated
+            else:  # rows are right-aligned: the last column is every prompt's last token
+                self.logits = self.heads.logits(forward, None)
+                if self.batchable:
+                    for c in self.cache:  # padding all rows share (alignment) needs no mask
+                        c.trim()
+            mx.eval([c.state for c in self.cache],
+                    *([self.logits] if self.logits is not None else []))
             self.last_cols = end - self.done_cols
             self.done_cols = end
         return self.done_cols >= self.width
@@ -202,17 +216,18 @@ class DecodeBatch:
         """Whether a row still decodes for a request (stops at the first one)."""
         return any(not s.finished for s in self.rows)
 
-    def join(self, jobs: list[PrefillJob]) -> None:
+    def join(self, jobs: list[PrefillJob]) -> Step:
         """Prefilled groups become rows: one cache merge per layer for all of them (which
-        also drops the finished rows ``lazy_leave`` kept)."""
+        also drops the finished rows ``lazy_leave`` kept). Returns their first tokens'
+        step (``first_step``, lazy): the caller hands them out (``read_back``)."""
         seqs = [s for job in jobs for s in job.seqs]
-        last = mx.array([s.req.prompt_tokens[-1] for s in seqs], dtype=mx.uint32)
+        first = self.first_step(seqs, mx.concatenate([job.logits for job in jobs]))
         caches = [job.cache for job in jobs]
         keep = [i for i, s in enumerate(self.rows) if not s.finished]
         if self.cache is not None and not keep:
             self.rows, self.cache, self.inputs = [], None, None
         if self.cache is None:
-            self.cache, self.inputs = caches[0], last
+            self.cache, self.inputs = caches[0], first.sampled
             caches, keep = caches[1:], None
         else:
             if len(keep) == len(self.rows):
@@ -220,13 +235,24 @@ class DecodeBatch:
             else:
                 self.inputs = self.inputs[mx.array(keep)]
                 self.rows = [self.rows[i] for i in keep]
-            self.inputs = mx.concatenate([self.inputs, last])
+            self.inputs = mx.concatenate([self.inputs, first.sampled])
         if caches or keep is not None:
             self.ops.join(self.cache, caches, keep)
-        for s in seqs:  # it holds all of its prompt but the last token (``fed``)
-            s.fed_from = len(s.req.prompt_tokens) - 1 - self.steps
+        for s in seqs:  # it holds all of its prompt; its first token is the next input
+            s.fed_from = len(s.req.prompt_tokens) - self.steps
         self.rows.extend(seqs)
         self.sampler = self.penalties = None
+        return first
+
+    def first_step(self, seqs: list[Sequence], logits: mx.array) -> Step:
+        """The first tokens of ``seqs`` from ``logits`` [B, V] (their prompts' last
+        positions), sampled as a decode step samples them: the rows' own settings,
+        constraints, penalties and logprobs, each row guarded."""
+        first = DecodeBatch(self.model, self.vocab, forward=self.forward)
+        first.rows, first.share = list(seqs), self.share
+        plan, guided = first.prepare()
+        sampled, extras = first.sample(logits, plan, guided)
+        return Step(first.rows, sampled, extras, first.top)
 
     def fed(self, seq: Sequence) -> int:
         """Tokens of ``seq.context`` its row's cache holds: all of it, or all but the last

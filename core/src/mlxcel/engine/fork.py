@@ -112,6 +112,11 @@ class ForkedPrefill:
     def cache(self) -> Any:
         return self.job.cache
 
+    @property
+    def logits(self) -> Any:
+        """[B, V] of the whole group: each follower its leader's last-position logits."""
+        return self.job.logits[mx.array(self.index, dtype=mx.int32)]
+
     def step(self, chunk: int, max_cols: int | None = None) -> bool:
         done = self.job.step(chunk, max_cols)
         if done and not self.expanded:
@@ -152,7 +157,7 @@ def processed(job: Any, row: Any) -> int:
     """Prompt tokens of ``row`` (a computed row of ``job``) in its cache so far, its
     cached prefix included."""
     inner = job.job if isinstance(job, ForkedPrefill) else job
-    n = len(row.req.prompt_tokens) - 1  # the last one is fed by the first decode step
+    n = len(row.req.prompt_tokens)
     if isinstance(inner, PrefillJob):  # rows right-aligned at ``width`` columns
         return max(row.cached, min(n, inner.done_cols - (inner.width - n)))
     return min(n, row.cached + inner.done_cols)  # tails left-aligned after the prefix
@@ -161,9 +166,8 @@ def processed(job: Any, row: Any) -> int:
 def report_progress(job: Any, started: float, done: bool) -> None:
     """Tell each row of ``job`` when its prefill started (``started``: the served totals
     count the prompt's seconds from there), and send a progress event to each row that
-    asked for one. Once the prefill is done every prompt token counts as processed, as
-    llama-server's last report has it (the last one goes in with the row's first decode
-    step)."""
+    asked for one. Once the prefill is done every prompt token is processed, as
+    llama-server's last report has it."""
     ms = int((time.perf_counter() - started) * 1e3)
     for seq in job.seqs:
         seq.prefill_started(started)

@@ -44,6 +44,7 @@ from mlxcel.engine.cache.kinds import (
     private,
     row_copy,
 )
+from mlxcel.engine.heads import Heads
 from mlxcel.engine.scheduler import aligned
 from mlxcel.engine.sequence import Sequence
 from mlxcel.lazy import resolve
@@ -121,6 +122,8 @@ def pads_state(model: Any) -> bool:
 class MixedPrefill(Prefill):
     """Prefills ``seqs`` (each from ``starts[i]``, its caches for its first ``cached``
     tokens, or fresh) a chunk per engine step; the same interface as ``PrefillJob``.
+    A row's logits at its prompt's last position come from the chunk that holds it
+    (rows of unequal tails end in different chunks).
 
     ``align`` (the policy's ``prefill_align``; the caller passes 1 where rows may not be
     padded, ``pads_state``): the columns computed are a multiple of it, so prefill shapes
@@ -133,32 +136,33 @@ class MixedPrefill(Prefill):
 
     def __init__(self, model: Any, seqs: list[Sequence], starts: list[list[Any] | None],
                  merge: Merge, align: int = 1,
-                 marks: list[list[tuple[int, str]]] | None = None, feed: Any = None) -> None:
+                 marks: list[list[tuple[int, str]]] | None = None, feed: Any = None,
+                 heads: Heads | None = None) -> None:
         self.model = model
         self.feed = feed  # a media row's chunk feeder (``media_rows.MediaFeed``), alone
+        self.heads = heads or Heads(None)  # the output projection at one column per row
         self.seqs = seqs
         self.align = max(1, align)
         rows = [start if start is not None else model.make_cache() for start in starts]
         lone = len(rows) == 1 and merge is merge_rows and lone_kinds(rows[0])
         self.lone = lone
         # checkpoints to take (``cache.capture``): per prefill column, the rows and marks
-        # met there; the prompts' ends once they are in
+        # met there. Every mark lies before its prompt's last token (the prompt's end is
+        # taken there, so that the same prompt again can still compute a column), so a
+        # chunk ends at each
         self.marks: dict[int, list[tuple[int, int, str]]] = {}
-        self.ends: list[tuple[int, int, str]] = []
         for r, (seq, row_marks) in enumerate(zip(seqs, marks or [[]] * len(seqs),
                                                  strict=True)):
             for position, kind in row_marks:
-                if position == len(seq.req.prompt_tokens) - 1:
-                    self.ends.append((r, position, kind))
-                else:
-                    self.marks.setdefault(position - seq.cached, []).append(
-                        (r, position, kind))
+                self.marks.setdefault(position - seq.cached, []).append((r, position, kind))
         if lone:
             self.cache = private(rows[0]) if starts[0] is not None else rows[0]
         else:
             self.cache = merge(rows)
-        tails = [list(s.req.prompt_tokens[s.cached:-1]) for s in seqs]
+        tails = [list(s.req.prompt_tokens[s.cached:]) for s in seqs]
         lengths = [len(t) for t in tails]
+        self.lengths = lengths
+        self.first: list[mx.array | None] = [None] * len(seqs)  # per row, [V]
         width = max(lengths)
         self.width = aligned(width, self.align)
         self.trim = 0  # a lone row's padding columns, trimmed off once they are in
@@ -176,8 +180,6 @@ class MixedPrefill(Prefill):
                                dtype=mx.uint32)
         self.done_cols = 0
         self.last_cols = 0
-        if not self.width:
-            self._finish()
 
     def step(self, chunk: int, max_cols: int | None = None) -> bool:
         """Run one chunk (``chunk`` tokens in all, at most ``max_cols`` per row); True when
@@ -189,18 +191,35 @@ class MixedPrefill(Prefill):
             if self.padded:
                 end = no_lone_column(self.done_cols, end, self.width)
             chunk = self.tokens[:, self.done_cols:end]
-            if self.feed is not None:  # one unpadded row from its cached prefix
-                base = self.seqs[0].cached
-                self.feed(chunk, self.cache, base + self.done_cols, base + end)
+            done = self.done_cols
+
+            def forward() -> mx.array:
+                if self.feed is not None:  # one unpadded row from its cached prefix
+                    base = self.seqs[0].cached
+                    return self.feed(chunk, self.cache, base + done, base + end)
+                return self.model(chunk, self.cache)
+
+            ending = [r for r, n in enumerate(self.lengths) if done < n <= end]
+            if ending:  # rows whose prompt ends in this chunk: their last position's logits
+                cols = mx.array([min(max(n - 1 - done, 0), end - done - 1)
+                                 for n in self.lengths], dtype=mx.int32)
+                logits = self.heads.logits(forward, cols)
+                for r in ending:
+                    self.first[r] = logits[r]
             else:
-                self.model(chunk, self.cache)
+                forward()  # its logits are never evaluated
             self.last_cols, self.done_cols = end - self.done_cols, end
             if end < self.width:
                 self._take(self.marks.pop(end, ()))
-                mx.eval(arrays(self.cache))
+                mx.eval(arrays(self.cache), [self.first[r] for r in ending])
             else:
                 self._finish()
         return self.done_cols >= self.width
+
+    @property
+    def logits(self) -> mx.array:
+        """[B, V]: each row's logits at its prompt's last position (once done)."""
+        return mx.stack(self.first)
 
     def _finish(self) -> None:
         if self.padded:
@@ -211,8 +230,7 @@ class MixedPrefill(Prefill):
             for c in self.cache:
                 c.trim(self.trim)
             self.trim = 0
-        self._take([*self.marks.pop(self.width, ()), *self.ends])
-        mx.eval(arrays(self.cache))
+        mx.eval(arrays(self.cache), self.first)
 
     def _take(self, marks: Any) -> None:
         """Copy out the checkpoints of ``marks`` (row, position, kind) into their rows. A
@@ -225,7 +243,7 @@ class MixedPrefill(Prefill):
         except Exception as exc:
             log.warning("prompt_cache_checkpoint_failed",
                         error=f"{type(exc).__name__}: {exc}")
-            self.marks, self.ends = {}, []
+            self.marks = {}
 
 
 def no_lone_column(done: int, end: int, width: int) -> int:

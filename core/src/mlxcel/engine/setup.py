@@ -28,6 +28,7 @@ from mlxcel.engine.accel.warmup import (
 from mlxcel.engine.cache.kinds import reuse_rule
 from mlxcel.engine.cache.kvcache import BatchCache, shared_position_rope
 from mlxcel.engine.cache.rollback import rollback_reason
+from mlxcel.engine.heads import Heads
 from mlxcel.engine.memory import compute_dtype_bytes, request_budget
 from mlxcel.engine.parts import Warming
 from mlxcel.engine.policy import resolve_policy
@@ -96,6 +97,9 @@ class EngineSetup:
         self.forward, lean = lean_decode.forward_for(
             model, policy.lean_decode and self.path == "shared" and not self.dist.active,
             self._decode_checks(model))
+        # a distributed engine's ranks would each run the check's forwards (and a pipeline
+        # rank's collectives) alone: full logits there
+        self.heads = Heads(None) if self.dist.active else Heads.for_model(model)
         checked_at = time.perf_counter()
         log.info("engine_batch", cache=self.path,
                  positions="shared" if self.rope is not None else "absolute",

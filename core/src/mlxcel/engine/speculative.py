@@ -13,11 +13,10 @@ penalties of the tokens before it (``engine.verify``). A constraint that cannot 
 reasoning block, keeps its row to one token per step beside the drafting rows, in the same
 forward. While a row with media decodes, the batch takes one-token steps.
 
-A row does not draft for its first token: a verify forward costs more than a plain one,
-and that token's wait is the request's time to first token, which a client sees whole,
-where one round's drafts would save a step. So a row drafts once a step has fed it (its
-first token is then on its way): a lone row's first token comes from a plain step, as
-llama-server's and vLLM's come from the prompt's own forward.
+A row's first token comes from its prompt's own forward (``engine.batch``), as
+llama-server's and vLLM's do, so drafting never delays a request's time to first token:
+a row may draft from its first step in the batch. A drafter that reads the target's
+hidden states waits for a step's forward to give them (the prefill keeps none).
 
 A request's own ``speculative.n_max`` / ``speculative.n_min`` (``GenerationRequest.
 draft_max`` / ``draft_min``) cap and floor its drafts within ``--draft-max``; an
@@ -82,7 +81,6 @@ class Speculation:
         self.failed = False
         self.rounds = self.drafted = self.accepted = 0  # totals, for /metrics and /slots
         self.cold = 0  # rounds running with nothing accepted, any rows
-        self.stepped: set[int] = set()  # rows the last step fed (their first token is out)
         self.cold_backoff = 0  # a new row's first backoff once ``cold`` >= COLD_ROUNDS
 
     def limits(self, seq: Sequence) -> tuple[int, int]:
@@ -101,8 +99,6 @@ class Speculation:
         if self.limits(seq)[0] < 1:  # speculative.n_max 0
             return False
         if seq.req.max_tokens - seq.generated < 2:  # room for a draft and its bonus token
-            return False
-        if id(seq) not in self.stepped:  # its first token: its time to first token
             return False
         gov = self.rows.get(id(seq))
         return gov is None or gov.resume_at <= self.batch.steps
@@ -124,7 +120,6 @@ class Speculation:
         """A one-token step for ``rows`` was queued (its forward the last the model ran):
         the batch governor's clock, and the rows' hidden states (needs_hidden)."""
         self.batch.plain(len(rows))
-        self.stepped = {id(s) for s in rows}
         if self.tap is not None:
             self._launched(rows)
 
@@ -199,7 +194,6 @@ class Speculation:
                seconds: float, emitted: int, states: Any = None) -> None:
         """After a verify step: counters, governors, and the session's commit
         (``states``: the verify forward's hidden states [B, W, H], needs_hidden only)."""
-        self.stepped = {id(s) for s in rows}
         committed = []
         for i, (seq, draft, n) in enumerate(zip(rows, drafts, accepted, strict=True)):
             if not draft:

@@ -18,6 +18,7 @@ from mlxcel.engine.admission import Admission
 from mlxcel.engine.batch import DecodeBatch, PrefillJob, read_back
 from mlxcel.engine.cache.prompt_cache import BLOCK_SIZE, PromptCache
 from mlxcel.engine.config import EngineConfig
+from mlxcel.engine.heads import Heads
 from mlxcel.engine.lanes import JobLane
 from mlxcel.engine.media_rows import FeatureCache
 from mlxcel.engine.parts import BufferRelease, Inbox, Warming
@@ -98,6 +99,7 @@ class EngineWorker(EngineSetup, Admission, threading.Thread):
         self.batchable = self.grouped = True
         self.merge: Any = None  # mixed path: rows' caches -> batch caches
         self.forward: Any = None  # a decode step's forward (setup: lean_decode.forward_for)
+        self.heads = Heads(None)  # the prefill's output projection, narrowed (setup)
         self.align = 1  # prefill column multiple: the policy's where rows may be padded
         self.budget = self.prefill_chunk  # tokens per step of the group prefilling now
         self.checkpoint_interval = BLOCK_SIZE * max(0, self.config.cache_checkpoint_interval)

@@ -4,9 +4,9 @@ A row whose model has layers that cannot be cut back (``kinds.cuttable``) keeps 
 those layers' state at the prompt positions later prompts will share: the boundaries the
 chat layer marks (``GenerationRequest.cache_marks``: the end of the system + tools prefix,
 the message boundaries of the last turn), every ``interval`` tokens of a long prompt, and
-the end of its prompt before generation (the next turn of a conversation re-sends it, with
-the answer as text). A prefill chunk ends at each mark inside the prompt; the prompt's end
-is taken once the whole prompt is in.
+the end of its prompt before generation, all but its last token (the next turn of a
+conversation re-sends it, with the answer as text; a retry sends it again). A prefill
+chunk ends at each mark.
 
 A mark fewer than ``NEAR`` tokens past the checkpoint the row was restored from is not
 taken: ending a chunk there costs a forward pass of its own (every weight read again, a
@@ -30,9 +30,11 @@ def marks_for(prompt_len: int, cached: int, marks: Sequence[tuple[int, str]],
               interval: int) -> list[tuple[int, str]]:
     """The checkpoints a row whose first ``cached`` tokens came from the cache takes, as
     sorted ``(position, kind)``: a position is a token count, past ``cached`` (by ``NEAR``
-    where ``cached`` > 0, a restored checkpoint) and at most ``prompt_len - 1`` (the last
-    prompt token is fed with the first decode step). Where kinds share a position the
-    first given wins; the prompt's end is always there."""
+    where ``cached`` > 0, a restored checkpoint) and at most ``prompt_len - 1``: the
+    prompt's end is taken before its last token, whose own forward then gives the first
+    token's logits, so that the same prompt again (a retry) still has a column to compute
+    from the checkpoint. Where kinds share a position the first given wins; the prompt's
+    end is always there."""
     end = prompt_len - 1
     start = cached + NEAR if cached else 1
     found: dict[int, str] = {}

@@ -75,7 +75,10 @@ class Leader(Alone):
         self._record(m.DropJob())
 
     def joined(self) -> None:
+        """Sent at once: the join samples the rows' first tokens, which every rank shares
+        (``share_tokens``) before rank 0 reads them back."""
         self._record(m.Join())
+        self.flush()
 
     def dropped(self) -> None:
         self._record(m.Drop())
