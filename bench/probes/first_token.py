@@ -1,0 +1,106 @@
+"""How long does a request's first token take on the engine thread, for an image prompt
+and for the next question about the same image (a prompt-cache hit: a short tail)?
+
+In process, no HTTP: an ``EngineWorker`` on the tiny Qwen2.5-VL that ``bench/vision.py``
+builds (its processor keeps the real pixel bounds: 256 image tokens), driven on this thread; a request's time to first token is from its submit to its first
+token event. For each of ``--images`` images (448x448, distinct): the image and a
+question (cold: the vision tower and the whole prompt), then the same prompt with a few
+more tokens (warm: the image's features, its prompt-cache entry, the tail). Prints JSON:
+the medians and their ratio, and how many engine steps each first token took.
+
+    python bench/probes/first_token.py --images 10
+    PYTHONPATH=/tmp/old/core/src:/tmp/old/families/vlm/src python bench/probes/first_token.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import io
+import json
+import pathlib
+import statistics
+import tempfile
+import time
+
+
+def image(seed: int):
+    import numpy as np
+    from mlxcel.media.api import MediaLimits
+    from mlxcel.media.image import decode
+    from mlxcel.types.media import MediaBlob
+    from PIL import Image
+
+    out = io.BytesIO()
+    pixels = (np.random.default_rng(seed).random((448, 448, 3)) * 255).astype("uint8")
+    Image.fromarray(pixels).save(out, "PNG")
+    return decode(MediaBlob.of(out.getvalue(), "image/png", "data"), MediaLimits())
+
+
+def first_token(worker, req) -> tuple[float, int, list[int]]:
+    """(seconds to the first token, engine steps, every token) of ``req``."""
+    from mlxcel.testing.engine import ListSink, run_until_done
+
+    sink = ListSink()
+    start = time.perf_counter()
+    worker.enqueue(req, sink)
+    steps = 0
+    while not sink.tokens and not sink.done:
+        worker.step()
+        steps += 1
+    seconds = time.perf_counter() - start
+    run_until_done(worker, [sink], settle=True)
+    return seconds, steps, sink.tokens
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--images", type=int, default=10)
+    ap.add_argument("--shape", default="qwen2.5-vl-tiny", help="bench/vision.py's SHAPES")
+    ap.add_argument("--max-tokens", type=int, default=4)
+    ap.add_argument("--checkpoint-dir", default=f"{tempfile.gettempdir()}/mlxcel-probe-ckpts")
+    args = ap.parse_args()
+
+    from mlxcel.families.api import LoadOptions
+    from mlxcel.testing.engine import media_request, worker_for
+    from mlxcel_family_vlm.load import decoder, load
+
+    spec = importlib.util.spec_from_file_location(
+        "vision_bench", pathlib.Path(__file__).resolve().parents[1] / "vision.py")
+    vision = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(vision)
+    path = vision.build(args.shape, pathlib.Path(args.checkpoint_dir), "float32")
+    model = decoder(load(path, LoadOptions()))
+    tokenizer = model.processor.tokenizer
+    ids = list(tokenizer.encode("<|image_pad|> What is in the picture?",
+                                add_special_tokens=False))
+    more = list(tokenizer.encode(" And what colour is it, mostly?", add_special_tokens=False))
+    worker = worker_for(path, cache=True, chunk=512, parallel=4)
+    # one untimed pair: the first use of each shape
+    cold, warm = [], []
+    steps = {"cold": [], "warm": []}
+    for seed in range(args.images + 1):
+        item = image(seed)
+        first = model.expand_media(ids, [item], {})
+        then = model.expand_media(ids + more, [item], {})
+        a = first_token(worker, media_request(first, args.max_tokens))
+        b = first_token(worker, media_request(then, args.max_tokens))
+        if seed:
+            cold.append(a[0])
+            warm.append(b[0])
+            steps["cold"].append(a[1])
+            steps["warm"].append(b[1])
+    out = {
+        "shape": args.shape, "images": args.images,
+        "prompt_tokens": len(first.token_ids), "tail_tokens": len(then.token_ids)
+        - len(first.token_ids),
+        "cold_ms_p50": round(statistics.median(cold) * 1e3, 2),
+        "warm_ms_p50": round(statistics.median(warm) * 1e3, 2),
+        "warm_over_cold": round(statistics.median(warm) / statistics.median(cold), 3),
+        "steps_to_first_token": {k: statistics.median(v) for k, v in steps.items()},
+    }
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
