@@ -42,7 +42,7 @@ def entry_files(directory):
 @pytest.mark.parametrize("kind", sorted(SHAPES))
 def test_a_restart_keeps_hits(kind, mlxcel_checkpoint_cache, tmp_path):
     path = checkpoint(kind, mlxcel_checkpoint_cache)
-    later, reused, _ = LATER["prompt"]
+    later, reused, _ = LATER["next-turn"]
     cold = engine_for(path, 1, chunk=32)
     try:
         expected = generate(cold, later)[0]
@@ -120,7 +120,7 @@ def test_a_bad_file_is_refused_and_the_server_serves(damage, mlxcel_checkpoint_c
             file.write_bytes(raw)
     eng = engine(path, tmp_path)
     try:
-        ids, cached, _ = generate(eng, LATER["prompt"][0])[0]
+        ids, cached, _ = generate(eng, LATER["next-turn"][0])[0]
         assert cached == 0 and len(ids) == 3
         disk = eng.prompt_cache.stats()["disk"]
         assert disk["enabled"] and disk["hits"] == 0
@@ -139,7 +139,7 @@ def test_an_unwritable_dir_leaves_the_memory_tier(mlxcel_checkpoint_cache, tmp_p
         stats = eng.prompt_cache.stats()["disk"]
         assert not stats["enabled"] and "not a writable directory" in stats["disabled_reason"]
         generate(eng, PROMPT)
-        assert generate(eng, LATER["prompt"][0])[0][1] == len(PROMPT) - 1
+        assert generate(eng, LATER["next-turn"][0])[0][1] == 90
     finally:
         eng.shutdown()
 
@@ -213,6 +213,6 @@ def test_reset_clears_both_tiers(mlxcel_checkpoint_cache, tmp_path):
         assert out["freed_disk_files"] >= 2 and out["freed_entries"] == 1
         assert entry_files(tmp_path) == []
         assert eng.prompt_cache.stats()["disk"]["entries"] == 0
-        assert generate(eng, LATER["prompt"][0])[0][1] == 0
+        assert generate(eng, LATER["next-turn"][0])[0][1] == 0
     finally:
         eng.shutdown()

@@ -41,7 +41,9 @@ PROMPT = SYSTEM + EARLIER + USER + GEN
 MARKS = ((40, "system"), (70, "turn"), (90, "turn"))
 # later prompts, each sharing one boundary of PROMPT: (prompt, reused tokens, hit kind)
 LATER = {
-    "prompt": (PROMPT + tokens(12) + tokens(9), len(PROMPT) - 1, "prompt"),
+    # the next turn shares the whole prompt: it hits the end of the messages (the
+    # prompt's own end, 2 tokens on, is not taken: capture.NEAR)
+    "next-turn": (PROMPT + tokens(12) + tokens(9), 90, "turn"),
     "turn-end": (PROMPT[:90] + tokens(25), 90, "turn"),
     "turn-before-user": (PROMPT[:70] + tokens(30), 70, "turn"),
     "system": (SYSTEM + tokens(35), 40, "system"),
@@ -163,12 +165,12 @@ def test_hits_in_a_batch_give_what_they_give_alone(kind, mlxcel_checkpoint_cache
     eng = engine(path, parallel=4)
     try:
         generate(eng, PROMPT)
-        runs = generate(eng, LATER["system"][0], LATER["turn-end"][0], LATER["prompt"][0])
-        reused = [40, 90, len(PROMPT) - 1]
+        runs = generate(eng, LATER["system"][0], LATER["turn-end"][0], LATER["next-turn"][0])
+        reused = [40, 90, 90]
         if kind == "plain":
             reused = [n - n % 16 for n in reused]
         assert [r[1] for r in runs] == reused
-        for r, name in zip(runs, ("system", "turn-end", "prompt"), strict=True):
+        for r, name in zip(runs, ("system", "turn-end", "next-turn"), strict=True):
             assert r[0] == cold[name][0]
             same_logits(r[2], cold[name][2])
     finally:
@@ -205,8 +207,8 @@ def test_eviction_keeps_the_system_checkpoint_longest(kind, mlxcel_checkpoint_ca
     conversation shrinks to its system checkpoint instead of leaving, so a sub-agent
     sharing only the system prompt still hits."""
     path = checkpoint(kind, mlxcel_checkpoint_cache)
-    def conversation():
-        return SYSTEM + tokens(50) + tokens(3)
+    def conversation():  # its prompt's end past NEAR of the system checkpoint it hits
+        return SYSTEM + tokens(80) + tokens(3)
 
     probe = engine(path)
     try:
@@ -264,12 +266,51 @@ def test_a_conversation_keeps_one_entry_when_answers_come_back_as_text(
         for _ in range(4):
             _, cached, _ = generate(eng, prompt, marks=((40, "system"),))[0]
             assert cached == (0 if previous is None else len(previous) - 1)
-            previous, prompt = prompt, prompt + tokens(6) + tokens(15)  # answer as text
+            # the answer as text, and a turn longer than NEAR: each turn takes its end
+            previous, prompt = prompt, prompt + tokens(40) + tokens(30)
         stats = eng.prompt_cache.stats()
         assert stats["entries"] == 1 and stats["superseded"] == 3
         assert stats["checkpoint_kinds"].get("system") == 1
         # the first turn's system checkpoint survived the turns: a sub-agent hits it
         assert generate(eng, SYSTEM + tokens(9), marks=())[0][1] == 40
+    finally:
+        eng.shutdown()
+
+
+def test_a_retry_hits_the_prompts_end_and_a_marked_conversation_its_last_mark(
+        mlxcel_checkpoint_cache):
+    """With no chat marks (a raw completion) the prompt's end is taken before its last
+    token, so the same prompt again reuses all but that token and gives the cold
+    logits. With them, the end of the messages serves instead (the prompt's end lies
+    within ``NEAR`` of it), a conversation's turns supersede one another there, and no
+    ``prompt`` checkpoint is taken."""
+    path = checkpoint("recurrent", mlxcel_checkpoint_cache)
+    cold = engine_for(path, 1, chunk=32)
+    try:
+        want = generate(cold, PROMPT)[0]
+    finally:
+        cold.shutdown()
+    eng = engine(path)
+    try:
+        generate(eng, PROMPT, marks=())
+        ids, cached, tops = generate(eng, PROMPT, marks=())[0]
+        assert cached == len(PROMPT) - 1
+        assert ids == want[0]
+        same_logits(tops, want[2])
+        assert eng.prompt_cache.stats()["hits_by_kind"].get("prompt") == 1
+        eng.prompt_cache.reset()
+        prompt, marks, before = PROMPT, MARKS, 0
+        for turn in range(3):
+            _, cached, _ = generate(eng, prompt, marks=marks)[0]
+            assert cached == (0 if turn == 0 else before - len(GEN))
+            before = len(prompt)
+            answer, user = tokens(40), tokens(30)  # the end of the messages: past NEAR
+            marks = ((40, "system"), (len(prompt) + len(answer), "turn"),
+                     (len(prompt) + len(answer) + len(user), "turn"))
+            prompt = prompt + answer + user + GEN
+        stats = eng.prompt_cache.stats()
+        assert stats["entries"] == 1 and stats["superseded"] == 2
+        assert "prompt" not in stats["checkpoint_kinds"]
     finally:
         eng.shutdown()
 
@@ -284,7 +325,7 @@ def test_stored_entries_hash_as_their_tokens_do(kind, mlxcel_checkpoint_cache):
     eng = engine(checkpoint(kind, mlxcel_checkpoint_cache))
     try:
         generate(eng, PROMPT)
-        _, cached, _ = generate(eng, LATER["prompt"][0])[0]
+        _, cached, _ = generate(eng, LATER["next-turn"][0])[0]
         assert cached > 0
         entries = list(eng.prompt_cache._entries.values())
         assert entries
@@ -300,16 +341,19 @@ def test_a_mark_just_past_a_restored_checkpoint_is_not_taken():
     assert marks_for(200, 0, ((3, "system"), (100, "turn")), 0) == [
         (3, "system"), (100, "turn"), (199, "prompt")]
     assert marks_for(200, 93, ((95, "turn"), (93 + NEAR - 1, "turn"),
-                               (93 + NEAR, "turn")), 0) == [(93 + NEAR, "turn"),
-                                                            (199, "prompt")]
+                               (93 + NEAR, "turn")), 0) == [(93 + NEAR, "turn")]
     assert marks_for(200, 10, (), 32) == [(96, "interval"), (128, "interval"),
-                                          (160, "interval"), (192, "interval"),
-                                          (199, "prompt")]
+                                          (160, "interval"), (192, "interval")]
+    # the prompt's end within NEAR of the last mark, or of the restored point: not taken
+    assert marks_for(200, 0, ((3, "system"), (196, "turn")), 0) == [(3, "system"),
+                                                                    (196, "turn")]
+    assert marks_for(200, 199 - NEAR + 1, (), 0) == []
+    assert marks_for(200, 199 - NEAR, (), 0) == [(199, "prompt")]
 
 
 def test_a_turn_sharing_a_skipped_mark_reuses_the_checkpoint_before_it(
         mlxcel_checkpoint_cache):
-    """A short answer re-sent as text puts the next turn's boundary 3 tokens past its hit:
+    """A short answer re-sent as text puts the next turn's boundary 6 tokens past its hit:
     no checkpoint there, so a prompt that shares it reuses the one before, and answers as
     a cold prefill does."""
     path = checkpoint("recurrent", mlxcel_checkpoint_cache)
@@ -326,9 +370,9 @@ def test_a_turn_sharing_a_skipped_mark_reuses_the_checkpoint_before_it(
     eng = engine(path)
     try:
         generate(eng, PROMPT)
-        assert generate(eng, second, marks=marks)[0][1] == len(PROMPT) - 1
+        assert generate(eng, second, marks=marks)[0][1] == 90
         ids, cached, tops = generate(eng, third, marks=marks)[0]
-        assert cached == len(PROMPT) - 1
+        assert cached == 90
         assert ids == want[0]
         same_logits(tops, want[2])
     finally:

@@ -12,7 +12,12 @@ A mark fewer than ``NEAR`` tokens past the checkpoint the row was restored from 
 taken: ending a chunk there costs a forward pass of its own (every weight read again, a
 pass's launches), while that checkpoint already serves a later prompt sharing the mark,
 with those few tokens to prefill. A short answer re-sent as text puts the boundary before
-the final user turn just past the restored point.
+the final user turn just past the restored point. By the same rule the prompt's end is
+not taken fewer than ``NEAR`` tokens past a mark the row takes past its system prefix, or
+past the point it was restored from: the chat layer's last mark (the end of the messages,
+before the generation prompt's few tokens) serves the next turn and a retry alike. Where
+turns are short, a turn may take no checkpoint at all, and the next one prefills from the
+one before: at most ``NEAR`` tokens and a turn more.
 """
 
 from __future__ import annotations
@@ -34,7 +39,8 @@ def marks_for(prompt_len: int, cached: int, marks: Sequence[tuple[int, str]],
     prompt's end is taken before its last token, whose own forward then gives the first
     token's logits, so that the same prompt again (a retry) still has a column to compute
     from the checkpoint. Where kinds share a position the first given wins; the prompt's
-    end is always there."""
+    end is there unless it lies within ``NEAR`` of the last mark before it (module
+    docstring)."""
     end = prompt_len - 1
     start = cached + NEAR if cached else 1
     found: dict[int, str] = {}
@@ -45,7 +51,8 @@ def marks_for(prompt_len: int, cached: int, marks: Sequence[tuple[int, str]],
         for position in range(interval, end, interval):
             if position >= start:
                 found.setdefault(position, "interval")
-    if end > cached:
+    last = max((p for p, kind in found.items() if kind != "system"), default=cached or None)
+    if end > cached and (last is None or end - last >= NEAR):
         found[end] = PROMPT_END
     return sorted(found.items())
 

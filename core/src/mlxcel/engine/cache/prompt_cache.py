@@ -318,18 +318,21 @@ class PromptCache:
 
     def _supersede(self, entry: CacheEntry, started: Hit | None) -> None:
         """The entry a conversation's next turn was prefilled from, at the end of its
-        prompt, holds past it only what the client did not send back (the sampled answer,
-        which came back re-rendered as text): the new entry adopts its checkpoints and it
-        goes, so a conversation keeps one entry, not one per turn. A prompt that re-sends
-        the answer exactly extends the entry instead and drops it the same way
-        (``_drop_prefixes_of``); one that took less of it (a sub-agent at the system
-        prompt, an edited question) leaves it."""
+        prompt (its last checkpoint there: the prompt's end, or the end of its messages
+        before the generation prompt), holds past it only what the client did not send
+        back (the sampled answer, which came back re-rendered as text): the new entry
+        adopts its checkpoints and it goes, so a conversation keeps one entry, not one per
+        turn. A prompt that re-sends the answer exactly extends the entry instead and
+        drops it the same way (``_drop_prefixes_of``); one that took less of it (a
+        sub-agent at the system prompt, an edited question) leaves it."""
         if started is None or started.checkpoint is None or self.reuse.mode == "prefix":
             return
         older = self._entries.get(started.entry.id)
         n = started.n
         if older is None or older is entry or older.payload is None \
-                or n < older.prompt_len - 1:
+                or started.checkpoint.kind == "system" \
+                or n < max((c.position for c in older.checkpoints
+                            if c.position < older.prompt_len), default=older.prompt_len):
             return
         depth = 0
         for mine, theirs in zip(entry.hashes, older.hashes, strict=False):
