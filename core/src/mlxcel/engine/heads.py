@@ -3,8 +3,7 @@
 A row's first token is sampled from the logits at its prompt's last position, which the
 prefill's last chunk computes (``batch``). No other column's logits are wanted, yet a
 model's forward projects every column onto the vocabulary: the widest matmul of the
-forward (columns x vocabulary) and its largest result (a 512-column chunk of a
-152k-token vocabulary is 78M logits per row). ``Heads`` shadows the model's output
+forward (columns x vocabulary) and its largest result. ``Heads`` shadows the model's output
 projection for one forward (each ``lm_head`` submodule, and each ``embed_tokens``'s
 ``as_linear`` for tied embeddings) with one that projects only the chosen column of
 each row; what the model does after it (soft-capping, scaling) is per position and
