@@ -15,11 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
+import numpy as np
 from mlxcel.families.api import Loaded, LoadOptions
 from mlxcel.types.media import MediaPrompt
 
 from mlxcel_family_vlm import media, towers
 from mlxcel_family_vlm.features import encoded
+from mlxcel_family_vlm.positions import HOST_RULE, mrope_positions
 from mlxcel_family_vlm.processed import ProcessedImages
 
 _DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
@@ -106,6 +108,10 @@ class VisionLanguageModel:
         grid = (prompt.inputs or {}).get("image_grid_thw")
         if not self.mrope or grid is None:
             return None, 0
+        rule = self._host_rule()
+        if rule is not None:  # on the host: no device reads while steps are in flight
+            out, delta = mrope_positions(prompt.token_ids, np.asarray(grid), *rule)
+            return mx.array(out)[:, None, :], delta
         ids = mx.array(prompt.token_ids, dtype=mx.int32)[None]
         positions, delta = self.language_model.get_rope_index(ids, mx.array(grid))
         return positions, int(mx.array(delta).reshape(-1)[0].item())
@@ -134,6 +140,18 @@ class VisionLanguageModel:
             kwargs["position_ids"] = self._positions(inputs, cache, shift)
         out = self.language_model(inputs, cache=cache, **kwargs)
         return getattr(out, "logits", out)
+
+    def _host_rule(self) -> tuple[int, int, int] | None:
+        """(merge, image token, vision start) where ``positions.mrope_positions`` mirrors
+        the language model's ``get_rope_index`` (``positions.HOST_RULE``), else None."""
+        config = getattr(self.language_model, "config", None)
+        if self.config.get("model_type") not in HOST_RULE or config is None:
+            return None
+        try:
+            return (int(config.vision_config.spatial_merge_size), int(config.image_token_id),
+                    int(config.vision_start_token_id))
+        except (AttributeError, TypeError):
+            return None
 
     def embeds_kwargs(self, inputs: mx.array, embeds: mx.array) -> dict[str, Any]:
         """What the language model takes for a prefill chunk of input embeddings (a family
