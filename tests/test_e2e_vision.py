@@ -643,9 +643,12 @@ class TextRow(threading.Thread):
         self.content, self.logprobs, self.ended = "", [], 0.0
 
     def run(self):
+        # no drafting: prompt lookup would race a text row through its tokens (random
+        # weights repeat themselves) while no image row has joined yet
         body = {"model": "vlm", "messages": [{"role": "user", "content": self.text}],
                 "max_tokens": TEXT_TOKENS, "temperature": 0, "ignore_eos": True,
-                "cache_prompt": False, "logprobs": True, "stream": True}
+                "cache_prompt": False, "logprobs": True, "stream": True,
+                "speculative.n_max": 0}
         try:
             with httpx.Client(base_url=self.base_url, timeout=120, trust_env=False) as c, \
                     c.stream("POST", "/v1/chat/completions", json=body) as r:
