@@ -77,6 +77,15 @@ def generate(eng, *prompts, marks=MARKS, max_tokens=3):
     return asyncio.run(go())
 
 
+def cold_run(path, prompt):
+    """``prompt``'s (tokens, cached tokens, log-probabilities) on a server with no cache."""
+    cold = engine_for(path, 1, chunk=32)
+    try:
+        return generate(cold, prompt)[0]
+    finally:
+        cold.shutdown()
+
+
 def same_logits(a, b):
     """Two runs' log-probabilities, token by token: the same tokens, values to 1e-4."""
     assert len(a) == len(b) and a
@@ -285,11 +294,7 @@ def test_a_retry_hits_the_prompts_end_and_a_marked_conversation_its_last_mark(
     within ``NEAR`` of it), a conversation's turns supersede one another there, and no
     ``prompt`` checkpoint is taken."""
     path = checkpoint("recurrent", mlxcel_checkpoint_cache)
-    cold = engine_for(path, 1, chunk=32)
-    try:
-        want = generate(cold, PROMPT)[0]
-    finally:
-        cold.shutdown()
+    want = cold_run(path, PROMPT)
     eng = engine(path)
     try:
         generate(eng, PROMPT, marks=())
@@ -362,11 +367,7 @@ def test_a_turn_sharing_a_skipped_mark_reuses_the_checkpoint_before_it(
     at = len(PROMPT) + len(answer)
     marks = (*MARKS, (at, "turn"), (len(second) - len(GEN), "turn"))
     third = second[:at] + tokens(25)
-    cold = engine_for(path, 1, chunk=32)
-    try:
-        want = generate(cold, third)[0]
-    finally:
-        cold.shutdown()
+    want = cold_run(path, third)
     eng = engine(path)
     try:
         generate(eng, PROMPT)
