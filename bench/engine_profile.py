@@ -313,7 +313,7 @@ class EngineSteps(Timed):
         job = worker._new_job(seqs)
         while not job.step(1 << 20):
             pass
-        from mlxcel.engine.batch import read_back
+        from mlxcel.engine.steps import read_back
 
         self.worker, self.batch = worker, worker._new_batch()
         read_back(self.batch.join([job]), worker.stats)  # the rows' first tokens
@@ -326,7 +326,7 @@ class EngineSteps(Timed):
         self.step.start()
 
     def finish(self, outputs) -> None:
-        from mlxcel.engine.batch import read_back
+        from mlxcel.engine.steps import read_back
 
         read_back(self.step, self.worker.stats)
 
@@ -334,7 +334,7 @@ class EngineSteps(Timed):
         """ms per step of ``steps`` steps run as ``EngineWorker._decode_step`` runs them
         (step n+1 built before step n is read back; ``emit_first``: read back before
         queueing), on this thread, with no consumer."""
-        from mlxcel.engine.batch import read_back
+        from mlxcel.engine.steps import read_back
 
         prev = None
         t0 = time.perf_counter()
@@ -438,11 +438,11 @@ def build_time(worker, path: pathlib.Path, prompts: list[list[int]], rounds: int
 def install_timers() -> dict[str, list[tuple[float, float]]]:
     """Wall-clock and engine-thread CPU time of the engine's phases (wrapping the methods
     in place)."""
-    from mlxcel.engine import batch, worker
+    from mlxcel.engine import batch, steps, worker
 
     timings: dict[str, list[tuple[float, float]]] = {}
     targets = [(batch.PrefillJob, "step", "prefill chunk"), (batch.DecodeBatch, "join", "join"),
-               (batch.DecodeBatch, "launch", "decode launch"), (batch.Step, "start", "queue"),
+               (batch.DecodeBatch, "launch", "decode launch"), (steps.Step, "start", "queue"),
                (batch.DecodeBatch, "drop_finished", "drop rows"),
                (worker.EngineWorker, "_read_back", "read back"),
                (worker.EngineWorker, "_settle", "settle"),

@@ -106,13 +106,13 @@ def test_the_whole_cuda_policy_gives_the_same_tokens(path):
 def test_a_failing_queue_still_sends_held_finish_events(path, monkeypatch):
     """Finished rows' events are held until the prompt-cache store; if queuing the next
     step fails in between, they still go out (no stream hangs)."""
-    from mlxcel.engine import batch
+    from mlxcel.engine import steps
 
     # hand out, then queue: the queue fails after rows finished
     worker = worker_for(path, cache=True, emit_first=True)
     short, long = submit(worker, BASE[:20], max_tokens=2), submit(worker, BASE[:24], 50)
     calls = []
-    real = batch.Step.start
+    real = steps.Step.start
 
     def start(self):
         calls.append(1)
@@ -120,7 +120,7 @@ def test_a_failing_queue_still_sends_held_finish_events(path, monkeypatch):
             raise RuntimeError("injected queue failure")
         real(self)
 
-    monkeypatch.setattr(batch.Step, "start", start)
+    monkeypatch.setattr(steps.Step, "start", start)
     for _ in range(100):
         if short.done and long.done:
             break

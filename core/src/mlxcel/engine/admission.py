@@ -16,13 +16,14 @@ from typing import Any
 import structlog
 
 from mlxcel.engine import fork, scheduler
-from mlxcel.engine.batch import PrefillJob, read_back
+from mlxcel.engine.batch import PrefillJob
 from mlxcel.engine.cache.capture import marks_for
 from mlxcel.engine.cache.entries import prompt_hashes
 from mlxcel.engine.media_rows import MediaFeed
 from mlxcel.engine.mixed_batch import MixedPrefill
 from mlxcel.engine.scheduler import Limits, Plan, View
 from mlxcel.engine.sequence import Sequence, Sink, error_event, fail_alone
+from mlxcel.engine.steps import read_back
 from mlxcel.types import GenerationRequest
 
 log = structlog.get_logger("mlxcel.engine")

@@ -33,12 +33,13 @@ import mlx.core as mx
 import numpy as np
 
 from mlxcel.engine.accel.staged import staged
-from mlxcel.engine.batch import DecodeBatch, row_logprobs
+from mlxcel.engine.batch import DecodeBatch
 from mlxcel.engine.cache.rollback import begin_verify
 from mlxcel.engine.constraints.protocol import mask_words
 from mlxcel.engine.constraints.speculate import draft_masks
 from mlxcel.engine.sequence import Sequence, fail_alone
 from mlxcel.engine.speculative import Speculation
+from mlxcel.engine.steps import row_logprobs
 from mlxcel.engine.trace import NullTrace
 
 
@@ -206,7 +207,7 @@ def _logprobs(batch: DecodeBatch, logits: mx.array, sampled: mx.array) -> tuple[
 
 def _hand_out(rows: list[Sequence], tokens: list[list[int]], accepted: list[int],
               positions: list[_Position], stats: Any) -> list[Sequence]:
-    """Each row's kept tokens, in order, until it finishes (as ``batch.read_back``)."""
+    """Each row's kept tokens, in order, until it finishes (as ``steps.read_back``)."""
     per_position = [row_logprobs(p, len(rows)) if p.logprobs else None for p in positions]
     done: list[Sequence] = []
     taken = 0

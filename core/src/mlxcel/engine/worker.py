@@ -15,7 +15,7 @@ import structlog
 
 from mlxcel.engine import distributed, mixed_batch
 from mlxcel.engine.admission import Admission
-from mlxcel.engine.batch import DecodeBatch, PrefillJob, read_back
+from mlxcel.engine.batch import DecodeBatch, PrefillJob
 from mlxcel.engine.cache.prompt_cache import BLOCK_SIZE, PromptCache
 from mlxcel.engine.config import EngineConfig
 from mlxcel.engine.heads import Heads
@@ -28,6 +28,7 @@ from mlxcel.engine.sequence import Sequence, Sink, end_all
 from mlxcel.engine.setup import EngineSetup
 from mlxcel.engine.side import SideEngine
 from mlxcel.engine.speculative import Speculation
+from mlxcel.engine.steps import read_back
 from mlxcel.engine.trace import NullTrace
 from mlxcel.engine.verify import verify_step
 from mlxcel.types import GenerationRequest
@@ -367,7 +368,7 @@ class EngineWorker(EngineSetup, Admission, threading.Thread):
         return True
 
     def _read_back(self) -> list[Sequence]:
-        """Hand the previous step's tokens to their sequences (``batch.read_back``)."""
+        """Hand the previous step's tokens to their sequences (``steps.read_back``)."""
         if self.inflight is None:
             return []
         step, self.inflight = self.inflight, None
