@@ -191,6 +191,12 @@ def server_levels(base: str, levels: list[tuple[int, int]], tag: str,
     return out
 
 
+def _gap_p50(rows: list[dict]) -> float | None:
+    """The median time between one batch's start and the next's (the lane's period)."""
+    gaps = [(b["t"] - a["t"]) * 1e3 for a, b in zip(rows, rows[1:], strict=False)]
+    return round(statistics.median(gaps), 3) if gaps else None
+
+
 def lane_stats(trace: pathlib.Path, levels: list[tuple[int, int]]) -> list[dict]:
     """Per timed level, its side batches from mlxcel's engine trace. Levels run one after
     another and a batch never spans two, so the lines split by their items: the warm-up's,
@@ -215,7 +221,9 @@ def lane_stats(trace: pathlib.Path, levels: list[tuple[int, int]]) -> list[dict]
 
         out.append({"concurrency": key[0], "per_request": key[1], "batches": len(batch),
                     "items_per_batch": round(sum(r["items"] for r in batch) / len(batch), 2),
-                    "forward_ms_p50": med("side_ms"), "wait_ms_p50": med("wait_ms"),
+                    "forward_ms_p50": med("side_ms"), "read_ms_p50": med("read_ms"),
+                    "read_prev_ms_p50": med("read_prev_ms"), "wait_ms_p50": med("wait_ms"),
+                    "gap_ms_p50": _gap_p50(batch),
                     "intake_ms_p50": med("intake_ms"), "deliver_ms_p50": med("deliver_ms")})
     return out
 

@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 from mlxcel.families.api import LoadOptions
-from mlxcel.families.tasks import TaskOptions
+from mlxcel.families.tasks import TaskOptions, resolved
 from mlxcel_family_embeddings.load import load, max_positions
 from mlxcel_family_embeddings.runners import embedder, reranker
 from safetensors.numpy import load_file
@@ -61,7 +61,7 @@ def test_bert_vectors_match_a_numpy_bert(side_checkpoint, pooling):
     weights = load_file(str(path / "model.safetensors"))
     encoded = [runner.tokenize(t) for t in TEXTS]
     assert [e.ids[0] for e in encoded] == [loaded.tokenizer.token_to_id("[CLS]")] * 3
-    for vec, enc in zip(runner.embed(encoded, pooling), encoded, strict=True):
+    for vec, enc in zip(resolved(runner.embed(encoded, pooling)), encoded, strict=True):
         h = bert_forward(weights, loaded.config, enc.ids, enc.type_ids)
         ref = h.mean(axis=0) if pooling == "mean" else h[0]
         assert vec.dtype == np.float32 and np.allclose(vec, ref, atol=1e-4)
@@ -74,7 +74,7 @@ def test_cross_encoder_scores_match_a_numpy_classifier(side_checkpoint):
     raw = load_file(str(path / "model.safetensors"))
     weights = {k.removeprefix("bert."): v.astype(np.float64) for k, v in raw.items()}
     pairs = [runner.encode_pair("which river runs past the stone", t) for t in TEXTS]
-    for pair, score in zip(pairs, runner.score(pairs), strict=True):
+    for pair, score in zip(pairs, resolved(runner.score(pairs)), strict=True):
         h = bert_forward(weights, loaded.config, pair.ids, pair.type_ids)
         pooled = np.tanh(_linear(h[0], weights, "pooler.dense"))
         logit = float(_linear(pooled, weights, "classifier")[0])

@@ -11,7 +11,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from mlxcel.families.api import LoadOptions
-from mlxcel.families.tasks import TaskOptions
+from mlxcel.families.tasks import TaskOptions, resolved
 from mlxcel.testing.imports import imported_by
 from mlxcel_family_embeddings import detect
 from mlxcel_family_embeddings.load import load
@@ -50,7 +50,7 @@ def test_pooled_vectors_match_a_numpy_reference(side_checkpoint, kind, pooling, 
     runner = embedder(loaded, TaskOptions())
     assert runner.pooling == pooling
     encoded = [runner.tokenize(t) for t in TEXTS]
-    got = runner.embed(encoded, pooling)  # one padded batch
+    got = resolved(runner.embed(encoded, pooling))  # one padded batch
     for vec, enc in zip(got, encoded, strict=True):
         ref = _pool(_hidden(loaded.model, enc), pooling)
         if dense:
@@ -72,7 +72,7 @@ def test_token_rows_for_pooling_none_and_the_pooling_flag(side_checkpoint):
     runner = embedder(loaded, TaskOptions(pooling="cls", max_length=20))
     assert runner.pooling == "cls" and runner.max_length == 20
     enc = runner.tokenize(TEXTS[0])
-    rows = runner.embed([enc, runner.tokenize(TEXTS[1])], "none")[0]
+    rows = resolved(runner.embed([enc, runner.tokenize(TEXTS[1])], "none"))[0]
     assert np.allclose(rows, _hidden(loaded.model, enc), atol=2e-4)
     with pytest.raises(ValueError, match="reranker"):
         embedder(loaded, TaskOptions(pooling="rank"))
@@ -83,7 +83,7 @@ def test_cross_encoder_scores_are_the_sigmoid_of_its_logit(side_checkpoint):
     runner = reranker(loaded, TaskOptions())
     pairs = [runner.encode_pair("which river", t) for t in TEXTS]
     assert pairs[0].type_ids is not None and 1 in pairs[0].type_ids  # the document's type
-    for pair, score in zip(pairs, runner.score(pairs), strict=True):
+    for pair, score in zip(pairs, resolved(runner.score(pairs)), strict=True):
         logit = loaded.model.module(mx.array([pair.ids]),
                                     token_type_ids=mx.array([pair.type_ids])).logits
         assert score == pytest.approx(1 / (1 + np.exp(-float(logit[0, 0]))), abs=1e-5)
@@ -95,7 +95,7 @@ def test_qwen3_reranker_scores_yes_against_no_at_the_last_token(side_checkpoint)
     tok = loaded.tokenizer
     pairs = [runner.encode_pair("which river", t) for t in TEXTS]
     assert tok.decode(pairs[0].ids, skip_special_tokens=False).endswith("</think>\n\n")
-    for pair, score in zip(pairs, runner.score(pairs), strict=True):
+    for pair, score in zip(pairs, resolved(runner.score(pairs)), strict=True):
         last = np.array(loaded.model.module(mx.array([pair.ids]))[0, -1].astype(mx.float32))
         margin = last[tok.token_to_id("yes")] - last[tok.token_to_id("no")]
         assert score == pytest.approx(1 / (1 + np.exp(-margin)), abs=1e-5)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from mlxcel.cli import main as cli_main
 from mlxcel.families.api import LoadOptions
-from mlxcel.families.tasks import TaskOptions
+from mlxcel.families.tasks import TaskOptions, resolved
 from mlxcel.testing.engine import app_client
 from mlxcel_family_embeddings.load import load
 from mlxcel_family_embeddings.runners import embedder
@@ -25,7 +25,7 @@ def bert(side_checkpoint):
 
 def test_an_embedder_alone_serves_the_model_s_normalized_vectors(bert):
     runner = embedder(load(bert, LoadOptions(dtype="float32")), TaskOptions())
-    want = runner.embed([runner.tokenize(t) for t in TEXTS], "mean")
+    want = resolved(runner.embed([runner.tokenize(t) for t in TEXTS], "mean"))
     with app_client(bert) as c:
         body = c.post("/v1/embeddings", json={"input": TEXTS}).json()
         health = c.get("/health").json()

@@ -10,7 +10,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from mlxcel.families.api import LoadOptions
-from mlxcel.families.tasks import Encoded, TaskOptions
+from mlxcel.families.tasks import Encoded, TaskOptions, resolved
 from mlxcel_family_embeddings.load import load
 from mlxcel_family_embeddings.runners import _batch, embedder, reranker
 from mlxcel_family_embeddings.shapes import Shapes
@@ -90,8 +90,8 @@ def test_padding_rows_and_columns_never_change_a_vector(side_checkpoint, kind, p
 
     loaded.model.module = recording
     try:
-        got = runner.embed(encoded, pooling)
-        rows = runner.embed(encoded, "none")
+        got = resolved(runner.embed(encoded, pooling))
+        rows = resolved(runner.embed(encoded, "none"))
     finally:
         loaded.model.module = module
     longest = max(len(e) for e in encoded)
@@ -107,8 +107,8 @@ def test_padding_never_changes_a_rerank_score(side_checkpoint):
         runner = reranker(loaded, TaskOptions())
         pairs = [runner.encode_pair("which river", t) for t in TEXTS]
         runner.shapes = Shapes(coarse=False, rows=False)  # one row, 8 columns at most
-        alone = [runner.score([p])[0] for p in pairs]
+        alone = [resolved(runner.score([p]))[0] for p in pairs]
         runner.shapes = GPU
-        got = runner.score(pairs)
+        got = resolved(runner.score(pairs))
         assert len(got) == 3 and np.allclose(got, alone, atol=1e-5), kind
     assert mx.default_device().type == mx.DeviceType.cpu  # the rule is forced, not found

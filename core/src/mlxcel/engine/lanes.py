@@ -18,10 +18,17 @@ and a launch-bound GPU forward costs about the same for 1 row as for 16: one-ite
 back to back would spend the thread on forwards instead of on intake. Jobs that arrive
 slower than that would not fill a batch in the wait, and a lone client never waits.
 
+Overlap (``run_one``): a runner may queue its batch on the device and return a ``Later``
+(``mlxcel.families.tasks``). While batches follow each other with nothing decoding, each
+is read only after the next one is built and queued, so the device computes one while the
+thread builds the next. At most one batch is in flight, and none across a decode step or
+an idle wait (``settle``).
+
 ``trace`` (``--engine-trace``) gets one line per batch: items, jobs, how long its oldest
 job queued (``wait_ms``), the HTTP side's time from the request to its submit
-(``intake_ms``), the forward (``side_ms``), and the longest hand-back to a caller since
-the last line, from a batch's end to the caller running again (``deliver_ms``).
+(``intake_ms``), building and queuing it (``side_ms``), reading it (``read_ms``) or the
+batch before it (``read_prev_ms``), and the longest hand-back to a caller since the last
+line, from a batch's end to the caller running again (``deliver_ms``).
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ import structlog
 from mlxcel.engine.parts import TimeShare
 from mlxcel.engine.trace import NullTrace
 from mlxcel.errors import GenerationFailed, MlxcelError, Overloaded, RequestTimedOut
+from mlxcel.families.tasks import Later
 
 log = structlog.get_logger("mlxcel.engine.lanes")
 SIDE_SHARE = 0.1  # of the engine thread's time while streams decode
@@ -113,6 +121,7 @@ class JobLane:
         self._last_batch: dict[str, tuple[float, float]] = {}  # task -> (end, seconds)
         self._delivered: list[float] = []  # hand-back times (ms) not yet traced
         self.trace: NullTrace = NullTrace()  # --engine-trace (mlxcel.engine.trace)
+        self._inflight: tuple[list[tuple[Job, int]], list[Job], Later] | None = None
 
     def pending(self) -> bool:
         return any(self._queues.values())
@@ -170,15 +179,19 @@ class JobLane:
                 self._delivered.append(round(seconds * 1e3, 3))
 
     def close(self, message: str) -> None:
-        """Refuse new jobs and fail every queued one with ``message`` (the engine thread
-        is ending: nobody would run them)."""
+        """Refuse new jobs and fail every queued one, and those of a batch left in
+        flight, with ``message`` (the engine thread is ending: nobody would run or read
+        them)."""
         with self._lock:
             self.closed = message
             queued = [job for queue in self._queues.values() for job in queue]
             for queue in self._queues.values():
                 queue.clear()
-        for job in queued:
-            self._finish(job, None, GenerationFailed(message))
+        inflight, self._inflight = self._inflight, None
+        for job in dict.fromkeys([*queued, *(inflight[1] if inflight else ())]):
+            if job.done_count >= 0:
+                job.done_count = -1
+                self._finish(job, None, GenerationFailed(message))
 
     def _finish(self, job: Job, result: list[Any] | None, error: BaseException | None) -> None:
         with self._lock:
@@ -226,21 +239,34 @@ class JobLane:
     def run_due(self, decoding: bool) -> bool:
         """``run_one`` when side jobs are due: while streams decode, once their share of
         the time since the last batch allows; otherwise once a batch has gathered
-        (``due_in``). True when one ran."""
+        (``due_in``). True when one ran. A batch left in flight (``run_one``) is read
+        first whenever no other batch is about to follow it."""
+        if decoding:
+            self.settle()  # a decode step never waits behind a side batch's read
         if not self.pending():
+            self.settle()
             return False
         if not self.turns.due() if decoding else self.due_in() > 0:
+            self.settle()
             return False
         started = time.perf_counter()
-        ran = self.run_one()
+        ran = self.run_one(overlap=not decoding)
         self.turns.ran(started)
         return ran
 
-    def run_one(self) -> bool:
+    def run_one(self, overlap: bool = False) -> bool:
         """Run one batch, if any is queued, gathering or not; True when one ran. An
-        exception from ``fn`` fails the jobs of that batch only."""
+        exception from ``fn`` (or from its ``Later``'s read) fails the jobs of that batch
+        only.
+
+        A batch whose ``fn`` returns a ``Later`` (queued on the device) is read after the
+        next batch has been built and queued, when ``overlap`` and that next batch is due
+        at once: the device then computes one batch while the thread builds the next,
+        where reading each at once would leave the device idle for every graph build.
+        Otherwise it is read before this returns."""
         picked, fn = self._take()
         if not picked:
+            self.settle()
             return False
         jobs = list(dict.fromkeys(job for job, _ in picked))
         task, trace = jobs[0].task, self.trace
@@ -248,12 +274,26 @@ class JobLane:
         if trace.enabled:
             self._trace_batch(picked, jobs, started)
         try:
-            trace.timed("side_ms", lambda: self._run(picked, jobs, fn))
+            later = trace.timed("side_ms", lambda: self._launch(picked, jobs, fn))
+            previous, self._inflight = self._inflight, None
+            if previous is not None:
+                trace.timed("read_prev_ms", lambda: self._read(*previous))
+            if later is not None:
+                if overlap and self.due_in() == 0:
+                    self._inflight = (picked, jobs, later)
+                else:
+                    trace.timed("read_ms", lambda: self._read(picked, jobs, later))
         finally:
             ended = time.perf_counter()
             self._last_batch[task] = (ended, ended - started)
             trace.end()
         return True
+
+    def settle(self) -> None:
+        """Read the batch left in flight, if any, and hand its results out."""
+        if self._inflight is not None:
+            batch, self._inflight = self._inflight, None
+            self._read(*batch)
 
     def _trace_batch(self, picked: list[tuple[Job, int]], jobs: list[Job],
                      started: float) -> None:
@@ -268,28 +308,53 @@ class JobLane:
         if delivered:
             self.trace.note(deliver_ms=max(delivered), delivered=len(delivered))
 
-    def _run(self, picked: list[tuple[Job, int]], jobs: list[Job], fn: Any) -> None:
+    def _launch(self, picked: list[tuple[Job, int]], jobs: list[Job], fn: Any
+                ) -> Later | None:
+        """``fn`` over the batch: its results handed out, or its ``Later`` to read."""
         try:
             results = fn([job.items[i] for job, i in picked])
-            if len(results) != len(picked):
-                raise RuntimeError(f"a {jobs[0].task} batch of {len(picked)} items gave "
-                                   f"{len(results)} results")
         except Exception as exc:
-            error = exc if isinstance(exc, MlxcelError) else None
-            if error is None:
-                log.exception("side_job_failed", task=jobs[0].task, items=len(picked))
-                error = MlxcelError(f"the {jobs[0].task} job failed: {type(exc).__name__}")
-            with self._lock:  # a job with items still queued leaves the queue too
-                for job in jobs:
-                    queue = self._queues.get(job.task)
-                    if queue is not None and job in queue:
-                        queue.remove(job)
+            self._failed(jobs, len(picked), exc)
+            return None
+        if isinstance(results, Later):
+            return results
+        self._hand_out(picked, jobs, results)
+        return None
+
+    def _read(self, picked: list[tuple[Job, int]], jobs: list[Job], later: Later) -> None:
+        try:
+            results = later.read()
+        except Exception as exc:
+            self._failed(jobs, len(picked), exc)
+            return
+        self._hand_out(picked, jobs, results)
+
+    def _failed(self, jobs: list[Job], items: int, exc: Exception) -> None:
+        error = exc if isinstance(exc, MlxcelError) else None
+        if error is None:
+            log.error("side_job_failed", task=jobs[0].task, items=items, exc_info=exc)
+            error = MlxcelError(f"the {jobs[0].task} job failed: {type(exc).__name__}")
+        with self._lock:  # a job with items still queued leaves the queue too
             for job in jobs:
+                queue = self._queues.get(job.task)
+                if queue is not None and job in queue:
+                    queue.remove(job)
+        for job in jobs:
+            if job.done_count >= 0:  # not already failed by an earlier batch
+                job.done_count = -1
                 self._finish(job, None, error)
+
+    def _hand_out(self, picked: list[tuple[Job, int]], jobs: list[Job],
+                  results: list[Any]) -> None:
+        if len(results) != len(picked):
+            self._failed(jobs, len(picked), RuntimeError(
+                f"a {jobs[0].task} batch of {len(picked)} items gave {len(results)} "
+                "results"))
             return
         for (job, i), value in zip(picked, results, strict=True):
-            job.results[i] = value
-            job.done_count += 1
+            if job.done_count >= 0:
+                job.results[i] = value
+                job.done_count += 1
         for job in jobs:  # a cancelled job's future is cancelled: settling it is a no-op
             if job.done_count == len(job.items):
                 self._finish(job, job.results, None)

@@ -11,6 +11,7 @@ from typing import Any
 from mlxcel.engine.lanes import Job, LaneClient, LaneLimits
 from mlxcel.engine.served import ServedTotals
 from mlxcel.errors import GenerationFailed, ModelLoading
+from mlxcel.families.tasks import Later
 
 PROMPT_TASKS = frozenset({"embed", "rerank"})  # tasks whose items are token sequences
 
@@ -70,12 +71,21 @@ class SideEngine:
                  ) -> Callable[[list[Any]], list[Any]]:
         """``fn`` that adds each batch it runs (its items' tokens and its seconds) to
         ``served``: llama-server counts embedding and rerank prompts as prompt tokens."""
-        def run(batch: list[Any]) -> list[Any]:
+        def run(batch: list[Any]) -> list[Any] | Later:
             start = time.perf_counter()
             out = fn(batch)
             tokens = sum(len(item) for item in batch if hasattr(item, "__len__"))
-            self.served.side_batch(tokens, time.perf_counter() - start)
-            return out
+            if not isinstance(out, Later):
+                self.served.side_batch(tokens, time.perf_counter() - start)
+                return out
+            queued = time.perf_counter() - start
+
+            def read() -> list[Any]:
+                began = time.perf_counter()
+                results = out.read()  # its time in flight is the next batch's
+                self.served.side_batch(tokens, queued + time.perf_counter() - began)
+                return results
+            return Later(read)
         return run
 
 

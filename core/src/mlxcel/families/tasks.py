@@ -10,6 +10,10 @@ after ``load``; core then drives the runner through the engine's job lane:
   batch that may hold the inputs of several requests, so they must not keep per-request
   state.
 
+A runner may queue a batch on the device and return ``Later(read)`` instead of its results:
+the lane then builds and queues the next batch before ``read()`` waits for this one, so
+the device never idles while the engine thread builds a graph (``mlxcel.engine.lanes``).
+
 Rows of a batch have different lengths: a runner pads them itself (with its attention
 mask), since only it knows its pad id and what padding means to its pooling. The speech
 tasks' runners (``transcribe``, ``speak``) are in ``mlxcel.families.speech``.
@@ -17,13 +21,30 @@ tasks' runners (``transcribe``, ``speak``) are in ``mlxcel.families.speech``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import msgspec
 
 TASKS = ("generate", "embed", "rerank", "transcribe", "speak", "generate_image", "realtime")
 POOLINGS = ("mean", "cls", "last", "rank", "none")
+
+
+class Later:
+    """A batch queued on the device (``mx.async_eval``): ``read()`` waits for it and returns
+    its results, one per item, as the runner's method would have. Engine thread only; the
+    lane calls ``read`` once."""
+
+    __slots__ = ("read",)
+
+    def __init__(self, read: Callable[[], list[Any]]) -> None:
+        self.read = read
+
+
+def resolved(value: list[Any] | Later) -> list[Any]:
+    """A runner call's results: a ``Later``'s, read now, or the list itself (for callers
+    outside the lane: conformance runners, tests)."""
+    return value.read() if isinstance(value, Later) else value
 
 
 class TaskOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -72,10 +93,11 @@ class Embedder(Protocol):
         """``text`` as the model reads it, its special tokens included. HTTP side."""
         ...
 
-    def embed(self, inputs: Sequence[Encoded], pooling: str) -> list[Any]:
+    def embed(self, inputs: Sequence[Encoded], pooling: str) -> list[Any] | Later:
         """One float32 NumPy array per input, in order: ``[dimensions]`` pooled, or
-        ``[tokens, dimensions]`` for ``pooling == "none"``. Not normalized: core applies
-        ``--embd-normalize`` and ``dimensions`` truncation. Engine thread."""
+        ``[tokens, dimensions]`` for ``pooling == "none"`` (or a ``Later`` reading them).
+        Not normalized: core applies ``--embd-normalize`` and ``dimensions`` truncation.
+        Engine thread."""
         ...
 
 
@@ -90,6 +112,7 @@ class Reranker(Protocol):
         type ids, or a generative reranker's prompt). HTTP side."""
         ...
 
-    def score(self, pairs: Sequence[Encoded]) -> list[float]:
-        """One relevance score in [0, 1] per pair, in order. Engine thread."""
+    def score(self, pairs: Sequence[Encoded]) -> list[float] | Later:
+        """One relevance score in [0, 1] per pair, in order (or a ``Later`` reading
+        them). Engine thread."""
         ...

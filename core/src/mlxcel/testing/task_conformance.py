@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from mlxcel.families.tasks import Encoded
+from mlxcel.families.tasks import Encoded, resolved
 
 TEXTS = ("a river runs past the quiet stone", "lantern",
          "orbit meadow signal copper harbor thread velvet summit ember glacier")
@@ -35,14 +35,14 @@ def check_embedder(runner: Any, texts: tuple[str, ...] = TEXTS, atol: float = 1e
         assert list(batch(list(texts))) == encoded, \
             "tokenize_batch must give what tokenize gives for each text, in order"
     for pooling in (runner.pooling, "none"):
-        together = runner.embed(encoded, pooling)
+        together = resolved(runner.embed(encoded, pooling))
         assert len(together) == len(encoded), "embed must return one array per input"
         for i, (vec, enc) in enumerate(zip(together, encoded, strict=True)):
             shape = (len(enc), None) if pooling == "none" else (runner.dimensions,)
             assert vec.dtype == np.float32, "embed must return float32 arrays"
             assert vec.shape[0] == shape[0], f"input {i}: shape {vec.shape}, want {shape}"
             assert np.isfinite(vec).all(), f"input {i}: non-finite values"
-            alone = runner.embed([enc], pooling)[0]
+            alone = resolved(runner.embed([enc], pooling))[0]
             _same(vec, alone, f"input {i}'s {pooling} embedding", atol)
 
 
@@ -51,8 +51,8 @@ def check_reranker(runner: Any, query: str = "which river", docs: tuple[str, ...
     pairs = [runner.encode_pair(query, d) for d in docs]
     assert all(isinstance(p, Encoded) and len(p) <= runner.max_length for p in pairs), \
         "encode_pair must return Encoded within max_length"
-    scores = runner.score(pairs)
+    scores = resolved(runner.score(pairs))
     assert len(scores) == len(pairs), "score must return one score per pair"
     for i, score in enumerate(scores):
         assert 0.0 <= score <= 1.0, f"pair {i}: score {score} outside [0, 1]"
-        _same(score, runner.score([pairs[i]])[0], f"pair {i}'s score", atol)
+        _same(score, resolved(runner.score([pairs[i]]))[0], f"pair {i}'s score", atol)

@@ -1,5 +1,6 @@
 """The ``embed`` and ``rerank`` runners (``mlxcel.families.tasks``): tokenize on the HTTP
-side, run padded batches on the engine thread.
+side, run padded batches on the engine thread. Each batch is queued on the device and
+returned as a ``Later``, so the lane builds the next batch while the device runs this one.
 
 Rows are padded on the right with the model's pad id and an attention mask, and each
 row's pooling reads only its own tokens (last-token pooling takes its last real token),
@@ -16,7 +17,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 from mlxcel.families.api import Loaded
-from mlxcel.families.tasks import Encoded, TaskOptions
+from mlxcel.families.tasks import Encoded, Later, TaskOptions
 
 from mlxcel_family_embeddings.shapes import Shapes, on_gpu
 
@@ -98,20 +99,21 @@ class Embedder:
         types = list(enc.type_ids) if self.model.token_types else None
         return Encoded(ids, types[:len(ids)] if types is not None else None)
 
-    def embed(self, inputs: Sequence[Encoded], pooling: str) -> list[np.ndarray]:
+    def embed(self, inputs: Sequence[Encoded], pooling: str) -> Later:
         ids, mask, types, lengths = _batch(self.model, inputs, self.shapes)
         out = self.model.module(ids, attention_mask=mask, token_type_ids=types)
         hidden = out.last_hidden_state.astype(mx.float32)
         n = len(inputs)
         if pooling == "none":
-            mx.eval(hidden)
-            rows = np.array(hidden[:n])
-            return [rows[i, :k] for i, k in enumerate(lengths[:n])]
+            rows = hidden[:n]
+            mx.async_eval(rows)
+            return Later(lambda: [r[:k] for r, k in zip(np.array(rows), lengths[:n],
+                                                         strict=True)])
         pooled = pool(hidden, mask, lengths, pooling)[:n]
         for layer in self.dense:
             pooled = layer(pooled.astype(layer.weight.dtype)).astype(mx.float32)
-        mx.eval(pooled)
-        return list(np.array(pooled, dtype=np.float32))
+        mx.async_eval(pooled)
+        return Later(lambda: list(np.array(pooled, dtype=np.float32)))
 
 
 class Reranker:
@@ -140,7 +142,7 @@ class Reranker:
                 f"<Document>: {document}{RERANK_SUFFIX}")
         return Encoded(list(self.tokenizer.encode(text, add_special_tokens=False).ids))
 
-    def score(self, pairs: Sequence[Encoded]) -> list[float]:
+    def score(self, pairs: Sequence[Encoded]) -> Later:
         ids, mask, types, lengths = _batch(self.model, pairs, self.shapes)
         if self.model.kind == "cross":
             logits = self.model.module(ids, attention_mask=mask, token_type_ids=types).logits
@@ -150,8 +152,8 @@ class Reranker:
             last = logits[mx.arange(ids.shape[0]), mx.array(lengths - 1)].astype(mx.float32)
             margin = last[:, self.yes] - last[:, self.no]
         scores = mx.sigmoid(margin[:len(pairs)])
-        mx.eval(scores)
-        return [float(s) for s in np.array(scores)]
+        mx.async_eval(scores)
+        return Later(lambda: np.array(scores).tolist())
 
 
 def embedder(loaded: Loaded, options: TaskOptions) -> Embedder:
