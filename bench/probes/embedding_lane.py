@@ -50,7 +50,8 @@ def main() -> None:
 
     path = pathlib.Path(args.checkpoint)
     if not path.exists():
-        path = build(args.checkpoint, pathlib.Path(tempfile.gettempdir()), args.dtype)
+        root = pathlib.Path(tempfile.gettempdir()) / "mlxcel-bench-embedders"  # the bench's
+        path = build(args.checkpoint, root, args.dtype)
     runner = embedder(load(str(path), LoadOptions()), TaskOptions())
     n = args.batch * args.batches
     inputs = runner.tokenize_batch([text("probe", i) for i in range(n)])

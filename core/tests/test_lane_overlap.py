@@ -178,3 +178,23 @@ def test_lane_client_results_arrive_through_the_overlap():
 
     assert _run(main()) == [[10, 20], [30, 40], [50, 60]]
     assert events.index("queue [3, 4]") < events.index("read [1, 2]")
+
+
+def test_a_side_only_engine_thread_overlaps_its_batches():
+    from mlxcel.engine.lane_worker import LaneWorker
+
+    lane, events = JobLane(), []
+
+    async def main():
+        futures = _queue(lane, asyncio.get_running_loop(), [[1, 2], [3, 4], [5, 6]],
+                         _logged(events))
+        worker = LaneWorker([], lane=lane)
+        worker.start()
+        try:
+            return await asyncio.wait_for(asyncio.gather(*futures), 10)
+        finally:
+            worker.shutdown()
+
+    assert _run(main()) == [[10, 20], [30, 40], [50, 60]]
+    assert events == ["queue [1, 2]", "queue [3, 4]", "read [1, 2]",
+                      "queue [5, 6]", "read [3, 4]", "read [5, 6]"]

@@ -51,15 +51,15 @@ class LaneWorker(threading.Thread):
         """Run one batch of queued jobs once one is due (``JobLane.due_in``: at once, or
         when a batch that is not full has gathered), waiting for that (up to the
         idle-release time) when ``block``; True when a batch ran. A job's submit wakes the
-        wait, so a batch that fills runs at once."""
+        wait, so a batch that fills runs at once. Batches that follow each other overlap
+        (``JobLane.run_one``); a batch in flight is read before any wait."""
         if block:
             wait = self.lane.due_in()
             if wait > 0:
+                self.lane.settle()
                 self._wakeup.wait(min(wait, self.buffers.idle_s))
         self._wakeup.clear()
-        if self.lane.due_in() > 0:
-            return False
-        return self.lane.run_one()
+        return self.lane.run_due(decoding=False)
 
     def run(self) -> None:
         try:
