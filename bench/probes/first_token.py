@@ -9,6 +9,11 @@ more tokens (warm: the image's features, its prompt-cache entry, the tail). Prin
 the medians and their ratio, and how many engine steps each first token took.
 
     python bench/probes/first_token.py --images 10
+    python bench/probes/first_token.py --burst 8 --burst-chunks 8   # 8 images at once
+
+``--burst N``: N requests with distinct images submitted at once instead (the c = 8 case),
+each request's time to its first token; ``--burst-chunks`` sets the policy's burst budget
+(CUDA's is 8 chunks, the CPU's 1) so that rows may prefill in groups as on a GPU.
     PYTHONPATH=/tmp/old/core/src:/tmp/old/families/vlm/src python bench/probes/first_token.py
 """
 
@@ -58,6 +63,9 @@ def main() -> None:
     ap.add_argument("--images", type=int, default=10)
     ap.add_argument("--shape", default="qwen2.5-vl-tiny", help="bench/vision.py's SHAPES")
     ap.add_argument("--max-tokens", type=int, default=4)
+    ap.add_argument("--burst", type=int, default=0)
+    ap.add_argument("--burst-chunks", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--checkpoint-dir", default=f"{tempfile.gettempdir()}/mlxcel-probe-ckpts")
     args = ap.parse_args()
 
@@ -75,6 +83,8 @@ def main() -> None:
     ids = list(tokenizer.encode("<|image_pad|> What is in the picture?",
                                 add_special_tokens=False))
     more = list(tokenizer.encode(" And what colour is it, mostly?", add_special_tokens=False))
+    if args.burst:
+        return burst(args, path, model, ids)
     worker = worker_for(path, cache=True, chunk=512, parallel=4)
     # one untimed pair: the first use of each shape
     cold, warm = [], []
@@ -100,6 +110,42 @@ def main() -> None:
         "steps_to_first_token": {k: statistics.median(v) for k, v in steps.items()},
     }
     print(json.dumps(out, indent=1))
+
+
+def burst(args, path, model, ids) -> None:
+    """``--burst``: rounds of N distinct image requests submitted together; per round each
+    request's seconds to its first token (median, slowest) and the engine steps taken."""
+    from mlxcel.testing.engine import ListSink, media_request, run_until_done, worker_for
+
+    policy = {"burst_chunks": args.burst_chunks} if args.burst_chunks > 1 else {}
+    worker = worker_for(path, cache=False, chunk=512, parallel=args.burst, **policy)
+    rounds = []
+    for r in range(args.rounds + 1):  # the first round untimed: each shape's first use
+        reqs = [media_request(model.expand_media(ids, [image(1000 * r + i)], {}),
+                              args.max_tokens) for i in range(args.burst)]
+        sinks = [ListSink() for _ in reqs]
+        start = time.perf_counter()
+        for req, sink in zip(reqs, sinks, strict=True):
+            worker.enqueue(req, sink)
+        firsts: dict[int, float] = {}
+        steps = 0
+        while len(firsts) < len(sinks):
+            worker.step()
+            steps += 1
+            now = time.perf_counter()
+            for i, sink in enumerate(sinks):
+                if i not in firsts and (sink.tokens or sink.done):
+                    firsts[i] = now - start
+        run_until_done(worker, sinks, settle=True)
+        if r:
+            ttft = sorted(firsts.values())
+            rounds.append({"ttft_ms_p50": round(statistics.median(ttft) * 1e3, 1),
+                           "ttft_ms_max": round(ttft[-1] * 1e3, 1), "steps": steps})
+    print(json.dumps({"shape": args.shape, "burst": args.burst,
+                      "burst_chunks": args.burst_chunks, "rounds": rounds,
+                      "ttft_ms_p50": statistics.median(x["ttft_ms_p50"] for x in rounds),
+                      "ttft_ms_max": statistics.median(x["ttft_ms_max"] for x in rounds)},
+                     indent=1))
 
 
 if __name__ == "__main__":

@@ -22,10 +22,12 @@ _order = iter(range(10**6))
 class Seq:
     """What the scheduler reads of a sequence."""
 
-    def __init__(self, tail=10, priority=1, solo=False, finished=False, cancelled=False):
+    def __init__(self, tail=10, priority=1, solo=False, finished=False, cancelled=False,
+                 media=False):
         self.req = SimpleNamespace(priority=priority)
         self.order = next(_order)
         self.tail, self.solo, self.finished = tail, solo, finished
+        self.media = media
         self.sink = SimpleNamespace(cancelled=cancelled)
 
     def __lt__(self, other):
@@ -76,6 +78,16 @@ def test_solo_rows_and_ungrouped_models_prefill_one_per_group():
     assert len(plan(waiting=[Seq(), Seq(solo=True)]).group) == 1
     ungrouped = Limits(parallel=8, prefill_chunk=64, grouped=False)
     assert len(plan(ungrouped, waiting=[Seq(tail=2) for _ in range(4)]).group) == 1
+
+
+def test_media_rows_group_with_media_rows_only_where_the_model_allows():
+    waiting = [Seq(media=True), Seq(media=True), Seq(), Seq(media=True)]
+    grouped = Limits(parallel=8, prefill_chunk=64, media_grouped=True)
+    assert list(plan(grouped, waiting=waiting).group) == waiting[:2]  # stops at text
+    assert list(plan(Limits(parallel=8, prefill_chunk=64), waiting=waiting).group) \
+        == waiting[:1]  # each media row alone
+    text_first = [Seq(), Seq(media=True), Seq()]
+    assert list(plan(grouped, waiting=text_first).group) == text_first[:1]
 
 
 def test_alignment_widens_every_tail():

@@ -23,6 +23,7 @@ from mlxcel.media.api import MediaLimits  # noqa: E402
 from mlxcel.media.image import decode as decode_image  # noqa: E402
 from mlxcel.testing.engine import (  # noqa: E402
     app_client,
+    cpu_policy,
     engine_for,
     media_request,
     request,
@@ -209,6 +210,35 @@ def test_image_tokens_attend_to_their_whole_image(bidirectional, ids):
         engine.shutdown()
     theirs = _mlx_vlm_greedy(model, prompt, 10, vision_blocks=True)
     assert together[1] == theirs != _mlx_vlm_greedy(model, prompt, 10)
+
+
+def test_image_rows_prefilled_together_attend_to_their_whole_image(bidirectional, ids,
+                                                                   monkeypatch):
+    """Two image rows of unequal length in one padded group, over several chunks, each
+    give mlx-vlm's own tokens with its ``mm_token_type_ids``."""
+    from mlxcel.engine import media_rows
+
+    rows: list[int] = []
+    original = media_rows.MediaFeed.__call__
+
+    def spy(self, tokens, cache, starts):
+        rows.append(tokens.shape[0])
+        return original(self, tokens, cache, starts)
+
+    monkeypatch.setattr(media_rows.MediaFeed, "__call__", spy)
+    model = decoder(load(bidirectional, LoadOptions()))
+    prompts = [model.expand_media(ids, [image(8)], {}),
+               model.expand_media(ids[:-3] + [40, 41, 42, 43, 44] + ids[-3:], [image(9)], {})]
+    engine = engine_for(bidirectional, parallel=3, chunk=16,
+                        policy=cpu_policy(burst_chunks=8))
+    try:
+        together = [tokens for tokens, _ in run(engine, [media_request(p, max_tokens=10)
+                                                          for p in prompts])]
+    finally:
+        engine.shutdown()
+    assert max(rows) == 2, "the image rows did not prefill in one group"
+    for prompt, tokens in zip(prompts, together, strict=True):
+        assert tokens == _mlx_vlm_greedy(model, prompt, 10, vision_blocks=True)
 
 
 def test_a_repeated_image_hits_both_caches_and_another_misses(path, model, ids):

@@ -94,7 +94,7 @@ class Admission:
         p = self.policy
         return Limits(parallel=self.parallel, prefill_chunk=self.prefill_chunk,
                       align=self.align, grouped=self.grouped,
-                      burst_chunks=self.burst_chunks,
+                      media_grouped=self.media_grouped, burst_chunks=self.burst_chunks,
                       hold_groups=p.hold_groups and self.batchable,
                       lazy_leave=self.batch.lazy_leave)
 
@@ -194,9 +194,10 @@ class Admission:
     def _rows_job(self, group: list[Sequence]) -> PrefillJob | MixedPrefill:
         hits = [s.cache_hit or None for s in group]
         model = self.checkpoint.model
-        # a media row is alone in its group and unaligned: its columns are its prompt's
+        # media rows group with media rows only (``scheduler``); their padded columns
+        # get zero embeddings (``media_rows.MediaFeed``), so they align as text rows do
         media = group[0].req.media is not None
-        align = 1 if media else self.align
+        align = self.align
         if self.path == "mixed":
             starts = [hit.state().caches if hit is not None and s.cached else None
                       for s, hit in zip(group, hits, strict=True)]
@@ -211,7 +212,8 @@ class Admission:
                           feed=self._feed(group, media), heads=self.heads)
 
     def _feed(self, group: list[Sequence], media: bool) -> MediaFeed | None:
-        return MediaFeed(self.checkpoint.model, group[0], self.features) if media else None
+        return MediaFeed(self.checkpoint.model, group, self.features,
+                         self.policy.media_together) if media else None
 
     def _marks(self, seq: Sequence) -> list[tuple[int, str]]:
         """The checkpoints ``seq`` takes while it prefills (``cache.capture.marks_for``):

@@ -89,8 +89,8 @@ class PrefillJob(Prefill):
         reuses). ``rope``: see BatchCache.
         ``align``: the columns computed, and every chunk of them, are a multiple of it
         (more left padding, or fewer reused tokens), so chunk shapes repeat (see
-        ``prefill_align``). ``feed``: a media row's chunk feeder (``media_rows.MediaFeed``;
-        its group is that row alone, unaligned). ``heads``: the model's output projection
+        ``prefill_align``). ``feed``: media rows' chunk feeder (``media_rows.MediaFeed``;
+        a group of media rows only, unaligned). ``heads``: the model's output projection
         narrowed to the last column (``Heads.for_model``; None: full logits)."""
         self.model = model
         self.feed = feed
@@ -103,7 +103,7 @@ class PrefillJob(Prefill):
         tail = aligned(max(n - s.cached for n, s in zip(lengths, seqs, strict=True)), align)
         width = max(width, tail)  # a short prompt gets extra left padding
         start = width - tail
-        pads = [width - n for n in lengths]
+        self.pads = pads = [width - n for n in lengths]
         for s, pad in zip(seqs, pads, strict=True):
             s.cached = max(0, start - pad)
         if not batchable:
@@ -146,8 +146,8 @@ class PrefillJob(Prefill):
             done_cols = self.done_cols
 
             def forward() -> mx.array:
-                if self.feed is not None:  # one unpadded row: columns are prompt positions
-                    return self.feed(chunk, self.cache, done_cols, end)
+                if self.feed is not None:  # media rows: column c is row r's c - pads[r]
+                    return self.feed(chunk, self.cache, [done_cols - p for p in self.pads])
                 return self.model(chunk, self.cache)
 
             if end < self.width:

@@ -1,7 +1,8 @@
 """Rows whose prompt holds media: they prefill from input embeddings, not token ids.
 
-A media row is admitted alone (``Sequence.solo``) and unaligned, so its prefill columns
-are its prompt's own tokens. Its decoder (``mlxcel.families.media``) gives the whole
+Media rows prefill in groups of media rows only (never beside text rows), unaligned, each
+padded to the group's width; where the decoder does not say it takes padded rows
+(``batches_media``), each alone. Its decoder (``mlxcel.families.media``) gives the whole
 prompt's rotary positions and the row's position shift once, when the row is admitted
 (cheap), and its input embeddings at its first chunk, each item's features from the
 vision-feature cache (``FeatureCache``) or the vision tower; every chunk then feeds its
@@ -45,25 +46,107 @@ def _evaluated(features: Any) -> Any:
 
 
 class MediaFeed:
-    """Feeds a media row's prefill chunks (``Prefill.feed``): prompt positions
-    ``[start, end)`` of its embeddings and rotary positions."""
+    """Feeds the prefill chunks of a group of media rows (``Prefill.feed``): each chunk's
+    columns of every row's embeddings and rotary positions.
 
-    def __init__(self, model: Any, seq: Sequence, features: FeatureCache) -> None:
+    ``starts`` (per call) gives the prompt position of the chunk's first column for each
+    row: rows of a group are padded to one width (on the left by ``PrefillJob``, on the
+    right by ``MixedPrefill``), so a column may lie before a row's prompt (negative) or
+    past its end. A padded column gets zero embeddings and positions: the cache masks
+    it, so its values reach no real token."""
+
+    def __init__(self, model: Any, seqs: list[Sequence], features: FeatureCache,
+                 together: bool = False) -> None:
+        """``together``: the group's new items go through the decoder's
+        ``media_features`` in one call (``EnginePolicy.media_together``)."""
         self.model = model
-        self.prompt = seq.req.media
+        self.together = together
+        self.prompts = [seq.req.media for seq in seqs]
         self.features = features
-        self.positions, shift = model.media_positions(self.prompt)
-        seq.position_shift = int(shift)
-        self.embeds: mx.array | None = None
+        self.positions: list[mx.array | None] = []
+        for seq, prompt in zip(seqs, self.prompts, strict=True):
+            positions, shift = model.media_positions(prompt)
+            seq.position_shift = int(shift)
+            self.positions.append(positions)
+        self.embeds: list[mx.array | None] = [None] * len(seqs)
 
-    def __call__(self, tokens: mx.array, cache: list[Any], start: int, end: int) -> Any:
-        positions = None if self.positions is None else self.positions[..., start:end]
-        if not any(s < end and start < s + n for s, n in self.prompt.spans):
+    def __call__(self, tokens: mx.array, cache: list[Any], starts: list[int]) -> Any:
+        width = tokens.shape[1]
+        positions = self._positions(starts, width)
+        if not any(s < start + width and start < s + n
+                   for prompt, start in zip(self.prompts, starts, strict=True)
+                   for s, n in prompt.spans):
             return self.model(tokens, cache, positions=positions)  # text only
-        if self.embeds is None:
-            self.embeds = self.model.media_embeddings(self.prompt, self.features)
-        return self.model(tokens, cache, embeds=self.embeds[:, start:end],
+        return self.model(tokens, cache, embeds=self._embeds(starts, width),
                           positions=positions)
+
+    def _embeds(self, starts: list[int], width: int) -> mx.array:
+        pending = [p for p, e in zip(self.prompts, self.embeds, strict=True) if e is None]
+        features: Any = self.features
+        together = getattr(self.model, "media_features", None) if self.together else None
+        if together is not None and len(pending) > 1:  # the group's new items in one call
+            features = _Encoded(self.features, together(pending, self.features.holds))
+        rows = []
+        for r, start in enumerate(starts):
+            if self.embeds[r] is None:
+                self.embeds[r] = self.model.media_embeddings(self.prompts[r], features)
+            rows.append(_window(self.embeds[r], start, width, axis=1))
+        return rows[0] if len(rows) == 1 else mx.concatenate(rows, axis=0)
+
+    def _positions(self, starts: list[int], width: int) -> mx.array | None:
+        """[3, B, width] (the model's rows of positions), or None where no row's model
+        positions differ from the token index."""
+        if all(p is None for p in self.positions):
+            return None
+        rows = []
+        for prompt, positions, start in zip(self.prompts, self.positions, starts,
+                                            strict=True):
+            if positions is None:  # the token index, on every rotary axis
+                n = len(prompt.token_ids)
+                positions = mx.broadcast_to(mx.arange(n, dtype=mx.int32), (3, 1, n))
+            rows.append(_window(positions, start, width, axis=-1))
+        return rows[0] if len(rows) == 1 else mx.concatenate(rows, axis=1)
+
+
+class _Encoded:
+    """The feature cache, with items the decoder has just encoded together
+    (``media_features``) handed to it in place of encoding each alone."""
+
+    def __init__(self, cache: FeatureCache, ready: dict[bytes, Any]) -> None:
+        self.cache, self.ready = cache, ready
+
+    def get(self, digest: bytes, compute: Callable[[], Any]) -> Any:
+        value = self.ready.get(digest)
+        return self.cache.get(digest, compute if value is None else (lambda: value))
+
+
+def _window(values: mx.array, start: int, width: int, axis: int) -> mx.array:
+    """``values``' columns ``[start, start + width)`` along ``axis``, zeros where that
+    runs past either end (a padded column)."""
+    axis %= values.ndim
+    n = values.shape[axis]
+    lo = min(max(start, 0), n)
+    hi = min(max(start + width, lo), n)
+    before = min(max(lo - start, 0), width)
+    after = width - before - (hi - lo)
+    index = [slice(None)] * values.ndim
+    index[axis] = slice(lo, hi)
+    part = values[tuple(index)]
+    if not before and not after:
+        return part
+    if hi == lo:
+        shape = list(values.shape)
+        shape[axis] = width
+        return mx.zeros(shape, dtype=values.dtype)
+    pad = [(0, 0)] * values.ndim
+    pad[axis] = (before, after)
+    return mx.pad(part, pad)
+
+
+def batches_media(model: Any) -> bool:
+    """Whether ``model``'s image rows may prefill together, padded to one width
+    (``media_batch``: ``mlxcel.families.media``); else each prefills alone."""
+    return bool(getattr(model, "media_batch", False))
 
 
 def shifts(rows: list[Sequence]) -> mx.array | None:

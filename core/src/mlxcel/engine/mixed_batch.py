@@ -139,7 +139,7 @@ class MixedPrefill(Prefill):
                  marks: list[list[tuple[int, str]]] | None = None, feed: Any = None,
                  heads: Heads | None = None) -> None:
         self.model = model
-        self.feed = feed  # a media row's chunk feeder (``media_rows.MediaFeed``), alone
+        self.feed = feed  # media rows' chunk feeder (``media_rows.MediaFeed``)
         self.heads = heads or Heads(None)  # the output projection at one column per row
         self.seqs = seqs
         self.align = max(1, align)
@@ -194,9 +194,8 @@ class MixedPrefill(Prefill):
             done = self.done_cols
 
             def forward() -> mx.array:
-                if self.feed is not None:  # one unpadded row from its cached prefix
-                    base = self.seqs[0].cached
-                    return self.feed(chunk, self.cache, base + done, base + end)
+                if self.feed is not None:  # media rows: column c is row r's cached + c
+                    return self.feed(chunk, self.cache, [s.cached + done for s in self.seqs])
                 return self.model(chunk, self.cache)
 
             ending = [r for r, n in enumerate(self.lengths) if done < n <= end]

@@ -48,6 +48,10 @@ class EnginePolicy(msgspec.Struct, frozen=True, kw_only=True):
     ``verify_stages``: a speculative verify forward is queued to the device in this many
     parts while its graph is built (CUDA, where the device otherwise idles while the host
     builds it; ``mlxcel.engine.accel.staged``); 1 queues it whole.
+    ``media_together``: the new images of a prefill group of media rows go through the
+    vision tower in one call (the decoder's ``media_features``; CUDA, where each call
+    syncs and launches per layer; on the CPU one call over many images is slower than
+    one per image).
     """
 
     hold_groups: bool = False
@@ -63,6 +67,7 @@ class EnginePolicy(msgspec.Struct, frozen=True, kw_only=True):
     limit_blas_threads: bool = False
     switch_interval: float | None = None
     verify_stages: int = 1
+    media_together: bool = False
 
 
 def resolve_policy(config: EngineConfig) -> EnginePolicy:
@@ -83,4 +88,4 @@ def resolve_policy(config: EngineConfig) -> EnginePolicy:
         bind_modules=cuda,
         decode_attention=attention.mode(config.decode_attention),
         limit_blas_threads=mlx_device() == "cpu", switch_interval=interval,
-        verify_stages=CUDA_VERIFY_STAGES if cuda else 1)
+        verify_stages=CUDA_VERIFY_STAGES if cuda else 1, media_together=cuda)

@@ -16,7 +16,9 @@ The rules, and why:
 * **Groups.** The next waiting requests prefill together, right-aligned, while rows x the
   widest uncached tail (each at most one chunk) fit in the step's token budget, and only
   where rows may be padded together (``grouped``) and neither is ``solo`` (admitted alone
-  after its group could not be set up with it).
+  after its group could not be set up with it). Rows whose prompt holds media (``media``)
+  prefill from input embeddings: they group with media rows only, and only where the
+  model's media rows may be padded together (``media_grouped``).
 * **Burst budget.** The budget is the prefill chunk, or where ``burst_chunks`` (N) > 1
   (CUDA), a share of N chunks as large as the arrivals' share of the batch: W waiting that
   fit and R rows decoding take ceil(N x W / R) chunks, at most N (all N when nothing
@@ -61,6 +63,7 @@ class Limits:
     prefill_chunk: int
     align: int = 1
     grouped: bool = True
+    media_grouped: bool = False
     burst_chunks: int = 1
     hold_groups: bool = False
     lazy_leave: bool = False
@@ -159,7 +162,7 @@ def form_group(ordered: Sequence[Any], free: int, step_budget: int, limits: Limi
     for seq in heads[1:]:
         members = _with_followers(seq, waiting)
         if len(group) + len(members) > free or not limits.grouped or group[0].solo \
-                or seq.solo:
+                or seq.solo or not _same_feed(group[0], seq, limits):
             break
         width = max(widest, aligned(tail(seq), limits.align))
         if (rows + 1) * min(width, limits.prefill_chunk) > step_budget:
@@ -168,6 +171,13 @@ def form_group(ordered: Sequence[Any], free: int, step_budget: int, limits: Limi
         rows += 1
         widest = width
     return group
+
+
+def _same_feed(first: Any, seq: Any, limits: Limits) -> bool:
+    """Whether ``seq`` may prefill in ``first``'s group: both text rows, or both media
+    rows of a model whose media rows may be padded together (``media_grouped``)."""
+    media = getattr(first, "media", False)
+    return media == getattr(seq, "media", False) and (not media or limits.media_grouped)
 
 
 def hold_group(limits: Limits, next_tail: int | None, free: int, held: int,

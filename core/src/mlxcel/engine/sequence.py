@@ -65,9 +65,11 @@ class Sequence:
         self.prompt_hashes: list[bytes] = []
         self.checkpoints: list[Any] = []  # taken while prefilling (``cache.capture``)
         self.finished = False
-        # admitted alone: its group could not be set up with it, or it has media
-        # (``engine.media_rows``: it prefills from input embeddings)
-        self.solo = req.media is not None
+        # admitted alone: its group could not be set up with it
+        self.solo = False
+        # its prompt holds media: it prefills from input embeddings, in groups of media
+        # rows only (``engine.media_rows``)
+        self.media = req.media is not None
         # n choices of one prompt (``engine.fork``): the row whose prefill a follower
         # copies, and a leader's followers
         self.leader: Sequence | None = None

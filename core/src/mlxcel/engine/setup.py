@@ -29,6 +29,7 @@ from mlxcel.engine.cache.kinds import reuse_rule
 from mlxcel.engine.cache.kvcache import BatchCache, shared_position_rope
 from mlxcel.engine.cache.rollback import rollback_reason
 from mlxcel.engine.heads import Heads
+from mlxcel.engine.media_rows import batches_media
 from mlxcel.engine.memory import compute_dtype_bytes, request_budget
 from mlxcel.engine.parts import Warming
 from mlxcel.engine.policy import resolve_policy
@@ -152,7 +153,7 @@ class EngineSetup:
         try:
             prompt = media_prompt(model, self.checkpoint.tokenizer)
             media_lifecycle(model, self.rope, vocab, prompt, self.forward,
-                            self.merge if self.path == "mixed" else None)
+                            self.merge if self.path == "mixed" else None, self.align)
         except Exception as exc:
             log.warning("engine_media_warmup_failed", error=f"{type(exc).__name__}: {exc}")
 
@@ -250,6 +251,7 @@ class EngineSetup:
         prompt cache where none batches."""
         self.path, self.merge, self.grouped = mixed_batch.cache_path(model, family)
         self.batchable = self.path != "single"
+        self.media_grouped = self.grouped and batches_media(model)
         if self.path == "mixed":
             self.prompt_cache.reuse = reuse_rule(model.make_cache())
         elif self.path == "single":

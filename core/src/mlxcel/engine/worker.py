@@ -98,6 +98,7 @@ class EngineWorker(EngineSetup, Admission, threading.Thread):
         self.rope: Any = None  # shared-position RoPE (mlxcel.engine.cache.kvcache)
         self.path = "shared"  # which caches rows decode on (_choose_path)
         self.batchable = self.grouped = True
+        self.media_grouped = False  # media rows prefill together (_choose_path)
         self.merge: Any = None  # mixed path: rows' caches -> batch caches
         self.forward: Any = None  # a decode step's forward (setup: lean_decode.forward_for)
         self.heads = Heads(None)  # the prefill's output projection, narrowed (setup)

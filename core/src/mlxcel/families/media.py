@@ -38,7 +38,21 @@ the vision tower runs once per image while it stays cached (``--vision-cache-siz
 ``__call__(inputs, cache, *, embeds=None, positions=None, shift=None)``: the usual
 forward, plus a prefill chunk's rows of ``embeds`` and ``positions`` (sliced to the
 chunk) in place of the tokens' own, and in a decode step ``shift`` ``[B]``, each row's
-shift (0 for a text row). A prefill chunk that holds no item's tokens comes with
+shift (0 for a text row).
+
+Optional: ``media_features(prompts, held) -> dict[bytes, features]``: the features of the
+items of several prompts (the image rows of one prefill group) that ``held(digest)``
+says the feature cache lacks, encoded in as few vision-tower calls as the model allows,
+by digest; ``media_embeddings`` then gets each of them from ``features`` instead of
+encoding it alone. Return ``{}`` where items can only be encoded one by one.
+
+Optional: ``media_batch = True`` says that image rows may prefill together: a chunk's
+``inputs``, ``embeds`` ``[B, T, D]`` and ``positions`` then hold several rows, each
+padded to the group's width (on the left or on the right, as the batch caches pad), a
+padded column carrying token 0 and zero embeddings and positions, which the caches'
+masks keep from every real token. Without it each image row prefills alone: a decoder
+whose forward builds its own masks from the chunk (bidirectional attention over an
+image's tokens) must not set it unless padding leaves them right. A prefill chunk that holds no item's tokens comes with
 ``positions`` and without ``embeds``: the embeddings of its text tokens must be what
 ``media_embeddings`` gives there, so that a cache hit past the items skips building them.
 """

@@ -40,6 +40,11 @@ class Recent(Generic[T]):
     def __len__(self) -> int:
         return len(self._items)
 
+    def holds(self, key: Hashable) -> bool:
+        """Whether a value is kept for ``key`` (not counted as a hit or a use)."""
+        with self._lock:
+            return key in self._items
+
     def get(self, key: Hashable, make: Callable[[], T]) -> T:
         """The value kept for ``key``, else ``make()``'s, kept if it fits."""
         with self._lock:

@@ -25,7 +25,7 @@ import random
 from typing import Any
 
 from mlxcel.testing.draft_conformance import check_drafter  # noqa: F401
-from mlxcel.testing.engine import engine_for, request, run, solo_tokens
+from mlxcel.testing.engine import cpu_policy, engine_for, request, run, solo_tokens
 from mlxcel.testing.media_conformance import check_media_decoder  # noqa: F401
 from mlxcel.testing.speech_conformance import check_speaker, check_transcriber  # noqa: F401
 from mlxcel.testing.task_conformance import check_embedder, check_reranker  # noqa: F401
@@ -236,11 +236,37 @@ def check_media_model(checkpoint: Any, items: list[Any], token_ids: list[int]) -
     _text_tail_matches(checkpoint, prompt)
     assert together == solo_tokens(checkpoint, [image, text]), \
         "an image row batched beside a text row differs from the two alone"
+    _media_rows_group(checkpoint, model, token_ids, items, image)
     whole = (len(ids) - 1) // BLOCK_SIZE * BLOCK_SIZE  # the prompt's whole blocks
     assert whole > max(s + n for s, n in prompt.spans), \
         "give a prompt with a whole 16-token block of text after its items"
     assert again.usage.cached_tokens >= whole, \
         "the same image prompt again did not reuse the cache past its items"
+
+
+def _media_rows_group(checkpoint: Any, model: Any, token_ids: list[int], items: list[Any],
+                      image: Any) -> None:
+    """Where the decoder says its media rows prefill together (``media_batch``): image
+    rows of unequal length in one padded group, over several chunks, one of them past a
+    prompt-cache hit, give each row's tokens alone."""
+    from mlxcel.engine.media_rows import batches_media
+
+    if not batches_media(model):
+        return
+    longer = model.expand_media([*token_ids, *token_ids[-7:]], items[::-1], {})  # text
+    other = request(longer.token_ids, 6, media=longer,
+                    media_digests=longer.digest_positions())
+    engine = engine_for(checkpoint, parallel=3, chunk=16, cache=1 << 26,
+                        policy=cpu_policy(burst_chunks=8))
+    try:
+        assert engine.worker.media_grouped, "media_batch is set, yet media rows do not group"
+        first = [out for out, _ in run(engine, [image, other])]
+        again = [out for out, _ in run(engine, [image, other])]  # hits, then grouped
+    finally:
+        engine.shutdown()
+    alone = solo_tokens(checkpoint, [image, other])
+    assert first == alone, "image rows prefilled together differ from each alone"
+    assert again == alone, "image rows past a prompt-cache hit, grouped, differ from alone"
 
 
 def _odd_images_expand_or_are_refused(model: Any, token_ids: list[int], count: int) -> None:

@@ -20,7 +20,7 @@ from mlxcel.families.api import Loaded, LoadOptions
 from mlxcel.types.media import MediaPrompt
 
 from mlxcel_family_vlm import media, towers
-from mlxcel_family_vlm.features import encoded
+from mlxcel_family_vlm.features import encoded, encoded_together
 from mlxcel_family_vlm.positions import HOST_RULE, mrope_positions
 from mlxcel_family_vlm.processed import ProcessedImages
 
@@ -73,6 +73,7 @@ class VisionLanguageModel:
     """
 
     media_kinds = ("image",)
+    media_batch = True  # image rows prefill together, padded (mlxcel.families.media)
 
     def __init__(self, model: Any, processor: Any, config: dict) -> None:
         self.model = model
@@ -115,6 +116,9 @@ class VisionLanguageModel:
         ids = mx.array(prompt.token_ids, dtype=mx.int32)[None]
         positions, delta = self.language_model.get_rope_index(ids, mx.array(grid))
         return positions, int(mx.array(delta).reshape(-1)[0].item())
+
+    def media_features(self, prompts: list[MediaPrompt], held: Any) -> dict[bytes, Any]:
+        return encoded_together(self.model, prompts, held)
 
     def media_embeddings(self, prompt: MediaPrompt, features: Any) -> mx.array:
         inputs = dict(prompt.inputs or {})

@@ -316,19 +316,20 @@ def media_prompt(model: Any, tokenizer: Any) -> Any:
 
 
 def media_lifecycle(model: Any, rope: Any | None, vocab: int, prompt: Any,
-                    forward: Any = None, merge: Any = None) -> None:
+                    forward: Any = None, merge: Any = None, align: int = 1) -> None:
     """One image row's life (``prompt``: ``media_prompt``'s): its prefill through the
-    media feed (``engine.media_rows``, no feature kept), then decode steps beside a text
-    row, on the shared path's caches, or with ``merge`` the mixed path's."""
+    media feed (``engine.media_rows``, no feature kept) in the engine's prefill alignment,
+    then decode steps beside a text row, on the shared path's caches, or with ``merge``
+    the mixed path's."""
     from mlxcel.engine.media_rows import FeatureCache, MediaFeed
 
     greedy = SamplingParams(temperature=0.0)
     row = _Row(list(prompt.token_ids), greedy)
     row.req.media = prompt
-    feed = MediaFeed(model, row, FeatureCache(0))
+    feed = MediaFeed(model, [row], FeatureCache(0))
     text = _Row(list(range(3, 12)), greedy)
     if merge is None:
-        job = PrefillJob(model, [row], True, None, rope, 1, feed=feed)
+        job = PrefillJob(model, [row], True, None, rope, align, feed=feed)
         while not job.step(len(prompt.token_ids)):
             pass
         batch = DecodeBatch(model, vocab, lazy_leave=True, forward=forward)
@@ -336,7 +337,7 @@ def media_lifecycle(model: Any, rope: Any | None, vocab: int, prompt: Any,
     else:
         from mlxcel.engine.mixed_batch import MixedOps, MixedPrefill
 
-        job = MixedPrefill(model, [row], [None], merge, feed=feed)
+        job = MixedPrefill(model, [row], [None], merge, align, feed=feed)
         while not job.step(len(prompt.token_ids)):
             pass
         batch = DecodeBatch(model, vocab, lazy_leave=True, ops=MixedOps)
