@@ -30,6 +30,7 @@ from mlxcel.testing.engine import (  # noqa: E402
     run,
 )
 from mlxcel.testing.vlm_reference import (  # noqa: E402
+    feed_rows,
     mlx_vlm_greedy,
     one_at_a_time,
     rows_beside_text,
@@ -216,16 +217,7 @@ def test_image_rows_prefilled_together_attend_to_their_whole_image(bidirectional
                                                                    monkeypatch):
     """Two image rows of unequal length in one padded group, over several chunks, each
     give mlx-vlm's own tokens with its ``mm_token_type_ids``."""
-    from mlxcel.engine import media_rows
-
-    rows: list[int] = []
-    original = media_rows.MediaFeed.__call__
-
-    def spy(self, tokens, cache, starts):
-        rows.append(tokens.shape[0])
-        return original(self, tokens, cache, starts)
-
-    monkeypatch.setattr(media_rows.MediaFeed, "__call__", spy)
+    rows = feed_rows(monkeypatch)
     model = decoder(load(bidirectional, LoadOptions()))
     prompts = [model.expand_media(ids, [image(8)], {}),
                model.expand_media(ids[:-3] + [40, 41, 42, 43, 44] + ids[-3:], [image(9)], {})]

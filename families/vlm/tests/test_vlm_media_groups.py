@@ -10,10 +10,10 @@ import io
 
 import numpy as np
 import pytest
-from mlxcel.engine import media_rows
 from mlxcel.media.api import MediaLimits
 from mlxcel.media.image import decode
 from mlxcel.testing.engine import cpu_policy, engine_for, media_request, request
+from mlxcel.testing.vlm_reference import feed_rows
 from mlxcel.types.media import MediaBlob
 from mlxcel.types.requests import SamplingParams
 from PIL import Image
@@ -39,18 +39,6 @@ def _prompts(path, shape):
              f"Here is a picture {mark} of something. Describe the light, the shapes and "
              "the colours in it, one by one, and then say which one is the brightest."]
     return [tok.encode(t, add_special_tokens=False).ids for t in texts]
-
-
-def _spy(monkeypatch) -> list[int]:
-    rows: list[int] = []
-    original = media_rows.MediaFeed.__call__
-
-    def call(self, tokens, cache, starts):
-        rows.append(tokens.shape[0])
-        return original(self, tokens, cache, starts)
-
-    monkeypatch.setattr(media_rows.MediaFeed, "__call__", call)
-    return rows
 
 
 async def _collect(engine, req) -> tuple[list[int], list]:
@@ -84,7 +72,7 @@ def test_image_rows_prefill_together_as_each_alone(vlm_checkpoint, shape, align,
                                                    monkeypatch):
     """``align``: CUDA's rule that prefill columns are a multiple of it (more padding)."""
     path = vlm_checkpoint(shape)
-    rows = _spy(monkeypatch)
+    rows = feed_rows(monkeypatch)
     engine = engine_for(path, parallel=4, chunk=16, cache=1 << 26,
                         policy=cpu_policy(burst_chunks=8, prefill_align=align))
     try:
@@ -118,7 +106,7 @@ def test_image_rows_prefill_together_as_each_alone(vlm_checkpoint, shape, align,
 
 def test_text_rows_never_join_an_image_group(vlm_checkpoint, monkeypatch):
     path = vlm_checkpoint("qwen2_vl")
-    rows = _spy(monkeypatch)
+    rows = feed_rows(monkeypatch)
     engine = engine_for(path, parallel=4, chunk=16, policy=cpu_policy(burst_chunks=8))
     try:
         model = engine.worker.checkpoint.model

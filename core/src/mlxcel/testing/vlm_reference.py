@@ -95,3 +95,20 @@ def one_at_a_time(path: Any, prompts: Sequence[Any], max_tokens: int = 4,
     finally:
         engine.shutdown()
     return out
+
+
+def feed_rows(monkeypatch: Any) -> list[int]:
+    """How many rows each prefill chunk of image rows held, in order (a spy on
+    ``mlxcel.engine.media_rows.MediaFeed``, undone with ``monkeypatch``): a test's
+    evidence that image rows prefilled together (a 2) or alone (only 1s)."""
+    from mlxcel.engine import media_rows
+
+    rows: list[int] = []
+    original = media_rows.MediaFeed.__call__
+
+    def call(self: Any, tokens: Any, cache: Any, starts: list[int]) -> Any:
+        rows.append(tokens.shape[0])
+        return original(self, tokens, cache, starts)
+
+    monkeypatch.setattr(media_rows.MediaFeed, "__call__", call)
+    return rows
