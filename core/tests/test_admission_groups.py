@@ -245,3 +245,39 @@ def test_a_lone_row_with_aligned_columns_decodes_unmasked(path):
     worker.prefilling, worker.prefilled = None, [job]
     run_until_done(worker, [sink])
     assert [sink.tokens] == expected
+
+
+def test_a_group_whose_prefill_fails_prefills_again_one_row_at_a_time(path, monkeypatch):
+    """A group's failed prefill (here: too large for memory, once) fails none of its rows:
+    each prefills again alone and gives its solo tokens; a row that fails alone too ends
+    with an error of its own."""
+    from mlxcel.engine import batch
+
+    expected = solo(path)
+    original, failed = batch.PrefillJob.step, []
+
+    def step(self, chunk, max_cols=None):
+        if len(self.seqs) > 1 and not failed:
+            failed.append(len(self.seqs))
+            raise MemoryError("out of memory")
+        return original(self, chunk, max_cols)
+
+    monkeypatch.setattr(batch.PrefillJob, "step", step)
+    worker = worker_for(path, cache=False)
+    sinks = [submit(worker, p) for p in PROMPTS]
+    run_until_done(worker, sinks)
+    assert failed == [3]
+    assert [s.tokens for s in sinks] == expected
+    assert all(s.events[-1].finish_reason == "length" for s in sinks)
+    assert worker.stats.sequences_started == 3 and worker.requests.queued == 0
+
+    def always(self, chunk, max_cols=None):
+        if any(s.req.prompt_tokens == tuple(PROMPTS[1]) for s in self.seqs):
+            raise ValueError("this prompt cannot be prefilled")
+        return original(self, chunk, max_cols)
+
+    monkeypatch.setattr(batch.PrefillJob, "step", always)
+    sinks = [submit(worker, p) for p in PROMPTS]
+    run_until_done(worker, sinks)
+    assert sinks[1].events[-1].finish_reason == "error"
+    assert [sinks[0].tokens, sinks[2].tokens] == [expected[0], expected[2]]

@@ -187,3 +187,43 @@ def test_a_group_of_new_images_runs_the_tower_once_where_the_policy_says(
     finally:
         solo.shutdown()
     assert [t for t, _ in grouped] == [t for t, _ in alone]
+
+
+def test_an_image_the_tower_fails_on_fails_its_row_not_its_group(vlm_checkpoint,
+                                                                 monkeypatch):
+    path = vlm_checkpoint("qwen2_vl")
+    rows = feed_rows(monkeypatch)
+    engine = engine_for(path, parallel=4, chunk=16, policy=cpu_policy(burst_chunks=8))
+    try:
+        model = engine.worker.checkpoint.model
+        prompts = [model.expand_media(ids, [_image(seed)], {})
+                   for ids, seed in zip(_prompts(path, "qwen2_vl"), (21, 22), strict=True)]
+        bad = prompts[0].digests[0]
+        original = model.media_embeddings
+
+        def embeddings(prompt, features):
+            if bad in prompt.digests:
+                raise RuntimeError("the vision tower failed on this image")
+            return original(prompt, features)
+
+        monkeypatch.setattr(model, "media_embeddings", embeddings)
+        async def last_events():
+            async def last(req):
+                events = [e async for e in engine.submit(req)]
+                return [t for e in events for t in e.token_ids], events[-1]
+            return await asyncio.gather(*(last(media_request(p, 3)) for p in prompts))
+
+        got = asyncio.run(last_events())
+    finally:
+        engine.shutdown()
+    assert 2 in rows  # they prefilled as a group first
+    (tokens, last), (other, other_last) = got
+    assert tokens == [] and last.finish_reason == "error"
+    assert "vision tower failed" in last.error
+    assert other_last.finish_reason == "length"
+    solo = engine_for(path, parallel=1, chunk=16)
+    try:
+        alone = _run(solo, [media_request(prompts[1], 3)])[0][0]
+    finally:
+        solo.shutdown()
+    assert other == alone

@@ -242,10 +242,13 @@ class Admission:
             if self.dist.active:  # the ranks' caches may now differ: the engine stops
                 raise
             log.exception("prefill_failed", request_ids=[s.req.request_id for s in job.seqs])
-            for seq in job.seqs:
-                seq.finish("error", error=f"prefill failed: {exc}")
             self.prefilling = None
             self.buffers.requested = True  # the failure may have been for want of memory
+            if len(job.seqs) > 1:
+                self._alone_again(job.seqs)
+                return
+            for seq in job.seqs:
+                seq.finish("error", error=f"prefill failed: {exc}")
             return
         self.stats.prefill_chunks_processed += 1
         if self.spec is not None:  # not a decode step's cost
@@ -259,6 +262,21 @@ class Admission:
             self.prefilled.append(job)
             if not (plan.hold or self._hold_for_arrivals()):
                 self._join_prefilled()
+
+    def _alone_again(self, seqs: list[Sequence]) -> None:
+        """The rows of a group whose prefill failed wait again, each to prefill alone
+        (``solo``), from the start: one row's input (an image the tower cannot take) or a
+        group too large for memory fails that row alone, never its group."""
+        for seq in seqs:
+            if seq.finished:
+                continue
+            fork.unlink(seq)  # alone now: it computes its own prompt
+            seq.solo = True
+            seq.checkpoints = []
+            seq.position_shift = 0
+            self.stats.sequences_started -= 1  # counted again when it starts
+            self.count_queued(1)
+            heapq.heappush(self.waiting, seq)
 
     def _hold_for_arrivals(self) -> bool:
         """Whether the group that just finished prefilling waits after all, because

@@ -16,7 +16,7 @@ The rules, and why:
 * **Groups.** The next waiting requests prefill together, right-aligned, while rows x the
   widest uncached tail (each at most one chunk) fit in the step's token budget, and only
   where rows may be padded together (``grouped``) and neither is ``solo`` (admitted alone
-  after its group could not be set up with it). Rows whose prompt holds media (``media``)
+  after its group could not be set up with it, or its group's prefill failed). Rows whose prompt holds media (``media``)
   prefill from input embeddings: they group with media rows only, and only where the
   model's media rows may be padded together (``media_grouped``).
 * **Burst budget.** The budget is the prefill chunk, or where ``burst_chunks`` (N) > 1

@@ -65,7 +65,8 @@ class Sequence:
         self.prompt_hashes: list[bytes] = []
         self.checkpoints: list[Any] = []  # taken while prefilling (``cache.capture``)
         self.finished = False
-        # admitted alone: its group could not be set up with it
+        # admitted alone: its group could not be set up with it, or its group's prefill
+        # failed (``Admission._alone_again``)
         self.solo = False
         # its prompt holds media: it prefills from input embeddings, in groups of media
         # rows only (``engine.media_rows``)
