@@ -227,3 +227,53 @@ def test_an_image_the_tower_fails_on_fails_its_row_not_its_group(vlm_checkpoint,
     finally:
         solo.shutdown()
     assert other == alone
+
+
+@pytest.mark.parametrize("shape", sorted(MARKS))
+def test_a_cached_image_row_beside_a_new_one_builds_no_whole_prompt(vlm_checkpoint, shape,
+                                                                   monkeypatch):
+    """An image row whose image lies in its cached prefix (an agent's next turn), grouped
+    with a new image row, takes its tokens' own embeddings in the chunk where the other
+    row's image needs them, not its whole prompt's; both give their solo tokens. (On the
+    shared path's right-aligned rows a hit beside a cold row reuses nothing: there it
+    computes its whole prompt, image included.)"""
+    path = vlm_checkpoint(shape)
+    rows = feed_rows(monkeypatch)
+    engine = engine_for(path, parallel=4, chunk=16, cache=1 << 26,
+                        policy=cpu_policy(burst_chunks=8))
+    try:
+        model = engine.worker.checkpoint.model
+        prompts = [model.expand_media(ids, [_image(seed)], {})
+                   for ids, seed in zip(_prompts(path, shape), (31, 32), strict=True)]
+        calls = {"text": 0, "media": []}
+        text, media = model.text_embeddings, model.media_embeddings
+
+        def text_embeddings(ids):
+            calls["text"] += 1
+            return text(ids)
+
+        def media_embeddings(prompt, features):
+            calls["media"].append(prompt.digests)
+            return media(prompt, features)
+
+        monkeypatch.setattr(model, "text_embeddings", text_embeddings)
+        monkeypatch.setattr(model, "media_embeddings", media_embeddings)
+        _run(engine, [media_request(prompts[0], 4)])
+        calls["media"].clear()
+        rows.clear()
+        got = _run(engine, [media_request(p, 4, sampling=LOGPROBS) for p in prompts])
+        mixed = engine.worker.path == "mixed"
+    finally:
+        engine.shutdown()
+    assert max(rows) == 2
+    if mixed:
+        assert calls["text"] >= 1
+        assert calls["media"] == [prompts[1].digests]  # the new row's only
+    else:
+        assert calls["text"] == 0 and len(calls["media"]) == 2
+    solo = engine_for(path, parallel=1, chunk=16)
+    try:
+        alone = [_run(solo, [media_request(p, 4, sampling=LOGPROBS)])[0] for p in prompts]
+    finally:
+        solo.shutdown()
+    _close(got, alone)

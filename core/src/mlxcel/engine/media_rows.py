@@ -69,25 +69,42 @@ class MediaFeed:
             seq.position_shift = int(shift)
             self.positions.append(positions)
         self.embeds: list[mx.array | None] = [None] * len(seqs)
+        # per row, whether what it computes holds no item (its items all lie in its cached
+        # prefix: an agent's next turn); known at the first chunk
+        self.text_tail: list[bool] | None = None
 
     def __call__(self, tokens: mx.array, cache: list[Any], starts: list[int]) -> Any:
         width = tokens.shape[1]
+        if self.text_tail is None:
+            self.text_tail = [all(s + n <= max(start, 0) for s, n in prompt.spans)
+                              for prompt, start in zip(self.prompts, starts, strict=True)]
         positions = self._positions(starts, width)
         if not any(s < start + width and start < s + n
                    for prompt, start in zip(self.prompts, starts, strict=True)
                    for s, n in prompt.spans):
             return self.model(tokens, cache, positions=positions)  # text only
-        return self.model(tokens, cache, embeds=self._embeds(starts, width),
+        return self.model(tokens, cache, embeds=self._embeds(tokens, starts),
                           positions=positions)
 
-    def _embeds(self, starts: list[int], width: int) -> mx.array:
-        pending = [p for p, e in zip(self.prompts, self.embeds, strict=True) if e is None]
+    def _embeds(self, tokens: mx.array, starts: list[int]) -> mx.array:
+        """[B, width, D]: each row's embeddings in the chunk. A row whose computed part
+        holds no item takes its tokens' own (the decoder's ``text_embeddings``), so that
+        beside another row's image it builds no embeddings of its whole prompt."""
+        width = tokens.shape[1]
+        text = getattr(self.model, "text_embeddings", None)
+        plain = [text is not None and bool(self.text_tail and self.text_tail[r])
+                 for r in range(len(starts))]
+        pending = [p for p, e, t in zip(self.prompts, self.embeds, plain, strict=True)
+                   if e is None and not t]
         features: Any = self.features
         together = getattr(self.model, "media_features", None) if self.together else None
         if together is not None and len(pending) > 1:  # the group's new items in one call
             features = _Encoded(self.features, together(pending, self.features.holds))
         rows = []
         for r, start in enumerate(starts):
+            if plain[r]:
+                rows.append(text(tokens[r:r + 1]))
+                continue
             if self.embeds[r] is None:
                 self.embeds[r] = self.model.media_embeddings(self.prompts[r], features)
             rows.append(_window(self.embeds[r], start, width, axis=1))

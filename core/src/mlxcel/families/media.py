@@ -46,6 +46,11 @@ says the feature cache lacks, encoded in as few vision-tower calls as the model 
 by digest; ``media_embeddings`` then gets each of them from ``features`` instead of
 encoding it alone. Return ``{}`` where items can only be encoded one by one.
 
+Optional: ``text_embeddings(ids) -> mx.array``: ``[B, T, D]``, the embeddings of token ids
+``[B, T]``, as ``media_embeddings`` gives them at text positions. A row of a group whose
+uncached part holds no item (its items lie in its cached prefix) takes these in a chunk
+where another row's items need embeddings, instead of its whole prompt's.
+
 Optional: ``media_batch = True`` says that image rows may prefill together: a chunk's
 ``inputs``, ``embeds`` ``[B, T, D]`` and ``positions`` then hold several rows, each
 padded to the group's width (on the left or on the right, as the batch caches pad), a

@@ -260,12 +260,13 @@ def _media_rows_group(checkpoint: Any, model: Any, token_ids: list[int], items: 
                         policy=cpu_policy(burst_chunks=8))
     try:
         assert engine.worker.media_grouped, "media_batch is set, yet media rows do not group"
-        first = [out for out, _ in run(engine, [image, other])]
-        again = [out for out, _ in run(engine, [image, other])]  # hits, then grouped
+        run(engine, [image])  # stored: next time its items lie in its cached prefix
+        mixed = [out for out, _ in run(engine, [image, other])]  # a text tail beside images
+        again = [out for out, _ in run(engine, [image, other])]  # both hit
     finally:
         engine.shutdown()
     alone = solo_tokens(checkpoint, [image, other])
-    assert first == alone, "image rows prefilled together differ from each alone"
+    assert mixed == alone, "image rows prefilled together differ from each alone"
     assert again == alone, "image rows past a prompt-cache hit, grouped, differ from alone"
 
 
@@ -287,6 +288,25 @@ def _odd_images_expand_or_are_refused(model: Any, token_ids: list[int], count: i
                                  "MediaRefused (or a ValueError)") from exc
 
 
+def _text_embeddings_match(model: Any, prompt: Any, embeds: Any) -> None:
+    """The decoder's optional ``text_embeddings`` give ``media_embeddings``' values at the
+    prompt's text positions."""
+    import mlx.core as mx
+
+    text = getattr(model, "text_embeddings", None)
+    if text is None:
+        return
+    ids = mx.array([list(prompt.token_ids)], dtype=mx.int32)
+    got = text(ids)
+    assert got.shape == embeds.shape, f"text_embeddings gave {got.shape}, want {embeds.shape}"
+    inside = {i for s, n in prompt.spans for i in range(s, s + n)}
+    keep = mx.array([i for i in range(len(prompt.token_ids)) if i not in inside])
+    gap = float(mx.abs(got[:, keep].astype(mx.float32)
+                       - embeds[:, keep].astype(mx.float32)).max())
+    assert gap < 1e-4 * max(1.0, float(mx.abs(embeds).max())), \
+        f"text_embeddings differ from media_embeddings at text positions by {gap}"
+
+
 def _text_tail_matches(checkpoint: Any, prompt: Any) -> None:
     """``prompt`` fed whole as embeddings, and fed as embeddings up to the end of its last
     item then as token ids: the text's logits agree (the media contract's ``__call__``)."""
@@ -300,6 +320,7 @@ def _text_tail_matches(checkpoint: Any, prompt: Any) -> None:
     assert cut < len(ids), "give a prompt with text after its items"
     positions, _ = model.media_positions(prompt)
     embeds = model.media_embeddings(prompt, FeatureCache(4))
+    _text_embeddings_match(model, prompt, embeds)
     tokens = mx.array([list(ids)], dtype=mx.uint32)
 
     def at(n: int, m: int) -> Any:

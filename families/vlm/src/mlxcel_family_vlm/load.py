@@ -117,6 +117,9 @@ class VisionLanguageModel:
         positions, delta = self.language_model.get_rope_index(ids, mx.array(grid))
         return positions, int(mx.array(delta).reshape(-1)[0].item())
 
+    def text_embeddings(self, ids: mx.array) -> mx.array:
+        return self.model.get_input_embeddings(ids).inputs_embeds
+
     def media_features(self, prompts: list[MediaPrompt], held: Any) -> dict[bytes, Any]:
         return encoded_together(self.model, prompts, held)
 
