@@ -13,7 +13,9 @@ A chunk that holds no item's tokens is fed its token ids with its positions, as 
 row's chunk: the embeddings of a text token are the model's own. So a prompt-cache hit,
 which works as for text rows (the media digests are in the block hashes) and feeds only
 the uncached tail, builds no embeddings for the whole prompt when its items are all in
-the cached prefix (an agent's next turn about the same image).
+the cached prefix (an agent's next turn about the same image). Beside another row's
+items in one chunk, such a row takes its tokens' own embeddings (the decoder's
+``text_embeddings``) for its columns.
 """
 
 from __future__ import annotations
