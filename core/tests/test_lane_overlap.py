@@ -198,3 +198,22 @@ def test_a_side_only_engine_thread_overlaps_its_batches():
     assert _run(main()) == [[10, 20], [30, 40], [50, 60]]
     assert events == ["queue [1, 2]", "queue [3, 4]", "read [1, 2]",
                       "queue [5, 6]", "read [3, 4]", "read [5, 6]"]
+
+
+def test_a_chat_engine_with_nothing_to_decode_overlaps_and_reads_before_idling(path):
+    from mlxcel.testing.engine import worker_for
+
+    worker = worker_for(path)
+    lane, events = worker.lane, []
+
+    async def main():
+        futures = _queue(lane, asyncio.get_running_loop(), [[1, 2], [3, 4], [5, 6]],
+                         _logged(events))
+        for _ in range(3):
+            worker.step()
+        assert lane._inflight is None  # nothing left to run: the last batch was read
+        return await asyncio.gather(*futures)
+
+    assert _run(main()) == [[10, 20], [30, 40], [50, 60]]
+    assert events == ["queue [1, 2]", "queue [3, 4]", "read [1, 2]",
+                      "queue [5, 6]", "read [3, 4]", "read [5, 6]"]

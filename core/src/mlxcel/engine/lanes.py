@@ -279,6 +279,8 @@ class JobLane:
             if previous is not None:
                 trace.timed("read_prev_ms", lambda: self._read(*previous))
             if later is not None:
+                queued = time.perf_counter()  # the gathering rule reads this batch's time
+                self._last_batch[task] = (queued, queued - started)
                 if overlap and self.due_in() == 0:
                     self._inflight = (picked, jobs, later)
                 else:

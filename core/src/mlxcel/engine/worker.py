@@ -241,6 +241,8 @@ class EngineWorker(EngineSetup, Admission, threading.Thread):
         ``LaneWorker`` does: a submit or a request wakes the wait."""
         busy = bool(self.batch or self.prefilling or self.prefilled or self.waiting)
         wait = 0.0 if busy else min(self.lane.due_in(), self.warming.idle_wait())
+        if wait > 0:
+            self.lane.settle()  # no side batch waits in flight while the thread waits
         arrived = self._drain(block=wait > 0, timeout=min(wait, 0.5))
         self.trace.begin()
         self.trace.note(arrived=arrived, waiting=len(self.waiting))
