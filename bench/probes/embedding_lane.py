@@ -19,6 +19,7 @@ Four modes over the same inputs (~100-token texts, unique per input), in batches
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import pathlib
 import statistics
@@ -26,8 +27,15 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-from embeddings import build, text  # noqa: E402  (bench/embeddings.py)
+
+def _bench_embeddings():
+    """``bench/embeddings.py`` as a module: its checkpoint shapes and input texts."""
+    where = pathlib.Path(__file__).resolve().parents[1] / "embeddings.py"
+    spec = importlib.util.spec_from_file_location("embeddings_bench", where)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its msgspec structs resolve their annotations here
+    spec.loader.exec_module(module)
+    return module
 
 
 def main() -> None:
@@ -40,6 +48,8 @@ def main() -> None:
     ap.add_argument("--json", default=None, help="write the result here too")
     args = ap.parse_args()
 
+    bench = _bench_embeddings()
+    build, text = bench.build, bench.text
     import mlx.core as mx
     from mlx_vlm.embedding_loader import load_embedding_model
     from mlxcel.engine.lanes import Job, JobLane, LaneLimits
