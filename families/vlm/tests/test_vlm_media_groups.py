@@ -277,3 +277,30 @@ def test_a_cached_image_row_beside_a_new_one_builds_no_whole_prompt(vlm_checkpoi
     finally:
         solo.shutdown()
     _close(got, alone)
+
+
+def test_a_row_that_leaves_mid_prefill_leaves_its_group_running(vlm_checkpoint):
+    """One of two grouped image rows is cancelled between its prefill chunks: the other
+    finishes with its solo tokens, the cancelled one ends as cancelled."""
+    from mlxcel.testing.engine import ListSink, run_until_done, worker_for
+
+    path = vlm_checkpoint("qwen2_vl")
+    worker = worker_for(path, chunk=16, parallel=4, burst_chunks=2)
+    model = worker.checkpoint.model
+    prompts = [model.expand_media(ids, [_image(seed)], {})
+               for ids, seed in zip(_prompts(path, "qwen2_vl"), (41, 42), strict=True)]
+    sinks = [ListSink(), ListSink()]
+    for prompt, sink in zip(prompts, sinks, strict=True):
+        worker.enqueue(media_request(prompt, 3), sink)
+    worker.step()  # the group's first chunk
+    assert worker.prefilling is not None and len(worker.prefilling.seqs) == 2
+    sinks[0].cancelled = True
+    run_until_done(worker, sinks[1:])
+    solo = engine_for(path, parallel=1, chunk=16)
+    try:
+        alone = _run(solo, [media_request(prompts[1], 3)])[0][0]
+    finally:
+        solo.shutdown()
+    assert sinks[1].tokens == alone
+    assert not sinks[0].tokens
+    assert sinks[0].done and sinks[0].last.finish_reason == "cancelled"
