@@ -136,8 +136,9 @@ DECODE = msgspec.json.Decoder(_Reply).decode
 
 
 async def level(base: str, concurrency: int, per_request: int, requests: int,
-                tag: str, model: str) -> dict[str, Any]:
-    """A closed loop of ``requests`` embeddings requests over ``concurrency`` clients."""
+                tag: str, model: str, fmt: str = "float") -> dict[str, Any]:
+    """A closed loop of ``requests`` embeddings requests over ``concurrency`` clients;
+    ``fmt``: their ``encoding_format`` (the OpenAI SDK sends ``base64`` by default)."""
     counter = iter(range(requests))
     failures: list[str] = []
     latencies: list[float] = []
@@ -146,6 +147,8 @@ async def level(base: str, concurrency: int, per_request: int, requests: int,
         for i in counter:
             body = {"model": model, "input": [text(tag, i * per_request + k)
                                             for k in range(per_request)]}
+            if fmt != "float":
+                body["encoding_format"] = fmt
             t0 = time.perf_counter()
             r = await client.post(base + "/v1/embeddings", json=body, timeout=600)
             latencies.append(time.perf_counter() - t0)
@@ -178,16 +181,16 @@ def level_requests(c: int) -> int:
 
 
 def server_levels(base: str, levels: list[tuple[int, int]], tag: str,
-                  model: str) -> list[dict]:
+                  model: str, fmt: str = "float") -> list[dict]:
     """Each (C, N) level, run once untimed and then timed, after a warm-up; ``model`` is
     the checkpoint's path, which mlx_vlm.server needs in every request (it keys its
     model cache by it)."""
-    asyncio.run(level(base, *WARMUP, f"warm-{tag}", model))
+    asyncio.run(level(base, *WARMUP, f"warm-{tag}", model, fmt))
     out = []
     for c, n in levels:
-        asyncio.run(level(base, c, n, 2 * c, f"warm-{tag}-{c}-{n}", model))
-        out.append(asyncio.run(level(base, c, n, level_requests(c), f"{tag}-{c}-{n}",
-                                     model)))
+        asyncio.run(level(base, c, n, 2 * c, f"warm-{tag}-{c}-{n}", model, fmt))
+        out.append(asyncio.run(level(base, c, n, level_requests(c), f"{tag}-{c}-{n}", model,
+                                     fmt)))
     return out
 
 
@@ -240,7 +243,8 @@ def throughput(label: str, path: pathlib.Path, args: argparse.Namespace,
               "--dtype", args.dtype, "--engine-trace", str(trace)]
     srv = serve("mlxcel", mlxcel, logdir, label, "/health", args.server_env)
     try:
-        result["mlxcel"] = server_levels(srv.base, levels, f"{label}-x", str(path))
+        result["mlxcel"] = server_levels(srv.base, levels, f"{label}-x", str(path),
+                                         args.encoding_format)
     finally:
         srv.stop()
     if trace.exists():
@@ -249,7 +253,8 @@ def throughput(label: str, path: pathlib.Path, args: argparse.Namespace,
         vlm = [sys.executable, "-m", "mlx_vlm.server", "--embedding-model", str(path)]
         srv = serve("mlx_vlm", vlm, logdir, label, "/health", same_blas_env())
         try:
-            result["mlx_vlm"] = server_levels(srv.base, levels, f"{label}-v", str(path))
+            result["mlx_vlm"] = server_levels(srv.base, levels, f"{label}-v", str(path),
+                                              args.encoding_format)
         finally:
             srv.stop()
     return result
@@ -371,6 +376,8 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--itl-rounds", type=int, default=3, help="0: no ITL part")
     ap.add_argument("--batch-size", type=int, default=16, help="mlxcel's --embedding-batch-size")
+    ap.add_argument("--encoding-format", default="float", choices=("float", "base64"),
+                    help="the requests' encoding_format (the OpenAI SDK's default: base64)")
     ap.add_argument("--mlxcel-pythonpath", default="",
                     help="PYTHONPATH for the mlxcel server (another checkout's sources, "
                          "for a before/after run on one machine)")
