@@ -248,7 +248,8 @@ def _media_rows_group(checkpoint: Any, model: Any, token_ids: list[int], items: 
                       image: Any) -> None:
     """Where the decoder says its media rows prefill together (``media_batch``): image
     rows of unequal length in one padded group, over several chunks, one of them past a
-    prompt-cache hit, give each row's tokens alone."""
+    prompt-cache hit, give each row's tokens alone; so do they with their images encoded
+    in one call (``media_features``), where the decoder has it."""
     from mlxcel.engine.media_rows import batches_media
 
     if not batches_media(model):
@@ -265,9 +266,19 @@ def _media_rows_group(checkpoint: Any, model: Any, token_ids: list[int], items: 
         again = [out for out, _ in run(engine, [image, other])]  # both hit
     finally:
         engine.shutdown()
+    together = None
+    if hasattr(model, "media_features"):  # the group's images through one tower call
+        engine = engine_for(checkpoint, parallel=3, chunk=16,
+                            policy=cpu_policy(burst_chunks=8, media_together=True))
+        try:
+            together = [out for out, _ in run(engine, [image, other])]
+        finally:
+            engine.shutdown()
     alone = solo_tokens(checkpoint, [image, other])
     assert mixed == alone, "image rows prefilled together differ from each alone"
     assert again == alone, "image rows past a prompt-cache hit, grouped, differ from alone"
+    assert together in (None, alone), \
+        "image rows whose images went through media_features together differ from alone"
 
 
 def _odd_images_expand_or_are_refused(model: Any, token_ids: list[int], count: int) -> None:
