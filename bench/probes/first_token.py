@@ -10,10 +10,12 @@ the medians and their ratio, and how many engine steps each first token took.
 
     python bench/probes/first_token.py --images 10
     python bench/probes/first_token.py --burst 8 --burst-chunks 8   # 8 images at once
+    python3 bench/probes/first_token.py --shape qwen2.5-vl-7b --dtype bfloat16 --burst 8  # GPU
 
 ``--burst N``: N requests with distinct images submitted at once instead (the c = 8 case),
 each request's time to its first token; ``--burst-chunks`` sets the policy's burst budget
-(CUDA's is 8 chunks, the CPU's 1) so that rows may prefill in groups as on a GPU.
+(CUDA's is 8 chunks, the CPU's 1): 8 lets image rows prefill in groups as on a GPU, 1
+makes each 300-token image row prefill alone (the A/B on one machine).
     PYTHONPATH=/tmp/old/core/src:/tmp/old/families/vlm/src python bench/probes/first_token.py
 """
 
@@ -63,9 +65,14 @@ def main() -> None:
     ap.add_argument("--images", type=int, default=10)
     ap.add_argument("--shape", default="qwen2.5-vl-tiny", help="bench/vision.py's SHAPES")
     ap.add_argument("--max-tokens", type=int, default=4)
+    ap.add_argument("--dtype", default="float32", help="bfloat16 for a GPU's 7B shapes")
     ap.add_argument("--burst", type=int, default=0)
-    ap.add_argument("--burst-chunks", type=int, default=1)
+    ap.add_argument("--burst-chunks", type=int, default=None,
+                    help="the policy's burst budget in chunks (default: this device's)")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--tower-together", choices=("auto", "on", "off"), default="auto",
+                    help="a group's images through one tower call (EnginePolicy."
+                         "media_together; auto: this device's)")
     ap.add_argument("--checkpoint-dir", default=f"{tempfile.gettempdir()}/mlxcel-probe-ckpts")
     args = ap.parse_args()
 
@@ -77,7 +84,7 @@ def main() -> None:
         "vision_bench", pathlib.Path(__file__).resolve().parents[1] / "vision.py")
     vision = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(vision)
-    path = vision.build(args.shape, pathlib.Path(args.checkpoint_dir), "float32")
+    path = vision.build(args.shape, pathlib.Path(args.checkpoint_dir), args.dtype)
     model = decoder(load(path, LoadOptions()))
     tokenizer = model.processor.tokenizer
     ids = list(tokenizer.encode("<|image_pad|> What is in the picture?",
@@ -117,7 +124,9 @@ def burst(args, path, model, ids) -> None:
     request's seconds to its first token (median, slowest) and the engine steps taken."""
     from mlxcel.testing.engine import ListSink, media_request, run_until_done, worker_for
 
-    policy = {"burst_chunks": args.burst_chunks} if args.burst_chunks > 1 else {}
+    policy = {"burst_chunks": args.burst_chunks} if args.burst_chunks else {}
+    if args.tower_together != "auto":
+        policy["media_together"] = args.tower_together == "on"
     worker = worker_for(path, cache=False, chunk=512, parallel=args.burst, **policy)
     rounds = []
     for r in range(args.rounds + 1):  # the first round untimed: each shape's first use
@@ -142,7 +151,8 @@ def burst(args, path, model, ids) -> None:
             rounds.append({"ttft_ms_p50": round(statistics.median(ttft) * 1e3, 1),
                            "ttft_ms_max": round(ttft[-1] * 1e3, 1), "steps": steps})
     print(json.dumps({"shape": args.shape, "burst": args.burst,
-                      "burst_chunks": args.burst_chunks, "rounds": rounds,
+                      "burst_chunks": args.burst_chunks,
+                      "tower_together": args.tower_together, "rounds": rounds,
                       "ttft_ms_p50": statistics.median(x["ttft_ms_p50"] for x in rounds),
                       "ttft_ms_max": statistics.median(x["ttft_ms_max"] for x in rounds)},
                      indent=1))
