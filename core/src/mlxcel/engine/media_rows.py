@@ -1,8 +1,8 @@
 """Rows whose prompt holds media: they prefill from input embeddings, not token ids.
 
-Media rows prefill in groups of media rows only (never beside text rows), unaligned, each
-padded to the group's width; where the decoder does not say it takes padded rows
-(``batches_media``), each alone. Its decoder (``mlxcel.families.media``) gives the whole
+Media rows prefill in groups of media rows only (never beside text rows), each padded to
+the group's width (and aligned as text rows are); where the decoder does not say it takes
+padded rows (``batches_media``), each alone. Its decoder (``mlxcel.families.media``) gives the whole
 prompt's rotary positions and the row's position shift once, when the row is admitted
 (cheap), and its input embeddings at its first chunk, each item's features from the
 vision-feature cache (``FeatureCache``) or the vision tower; every chunk then feeds its
