@@ -304,3 +304,36 @@ def test_a_row_that_leaves_mid_prefill_leaves_its_group_running(vlm_checkpoint):
     assert sinks[1].tokens == alone
     assert not sinks[0].tokens
     assert sinks[0].done and sinks[0].last.finish_reason == "cancelled"
+
+
+def test_one_rows_new_images_go_through_the_tower_together(vlm_checkpoint, monkeypatch):
+    from tokenizers import Tokenizer
+
+    path = vlm_checkpoint("qwen2_vl")
+    engine = engine_for(path, parallel=2, chunk=64,
+                        policy=cpu_policy(media_together=True))
+    try:
+        model = engine.worker.checkpoint.model
+        tower = model.model.vision_tower
+        calls: list[int] = []
+        original = type(tower).__call__
+
+        def spy(self, *args, **kw):
+            calls.append(1)
+            return original(self, *args, **kw)
+
+        monkeypatch.setattr(type(tower), "__call__", spy)
+        tok = Tokenizer.from_file(str(path / "tokenizer.json"))
+        mark = MARKS["qwen2_vl"]
+        ids = tok.encode(f"Compare {mark} with {mark}, please, in a few words.",
+                         add_special_tokens=False).ids
+        prompt = model.expand_media(ids, [_image(51), _image(52, 84)], {})
+        got = _run(engine, [media_request(prompt, 3)])[0][0]
+        assert len(calls) == 1 and engine.worker.features.misses == 2
+    finally:
+        engine.shutdown()
+    solo = engine_for(path, parallel=1, chunk=64)
+    try:
+        assert got == _run(solo, [media_request(prompt, 3)])[0][0]
+    finally:
+        solo.shutdown()

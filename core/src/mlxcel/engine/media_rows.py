@@ -100,7 +100,7 @@ class MediaFeed:
                    if e is None and not t]
         features: Any = self.features
         together = getattr(self.model, "media_features", None) if self.together else None
-        if together is not None and len(pending) > 1:  # the group's new items in one call
+        if together is not None and pending:  # the rows' new items in one call
             features = _Encoded(self.features, together(pending, self.features.holds))
         rows = []
         for r, start in enumerate(starts):
