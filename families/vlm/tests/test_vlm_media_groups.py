@@ -56,6 +56,20 @@ def _run(engine, reqs):
     return asyncio.run(go())
 
 
+def _tower_calls(model, monkeypatch) -> list[int]:
+    """One entry per call of ``model``'s vision tower from now on (a spy)."""
+    tower_type = type(model.model.vision_tower)
+    calls: list[int] = []
+    original = tower_type.__call__
+
+    def spy(self, *args, **kw):
+        calls.append(1)
+        return original(self, *args, **kw)
+
+    monkeypatch.setattr(tower_type, "__call__", spy)
+    return calls
+
+
 def _close(got, want) -> None:
     """Tokens equal, and each token's log-probability and top 5 within float32 noise."""
     for (tokens, logprobs), (want_tokens, want_logprobs) in zip(got, want, strict=True):
@@ -164,15 +178,7 @@ def test_a_group_of_new_images_runs_the_tower_once_where_the_policy_says(
                         policy=cpu_policy(burst_chunks=8, media_together=together))
     try:
         model = engine.worker.checkpoint.model
-        tower = model.model.vision_tower
-        calls: list[int] = []
-        original = type(tower).__call__
-
-        def spy(self, *args, **kw):
-            calls.append(1)
-            return original(self, *args, **kw)
-
-        monkeypatch.setattr(type(tower), "__call__", spy)
+        calls = _tower_calls(model, monkeypatch)
         ids = _prompts(path, "qwen2_vl")
         prompts = [model.expand_media(i, [_image(seed)], {})
                    for i, seed in zip(ids, (11, 12), strict=True)]
@@ -314,15 +320,7 @@ def test_one_rows_new_images_go_through_the_tower_together(vlm_checkpoint, monke
                         policy=cpu_policy(media_together=True))
     try:
         model = engine.worker.checkpoint.model
-        tower = model.model.vision_tower
-        calls: list[int] = []
-        original = type(tower).__call__
-
-        def spy(self, *args, **kw):
-            calls.append(1)
-            return original(self, *args, **kw)
-
-        monkeypatch.setattr(type(tower), "__call__", spy)
+        calls = _tower_calls(model, monkeypatch)
         tok = Tokenizer.from_file(str(path / "tokenizer.json"))
         mark = MARKS["qwen2_vl"]
         ids = tok.encode(f"Compare {mark} with {mark}, please, in a few words.",
