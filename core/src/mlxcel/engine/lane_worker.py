@@ -54,9 +54,8 @@ class LaneWorker(threading.Thread):
         wait, so a batch that fills runs at once. Batches that follow each other overlap
         (``JobLane.run_one``); a batch in flight is read before any wait."""
         if block:
-            wait = self.lane.due_in()
+            wait = self.lane.wait_s()
             if wait > 0:
-                self.lane.settle()
                 self._wakeup.wait(min(wait, self.buffers.idle_s))
         self._wakeup.clear()
         return self.lane.run_due(decoding=False)

@@ -164,6 +164,15 @@ class JobLane:
                 return 0.0 if queued >= limit else until - now
         return math.inf
 
+    def wait_s(self) -> float:
+        """``due_in`` for an engine thread about to wait for work: a batch left in flight
+        is read first unless another is due now, so no result waits while the thread
+        does."""
+        wait = self.due_in()
+        if wait > 0:
+            self.settle()
+        return wait
+
     def _gather_until(self, task: str) -> float:
         """When a batch of ``task`` that is not full stops waiting for more (0: it does not
         wait): its last batch's end plus that batch's time, while jobs arrive densely."""

@@ -1,10 +1,11 @@
-"""Parts of the engine worker that own their state: the inbox of submitted requests, the
-release of MLX's buffer cache when the engine goes idle, and the warm-up left for after
-startup. (The job lane is ``mlxcel.engine.lanes``'s; the scheduling state is the worker's
-own.)"""
+"""Parts of the engine worker that own their state: its counters (``EngineStats``), how its
+events reach consumers (``Deliveries``), the inbox of submitted requests, the release of
+MLX's buffer cache when the engine goes idle, and the warm-up left for after startup.
+(The job lane is ``mlxcel.engine.lanes``'s; the scheduling state is the worker's own.)"""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import queue
 import threading
@@ -13,6 +14,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
 import structlog
 
 from mlxcel.errors import GenerationFailed
@@ -23,6 +25,28 @@ IDLE_RELEASE_S = 2.0  # idle this long after work: MLX's buffer cache goes back
 PREFILL_HELD_BYTES = 1 << 30  # more than this held after a prefill chunk: it goes back
 WARM_SHARE = 0.1  # of the engine thread's time the warm-up takes while requests run
 WARM_IDLE_S = 0.05  # idle this long before warm-up items run back to back
+
+
+class Deliveries(contextlib.nullcontext):
+    """How a step's events reach their consumers: as emitted (this, with no client); an
+    ``EngineClient`` installs ``client.HeldWakeups`` (one loop wake-up per block or flush)."""
+
+    def flush(self) -> None: ...
+
+
+class EngineStats(msgspec.Struct, kw_only=True):
+    """The engine's cumulative counters (``/health``'s observability, ``/metrics``)."""
+
+    sequences_started: int = 0
+    sequences_completed: int = 0
+    total_prefill_tokens: int = 0
+    total_decode_tokens: int = 0
+    decode_steps_processed: int = 0
+    prefill_chunks_processed: int = 0
+    # speculative decoding: rows' verify rounds, tokens drafted, of them accepted
+    draft_rounds: int = 0
+    draft_tokens: int = 0
+    draft_accepted: int = 0
 
 
 class Inbox:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import sys
 import threading
@@ -10,7 +9,6 @@ from collections.abc import Callable
 from typing import Any
 
 import mlx.core as mx
-import msgspec
 import structlog
 
 from mlxcel.engine import distributed, mixed_batch
@@ -21,7 +19,7 @@ from mlxcel.engine.config import EngineConfig
 from mlxcel.engine.heads import Heads
 from mlxcel.engine.lanes import JobLane
 from mlxcel.engine.media_rows import FeatureCache
-from mlxcel.engine.parts import BufferRelease, Inbox, Warming
+from mlxcel.engine.parts import BufferRelease, Deliveries, EngineStats, Inbox, Warming
 from mlxcel.engine.policy import EnginePolicy
 from mlxcel.engine.scheduler import Plan
 from mlxcel.engine.sequence import Sequence, Sink, end_all
@@ -36,26 +34,6 @@ from mlxcel.types import GenerationRequest
 log = structlog.get_logger("mlxcel.engine")
 PERSIST_S = 8.0  # at shutdown, what the prompt cache may take to write its disk tier
 
-
-
-class Deliveries(contextlib.nullcontext):
-    """How a step's events reach their consumers: as emitted (this, with no client); an
-    ``EngineClient`` installs ``client.HeldWakeups`` (one loop wake-up per block or flush)."""
-
-    def flush(self) -> None: ...
-
-
-class EngineStats(msgspec.Struct, kw_only=True):
-    sequences_started: int = 0
-    sequences_completed: int = 0
-    total_prefill_tokens: int = 0
-    total_decode_tokens: int = 0
-    decode_steps_processed: int = 0
-    prefill_chunks_processed: int = 0
-    # speculative decoding: rows' verify rounds, tokens drafted, of them accepted
-    draft_rounds: int = 0
-    draft_tokens: int = 0
-    draft_accepted: int = 0
 
 
 class EngineWorker(EngineSetup, Admission, threading.Thread):
@@ -236,13 +214,11 @@ class EngineWorker(EngineSetup, Admission, threading.Thread):
         """One loop of the engine thread: take what arrived (waiting for it when idle),
         plan, execute, then at most one batch of side jobs and one warm-up item, each within
         its share of the time while requests run (``JobLane.run_due``, ``Warming``). With
-        nothing else to do, a side batch that is still gathering (``JobLane.due_in``) and
+        nothing else to do, a side batch that is still gathering (``JobLane.wait_s``) and
         the warm-up's idle wait (``Warming.idle_wait``) are waited for here, as a side-only
         ``LaneWorker`` does: a submit or a request wakes the wait."""
         busy = bool(self.batch or self.prefilling or self.prefilled or self.waiting)
-        wait = 0.0 if busy else min(self.lane.due_in(), self.warming.idle_wait())
-        if wait > 0:
-            self.lane.settle()  # no side batch waits in flight while the thread waits
+        wait = 0.0 if busy else min(self.lane.wait_s(), self.warming.idle_wait())
         arrived = self._drain(block=wait > 0, timeout=min(wait, 0.5))
         self.trace.begin()
         self.trace.note(arrived=arrived, waiting=len(self.waiting))
