@@ -8,10 +8,8 @@ of it when it extends it exactly, or else the latest of the entry's checkpoints 
 (the engine takes them at the boundaries the chat layer marks), or a shorter prefix where
 ``Reuse.covers`` allows.
 
-Capacity is in bytes (checkpoints included) and entries; eviction is LRU by value: an
-entry with a checkpoint first shrinks to its most valuable one (``CHECKPOINT_VALUE``),
-which then starts over as the most recently used, so the system + tools prefix outlives a
-one-off prompt's tail; plus TTL. An entry larger than the capacity is refused.
+Capacity is in bytes (checkpoints included) and entries, kept by eviction
+(``mlxcel.engine.cache.eviction``). An entry larger than the capacity is refused.
 Thread-safe: the engine thread looks up and inserts, HTTP handlers read stats and reset
 (after any store the engine has announced, see ``begin_inserts``).
 """
@@ -29,7 +27,6 @@ from typing import Any
 from mlxcel.engine.cache.disk import DiskTier
 from mlxcel.engine.cache.entries import (
     BLOCK_SIZE,
-    CHECKPOINT_VALUE,
     NO_DIGESTS,
     CacheEntry,
     Digests,
@@ -39,13 +36,14 @@ from mlxcel.engine.cache.entries import (
     block_hashes,
     prompt_hashes,
 )
+from mlxcel.engine.cache.eviction import Eviction
 from mlxcel.engine.cache.kinds import Checkpoint, Reuse
 
 __all__ = ["BLOCK_SIZE", "CacheEntry", "Hit", "PromptCache", "Stored", "block_hashes"]
 INSERT_WAIT_S = 10.0  # stats/reset wait at most this long for the engine's inserts
 
 
-class PromptCache:
+class PromptCache(Eviction):
     def __init__(self, capacity_bytes: int, max_entries: int = 1024, ttl_s: float = 3600.0,
                  enabled: bool = True, max_checkpoints: int = 8) -> None:
         self.enabled = enabled
@@ -296,11 +294,6 @@ class PromptCache:
         if self.journal is not None:
             self.journal.append(event)
 
-    def _expire(self) -> None:
-        cutoff = time.monotonic() - self.ttl_s
-        for entry_id in [i for i, e in self._entries.items() if e.created < cutoff]:
-            self._drop(entry_id, "evictions_ttl")
-
     def _drop_prefixes_of(self, entry: CacheEntry) -> None:
         """An entry whose tokens are a prefix of the new one adds nothing but its
         checkpoints, which the new one adopts: drop it (a conversation then keeps one
@@ -357,41 +350,6 @@ class PromptCache:
         self.bytes += entry.nbytes - entry.counted
         entry.counted = entry.nbytes
         self._make_room(0, adding=0)
-
-    def _make_room(self, need: int, adding: int = 1) -> None:
-        """Evict (LRU by value, see the module docstring) until ``need`` more bytes and
-        ``adding`` more entries fit."""
-        while self._entries and (self.bytes + need > self.capacity_bytes
-                                 or len(self._entries) + adding > self.max_entries):
-            victim = next(iter(self._entries.values()))
-            bytes_bound = len(self._entries) + adding <= self.max_entries
-            if not (bytes_bound and self._shrink(victim)):
-                if self.disk is not None:
-                    self.disk.put(victim)
-                self._drop(victim.id, "evictions_lru")
-
-    def _shrink(self, victim: CacheEntry) -> bool:
-        """Replace ``victim`` by its state at its most valuable checkpoint, as the most
-        recently used entry; False where it has none (or was shrunk already)."""
-        if victim.shrunk or victim.payload is None or not victim.checkpoints:
-            return False
-        best = max(victim.checkpoints,
-                   key=lambda c: (CHECKPOINT_VALUE.get(c.kind, 0), c.position))
-        n = best.position
-        if n < BLOCK_SIZE:
-            return False
-        tokens = victim.tokens[:n]
-        small = CacheEntry(next(self._ids), tokens, victim.hashes[:n // BLOCK_SIZE],
-                           victim.payload.at(best).detached(),
-                           [c for c in victim.checkpoints if c.position < n], victim.digests)
-        small.shrunk, small.kind = True, best.kind
-        if self.disk is not None:
-            self.disk.put(victim)
-        self._drop(victim.id, None)
-        self.counters["shrinks"] += 1
-        if self._same(small) is None:
-            self._add(small)
-        return True
 
     def _drop(self, entry_id: int, reason: str | None) -> None:
         entry = self._entries.pop(entry_id)
