@@ -171,7 +171,7 @@ def test_engine_batches_the_same_tokens_lean_or_not(shape, mlxcel_checkpoint_cac
     for lean in (False, True):
         worker = worker_for(path, parallel=4, chunk=16, lean_decode=lean)
         assert worker.path == "shared"
-        assert worker.forward.__qualname__.startswith("decoder") is lean
+        assert worker.forward.__qualname__.startswith("mirrored") is lean
         sinks = [submit(worker, p, max_tokens=6 + i) for i, p in enumerate(prompts)]
         run_until_done(worker, sinks)
         outputs.append([s.tokens for s in sinks])

@@ -271,8 +271,9 @@ _ROWS: list[tuple[Any, ...]] = [
      "auto, 1 or 0: compute each layer's q/k/v and gate/up projections as one matmul each "
      "(auto: on with CUDA)"),
     (("--lean-decode",), "lean_decode", auto_on_off, "auto", "MLXCEL_LEAN_DECODE",
-     "auto, 1 or 0: decode Llama/Qwen2/Qwen3-shaped models on [B, D] activations, without "
-     "the sequence axis's views (auto: on with CUDA)"),
+     "auto, 1 or 0: decode Llama/Qwen2/Qwen3-shaped models (and a family's own, e.g. "
+     "Qwen-VL's) on [B, D] activations, without the sequence axis's views (auto: on with "
+     "CUDA)"),
     (("--decode-attention",), "decode_attention",
      choice("decode_attention", "auto", "varlen", "grouped", "composed", "fused"), "auto",
      "MLXCEL_DECODE_ATTENTION",

@@ -106,3 +106,31 @@ def test_a_cancelled_image_row_frees_its_slot(vlm_checkpoint):
     worker.enqueue(request(ids[1:], 3), after)
     run_until_done(worker, [after], settle=True)
     assert after.last.finish_reason == "length"
+
+
+def test_an_image_is_decoded_and_processed_off_the_event_loop(client, monkeypatch):
+    """A small body is prepared inline, but decoding and processing its image would hold
+    up every stream the event loop serves: a request with media is prepared in the pool
+    (``dialects.prepare``), for the chat route and llama-server's ``/completion``."""
+    import threading
+
+    from mlxcel_family_vlm.load import VisionLanguageModel
+
+    threads = []
+    original = VisionLanguageModel.expand_media
+
+    def spy(self, *args, **kw):
+        threads.append(threading.current_thread().name)
+        return original(self, *args, **kw)
+
+    monkeypatch.setattr(VisionLanguageModel, "expand_media", spy)
+    body = {"messages": [image_message(7)], "max_tokens": 2}
+    assert len(json.dumps(body)) < 64 << 10  # inline by its size alone
+    assert client.post(CHAT, json=body).status_code == 200
+    uri = data_uri(8)
+    r = client.post("/completion", json={"n_predict": 2, "prompt": {
+        "prompt_string": "Describe <__media__> briefly.",
+        "multimodal_data": [uri.split(",", 1)[1]]}})
+    assert r.status_code == 200, r.text
+    assert len(threads) == 2
+    assert all(name.startswith("mlxcel-prepare") for name in threads), threads

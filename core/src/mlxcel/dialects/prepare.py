@@ -3,7 +3,9 @@
 Large bodies are handled in a small fixed pool of threads so that the event loop keeps
 answering (``/health``, running streams) while one is prepared; the pool's size bounds the
 threads a flood of large bodies can occupy. Small bodies are prepared inline, since a
-thread hop costs more than the work.
+thread hop costs more than the work, unless the work decodes media (``heavy``): an
+image's decode and its processor's resizing take milliseconds whatever the body's size,
+and inline they would hold up every stream the loop serves and the requests behind it.
 """
 
 from __future__ import annotations
@@ -34,9 +36,10 @@ async def prepare(size: int, fn: Callable[[], T]) -> T:
     return await asyncio.get_running_loop().run_in_executor(_pool, fn)
 
 
-async def prepare_for(request: Request, fn: Callable[[], T]) -> T:
-    """``prepare`` sized by the request's (already read, cached) body."""
-    return await prepare(len(await request.body()), fn)
+async def prepare_for(request: Request, fn: Callable[[], T], *, heavy: bool = False) -> T:
+    """``prepare`` sized by the request's (already read, cached) body; ``heavy`` work
+    (media to decode) always in the pool."""
+    return await prepare(INLINE_BODY_BYTES if heavy else len(await request.body()), fn)
 
 
 def check_token_ids(tokenizer: Any, ids: list[int], param: str) -> None:

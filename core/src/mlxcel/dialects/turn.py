@@ -139,12 +139,12 @@ def budget_of(ctx: AppContext, options: TurnOptions) -> int | None:
 
 
 async def render(ctx: AppContext, request: Request, prompt: PromptRequest) -> PromptInput:
-    """The rendered, tokenized prompt (off the event loop for a large body), its media
-    parts fetched first (``gather_media``)."""
+    """The rendered, tokenized prompt (off the event loop for a large body or one with
+    media), its media parts fetched first (``gather_media``)."""
     media = await gather_media(ctx, prompt)
     return await prepare_for(request, lambda: prompt_input(
         prompt, ctx.engine, server_kwargs=ctx.settings.chat_template_kwargs,
-        reasoning=ctx.checkpoint.reasoning, media=media))
+        reasoning=ctx.checkpoint.reasoning, media=media), heavy=media is not None)
 
 
 async def gather_media(ctx: AppContext, prompt: PromptRequest) -> MediaInput | None:

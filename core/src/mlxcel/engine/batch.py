@@ -297,10 +297,9 @@ class DecodeBatch:
         not be retried without decoding the others twice. A failed row gets neutral values
         for this step and leaves with the finished rows."""
         plan, guided = self.prepare()
-        if self.shift is None:
-            logits = self.forward(self.inputs, self.cache)
-        else:  # media rows: their decoder shifts their positions (``media_rows``)
-            logits = self.model(self.inputs[:, None], self.cache, shift=self.shift)[:, -1, :]
+        # media rows: their decoder shifts their positions (``media_rows``)
+        logits = self.forward(self.inputs, self.cache) if self.shift is None \
+            else self.forward(self.inputs, self.cache, self.shift)
         self.steps += 1  # every row's cache takes one more token
         sampled, extras = self.sample(logits, plan, guided)
         self.inputs = sampled

@@ -160,7 +160,14 @@ class Loaded(msgspec.Struct, kw_only=True):
 
 class LoadedModel(Protocol):
     """What the engine drives: an mlx-lm style model. ``model(inputs, cache)`` returns
-    logits [B, T, V]; ``make_cache()`` gives one cache per layer."""
+    logits [B, T, V]; ``make_cache()`` gives one cache per layer.
+
+    Optional: ``lean_decoder() -> forward | None``, a decode step's forward on [B, D]
+    activations, ``forward(tokens [B], caches, shift=None) -> logits [B, V]`` (``shift``:
+    each row's position shift, ``mlxcel.families.media``), for a model whose layers core's
+    mirrors do not recognise; ``mlxcel.engine.accel.lean_decode.mirrored`` builds one from
+    Llama-shaped layers. The engine takes it where its policy asks for a lean decode and
+    one decode step of it agrees with the model's own forward; None: the model's own."""
 
     def __call__(self, inputs: Any, cache: Any = None) -> Any: ...
 

@@ -19,7 +19,7 @@ import numpy as np
 from mlxcel.families.api import Loaded, LoadOptions
 from mlxcel.types.media import MediaPrompt
 
-from mlxcel_family_vlm import media, towers
+from mlxcel_family_vlm import lean, media, towers
 from mlxcel_family_vlm.features import encoded, encoded_together
 from mlxcel_family_vlm.positions import HOST_RULE, mrope_positions
 from mlxcel_family_vlm.processed import ProcessedImages
@@ -87,6 +87,12 @@ class VisionLanguageModel:
     @property
     def language_model(self) -> Any:
         return self.model.language_model
+
+    def lean_decoder(self) -> Any | None:
+        """The decode step on [B, D] activations for an M-RoPE language model whose layout
+        ``mlxcel_family_vlm.lean`` mirrors (``mlxcel.families.api.LoadedModel``), else
+        None: text rows and image rows alike, each row's shift added to its offset."""
+        return lean.lean_decoder(self.language_model) if self.mrope else None
 
     def make_cache(self) -> list[Any]:
         language = self.language_model

@@ -127,7 +127,8 @@ def generation_routes(ctx: AppContext) -> list[Any]:
         options = media_options(body)
         raws = media.gather(ctx, prompts)  # 501 / 400 before anything is decoded
         done = await prepare_for(request, lambda: [
-            native_prompt(ctx, p, raw, options) for p, raw in zip(prompts, raws, strict=True)])
+            native_prompt(ctx, p, raw, options) for p, raw in zip(prompts, raws, strict=True)],
+            heavy=any(raw is not None for raw in raws))
         return await respond(ctx, request, body, [ids for ids, _ in done],
                              media=[found for _, found in done])
 

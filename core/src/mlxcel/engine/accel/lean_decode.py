@@ -15,8 +15,12 @@ The rule: a model takes this path only where its top-level class and every layer
 are exactly those of a module whose ``__call__`` code is mirrored here (``LAYOUTS``: Llama,
 Qwen2 and Qwen3 with every layer on full attention), and where one decode step of both
 forwards from the same prefilled caches agrees (``forward_for``, at setup); otherwise
-``generic(model)`` is used. On by default on CUDA only (``EnginePolicy.lean_decode``,
-``--lean-decode``).
+``generic(model)`` is used. A decoder may bring its own (``lean_decoder()``, built with
+``mirrored``: ``mlxcel.families.api.LoadedModel``), checked the same way. On by default on
+CUDA only (``EnginePolicy.lean_decode``, ``--lean-decode``).
+
+Every forward here takes ``shift`` (``[B]`` or None): a position each row adds to its
+cache offset, an M-RoPE model's image rows' rope delta (``mlxcel.families.media``).
 """
 
 from __future__ import annotations
@@ -32,7 +36,8 @@ import structlog
 
 log = structlog.get_logger("mlxcel.engine")
 
-Forward = Callable[[mx.array, list[Any]], mx.array]  # tokens [B], caches -> logits [B, V]
+Forward = Callable[..., mx.array]  # (tokens [B], caches, shift=None) -> logits [B, V]
+Rope = Callable[..., mx.array]  # rope(x, offset=): x [B, H, 1, D] rotated
 Check = Callable[[], tuple[list[Any], mx.array]]  # fresh prefilled caches, the next tokens
 
 # mlx-lm modules whose Model / TransformerBlock / Attention / MLP this path mirrors; the
@@ -44,8 +49,10 @@ LAYOUTS = {"mlx_lm.models.llama": False, "mlx_lm.models.qwen2": False,
 def generic(model: Any) -> Forward:
     """The model's own forward over one column: what every model decodes with."""
 
-    def forward(tokens: mx.array, cache: list[Any]) -> mx.array:
-        return model(tokens[:, None], cache)[:, -1, :]
+    def forward(tokens: mx.array, cache: list[Any], shift: mx.array | None = None) -> mx.array:
+        if shift is None:
+            return model(tokens[:, None], cache)[:, -1, :]
+        return model(tokens[:, None], cache, shift=shift)[:, -1, :]
 
     return forward
 
@@ -76,31 +83,53 @@ def _layout(model: Any) -> bool | None:
 
 
 def decoder(model: Any) -> Forward | None:
-    """The lean forward for ``model`` (see the module docstring), or None where its layout
-    is not one mirrored here. Built once the model's structure is final (after fused
-    projections and bound submodules): each layer's callables are looked up here, once."""
+    """The lean forward for ``model`` (see the module docstring): its decoder's own
+    (``lean_decoder()``), else the mirror of a layout listed here, else None. Built once
+    the model's structure is final (after fused projections and bound submodules)."""
+    own = getattr(model, "lean_decoder", None)
+    if callable(own):
+        return own()
     model = _network(model)
     norms = _layout(model) if model is not None else None
     if norms is None:
         return None
-    module = sys.modules[type(model).__module__]
     inner = model.model
-    embed, final_norm = inner.embed_tokens, inner.norm
-    head = embed.as_linear if model.args.tie_word_embeddings else model.lm_head
+    head = inner.embed_tokens.as_linear if model.args.tie_word_embeddings else model.lm_head
+    return mirrored(inner, head, sys.modules[type(model).__module__], qk_norms=norms)
+
+
+def mirrored(network: Any, head: Callable[[mx.array], mx.array], module: Any, *,
+             qk_norms: bool = False, rope: Rope | None = None) -> Forward:
+    """A decode step's forward on [B, D] activations over ``network``'s Llama-shaped
+    layers: ``network.embed_tokens``, then each of ``network.layers`` (``input_layernorm``;
+    ``self_attn`` with ``q_proj``, ``k_proj``, ``v_proj``, ``o_proj``, ``n_heads``,
+    ``n_kv_heads``, ``scale``, and ``q_norm``/``k_norm`` where ``qk_norms``;
+    ``post_attention_layernorm``; ``mlp``), then ``network.norm`` and ``head``.
+
+    ``module``: the Python module whose ``create_attention_mask`` and
+    ``scaled_dot_product_attention`` the layers call, looked up each step (the engine's
+    attention path may wrap them). ``rope``: the rotation every layer applies, or None for
+    each layer's own ``self_attn.rope``. Every layer's cache holds the same positions (the
+    batch caches of the shared path), so the offset is read once, from the first.
+    Each layer's callables are looked up here, once: build it when the model is final."""
+    embed, final_norm = network.embed_tokens, network.norm
     plan = []
-    for layer in inner.layers:
+    for layer in network.layers:
         attn = layer.self_attn
         plan.append((layer.input_layernorm, attn.q_proj, attn.k_proj, attn.v_proj,
-                     attn.q_norm if norms else None, attn.k_norm if norms else None,
-                     attn.rope, attn.o_proj, attn.n_heads, attn.n_kv_heads, attn.scale,
-                     layer.post_attention_layernorm, layer.mlp))
+                     attn.q_norm if qk_norms else None, attn.k_norm if qk_norms else None,
+                     rope or attn.rope, attn.o_proj, attn.n_heads, attn.n_kv_heads,
+                     attn.scale, layer.post_attention_layernorm, layer.mlp))
 
-    def forward(tokens: mx.array, cache: list[Any]) -> mx.array:
+    def forward(tokens: mx.array, cache: list[Any], shift: mx.array | None = None) -> mx.array:
         b = tokens.shape[0]
         h = embed(tokens)
         mask = module.create_attention_mask(SimpleNamespace(shape=(b, 1)), cache[0])
         attend = module.scaled_dot_product_attention  # looked up: install() may wrap it
-        for (in_norm, q_proj, k_proj, v_proj, q_norm, k_norm, rope, o_proj, heads,
+        offset = cache[0].offset
+        if shift is not None:
+            offset = offset + shift
+        for (in_norm, q_proj, k_proj, v_proj, q_norm, k_norm, rotate, o_proj, heads,
              kv_heads, scale, post_norm, mlp), c in zip(plan, cache, strict=True):
             x = in_norm(h)
             q = q_proj(x).reshape(b, heads, 1, -1)  # [B, 1, H, D] transposed, for L = 1
@@ -108,8 +137,7 @@ def decoder(model: Any) -> Forward | None:
             v = v_proj(x).reshape(b, kv_heads, 1, -1)
             if q_norm is not None:
                 q, k = q_norm(q), k_norm(k)
-            offset = c.offset
-            q, k = rope(q, offset=offset), rope(k, offset=offset)
+            q, k = rotate(q, offset=offset), rotate(k, offset=offset)
             k, v = c.update_and_fetch(k, v)
             out = attend(q, k, v, cache=c, scale=scale, mask=mask)
             h = h + o_proj(out.reshape(b, -1))
