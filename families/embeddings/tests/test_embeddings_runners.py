@@ -15,7 +15,7 @@ from mlxcel.families.tasks import TaskOptions, resolved
 from mlxcel.testing.imports import imported_by
 from mlxcel_family_embeddings import detect
 from mlxcel_family_embeddings.load import load
-from mlxcel_family_embeddings.runners import Compiled, Embedder, Reranker, embedder, reranker
+from mlxcel_family_embeddings.runners import embedder, reranker
 
 TEXTS = ["a river runs past the quiet stone", "lantern",
          "orbit meadow signal copper harbor thread velvet summit ember glacier"]
@@ -42,15 +42,12 @@ def _pool(h: np.ndarray, pooling: str) -> np.ndarray:
     return {"mean": h.mean(axis=0), "cls": h[0], "last": h[-1]}[pooling]
 
 
-@pytest.mark.parametrize("compiled", [False, True])
 @pytest.mark.parametrize("kind,pooling,dense", [
     ("bert", "mean", False), ("bert", "cls", True), ("qwen3", "last", False)])
-def test_pooled_vectors_match_a_numpy_reference(side_checkpoint, kind, pooling, dense,
-                                                compiled):
-    """``compiled``: the forward through ``mx.compile``, as a GPU runs it."""
+def test_pooled_vectors_match_a_numpy_reference(side_checkpoint, kind, pooling, dense):
     path = side_checkpoint("embedder", kind=kind, pooling=pooling, dense=dense)
     loaded = load(path, LoadOptions())
-    runner = Embedder(loaded, TaskOptions(), compiled=compiled)
+    runner = embedder(loaded, TaskOptions())
     assert runner.pooling == pooling
     encoded = [runner.tokenize(t) for t in TEXTS]
     got = resolved(runner.embed(encoded, pooling))  # one padded batch
@@ -70,10 +67,9 @@ def test_decoder_embedders_read_the_appended_eos_token(side_checkpoint):
     assert enc.ids[-1] == loaded.model.eos_id and enc.type_ids is None
 
 
-@pytest.mark.parametrize("compiled", [False, True])
-def test_token_rows_for_pooling_none_and_the_pooling_flag(side_checkpoint, compiled):
+def test_token_rows_for_pooling_none_and_the_pooling_flag(side_checkpoint):
     loaded = load(side_checkpoint("embedder", kind="bert"), LoadOptions())
-    runner = Embedder(loaded, TaskOptions(pooling="cls", max_length=20), compiled=compiled)
+    runner = embedder(loaded, TaskOptions(pooling="cls", max_length=20))
     assert runner.pooling == "cls" and runner.max_length == 20
     enc = runner.tokenize(TEXTS[0])
     rows = resolved(runner.embed([enc, runner.tokenize(TEXTS[1])], "none"))[0]
@@ -82,10 +78,9 @@ def test_token_rows_for_pooling_none_and_the_pooling_flag(side_checkpoint, compi
         embedder(loaded, TaskOptions(pooling="rank"))
 
 
-@pytest.mark.parametrize("compiled", [False, True])
-def test_cross_encoder_scores_are_the_sigmoid_of_its_logit(side_checkpoint, compiled):
+def test_cross_encoder_scores_are_the_sigmoid_of_its_logit(side_checkpoint):
     loaded = load(side_checkpoint("reranker", kind="bert"), LoadOptions())
-    runner = Reranker(loaded, TaskOptions(), compiled=compiled)
+    runner = reranker(loaded, TaskOptions())
     pairs = [runner.encode_pair("which river", t) for t in TEXTS]
     assert pairs[0].type_ids is not None and 1 in pairs[0].type_ids  # the document's type
     for pair, score in zip(pairs, resolved(runner.score(pairs)), strict=True):
@@ -94,10 +89,9 @@ def test_cross_encoder_scores_are_the_sigmoid_of_its_logit(side_checkpoint, comp
         assert score == pytest.approx(1 / (1 + np.exp(-float(logit[0, 0]))), abs=1e-5)
 
 
-@pytest.mark.parametrize("compiled", [False, True])
-def test_qwen3_reranker_scores_yes_against_no_at_the_last_token(side_checkpoint, compiled):
+def test_qwen3_reranker_scores_yes_against_no_at_the_last_token(side_checkpoint):
     loaded = load(side_checkpoint("reranker", kind="qwen3"), LoadOptions())
-    runner = Reranker(loaded, TaskOptions(), compiled=compiled)
+    runner = reranker(loaded, TaskOptions())
     tok = loaded.tokenizer
     pairs = [runner.encode_pair("which river", t) for t in TEXTS]
     assert tok.decode(pairs[0].ids, skip_special_tokens=False).endswith("</think>\n\n")
@@ -105,45 +99,6 @@ def test_qwen3_reranker_scores_yes_against_no_at_the_last_token(side_checkpoint,
         last = np.array(loaded.model.module(mx.array([pair.ids]))[0, -1].astype(mx.float32))
         margin = last[tok.token_to_id("yes")] - last[tok.token_to_id("no")]
         assert score == pytest.approx(1 / (1 + np.exp(-margin)), abs=1e-5)
-
-
-def test_runners_compile_on_a_gpu_only(side_checkpoint):
-    """The factories' runners compile where the engine thread's device is a GPU (not
-    here), and a compiled runner replays one trace per bucketed shape."""
-    loaded = load(side_checkpoint("embedder", kind="bert"), LoadOptions())
-    assert all(f.compiled is None for f in embedder(loaded, TaskOptions()).forwards.values())
-    scorer = load(side_checkpoint("reranker", kind="bert"), LoadOptions())
-    assert reranker(scorer, TaskOptions()).forward.compiled is None
-    runner = Embedder(loaded, TaskOptions(), compiled=True)
-    traced = []
-    model = runner.model.module
-    original = type(model).__call__
-
-    class Counting(type(model)):
-        def __call__(self, *args, **kw):
-            traced.append(1)
-            return original(self, *args, **kw)
-
-    model.__class__ = Counting
-    try:
-        encoded = [runner.tokenize(t) for t in TEXTS]
-        first = resolved(runner.embed(encoded, "mean"))
-        again = resolved(runner.embed(encoded, "mean"))
-    finally:
-        model.__class__ = Counting.__bases__[0]
-    assert len(traced) == 1  # traced once, then replayed
-    assert all(np.array_equal(a, b) for a, b in zip(first, again, strict=True))
-
-
-def test_a_forward_that_cannot_be_traced_runs_as_is():
-    def reads_a_value(x):
-        return x * float(x.sum().item())  # a host read: mx.compile cannot trace it
-
-    fn = Compiled(reads_a_value, True)
-    x = mx.array([1.0, 2.0])
-    assert fn(x).tolist() == [3.0, 6.0]
-    assert fn.compiled is None  # given up after the first failure
-    assert fn(x).tolist() == [3.0, 6.0]
 
 
 def _config_dir(tmp_path, name, config, modules=None):

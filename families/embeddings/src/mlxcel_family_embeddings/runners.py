@@ -7,14 +7,6 @@ row's pooling reads only its own tokens (last-token pooling takes its last real 
 so a row's result does not depend on the rows batched with it. A batch's rows and width
 are rounded up to the buckets of ``shapes`` (few distinct shapes on a GPU, where each new
 one compiles); the padding rows' results are dropped.
-
-On a GPU the forward, pooling and dense layers (a reranker's forward and score) run as
-one ``mx.compile``d function per pooling (``Compiled``): traced once per bucketed shape, then replayed, so a batch costs
-the host neither the model's Python graph building nor a launch per elementwise op it
-fuses. The host is what bounds a small embedder there (a BERT-base batch of 16 is a few
-milliseconds of host work for about one of device work), and it is the host's time the
-HTTP side needs too. On the CPU the eager forward stays: its widths are fine (many
-shapes) and each new shape would compile C++.
 """
 
 from __future__ import annotations
@@ -25,7 +17,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 from mlxcel.families.api import Loaded
-from mlxcel.families.tasks import POOLINGS, Encoded, Later, TaskOptions
+from mlxcel.families.tasks import Encoded, Later, TaskOptions
 
 from mlxcel_family_embeddings.shapes import Shapes, on_gpu
 
@@ -61,45 +53,20 @@ def _batch(model: Any, inputs: Sequence[Encoded], shapes: Shapes
     return mx.array(ids), mx.array(mask), mx.array(types), lengths
 
 
-def pool(hidden: mx.array, mask: mx.array, last: mx.array, pooling: str) -> mx.array:
-    """Pooled rows [B, D] of ``hidden`` [B, T, D] by ``pooling`` (mean, cls, last;
-    ``last``: each row's last real position)."""
+def pool(hidden: mx.array, mask: mx.array, lengths: np.ndarray, pooling: str) -> mx.array:
+    """Pooled rows [B, D] of ``hidden`` [B, T, D] by ``pooling`` (mean, cls, last)."""
     if pooling == "cls":
         return hidden[:, 0]
     if pooling == "last":
-        return hidden[mx.arange(hidden.shape[0]), last]
+        return hidden[mx.arange(hidden.shape[0]), mx.array(lengths - 1)]
     weights = mask[..., None].astype(hidden.dtype)
     return (hidden * weights).sum(axis=1) / mx.maximum(weights.sum(axis=1), 1)
-
-
-class Compiled:
-    """``fn(*arrays)`` through ``mx.compile`` where ``enabled``, else as is. A model whose
-    forward cannot be traced (it reads an array's value on the host) fails its first
-    compiled call: that call and every later one run ``fn`` as is, and the log says so."""
-
-    def __init__(self, fn: Any, enabled: bool) -> None:
-        self.fn = fn
-        self.compiled = mx.compile(fn) if enabled else None
-
-    def __call__(self, *arrays: mx.array) -> Any:
-        if self.compiled is not None:
-            try:
-                return self.compiled(*arrays)
-            except Exception as exc:  # noqa: BLE001 - any trace failure: run it eagerly
-                import structlog
-
-                structlog.get_logger("mlxcel.embeddings").warning(
-                    "compile_failed", error=f"{type(exc).__name__}: {exc}"[:300])
-                self.compiled = None
-        return self.fn(*arrays)
 
 
 class Embedder:
     """An embedder's runner: encoders (mean/CLS pooling) and decoders (last token)."""
 
-    def __init__(self, loaded: Loaded, options: TaskOptions, compiled: bool | None = None
-                 ) -> None:
-        """``compiled``: run the forward through ``mx.compile`` (None: on a GPU)."""
+    def __init__(self, loaded: Loaded, options: TaskOptions) -> None:
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
         self.pooling = options.pooling or self.model.pooling
@@ -113,25 +80,7 @@ class Embedder:
         hidden = int(loaded.config.get("hidden_size") or 0)
         last = self.dense[-1].weight.shape[0] if self.dense else hidden
         self.dimensions = int(last)
-        gpu = on_gpu()  # built on the engine thread
-        self.shapes = Shapes.for_device(gpu)
-        compiled = gpu if compiled is None else compiled
-        self.forwards = {name: Compiled(lambda ids, mask, types, last, name=name:
-                                        self._pooled(ids, mask, types, last, name), compiled)
-                         for name in POOLINGS if name != "rank"}
-
-    def _pooled(self, ids: mx.array, mask: mx.array, types: mx.array, last: mx.array,
-                pooling: str) -> mx.array:
-        """The batch's rows pooled by ``pooling`` (float32 [B, D]), or every position's
-        hidden state for ``none`` ([B, T, D])."""
-        out = self.model.module(ids, attention_mask=mask, token_type_ids=types)
-        hidden = out.last_hidden_state.astype(mx.float32)
-        if pooling == "none":
-            return hidden
-        pooled = pool(hidden, mask, last, pooling)
-        for layer in self.dense:
-            pooled = layer(pooled.astype(layer.weight.dtype)).astype(mx.float32)
-        return pooled
+        self.shapes = Shapes.for_device(on_gpu())  # built on the engine thread
 
     def tokenize(self, text: str) -> Encoded:
         return self._encoded(self.tokenizer.encode(text))
@@ -152,22 +101,26 @@ class Embedder:
 
     def embed(self, inputs: Sequence[Encoded], pooling: str) -> Later:
         ids, mask, types, lengths = _batch(self.model, inputs, self.shapes)
+        out = self.model.module(ids, attention_mask=mask, token_type_ids=types)
+        hidden = out.last_hidden_state.astype(mx.float32)
         n = len(inputs)
-        rows = self.forwards[pooling](ids, mask, types, mx.array(lengths - 1))[:n]
-        mx.async_eval(rows)
         if pooling == "none":
+            rows = hidden[:n]
+            mx.async_eval(rows)
             return Later(lambda: [r[:k] for r, k in zip(np.array(rows), lengths[:n],
                                                          strict=True)])
-        return Later(lambda: list(np.array(rows, dtype=np.float32)))
+        pooled = pool(hidden, mask, lengths, pooling)[:n]
+        for layer in self.dense:
+            pooled = layer(pooled.astype(layer.weight.dtype)).astype(mx.float32)
+        mx.async_eval(pooled)
+        return Later(lambda: list(np.array(pooled, dtype=np.float32)))
 
 
 class Reranker:
     """A reranker's runner: a cross-encoder's sigmoid(logit), or a generative reranker's
     sigmoid(logit(yes) - logit(no)) at the last position."""
 
-    def __init__(self, loaded: Loaded, options: TaskOptions, compiled: bool | None = None
-                 ) -> None:
-        """``compiled``: run the forward through ``mx.compile`` (None: on a GPU)."""
+    def __init__(self, loaded: Loaded, options: TaskOptions) -> None:
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
         self.max_length = _max_length(self.model, options)
@@ -178,21 +131,7 @@ class Reranker:
                 raise ValueError("a generative reranker needs 'yes' and 'no' tokens")
         elif self.model.kind != "cross":
             raise ValueError("this checkpoint is an embedder, not a reranker")
-        gpu = on_gpu()  # built on the engine thread
-        self.shapes = Shapes.for_device(gpu)
-        self.forward = Compiled(self._scores, gpu if compiled is None else compiled)
-
-    def _scores(self, ids: mx.array, mask: mx.array, types: mx.array, last: mx.array
-                ) -> mx.array:
-        """Each row's score, float32 [B]."""
-        if self.model.kind == "cross":
-            logits = self.model.module(ids, attention_mask=mask, token_type_ids=types).logits
-            margin = logits.astype(mx.float32)[:, 0]
-        else:  # causal: right padding never reaches a row's real tokens
-            logits = self.model.module(ids)
-            at = logits[mx.arange(ids.shape[0]), last].astype(mx.float32)
-            margin = at[:, self.yes] - at[:, self.no]
-        return mx.sigmoid(margin)
+        self.shapes = Shapes.for_device(on_gpu())  # built on the engine thread
 
     def encode_pair(self, query: str, document: str) -> Encoded:
         if self.model.kind == "cross":
@@ -205,7 +144,14 @@ class Reranker:
 
     def score(self, pairs: Sequence[Encoded]) -> Later:
         ids, mask, types, lengths = _batch(self.model, pairs, self.shapes)
-        scores = self.forward(ids, mask, types, mx.array(lengths - 1))[:len(pairs)]
+        if self.model.kind == "cross":
+            logits = self.model.module(ids, attention_mask=mask, token_type_ids=types).logits
+            margin = logits.astype(mx.float32)[:, 0]
+        else:  # causal: right padding never reaches a row's real tokens
+            logits = self.model.module(ids)
+            last = logits[mx.arange(ids.shape[0]), mx.array(lengths - 1)].astype(mx.float32)
+            margin = last[:, self.yes] - last[:, self.no]
+        scores = mx.sigmoid(margin[:len(pairs)])
         mx.async_eval(scores)
         return Later(lambda: np.array(scores).tolist())
 
