@@ -6,6 +6,7 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 import pytest
+import structlog.testing
 from mlx_lm.models import gemma3_text, llama, qwen2, qwen3
 from mlxcel.engine.accel import fused_proj, lean_decode, module_attrs
 from mlxcel.engine.cache.kvcache import BatchCache, shared_position_rope
@@ -134,7 +135,11 @@ def test_a_forward_that_disagrees_or_fails_is_not_taken(monkeypatch):
 
     check = padded_check(model)
     assert lean_decode.agrees(model, lean, check)
-    assert not lean_decode.agrees(model, scaled, check)
+    with structlog.testing.capture_logs() as logs:
+        assert not lean_decode.agrees(model, scaled, check)
+    # the log says by how much: logits x 1.5 are half of the largest one off
+    assert [e["deviation"] for e in logs if e["event"] == "lean_decode_disagrees"] \
+        == [pytest.approx(0.5, rel=1e-2)]
     assert not lean_decode.agrees(model, fails, check)
     assert lean_decode.forward_for(model, True, [check])[1] is True
     assert lean_decode.forward_for(model, False, [check])[1] is False
