@@ -76,6 +76,8 @@ def test_the_lean_step_rounds_as_the_model_does_in_bfloat16(vlm_checkpoint, shap
     from mlxcel_family_vlm.load import decoder, load
 
     model = decoder(load(vlm_checkpoint(shape), LoadOptions(dtype="bfloat16")))
+    assert not lean_decode._precise(model)  # the startup check's bf16 tolerance
+    assert lean_decode._precise(_model(vlm_checkpoint(shape)))  # float32: the tight one
     shifts = mx.array([0, 7, 300], dtype=mx.int32)
     want = _steps(model, lean_decode.generic(model), shifts).astype(mx.float32)
     got = _steps(model, model.lean_decoder(), shifts).astype(mx.float32)

@@ -178,8 +178,11 @@ def agrees(model: Any, lean: Forward, check: Check) -> bool:
 
 
 def _precise(model: Any) -> bool:
-    """Whether ``model`` computes in float32 (its final norm's weight does)."""
-    norm = getattr(getattr(_network(model), "model", None), "norm", None)
+    """Whether ``model`` computes in float32 (its final norm's weight does; a
+    vision-language model's is its language model's)."""
+    network = _network(model)
+    text = getattr(network, "language_model", network)
+    norm = getattr(getattr(text, "model", None), "norm", None)
     weight = getattr(norm, "weight", None)
     return weight is not None and weight.dtype == mx.float32
 
