@@ -4,31 +4,17 @@ generate loop; the vision-feature cache and the prompt cache)."""
 
 from __future__ import annotations
 
-import io
-
 import mlx.core as mx
 import numpy as np
 import pytest
 from mlxcel.engine.media_rows import FeatureCache
 from mlxcel.errors import InvalidRequest
 from mlxcel.families.api import LoadOptions
-from mlxcel.media.api import MediaLimits
-from mlxcel.media.image import decode as decode_image
-from mlxcel.testing.vlm_reference import mlx_vlm_greedy, one_at_a_time, rows_beside_text
-from mlxcel.types.media import MediaBlob
+from mlxcel.testing.vlm_reference import mlx_vlm_greedy, noise_item, one_at_a_time, rows_beside_text
 from mlxcel_family_vlm.load import decoder, load
-from PIL import Image
 
 PROMPT = "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>What is it?" \
          "<|im_end|>\n<|im_start|>assistant\n"
-
-
-def image(seed: int, size: int = 56) -> object:
-    """A decoded ImageItem of random pixels (core's own Pillow decoder)."""
-    pixels = (np.random.default_rng(seed).random((size, size, 3)) * 255).astype("uint8")
-    out = io.BytesIO()
-    Image.fromarray(pixels).save(out, "PNG")
-    return decode_image(MediaBlob.of(out.getvalue(), "image/png", "data"), MediaLimits())
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +27,7 @@ def qwen(vlm_checkpoint):
 
 def test_the_placeholder_becomes_the_images_tokens(qwen):
     _, model, ids = qwen
-    item = image(1)
+    item = noise_item(1)
     prompt = model.expand_media(ids, [item], {})
     grid = prompt.inputs["image_grid_thw"].reshape(-1)
     count = int(np.prod(grid)) // model.processor.image_processor.merge_size ** 2
@@ -56,7 +42,7 @@ def test_the_placeholder_becomes_the_images_tokens(qwen):
 def test_a_placeholder_count_unlike_the_items_is_refused(qwen):
     _, model, ids = qwen
     with pytest.raises(InvalidRequest, match="2 image"):
-        model.expand_media(ids, [image(1), image(2)], {})
+        model.expand_media(ids, [noise_item(1), noise_item(2)], {})
 
 
 def test_gemma3_placeholder_becomes_its_image_sequence(vlm_checkpoint):
@@ -65,7 +51,7 @@ def test_gemma3_placeholder_becomes_its_image_sequence(vlm_checkpoint):
     tok = proc.tokenizer
     ids = list(tok.encode(f"<start_of_turn>user\n{proc.boi_token}Describe<end_of_turn>\n",
                           add_special_tokens=False))
-    prompt = model.expand_media(ids, [image(3)], {})
+    prompt = model.expand_media(ids, [noise_item(3)], {})
     (start, length), = prompt.spans
     assert length == proc.image_seq_length
     soft = tok.convert_tokens_to_ids(proc.image_token)
@@ -81,7 +67,7 @@ def test_cached_features_give_mlx_vlms_own_embeddings(vlm_checkpoint, shape):
     proc = model.processor
     mark = proc.boi_token if shape == "gemma3" else "<|image_pad|>"
     ids = list(proc.tokenizer.encode(f"a {mark} b {mark} c", add_special_tokens=False))
-    prompt = model.expand_media(ids, [image(4), image(5)], {})
+    prompt = model.expand_media(ids, [noise_item(4), noise_item(5)], {})
     features = FeatureCache(4)
     ours = model.media_embeddings(prompt, features)
     arrays = {k: mx.array(v) for k, v in prompt.inputs.items() if k != "rule"}
@@ -101,7 +87,7 @@ def test_image_rows_batched_equal_solo_and_mlx_vlms_own(qwen):
     each row alone and, for the image rows, mlx-vlm's own generate loop: the rows' M-RoPE
     shifts stay with them in the batch."""
     path, model, ids = qwen
-    prompts = [model.expand_media(ids, [image(seed)], {}) for seed in (6, 7)]
+    prompts = [model.expand_media(ids, [noise_item(seed)], {}) for seed in (6, 7)]
     text = [ids[:-3] + [40 + i, 41, 42] for i in range(3)]
     together, alone = rows_beside_text(path, prompts, text)
     assert together == alone
@@ -115,8 +101,8 @@ def test_a_repeated_image_hits_both_caches_and_another_misses(qwen):
     text misses the prompt cache before the image and takes its features from the feature
     cache; another image misses both."""
     path, model, ids = qwen
-    first, other = (model.expand_media(ids, [image(s)], {}) for s in (8, 9))
-    moved = model.expand_media(ids[:1] + [ids[1] + 1] + ids[1:], [image(8)], {})
+    first, other = (model.expand_media(ids, [noise_item(s)], {}) for s in (8, 9))
+    moved = model.expand_media(ids[:1] + [ids[1] + 1] + ids[1:], [noise_item(8)], {})
     (tokens, _, counts), (again, last_again, counts_again), (_, last_moved, counts_moved), \
         (_, last_other, counts_other) = one_at_a_time(path, [first, first, moved, other])
     start = first.spans[0][0]

@@ -5,19 +5,14 @@ engine with it as without, and the model's own forward for every other layout.""
 from __future__ import annotations
 
 import asyncio
-import io
 
 import mlx.core as mx
-import numpy as np
 import pytest
 from mlxcel.engine.accel import lean_decode
 from mlxcel.engine.cache.kvcache import BatchCache
 from mlxcel.families.api import LoadOptions
-from mlxcel.media.api import MediaLimits
-from mlxcel.media.image import decode
 from mlxcel.testing.engine import collect, cpu_policy, engine_for, media_request, request
-from mlxcel.types.media import MediaBlob
-from PIL import Image
+from mlxcel.testing.vlm_reference import noise_item
 
 QWEN = ["qwen2_vl", "qwen2_5_vl"]
 
@@ -84,13 +79,6 @@ def test_the_lean_step_rounds_as_the_model_does_in_bfloat16(vlm_checkpoint, shap
     assert mx.max(mx.abs(want - got)).item() <= 1e-3 * mx.max(mx.abs(want)).item()
 
 
-def _image(seed: int):
-    out = io.BytesIO()
-    pixels = (np.random.default_rng(seed).random((56, 56, 3)) * 255).astype("uint8")
-    Image.fromarray(pixels).save(out, "PNG")
-    return decode(MediaBlob.of(out.getvalue(), "image/png", "data"), MediaLimits())
-
-
 @pytest.mark.parametrize("shape", QWEN)
 def test_the_engine_gives_the_same_tokens_lean_or_not(vlm_checkpoint, shape):
     """Image rows (shifted positions) and text rows decoding in one batch, joining and
@@ -110,7 +98,7 @@ def test_the_engine_gives_the_same_tokens_lean_or_not(vlm_checkpoint, shape):
         try:
             model = engine.worker.checkpoint.model
             assert engine.worker.forward.__qualname__.startswith("mirrored") is lean
-            reqs = [media_request(model.expand_media(p, [_image(seed)], {}), 6 + seed)
+            reqs = [media_request(model.expand_media(p, [noise_item(seed)], {}), 6 + seed)
                     for seed, p in enumerate(ids)]
             reqs += [request(ids[0][:9], 5), request(ids[1][:4], 9)]
 

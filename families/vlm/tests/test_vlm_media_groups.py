@@ -6,28 +6,15 @@ prompt-cache hit; text rows never join an image group."""
 from __future__ import annotations
 
 import asyncio
-import io
 
-import numpy as np
 import pytest
-from mlxcel.media.api import MediaLimits
-from mlxcel.media.image import decode
 from mlxcel.testing.engine import cpu_policy, engine_for, media_request, request
-from mlxcel.testing.vlm_reference import feed_rows
-from mlxcel.types.media import MediaBlob
+from mlxcel.testing.vlm_reference import feed_rows, noise_item
 from mlxcel.types.requests import SamplingParams
-from PIL import Image
 
 MARKS = {"qwen2_vl": "<|vision_start|><|image_pad|><|vision_end|>",
          "gemma3": "<start_of_image>"}
 LOGPROBS = SamplingParams(temperature=0.0, logprobs=True, top_logprobs=5)
-
-
-def _image(seed: int, size: int = 56):
-    out = io.BytesIO()
-    pixels = (np.random.default_rng(seed).random((size, size, 3)) * 255).astype("uint8")
-    Image.fromarray(pixels).save(out, "PNG")
-    return decode(MediaBlob.of(out.getvalue(), "image/png", "data"), MediaLimits())
 
 
 def _prompts(path, shape):
@@ -92,7 +79,7 @@ def test_image_rows_prefill_together_as_each_alone(vlm_checkpoint, shape, align,
     try:
         model = engine.worker.checkpoint.model
         assert engine.worker.media_grouped
-        prompts = [model.expand_media(ids, [_image(seed)], {})
+        prompts = [model.expand_media(ids, [noise_item(seed)], {})
                    for ids, seed in zip(_prompts(path, shape), (1, 2), strict=True)]
         assert len({len(p.token_ids) for p in prompts}) == 2  # unequal: padded
 
@@ -125,7 +112,7 @@ def test_text_rows_never_join_an_image_group(vlm_checkpoint, monkeypatch):
     try:
         model = engine.worker.checkpoint.model
         ids = _prompts(path, "qwen2_vl")[0]
-        image = media_request(model.expand_media(ids, [_image(3)], {}), 3)
+        image = media_request(model.expand_media(ids, [noise_item(3)], {}), 3)
         text = request(ids[-12:], 3)
         _run(engine, [image, text, request(ids[-9:], 3)])
     finally:
@@ -146,8 +133,8 @@ def test_a_groups_images_encoded_in_one_call_equal_each_alone(vlm_checkpoint, sh
     mark = (MARKS | {"qwen2_5_vl": MARKS["qwen2_vl"]})[shape]
     tok = Tokenizer.from_file(str(path / "tokenizer.json"))
     ids = tok.encode(f"One {mark} and two {mark} pictures.", add_special_tokens=False).ids
-    prompts = [model.expand_media(ids, [_image(4), _image(5, 84)], {}),
-               model.expand_media(ids, [_image(5, 84), _image(6, 28)], {})]
+    prompts = [model.expand_media(ids, [noise_item(4), noise_item(5, 84, 84)], {}),
+               model.expand_media(ids, [noise_item(5, 84, 84), noise_item(6, 28, 28)], {})]
     held = {prompts[1].digests[1]}  # already in the feature cache: not encoded again
     together = encoded_together(model.model, prompts, held.__contains__)
     assert set(together) == {prompts[0].digests[0], prompts[0].digests[1]}
@@ -180,7 +167,7 @@ def test_a_group_of_new_images_runs_the_tower_once_where_the_policy_says(
         model = engine.worker.checkpoint.model
         calls = _tower_calls(model, monkeypatch)
         ids = _prompts(path, "qwen2_vl")
-        prompts = [model.expand_media(i, [_image(seed)], {})
+        prompts = [model.expand_media(i, [noise_item(seed)], {})
                    for i, seed in zip(ids, (11, 12), strict=True)]
         grouped = _run(engine, [media_request(p, 3) for p in prompts])
         assert len(calls) == (1 if together else 2)
@@ -202,7 +189,7 @@ def test_an_image_the_tower_fails_on_fails_its_row_not_its_group(vlm_checkpoint,
     engine = engine_for(path, parallel=4, chunk=16, policy=cpu_policy(burst_chunks=8))
     try:
         model = engine.worker.checkpoint.model
-        prompts = [model.expand_media(ids, [_image(seed)], {})
+        prompts = [model.expand_media(ids, [noise_item(seed)], {})
                    for ids, seed in zip(_prompts(path, "qwen2_vl"), (21, 22), strict=True)]
         bad = prompts[0].digests[0]
         original = model.media_embeddings
@@ -249,7 +236,7 @@ def test_a_cached_image_row_beside_a_new_one_builds_no_whole_prompt(vlm_checkpoi
                         policy=cpu_policy(burst_chunks=8))
     try:
         model = engine.worker.checkpoint.model
-        prompts = [model.expand_media(ids, [_image(seed)], {})
+        prompts = [model.expand_media(ids, [noise_item(seed)], {})
                    for ids, seed in zip(_prompts(path, shape), (31, 32), strict=True)]
         calls = {"text": 0, "media": []}
         text, media = model.text_embeddings, model.media_embeddings
@@ -293,7 +280,7 @@ def test_a_row_that_leaves_mid_prefill_leaves_its_group_running(vlm_checkpoint):
     path = vlm_checkpoint("qwen2_vl")
     worker = worker_for(path, chunk=16, parallel=4, burst_chunks=2)
     model = worker.checkpoint.model
-    prompts = [model.expand_media(ids, [_image(seed)], {})
+    prompts = [model.expand_media(ids, [noise_item(seed)], {})
                for ids, seed in zip(_prompts(path, "qwen2_vl"), (41, 42), strict=True)]
     sinks = [ListSink(), ListSink()]
     for prompt, sink in zip(prompts, sinks, strict=True):
@@ -325,7 +312,7 @@ def test_one_rows_new_images_go_through_the_tower_together(vlm_checkpoint, monke
         mark = MARKS["qwen2_vl"]
         ids = tok.encode(f"Compare {mark} with {mark}, please, in a few words.",
                          add_special_tokens=False).ids
-        prompt = model.expand_media(ids, [_image(51), _image(52, 84)], {})
+        prompt = model.expand_media(ids, [noise_item(51), noise_item(52, 84, 84)], {})
         got = _run(engine, [media_request(prompt, 3)])[0][0]
         assert len(calls) == 1 and engine.worker.features.misses == 2
     finally:

@@ -4,26 +4,14 @@ is not processed again; the cache stays within its size."""
 
 from __future__ import annotations
 
-import io
-
 import numpy as np
 import pytest
 from mlxcel.families.api import LoadOptions
 from mlxcel.families.media import MediaRefused
-from mlxcel.media.api import MediaLimits
-from mlxcel.media.image import decode as decode_image
-from mlxcel.types.media import MediaBlob
+from mlxcel.testing.vlm_reference import noise_item
 from mlxcel_family_vlm import media
 from mlxcel_family_vlm.load import decoder, load
 from mlxcel_family_vlm.processed import ProcessedImages
-from PIL import Image
-
-
-def image(seed: int, width: int = 56, height: int = 56) -> object:
-    pixels = (np.random.default_rng(seed).random((height, width, 3)) * 255).astype("uint8")
-    out = io.BytesIO()
-    Image.fromarray(pixels).save(out, "PNG")
-    return decode_image(MediaBlob.of(out.getvalue(), "image/png", "data"), MediaLimits())
 
 
 class Counting:
@@ -57,7 +45,7 @@ def model(request, vlm_checkpoint):
 
 
 def test_joined_arrays_equal_the_processors_for_the_images_together(model):
-    items = [image(1), image(2, 84, 56), image(3, 56, 112)]
+    items = [noise_item(1), noise_item(2, 84, 56), noise_item(3, 56, 112)]
     whole = model.processor.image_processor(images=[i.image for i in items],
                                             return_tensors="np")
     cache = ProcessedImages()
@@ -73,7 +61,7 @@ def test_joined_arrays_equal_the_processors_for_the_images_together(model):
 def test_a_repeated_image_is_not_processed_again(model):
     counting = Counting(model.processor)
     cache = ProcessedImages()
-    first, second = image(4), image(5)
+    first, second = noise_item(4), noise_item(5)
     if media.rule(model.processor) == "grid":
         ids = list(model.processor.tokenizer.encode(
             "<|vision_start|><|image_pad|><|vision_end|>hi", add_special_tokens=False))
@@ -94,7 +82,7 @@ def test_a_repeated_image_is_not_processed_again(model):
 
 def test_the_cache_keeps_its_size_and_its_arrays_are_read_only(model):
     cache = ProcessedImages(size=2)
-    items = [image(s) for s in (6, 7, 8)]
+    items = [noise_item(s) for s in (6, 7, 8)]
     for item in items:
         arrays = cache.arrays(model.processor, [item.image], (item.digest,))
     assert len(cache.kept) == 2
@@ -110,7 +98,7 @@ def test_the_family_model_keeps_its_images(vlm_checkpoint):
     model = decoder(load(vlm_checkpoint("qwen2_vl"), LoadOptions()))
     ids = list(model.processor.tokenizer.encode(
         "<|vision_start|><|image_pad|><|vision_end|>hi", add_special_tokens=False))
-    item = image(9)
+    item = noise_item(9)
     model.expand_media(ids, [item], {})
     model.expand_media(ids, [item], {})
     assert (model.processed.kept.misses, model.processed.kept.hits) == (1, 1)
@@ -119,7 +107,7 @@ def test_the_family_model_keeps_its_images(vlm_checkpoint):
 def test_an_image_the_processor_refuses_is_named_by_its_index(vlm_checkpoint):
     qwen = decoder(load(vlm_checkpoint("qwen2_vl"), LoadOptions()))
     ids = [qwen.processor.image_token_id] * 2
-    items = [image(1), image(2, 3000, 10)]  # Qwen-VL refuses sides 200 times apart
+    items = [noise_item(1), noise_item(2, 3000, 10)]  # Qwen-VL refuses sides 200 times apart
     with pytest.raises(MediaRefused) as caught:
         qwen.expand_media(ids, items, {})
     assert caught.value.index == 1 and "aspect ratio" in caught.value.reason

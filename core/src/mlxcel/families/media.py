@@ -42,9 +42,8 @@ shift (0 for a text row).
 
 Optional: ``media_features(prompts, held) -> dict[bytes, features]``: the features of the
 items of the prompts of one prefill group (one row's several images, or several rows')
-that ``held(digest)``
-says the feature cache lacks, encoded in as few vision-tower calls as the model allows,
-by digest; ``media_embeddings`` then gets each of them from ``features`` instead of
+that ``held(digest)`` says the feature cache lacks, encoded in as few vision-tower calls
+as the model allows, by digest; ``media_embeddings`` then gets each of them from ``features`` instead of
 encoding it alone. Return ``{}`` where items can only be encoded one by one.
 
 Optional: ``text_embeddings(ids) -> mx.array``: ``[B, T, D]``, the embeddings of token ids

@@ -24,6 +24,24 @@ def ramp_image(width: int = 56, height: int = 56) -> Any:
     return Image.fromarray(pixels.reshape(height, width, 3))
 
 
+def noise_item(seed: int, width: int = 56, height: int = 56) -> Any:
+    """An image item of seeded random pixels, as a request's PNG becomes one: encoded and
+    decoded by core's own Pillow decoder (``mlxcel.media.image``)."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from mlxcel.media.api import MediaLimits
+    from mlxcel.media.image import decode
+    from mlxcel.types.media import MediaBlob
+
+    pixels = (np.random.default_rng(seed).random((height, width, 3)) * 255).astype("uint8")
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, "PNG")
+    return decode(MediaBlob.of(out.getvalue(), "image/png", "data"), MediaLimits())
+
+
 def prompt_inputs(processor: Any, images: Sequence[Any]) -> tuple[str, Any]:
     """The chat template's prompt for ``ONE_IMAGE``, and the processor's inputs for it."""
     text = processor.tokenizer.apply_chat_template(ONE_IMAGE, add_generation_prompt=True,
