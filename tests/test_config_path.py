@@ -33,10 +33,11 @@ INTERNAL = {
 }
 # module -> the functions in it that may read os.environ (None: any, for the test kit)
 ENV_READERS: dict[str, set[str] | None] = {
-    # the env twins of the table, and library_env: LD_PRELOAD, OpenBLAS's threads (other
+    "options.py": {"_env_default"},  # the env twins of the table
+    # CLI -> worker plumbing, and library_env: LD_PRELOAD, OpenBLAS's threads (other
     # programs' own variables)
-    "options.py": {"_env_default", "library_env"},
-    "settings.py": {"from_env", "failure_file", "hand_to_worker"},  # CLI -> worker plumbing
+    "settings.py": {"from_env", "failure_file", "hand_to_worker"},
+    "backend.py": {"library_env"},  # LD_PRELOAD, OpenBLAS's threads: other programs' own
     "testing/pytest_plugin.py": None,
     "testing/checkpoint.py": None,
     "testing/servers.py": None,  # the benchmarks' startup timeout (bench/gpu/run.sh sets it)

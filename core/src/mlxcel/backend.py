@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 from mlxcel.errors import StartupError
-from mlxcel.options import library_env
 
 DTYPES = ("float32", "float16", "bfloat16")
 REEXEC_MARKER = "MLXCEL_FAST_BLAS_REEXEC"  # set in the re-executed server; never loops
@@ -38,6 +37,20 @@ _BLAS_HINTS = ("blas", "mkl", "blis", "accelerate")
 
 
 # ---------------------------------------------------------------- discovery (no MLX import)
+
+def library_env() -> MutableMapping[str, str]:
+    """The process environment, for the variables that belong to other programs.
+
+    These are not settings of mlxcel's: ``LD_PRELOAD`` is the dynamic loader's (the
+    OpenBLAS re-exec in ``mlxcel.backend`` prepends to it), and ``OPENBLAS_NUM_THREADS`` /
+    ``OMP_NUM_THREADS`` are OpenBLAS's own, which ``mlxcel.engine.accel.cpu_blas`` leaves alone
+    when a user set them, ``HF_HUB_OFFLINE`` is huggingface_hub's, and
+    ``MLX_PTX_CACHE_DIR`` is MLX's (``keep_kernel_cache`` gives it a default). They are read
+    where those libraries read them, so they come from here rather than from the options
+    table.
+    """
+    return os.environ
+
 
 def kernel_cache_dir(env: Mapping[str, str], mlx_version: str) -> Path:
     """Where MLX's CUDA backend keeps the kernels it compiled: the user's cache folder

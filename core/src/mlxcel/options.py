@@ -4,8 +4,8 @@ Every value mlxcel takes from its operator is a row here, parsed and checked by 
 type (``mlxcel.option_types``, which imports no MLX), so a bad value, given as a flag or
 as its env twin, refuses to start before anything is loaded. The CLI resolves the table
 once into ``Settings``, which is passed down; no other module reads ``os.environ`` for
-mlxcel's own settings, and the variables of other programs are read here too
-(``library_env``).
+mlxcel's own settings (``mlxcel.backend.library_env`` holds the variables of other
+programs).
 
 A row's ``llama`` column says what a llama-server flag does here, so a llama-server
 command line carries over (docs/reference/flags.md shows it): ``kept`` (same meaning),
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import MutableMapping
 from typing import Any, NamedTuple
 
 from mlxcel import __version__
@@ -394,17 +393,3 @@ def ignored_notes(settings: Any) -> list[str]:
         elif row.llama == PENDING and getattr(settings, row.dest) != row.default:
             notes.append(f"{row.flags[-1]}: {row.help}")
     return notes
-
-
-def library_env() -> MutableMapping[str, str]:
-    """The process environment, for the variables that belong to other programs.
-
-    These are not settings of mlxcel's: ``LD_PRELOAD`` is the dynamic loader's (the
-    OpenBLAS re-exec in ``mlxcel.backend`` prepends to it), and ``OPENBLAS_NUM_THREADS`` /
-    ``OMP_NUM_THREADS`` are OpenBLAS's own, which ``mlxcel.engine.accel.cpu_blas`` leaves alone
-    when a user set them, ``HF_HUB_OFFLINE`` is huggingface_hub's, and
-    ``MLX_PTX_CACHE_DIR`` is MLX's (``mlxcel.backend.keep_kernel_cache`` gives it a
-    default). They are no rows of the table, since those programs read them themselves;
-    this module is still the one that hands them out, so the environment has one reader.
-    """
-    return os.environ

@@ -5,7 +5,7 @@ The CLI hands the settings to the Granian worker through ``SETTINGS_ENV`` and th
 hands a fatal error back through the file named by ``FAILURE_ENV``; these two variables are
 process plumbing between the CLI and its worker, not settings. This module is the one place
 besides the options table that touches the environment (other programs' variables are
-``mlxcel.options.library_env``'s).
+``mlxcel.backend.library_env``'s).
 """
 
 from __future__ import annotations

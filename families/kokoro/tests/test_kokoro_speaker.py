@@ -88,7 +88,7 @@ def test_no_network_is_touched_from_load_to_speech(kokoro_checkpoint, monkeypatc
     test: loading, starting the G2P and speaking fetch nothing."""
     import huggingface_hub
     from mlx_audio.tts.models.kokoro import pipeline
-    from mlxcel.options import library_env
+    from mlxcel.backend import library_env
 
     assert library_env().get("HF_HUB_OFFLINE") == "1"  # huggingface_hub's own variable
     attempts = []

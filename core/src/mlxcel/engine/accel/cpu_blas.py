@@ -20,7 +20,7 @@ import ctypes
 from collections.abc import Mapping
 from typing import Any
 
-from mlxcel.options import library_env
+from mlxcel.backend import library_env
 
 SMALL_GEMM_FLOPS = 1e8  # the tiny model's chunk matmul: 1.3e7; the ~30M one's: 8.1e8
 USER_SETTINGS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")
@@ -48,7 +48,7 @@ def limit_threads(config: dict[str, Any], chunk: int, env: Mapping[str, str] | N
                   setter: Any | None = None) -> int | None:
     """One OpenBLAS thread for a small model (see the module docstring); returns the
     count set, or None when nothing was changed. ``env``: the process environment
-    (``mlxcel.options.library_env``), where OpenBLAS reads its own thread settings."""
+    (``mlxcel.backend.library_env``), where OpenBLAS reads its own thread settings."""
     env = library_env() if env is None else env
     if any(env.get(name) for name in USER_SETTINGS):
         return None

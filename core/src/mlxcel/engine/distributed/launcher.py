@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from mlxcel.options import library_env
+from mlxcel.backend import library_env
 
 # what MLX's launchers set in each rank's environment (mlx.launch; Open MPI; MPICH)
 RANK_VARIABLES = ("MLX_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")

@@ -23,8 +23,8 @@ from collections.abc import Callable
 
 import structlog
 
+from mlxcel.backend import library_env
 from mlxcel.errors import StartupError
-from mlxcel.options import library_env
 
 log = structlog.get_logger("mlxcel.distributed")
 CONNECT_S = 3.0  # per address a follower tries
